@@ -1,0 +1,228 @@
+"""The fvcore-compatible analysis objects: one trace of the model, any number of metrics over it."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import Counter, defaultdict
+from typing import Any, ClassVar, TypeVar
+
+from torch import nn
+
+from .engine.inputs import check_inputs, split_inputs
+from .engine.naming import ModuleNames
+from .engine.trace import Trace
+from .engine.tracer import Execution, record_trace
+from .handles.base import CountInside, Handle
+from .handles.fvcore import ACTIVATION_HANDLES, FLOP_HANDLES
+from .metrics.counting import AncestorMode, Statistics, count
+
+logger = logging.getLogger("modelmeter")
+T = TypeVar("T", bound="ModelAnalysis")
+
+_NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
+
+
+class ModelAnalysis:
+    """Counts a metric over one run of ``model`` on ``inputs``, by module and by operator.
+
+    The model runs once, lazily, on FakeTensors by default (``execution="auto"``); every query and
+    every change of handles or ancestor mode is answered from that one recorded trace.
+    ``inputs``: a tensor, a tuple of positional arguments, a dict of keyword arguments, or
+    :class:`modelmeter.Args`.
+    """
+
+    _default_handles: ClassVar[dict[str, Handle | CountInside]] = {}
+
+    def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto") -> None:
+        args, kwargs = split_inputs(inputs)
+        check_inputs(model, args, kwargs)
+        self._model = model
+        self._inputs = inputs
+        self._args, self._kwargs = args, kwargs
+        self._execution: Execution = execution
+        self._names = ModuleNames(model)
+        self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)
+        self._trace: Trace | None = None
+        self._stats: Statistics | None = None
+        self._ancestor_mode: AncestorMode = "owner"
+        self._warn_unsupported = True
+        self._warn_uncalled = True
+        self._tracer_warnings = "no_tracer_warning"
+
+    # results ---------------------------------------------------------------------------------
+    def total(self, module_name: str = "") -> int:
+        """The count of ``module_name`` (the whole model by default)."""
+        stats = self._analyze()
+        return sum(stats.counts[self.canonical_module_name(module_name)].values())
+
+    def by_operator(self, module_name: str = "") -> Counter[str]:
+        """Counts of one module by operator (a copy)."""
+        return Counter(self._analyze().counts[self.canonical_module_name(module_name)])
+
+    def by_module_and_operator(self) -> dict[str, Counter[str]]:
+        """Counts by canonical module name, then by operator (copies)."""
+        return {name: Counter(c) for name, c in self._analyze().counts.items()}
+
+    def by_module(self) -> Counter[str]:
+        """Total count of every canonical module name, in model order."""
+        return Counter({name: sum(c.values()) for name, c in self._analyze().counts.items()})
+
+    def unsupported_ops(self, module_name: str = "") -> Counter[str]:
+        """Operators no handle counted, with how often each ran inside ``module_name``."""
+        return Counter(self._analyze().unsupported[self.canonical_module_name(module_name)])
+
+    def uncalled_modules(self) -> set[str]:
+        """Canonical names of the modules that never ran (called neither directly nor via a child)."""
+        return set(self._analyze().uncalled)
+
+    def canonical_module_name(self, name: str) -> str:
+        """The name results are keyed by, for any name (or alias) of a submodule."""
+        return self._names.resolve(name)
+
+    @property
+    def trace(self) -> Trace:
+        """The recorded run (plain data), recorded on first use."""
+        if self._trace is None:
+            with warnings.catch_warnings():
+                if self._tracer_warnings == "none":
+                    warnings.simplefilter("ignore")
+                self._trace = record_trace(self._model, self._args, self._kwargs, self._names, self._execution)
+        return self._trace
+
+    def assumptions(self) -> list[str]:
+        """Placeholder values and fallbacks the run needed (empty when it needed none)."""
+        return list(self.trace.assumptions)
+
+    # settings --------------------------------------------------------------------------------
+    def set_op_handle(self: T, *args: Any, **kwargs: Handle | None) -> T:
+        """Set handles by ``(name, handle)`` pairs or ``name=handle``; a ``None`` handle ignores the op."""
+        if len(args) % 2:
+            raise TypeError("set_op_handle should be called with pairs of names and handles!")
+        pairs = dict(zip(args[::2], args[1::2], strict=True))
+        pairs.update(kwargs)
+        for name, handle in pairs.items():
+            if not isinstance(name, str):
+                raise TypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
+            if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
+                raise TypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
+            self._op_handles[name] = handle
+        self._stats = None
+        return self
+
+    def clear_op_handles(self: T) -> T:
+        """Remove every handle: afterwards every formerly counted operator is reported unsupported."""
+        self._op_handles = {}
+        self._stats = None
+        return self
+
+    def ancestor_mode(self: T, mode: str) -> T:
+        """``"owner"``: an op counts toward the module that owns it and that module's parents by name.
+        ``"caller"``: toward every module whose call is on the stack. Recomputes from the trace."""
+        if mode not in ("owner", "caller"):
+            raise ValueError(f"Unrecognized ancestor mode: {mode}")
+        if mode != self._ancestor_mode:
+            self._ancestor_mode = mode  # type: ignore[assignment]
+            self._stats = None
+        return self
+
+    def unsupported_ops_warnings(self: T, enabled: bool) -> T:
+        self._warn_unsupported = enabled
+        return self
+
+    def uncalled_modules_warnings(self: T, enabled: bool) -> T:
+        self._warn_uncalled = enabled
+        return self
+
+    def tracer_warnings(self: T, mode: str) -> T:
+        """``"all"`` or ``"no_tracer_warning"`` keep warnings the model raises while it runs; ``"none"`` hides them."""
+        if mode not in ("all", "no_tracer_warning", "none"):
+            raise ValueError(f"Unrecognized tracer warning mode {mode}.")
+        self._tracer_warnings = mode
+        return self
+
+    def copy(self: T, new_model: nn.Module | None = None, new_inputs: Any = None) -> T:
+        """The same analysis (class, handles, modes, warnings) of a new model and/or inputs.
+
+        With neither given, the copy shares this one's recorded trace.
+        """
+        model = self._model if new_model is None else new_model
+        inputs = self._inputs if new_inputs is None else new_inputs
+        other = type(self).__new__(type(self))
+        ModelAnalysis.__init__(other, model, inputs, execution=self._execution)
+        other._op_handles = dict(self._op_handles)
+        other._ancestor_mode = self._ancestor_mode
+        other._warn_unsupported = self._warn_unsupported
+        other._warn_uncalled = self._warn_uncalled
+        other._tracer_warnings = self._tracer_warnings
+        if new_model is None and new_inputs is None:
+            other._trace = self._trace
+        return other
+
+    # internals -------------------------------------------------------------------------------
+    def _analyze(self) -> Statistics:
+        if self._stats is None:
+            self._stats = count(self.trace, self._names, self._op_handles, self._ancestor_mode)
+            self._warn(self._stats)
+        return self._stats
+
+    def _warn(self, stats: Statistics) -> None:
+        if self._warn_unsupported:
+            for op, freq in stats.unsupported.get("", Counter()).items():
+                logger.warning("Unsupported operator %s encountered %d time(s)", op, freq)
+        if self._warn_uncalled:
+            uncalled = sorted(n for n in stats.uncalled if self._has_forward(n))
+            if uncalled:
+                logger.warning(
+                    "The following submodules of the model were never called during the trace of the graph. "
+                    "They may be unused, or they were accessed by direct calls to .forward() or via other "
+                    "python methods. In the latter case they will have zeros for statistics, though their "
+                    "statistics will still contribute to their parent calling module.\n%s", ", ".join(uncalled))
+
+    def _has_forward(self, name: str) -> bool:
+        module = self._model.get_submodule(name) if name else self._model
+        forward = type(module).forward
+        return not isinstance(module, _NO_FORWARD) and forward is not nn.Module.forward
+
+
+JitModelAnalysis = ModelAnalysis
+
+
+class FlopCountAnalysis(ModelAnalysis):
+    """FLOPs in the fvcore convention: one fused multiply-add is one flop.
+
+    Example::
+
+        flops = FlopCountAnalysis(model, torch.randn(1, 3, 224, 224))
+        flops.total(); flops.by_module(); flops.by_operator("layer1")
+    """
+
+    _default_handles = FLOP_HANDLES
+
+
+class ActivationCountAnalysis(ModelAnalysis):
+    """Activations in fvcore's sense: elements of the first output of conv, linear and matrix products."""
+
+    _default_handles = ACTIVATION_HANDLES
+
+
+def _per_operator(analysis: ModelAnalysis, supported_ops: dict[str, Handle | None] | None, scale: float
+                  ) -> tuple[defaultdict[str, float], Counter[str]]:
+    if supported_ops:
+        analysis.set_op_handle(**supported_ops)
+    result: defaultdict[str, float] = defaultdict(float)
+    for op, value in analysis.by_operator().items():
+        result[op] = value / scale
+    return result, analysis.unsupported_ops()
+
+
+def flop_count(model: nn.Module, inputs: Any, supported_ops: dict[str, Handle | None] | None = None
+               ) -> tuple[defaultdict[str, float], Counter[str]]:
+    """GFLOPs by operator and the unsupported operators, as fvcore's ``flop_count``."""
+    return _per_operator(FlopCountAnalysis(model, inputs), supported_ops, 1e9)
+
+
+def activation_count(model: nn.Module, inputs: Any, supported_ops: dict[str, Handle | None] | None = None
+                     ) -> tuple[defaultdict[str, float], Counter[str]]:
+    """Mega-activations by operator and the unsupported operators, as fvcore's ``activation_count``."""
+    return _per_operator(ActivationCountAnalysis(model, inputs), supported_ops, 1e6)

@@ -1,0 +1,81 @@
+"""What a model is called with: normalise the user's ``inputs`` into positional and keyword arguments."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+
+class Args:
+    """Positional and keyword arguments for ``model(*args, **kwargs)``.
+
+    ``FlopCountAnalysis(model, Args(ids, attention_mask=mask))`` calls the model as
+    ``model(ids, attention_mask=mask)``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"Args({', '.join(parts)})"
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``inputs`` as ``(args, kwargs)``.
+
+    A tensor is the one positional argument, a tuple holds the positional arguments (as in fvcore),
+    a dict holds keyword arguments, an :class:`Args` holds both; anything else is the single
+    positional argument (a list of dicts, say).
+    """
+    if isinstance(inputs, Args):
+        return tuple(inputs.args), dict(inputs.kwargs)
+    if isinstance(inputs, tuple) and not hasattr(inputs, "_fields"):
+        return inputs, {}
+    if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
+        return (), dict(inputs)
+    if inputs is None:
+        raise TypeError("inputs is None: pass a tensor, a tuple of arguments, a dict of keyword "
+                        "arguments or modelmeter.Args(*args, **kwargs)")
+    return (inputs,), {}
+
+
+def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Reject what cannot be traced, naming the argument, before the model runs."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for path, leaf in _leaves(args, kwargs):
+        module = type(leaf).__module__
+        if module == "numpy" or module.startswith("numpy."):
+            raise TypeError(f"{path} is a numpy array; convert it with torch.from_numpy() first")
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}") from None
+
+
+def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    flat, _ = pytree.tree_flatten_with_path((args, kwargs))
+    out = []
+    for keys, leaf in flat:
+        out.append(("inputs" + "".join(str(k) for k in keys[1:]), leaf))
+    return out
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+    """Apply ``fn`` to every tensor in a nested structure of arguments."""
+    return pytree.tree_map_only(torch.Tensor, fn, tree)
+
+
+def tensors_in(tree: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]

@@ -1,0 +1,224 @@
+"""Record operator calls: a function mode for what the user wrote, a dispatch mode for what ran.
+
+Module scopes come from global module hooks (the way ``torch.utils.module_tracker`` does it):
+every call of one of the model's modules pushes its canonical name on a stack, and every recorded
+event refers to the stack it ran under.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .metadata import bind_by_name, describe, flat_outputs, place_arguments
+from .naming import ModuleNames
+from .trace import OpEvent, Phase, Trace
+
+_redispatch = getattr(torch.overrides, "redispatch_function", None)
+
+# Python operators whose aten name differs from the dunder's name.
+_DUNDER = {
+    "__add__": "add", "__radd__": "add", "__iadd__": "add_",
+    "__sub__": "sub", "__rsub__": "rsub", "__isub__": "sub_",
+    "__mul__": "mul", "__rmul__": "mul", "__imul__": "mul_",
+    "__truediv__": "div", "__rtruediv__": "div", "__itruediv__": "div_", "__div__": "div",
+    "__floordiv__": "floor_divide", "__rfloordiv__": "floor_divide",
+    "__matmul__": "matmul", "__rmatmul__": "matmul",
+    "__pow__": "pow", "__rpow__": "pow", "__ipow__": "pow_",
+    "__neg__": "neg", "__abs__": "abs", "__mod__": "remainder",
+    "__getitem__": "index", "__setitem__": "index_put_",
+    "__and__": "bitwise_and", "__or__": "bitwise_or", "__xor__": "bitwise_xor", "__invert__": "bitwise_not",
+    "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
+}
+
+
+def function_op_name(func: Any) -> str | None:
+    """The aten-style name of a user-level call, or None for calls that are not operators."""
+    name = getattr(func, "__name__", None)
+    if name is None or name in ("__get__", "__set__"):
+        return None
+    if name.startswith("__") and name.endswith("__"):
+        name = _DUNDER.get(name)
+        if name is None:
+            return None
+    return f"aten::{name}"
+
+
+def dispatch_op_name(func: torch._ops.OpOverload) -> str:
+    ns, _, rest = func.name().partition("::")
+    return f"{ns}::{rest.split('.')[0]}"
+
+
+class Recorder:
+    """Collects :class:`OpEvent` records into a :class:`Trace` while the model runs."""
+
+    def __init__(self, names: ModuleNames, phase: Phase = "forward") -> None:
+        self.names = names
+        self.trace = Trace()
+        self.phase: Phase = phase
+        self._stack: list[str] = []
+        self._scope_ids: dict[tuple[str, ...], int] = {}
+        self._scope = self._scope_index()
+        self._open: list[int] = []
+        self.failed_op: str | None = None
+        self.placeholders = False
+
+    # module scopes ---------------------------------------------------------------------------
+    def _scope_index(self) -> int:
+        key = tuple(self._stack)
+        index = self._scope_ids.get(key)
+        if index is None:
+            index = self._scope_ids[key] = len(self.trace.scopes)
+            self.trace.scopes.append(key)
+        return index
+
+    def enter_module(self, module: nn.Module, *_: Any) -> None:
+        name = self.names.by_id.get(id(module))
+        if name is None:
+            return
+        self._stack.append(name)
+        self.trace.called.add(name)
+        self._scope = self._scope_index()
+
+    def exit_module(self, module: nn.Module, *_: Any) -> None:
+        name = self.names.by_id.get(id(module))
+        if name is None or not self._stack:
+            return
+        # Pop back to this module's entry (robust when an inner call raised).
+        while self._stack:
+            if self._stack.pop() == name:
+                break
+        self._scope = self._scope_index()
+
+    # events ----------------------------------------------------------------------------------
+    def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool]:
+        """Start a user-level event; a call nested directly in one of the same name refines it."""
+        events = self.trace.events
+        if self._open:
+            top = self._open[-1]
+            if events[top].op == op and top == len(events) - 1:
+                events[top].inputs, events[top].kwargs = bind_by_name(op.removeprefix("aten::"), args, kwargs)
+                return top, False
+        inputs, extra = bind_by_name(op.removeprefix("aten::"), args, kwargs)
+        events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, self._scope,
+                              self.phase, inputs, [], extra))
+        self._open.append(len(events) - 1)
+        return len(events) - 1, True
+
+    def close_function(self, index: int, opened: bool, result: Any) -> None:
+        events = self.trace.events
+        if not opened:
+            return
+        self._open.pop()
+        if index == len(events) - 1:  # nothing ran inside: not an operator call
+            events.pop()
+            return
+        events[index].outputs = flat_outputs(result)
+
+    def abandon_function(self, index: int, opened: bool) -> None:
+        if opened and self._open and self._open[-1] == index:
+            self._open.pop()
+
+    def add_dispatch(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     result: Any) -> None:
+        inputs = place_arguments(func._schema, args, kwargs) if kwargs else [describe(a) for a in args]
+        self.trace.events.append(OpEvent(dispatch_op_name(func), "dispatch",
+                                         self._open[-1] if self._open else -1, self._scope, self.phase,
+                                         inputs, flat_outputs(result)))
+
+    def note_failure(self, op: str) -> None:
+        if self.failed_op is None:
+            self.failed_op = op
+
+
+class FunctionRecorder(TorchFunctionMode):
+    """Sees the calls the user's code made (``F.linear``, ``x @ w``), nested ones included."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self._active: list[Any] = []
+
+    def __torch_function__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        op = None if isinstance(func, torch._ops.OpOverload) else function_op_name(func)
+        if op is None:
+            return func(*args, **kwargs)
+        rec = self.recorder
+        index, opened = rec.open_function(op, args, kwargs)
+        # Python-level functions run with the mode re-entered, so the calls they make are seen too;
+        # a function that reaches the mode again through its own C implementation runs plainly.
+        reenter = _redispatch is not None and isinstance(func, types.FunctionType) and func not in self._active
+        try:
+            if reenter and _redispatch is not None:
+                self._active.append(func)
+                try:
+                    with self:
+                        result = _redispatch(func, types_, args, kwargs)
+                finally:
+                    self._active.pop()
+            else:
+                result = func(*args, **kwargs)
+        except BaseException:
+            rec.note_failure(op)
+            rec.abandon_function(index, opened)
+            raise
+        rec.close_function(index, opened, result)
+        return result
+
+
+class DispatchRecorder(TorchDispatchMode):
+    """Sees every aten operator that reaches the dispatcher, and records its metadata."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func.namespace == "prim":  # device and layout queries, not operators
+            return func(*args, **kwargs)
+        rec = self.recorder
+        try:
+            if rec.placeholders and func in _PLACEHOLDERS:
+                result = _PLACEHOLDERS[func](rec, args)
+            else:
+                result = func(*args, **kwargs)
+        except BaseException:
+            rec.note_failure(dispatch_op_name(func))
+            raise
+        rec.add_dispatch(func, args, kwargs, result)
+        return result
+
+
+def _scalar_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
+    tensor = args[0]
+    value: Any = True if tensor.dtype == torch.bool else (1 if not tensor.is_floating_point() else 1.0)
+    rec.trace.assumptions.append(
+        f"{_where(rec)}: value of a {tensor.dtype} meta tensor read with .item() assumed to be {value!r}")
+    return value
+
+
+def _nonzero_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
+    tensor = args[0]
+    rec.trace.assumptions.append(
+        f"{_where(rec)}: every element of a meta tensor of shape {tuple(tensor.shape)} assumed non-zero")
+    return torch.empty((tensor.numel(), tensor.dim()), dtype=torch.long, device=tensor.device)
+
+
+def _where(rec: Recorder) -> str:
+    scope = rec.trace.scopes[rec._scope]
+    return f"module {scope[-1]!r}" if scope and scope[-1] else "the model's own forward"
+
+
+_PLACEHOLDERS = {
+    torch.ops.aten._local_scalar_dense.default: _scalar_placeholder,
+    torch.ops.aten.nonzero.default: _nonzero_placeholder,
+}

@@ -1,0 +1,87 @@
+"""The recorded trace: plain data describing every operator call of one model run.
+
+A :class:`Trace` holds no tensors and no modules, only metadata, so it can be kept, cached,
+serialised and re-read by any metric without running the model again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Level = Literal["function", "dispatch"]
+Phase = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a handle may know about a tensor: its shape, dtype and device, never its values."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        """``torch.Tensor.size`` look-alike, so fvcore-style handles port unchanged."""
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.dtype.startswith(("float", "bfloat", "complex"))
+
+
+@dataclass
+class OpEvent:
+    """One operator call.
+
+    ``level`` is ``"function"`` for a user-level call seen by the function mode (``F.linear``,
+    ``torch.matmul``, ``Tensor.__add__``) and ``"dispatch"`` for an aten operator that reached the
+    dispatcher. ``parent`` is the index of the innermost enclosing function event, or -1.
+    ``inputs`` follow the operator's schema order (keyword arguments placed in their positions),
+    with tensors replaced by :class:`TensorMeta`.
+    """
+
+    op: str
+    level: Level
+    parent: int
+    scope: int
+    phase: Phase
+    inputs: list[Any]
+    outputs: list[Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trace:
+    """The record of one model run.
+
+    ``scopes`` are the distinct module call stacks (tuples of canonical module names, outermost
+    first); each event refers to one by index. ``called`` are canonical names of the modules whose
+    ``__call__`` ran; ``assumptions`` describe placeholder values used where a meta tensor had none.
+    """
+
+    events: list[OpEvent] = field(default_factory=list)
+    scopes: list[tuple[str, ...]] = field(default_factory=list)
+    called: set[str] = field(default_factory=set)
+    assumptions: list[str] = field(default_factory=list)
+    execution: str = "fake"
+
+    def children(self) -> list[list[int]]:
+        """Indices of the direct children of every event, plus the roots at position ``-1``."""
+        kids: list[list[int]] = [[] for _ in range(len(self.events) + 1)]
+        for i, ev in enumerate(self.events):
+            kids[ev.parent].append(i)
+        return kids

@@ -1,0 +1,201 @@
+"""Run a model once under the recorders and return its :class:`Trace`.
+
+By default the run is fake: parameters, buffers and inputs are replaced by FakeTensors (tensors
+with metadata and no storage), so no kernel runs and no memory is used for values. A model built
+on the meta device stays there. When a model needs real values (``.item()`` on a real tensor,
+data-dependent shapes) the run falls back to real kernels; on the meta device documented
+placeholder values are assumed instead, and each assumption is recorded in the trace.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedFakeTensorException,
+)
+from torch.func import functional_call
+
+from ..errors import ModelRunError
+from .inputs import map_tensors, tensors_in
+from .naming import ModuleNames
+from .recorder import DispatchRecorder, FunctionRecorder, Recorder
+from .trace import Trace
+
+Execution = Literal["auto", "fake", "real"]
+_NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
+
+
+def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
+                 execution: Execution = "auto") -> Trace:
+    """Run ``model(*args, **kwargs)`` once and record every operator call.
+
+    ``execution``: ``"fake"`` (FakeTensors, no kernels), ``"real"`` (real kernels on the given
+    tensors) or ``"auto"`` (fake, falling back to real when the model needs values).
+    """
+    if execution not in ("auto", "fake", "real"):
+        raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {execution!r}")
+    on_meta = any(t.is_meta for t in _state_tensors(model)) or any(t.is_meta for t in tensors_in((args, kwargs)))
+    if execution == "real":
+        return _run(model, args, kwargs, names, fake=False, on_meta=on_meta)
+    try:
+        return _run(model, args, kwargs, names, fake=True, on_meta=on_meta)
+    except ModelRunError as exc:
+        if execution == "fake" or on_meta or not isinstance(exc.__cause__, _NEEDS_VALUES):
+            raise
+    trace = _run(model, args, kwargs, names, fake=False, on_meta=False)
+    trace.assumptions.append("the model needs real values (data-dependent operators): ran real kernels")
+    return trace
+
+
+def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames, *,
+         fake: bool, on_meta: bool) -> Trace:
+    recorder = Recorder(names)
+    recorder.placeholders = on_meta
+    saved = _ModelState(model)
+    try:
+        with ExitStack() as stack:
+            if fake:
+                fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
+                state, args, kwargs = _fake_state_and_inputs(model, args, kwargs, fake_mode, on_meta)
+            else:
+                _reject_meta_inputs_for_real_model(model, args, kwargs)
+                state = {n: b.clone() for n, b in model.named_buffers(remove_duplicate=False)}
+            stack.enter_context(_ModuleHooks(recorder))
+            for wrapper in _transparent_wrappers(model):
+                stack.enter_context(wrapper)
+            stack.enter_context(FunctionRecorder(recorder))
+            stack.enter_context(DispatchRecorder(recorder))
+            try:
+                functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+            except Exception as exc:
+                raise _describe_failure(model, names, recorder, exc) from exc
+    finally:
+        saved.restore()
+    recorder.trace.execution = "fake" if fake else "real"
+    return recorder.trace
+
+
+def _fake_state_and_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                           mode: FakeTensorMode, on_meta: bool
+                           ) -> tuple[dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any]]:
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False),
+                         *model.named_buffers(remove_duplicate=False)]:
+        state[name] = mode.from_tensor(tensor, static_shapes=True)
+    target = _model_device(model, on_meta)
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        device = target if (on_meta or t.is_meta) and target is not None else t.device
+        if device == t.device:
+            return mode.from_tensor(t, static_shapes=True)
+        with mode:
+            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        return out.requires_grad_(t.requires_grad)
+
+    return state, map_tensors(convert, args), map_tensors(convert, kwargs)
+
+
+def _model_device(model: nn.Module, on_meta: bool) -> torch.device | None:
+    if on_meta:
+        return torch.device("meta")
+    for tensor in _state_tensors(model):
+        return tensor.device
+    return None
+
+
+def _reject_meta_inputs_for_real_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    has_meta_input = any(t.is_meta for t in tensors_in((args, kwargs)))
+    if has_meta_input and not all(t.is_meta for t in _state_tensors(model)):
+        raise ValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
+                         "cannot run a model whose parameters hold values on meta inputs")
+
+
+class _ModelState:
+    """Training flags and ``requires_grad`` of every module and parameter, restored afterwards."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.training = [(m, m.training) for m in model.modules()]
+        self.requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+
+    def restore(self) -> None:
+        for module, flag in self.training:
+            module.training = flag
+        for param, flag in self.requires_grad:
+            if param.requires_grad != flag:
+                param.requires_grad_(flag)
+
+
+class _ModuleHooks:
+    """Global forward hooks that keep the recorder's module stack."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _ModuleHooks:
+        hooks = nn.modules.module
+        self.handles = [hooks.register_module_forward_pre_hook(self.recorder.enter_module),
+                        hooks.register_module_forward_hook(self.recorder.exit_module, always_call=True)]
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class _Transparent:
+    """Make a DataParallel/DDP wrapper call its module directly while tracing (no scatter, no threads)."""
+
+    def __init__(self, wrapper: nn.Module) -> None:
+        self.wrapper = wrapper
+
+    def __enter__(self) -> _Transparent:
+        inner = self.wrapper.module
+        self.wrapper.forward = lambda *a, **k: inner(*a, **k)  # type: ignore[operator]
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        del self.wrapper.forward
+
+
+def _transparent_wrappers(model: nn.Module) -> list[_Transparent]:
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    return [_Transparent(m) for m in model.modules() if isinstance(m, wrappers)]
+
+
+def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, exc: Exception) -> ModelRunError:
+    module = _innermost_module(exc, names)
+    where = f"module {module!r} ({type(names_module(model, module)).__name__})" if module else \
+        f"{type(model).__name__}.forward"
+    op = recorder.failed_op
+    at = f" at operator {op}" if op else ""
+    return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}", module, op)
+
+
+def names_module(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name) if name else model
+
+
+def _innermost_module(exc: BaseException, names: ModuleNames) -> str | None:
+    """The canonical name of the innermost model module on the failing call stack."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in ("_call_impl", "forward"):
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module) and id(owner) in names.by_id:
+                found = names.by_id[id(owner)]
+        tb = tb.tb_next
+    return found

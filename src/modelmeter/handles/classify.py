@@ -1,0 +1,84 @@
+"""Operators that need no handle: free data movement, and element-wise math.
+
+Free (silent, cost 0 in every convention): views and shape changes, copies and conversions,
+factories, integer and boolean results, ReLU and dropout. Element-wise math (operators torch tags
+``pointwise``) is known and costs 0 in the fvcore convention; neither is reported as unsupported.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+FREE_OPS = frozenset({
+    # copies, conversions, memory layout
+    "clone", "copy_", "_to_copy", "to", "contiguous", "detach", "detach_", "lift_fresh", "lift_fresh_copy",
+    "type_as", "_copy_from", "_copy_from_and_resize", "resize_", "set_", "alias", "_unsafe_view",
+    # joining, splitting, indexing (data movement only)
+    "cat", "stack", "split", "split_with_sizes", "chunk", "unbind", "index", "index_select", "gather",
+    "scatter", "scatter_", "index_put", "index_put_", "_index_put_impl_", "slice_scatter", "select_scatter",
+    "masked_fill", "masked_fill_", "constant_pad_nd", "pad", "roll", "flip", "repeat", "tile",
+    "repeat_interleave", "tril", "triu", "tril_", "triu_", "masked_select", "take", "where",
+    # factories
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "arange", "linspace",
+    "scalar_tensor", "tensor", "fill", "fill_", "zero_", "rand", "randn", "randint", "rand_like",
+    "randn_like", "uniform_", "normal_", "bernoulli", "bernoulli_", "eye",
+    # activations and regularisers that fvcore counts as free
+    "relu", "relu_", "threshold", "dropout", "native_dropout", "feature_dropout", "alpha_dropout",
+    "dropout_", "feature_alpha_dropout",
+    # scalars and metadata
+    "_local_scalar_dense", "item", "size", "sym_size", "stride", "sym_stride", "numel", "sym_numel",
+    "_assert_async", "_assert_scalar", "_assert_tensor_metadata", "_functional_assert_async",
+    "is_nonzero", "is_same_size", "equal", "nonzero", "_has_compatible_shallow_copy_type",
+    "_nested_tensor_from_mask_left_aligned", "resolve_conj", "resolve_neg", "conj", "_conj",
+})
+
+
+def _short(op: str) -> str:
+    return op.split("::", 1)[-1]
+
+
+@cache
+def _overload(op: str) -> torch._ops.OpOverload | None:
+    namespace, _, name = op.partition("::")
+    packet = getattr(getattr(torch.ops, namespace, None), name, None) if name else None
+    if packet is None:
+        return None
+    overloads = packet.overloads()
+    if not overloads:
+        return None
+    return getattr(packet, "default" if "default" in overloads else overloads[0])
+
+
+@cache
+def is_view(op: str) -> bool:
+    """True when the operator's first output aliases an input (a view: no data moves)."""
+    overload = _overload(op)
+    if overload is None:
+        return False
+    returns = overload._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
+@cache
+def is_elementwise(op: str) -> bool:
+    """True for operators of which torch tags an overload ``pointwise`` (add, mul, gelu, ...)."""
+    if op.endswith("_") and not op.endswith("__"):
+        return is_elementwise(op[:-1]) or _tagged_pointwise(op)
+    return _tagged_pointwise(op)
+
+
+def _tagged_pointwise(op: str) -> bool:
+    namespace, _, name = op.partition("::")
+    packet = getattr(getattr(torch.ops, namespace, None), name, None) if name else None
+    if packet is None:
+        return False
+    return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+
+
+def is_free(op: str) -> bool:
+    """True for operators that cost nothing and are never reported."""
+    short = _short(op)
+    return short in FREE_OPS or short.rstrip("_") in FREE_OPS or is_view(op)

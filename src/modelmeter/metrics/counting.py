@@ -1,0 +1,139 @@
+"""Count a metric over a trace: handles applied to events, totals attributed to modules.
+
+A pure function of the trace, the handle table and the ancestor mode, so changing any of them
+recomputes in milliseconds without running the model again.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..engine.naming import ModuleNames
+from ..engine.trace import TensorMeta, Trace
+from ..handles.base import CountInside, Handle
+from ..handles.classify import is_elementwise, is_free
+
+AncestorMode = Literal["owner", "caller"]
+HandleTable = Mapping[str, "Handle | CountInside | None"]
+
+
+@dataclass
+class Statistics:
+    """Per canonical module name: counts by operator, unsupported operators, and uncalled modules."""
+
+    counts: dict[str, Counter[str]]
+    unsupported: dict[str, Counter[str]]
+    uncalled: set[str]
+
+
+def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode: AncestorMode = "owner"
+          ) -> Statistics:
+    """Apply ``handles`` to ``trace``.
+
+    Events are visited from the outside in: a call with a handle is counted by it and what it ran
+    inside is not looked at again; a call whose handle is ``None`` is ignored with all it ran; a
+    user-level call without a handle is looked into. An aten operator that is neither handled,
+    free nor element-wise is reported as unsupported under the name of the user-level call that
+    ran it.
+    """
+    counts: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
+    unsupported: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
+    ancestors = _Ancestors(trace, ancestor_mode)
+    children = trace.children()
+    events = trace.events
+
+    def visit(index: int, user_op: str | None, into: Counter[str] | None) -> None:
+        event = events[index]
+        handle = handles.get(event.op, _MISSING)
+        if handle is None:
+            return
+        if isinstance(handle, CountInside):
+            inside: Counter[str] = Counter()
+            for child in children[index]:
+                visit(child, event.op, inside)
+            _add(counts, ancestors(event.scope), Counter({handle.key: sum(inside.values())}), into)
+            return
+        if handle is _MISSING:
+            if event.level == "function":
+                for child in children[index]:
+                    visit(child, event.op, into)
+            elif not (is_free(event.op) or is_elementwise(event.op) or _integer_only(event.outputs)):
+                name = user_op if user_op is not None and not is_free(user_op) else event.op
+                for module in ancestors(event.scope):
+                    unsupported.setdefault(module, Counter())[name] += 1
+            return
+        _add(counts, ancestors(event.scope), _as_counter(event.op, handle(event.inputs, event.outputs)), into)
+
+    for root in children[-1]:
+        visit(root, None, None)
+    return Statistics(counts, unsupported, ancestors.uncalled(names))
+
+
+_MISSING: Any = object()
+
+
+def _integer_only(outputs: list[Any]) -> bool:
+    """True when every output is an integer or boolean tensor (index and mask arithmetic is free)."""
+    tensors = [o for o in outputs if isinstance(o, TensorMeta)]
+    return bool(tensors) and not any(t.is_floating_point for t in tensors)
+
+
+def _add(counts: dict[str, Counter[str]], modules: set[str], value: Counter[str], into: Counter[str] | None) -> None:
+    if into is not None:
+        into.update(value)
+        return
+    for module in modules:
+        counts.setdefault(module, Counter()).update(value)
+
+
+def _as_counter(op: str, value: Any) -> Counter[str]:
+    if isinstance(value, Counter):
+        for v in value.values():
+            _check_number(op, v)
+        return value
+    _check_number(op, value)
+    return Counter({op.split("::", 1)[-1]: value})
+
+
+def _check_number(op: str, value: Any) -> None:
+    itemsize = getattr(getattr(value, "dtype", None), "itemsize", 8)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or itemsize < 8:
+        raise ValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
+                         "must return an int or float (64-bit), or a Counter of them")
+
+
+class _Ancestors:
+    """Which modules an event counts toward, per scope (cached: scopes repeat)."""
+
+    def __init__(self, trace: Trace, mode: AncestorMode) -> None:
+        self.trace = trace
+        self.mode = mode
+        self.cache: dict[int, set[str]] = {}
+
+    def __call__(self, scope: int) -> set[str]:
+        found = self.cache.get(scope)
+        if found is None:
+            stack = self.trace.scopes[scope]
+            found = {"", *stack} if self.mode == "caller" else _prefixes(stack[-1] if stack else "")
+            self.cache[scope] = found
+        return found
+
+    def uncalled(self, names: ModuleNames) -> set[str]:
+        seen = set(self.trace.called)
+        if self.mode == "owner":
+            for name in self.trace.called:
+                seen |= _prefixes(name)
+        return set(names.canonical) - seen
+
+
+def _prefixes(name: str) -> set[str]:
+    """``"a.b.c"`` -> ``{"", "a", "a.b", "a.b.c"}``."""
+    out = {""}
+    parts = name.split(".") if name else []
+    for i in range(1, len(parts) + 1):
+        out.add(".".join(parts[:i]))
+    return out
