@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .metadata import bind_by_name, describe, flat_outputs, place_arguments
 from .naming import ModuleNames
-from .trace import OpEvent, Phase, Trace
+from .trace import Level, OpEvent, Phase, Trace
 
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
 
@@ -66,6 +66,7 @@ class Recorder:
         self._scope = self._scope_index()
         self._open: list[int] = []
         self.failed_op: str | None = None
+        self._failed_level: str | None = None
         self.placeholders = False
 
     # module scopes ---------------------------------------------------------------------------
@@ -131,9 +132,10 @@ class Recorder:
                                          self._open[-1] if self._open else -1, self._scope, self.phase,
                                          inputs, flat_outputs(result)))
 
-    def note_failure(self, op: str) -> None:
-        if self.failed_op is None:
-            self.failed_op = op
+    def note_failure(self, op: str, level: Level) -> None:
+        """Remember where the model failed: the innermost user-level call, else the aten operator."""
+        if self.failed_op is None or (level == "function" and self._failed_level == "dispatch"):
+            self.failed_op, self._failed_level = op, level
 
 
 class FunctionRecorder(TorchFunctionMode):
@@ -166,7 +168,7 @@ class FunctionRecorder(TorchFunctionMode):
             else:
                 result = func(*args, **kwargs)
         except BaseException:
-            rec.note_failure(op)
+            rec.note_failure(op, "function")
             rec.abandon_function(index, opened)
             raise
         rec.close_function(index, opened, result)
@@ -192,7 +194,7 @@ class DispatchRecorder(TorchDispatchMode):
             else:
                 result = func(*args, **kwargs)
         except BaseException:
-            rec.note_failure(dispatch_op_name(func))
+            rec.note_failure(dispatch_op_name(func), "dispatch")
             raise
         rec.add_dispatch(func, args, kwargs, result)
         return result

@@ -9,6 +9,7 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, Literal
 
@@ -20,7 +21,6 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     UnsupportedFakeTensorException,
 )
-from torch.func import functional_call
 
 from ..errors import ModelRunError
 from .inputs import map_tensors, tensors_in
@@ -41,15 +41,16 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """
     if execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {execution!r}")
-    on_meta = any(t.is_meta for t in _state_tensors(model)) or any(t.is_meta for t in tensors_in((args, kwargs)))
+    model_on_meta = any(t.is_meta for t in _state_tensors(model))
+    no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     if execution == "real":
-        return _run(model, args, kwargs, names, fake=False, on_meta=on_meta)
+        return _run(model, args, kwargs, names, fake=False, model_on_meta=model_on_meta, no_values=no_values)
     try:
-        return _run(model, args, kwargs, names, fake=True, on_meta=on_meta)
+        return _run(model, args, kwargs, names, fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
-        if execution == "fake" or on_meta or not isinstance(exc.__cause__, _NEEDS_VALUES):
+        if execution == "fake" or no_values or not isinstance(exc.__cause__, _NEEDS_VALUES):
             raise
-    trace = _run(model, args, kwargs, names, fake=False, on_meta=False)
+    trace = _run(model, args, kwargs, names, fake=False, model_on_meta=False, no_values=False)
     trace.assumptions.append("the model needs real values (data-dependent operators): ran real kernels")
     return trace
 
@@ -59,25 +60,26 @@ def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
 
 
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames, *,
-         fake: bool, on_meta: bool) -> Trace:
+         fake: bool, model_on_meta: bool, no_values: bool) -> Trace:
     recorder = Recorder(names)
-    recorder.placeholders = on_meta
+    recorder.placeholders = no_values
     saved = _ModelState(model)
     try:
         with ExitStack() as stack:
             if fake:
                 fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
-                state, args, kwargs = _fake_state_and_inputs(model, args, kwargs, fake_mode, on_meta)
+                args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta)
+                stack.enter_context(_SwappedState(model, lambda t: fake_mode.from_tensor(t, static_shapes=True)))
             else:
                 _reject_meta_inputs_for_real_model(model, args, kwargs)
-                state = {n: b.clone() for n, b in model.named_buffers(remove_duplicate=False)}
+                stack.enter_context(_SwappedState(model, torch.Tensor.clone, buffers_only=True))
             stack.enter_context(_ModuleHooks(recorder))
             for wrapper in _transparent_wrappers(model):
                 stack.enter_context(wrapper)
             stack.enter_context(FunctionRecorder(recorder))
             stack.enter_context(DispatchRecorder(recorder))
             try:
-                functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+                model(*args, **kwargs)
             except Exception as exc:
                 raise _describe_failure(model, names, recorder, exc) from exc
     finally:
@@ -86,32 +88,55 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names:
     return recorder.trace
 
 
-def _fake_state_and_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                           mode: FakeTensorMode, on_meta: bool
-                           ) -> tuple[dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any]]:
-    state: dict[str, torch.Tensor] = {}
-    for name, tensor in [*model.named_parameters(remove_duplicate=False),
-                         *model.named_buffers(remove_duplicate=False)]:
-        state[name] = mode.from_tensor(tensor, static_shapes=True)
-    target = _model_device(model, on_meta)
+def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
+                 model_on_meta: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs as FakeTensors; meta inputs of a real model, and any input of a meta model, move to its device."""
+    state = _state_tensors(model)
+    target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
 
     def convert(t: torch.Tensor) -> torch.Tensor:
-        device = target if (on_meta or t.is_meta) and target is not None else t.device
+        device = target if (model_on_meta or t.is_meta) and target is not None else t.device
         if device == t.device:
             return mode.from_tensor(t, static_shapes=True)
         with mode:
             out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
         return out.requires_grad_(t.requires_grad)
 
-    return state, map_tensors(convert, args), map_tensors(convert, kwargs)
+    return map_tensors(convert, args), map_tensors(convert, kwargs)
 
 
-def _model_device(model: nn.Module, on_meta: bool) -> torch.device | None:
-    if on_meta:
-        return torch.device("meta")
-    for tensor in _state_tensors(model):
-        return tensor.device
-    return None
+class _SwappedState:
+    """Replace every parameter and buffer by a stand-in for the run, and put the originals back.
+
+    A tensor shared by several modules gets one stand-in, so tied weights stay tied. In-place updates
+    (BatchNorm statistics) and reassignments during the run land on the stand-ins.
+    """
+
+    def __init__(self, model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor], buffers_only: bool = False):
+        self.model = model
+        self.make = make
+        self.buffers_only = buffers_only
+        self.saved: list[tuple[dict[str, Any], str, Any]] = []
+
+    def __enter__(self) -> _SwappedState:
+        made: dict[int, torch.Tensor] = {}
+        for module in self.model.modules():
+            tables: list[dict[str, Any]] = [module._buffers]
+            if not self.buffers_only:
+                tables.insert(0, module._parameters)
+            for table in tables:
+                for name, tensor in list(table.items()):
+                    if tensor is None:
+                        continue
+                    self.saved.append((table, name, tensor))
+                    if id(tensor) not in made:
+                        made[id(tensor)] = self.make(tensor)
+                    table[name] = made[id(tensor)]
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for table, name, tensor in reversed(self.saved):
+            table[name] = tensor
 
 
 def _reject_meta_inputs_for_real_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -180,7 +205,9 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
         f"{type(model).__name__}.forward"
     op = recorder.failed_op
     at = f" at operator {op}" if op else ""
-    return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}", module, op)
+    hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
+        if isinstance(exc, _NEEDS_VALUES) else ""
+    return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}{hint}", module, op)
 
 
 def names_module(model: nn.Module, name: str) -> nn.Module:
