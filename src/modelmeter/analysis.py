@@ -29,12 +29,14 @@ class ModelAnalysis:
     The model runs once, lazily, on FakeTensors by default (``execution="auto"``); every query and
     every change of handles or ancestor mode is answered from that one recorded trace.
     ``inputs``: a tensor, a tuple of positional arguments, a dict of keyword arguments, or
-    :class:`modelmeter.Args`.
+    :class:`modelmeter.Args`. ``trace``: the trace of another analysis of the same model and
+    inputs, so a second metric reuses it instead of running the model again.
     """
 
     _default_handles: ClassVar[dict[str, Handle | CountInside]] = {}
 
-    def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto") -> None:
+    def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
+                 trace: Trace | None = None) -> None:
         args, kwargs = split_inputs(inputs)
         check_inputs(model, args, kwargs)
         self._model = model
@@ -43,7 +45,7 @@ class ModelAnalysis:
         self._execution: Execution = execution
         self._names = ModuleNames(model)
         self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)
-        self._trace: Trace | None = None
+        self._trace: Trace | None = trace
         self._stats: Statistics | None = None
         self._ancestor_mode: AncestorMode = "owner"
         self._warn_unsupported = True
@@ -149,14 +151,13 @@ class ModelAnalysis:
         model = self._model if new_model is None else new_model
         inputs = self._inputs if new_inputs is None else new_inputs
         other = type(self).__new__(type(self))
-        ModelAnalysis.__init__(other, model, inputs, execution=self._execution)
+        same = new_model is None and new_inputs is None
+        ModelAnalysis.__init__(other, model, inputs, execution=self._execution, trace=self._trace if same else None)
         other._op_handles = dict(self._op_handles)
         other._ancestor_mode = self._ancestor_mode
         other._warn_unsupported = self._warn_unsupported
         other._warn_uncalled = self._warn_uncalled
         other._tracer_warnings = self._tracer_warnings
-        if new_model is None and new_inputs is None:
-            other._trace = self._trace
         return other
 
     # internals -------------------------------------------------------------------------------
