@@ -393,3 +393,12 @@ def test_activation_analysis_shares_the_api() -> None:
     acts = ActivationCountAnalysis(model, torch.randn(1, 3, 10, 10))
     assert acts.total() == 1010
     assert acts.by_module() == Counter({"": 1010, "0": 1000, "1": 0, "2": 0, "3": 10})
+
+
+def test_compiled_model_is_analysed_eagerly_without_compiling() -> None:
+    model = Inner()
+    compiled = torch.compile(model)
+    flops = FlopCountAnalysis(compiled, torch.randn(3, 10))
+    assert flops.total() == flops.total("_orig_mod") == 3 * LINEAR_FLOPS
+    assert flops.total("_orig_mod.fc") == 3 * LINEAR_FLOPS
+    assert "forward" not in vars(compiled)

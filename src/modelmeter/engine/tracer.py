@@ -180,13 +180,18 @@ class _ModuleHooks:
 
 
 class _Transparent:
-    """Make a DataParallel/DDP wrapper call its module directly while tracing (no scatter, no threads)."""
+    """Make a wrapper call the module it wraps directly while tracing.
 
-    def __init__(self, wrapper: nn.Module) -> None:
+    DataParallel/DDP would scatter to devices and run threads; a ``torch.compile`` wrapper would
+    compile. The wrapped module runs eagerly instead, and the wrapper is left as it was.
+    """
+
+    def __init__(self, wrapper: nn.Module, attribute: str) -> None:
         self.wrapper = wrapper
+        self.attribute = attribute
 
     def __enter__(self) -> _Transparent:
-        inner = self.wrapper.module
+        inner = getattr(self.wrapper, self.attribute)
         self.wrapper.forward = lambda *a, **k: inner(*a, **k)  # type: ignore[operator]
         return self
 
@@ -195,8 +200,13 @@ class _Transparent:
 
 
 def _transparent_wrappers(model: nn.Module) -> list[_Transparent]:
-    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
-    return [_Transparent(m) for m in model.modules() if isinstance(m, wrappers)]
+    found = []
+    for module in model.modules():
+        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            found.append(_Transparent(module, "module"))
+        elif type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            found.append(_Transparent(module, "_orig_mod"))
+    return found
 
 
 def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, exc: Exception) -> ModelRunError:
