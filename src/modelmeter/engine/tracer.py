@@ -192,7 +192,7 @@ class _Transparent:
 
     def __enter__(self) -> _Transparent:
         inner = getattr(self.wrapper, self.attribute)
-        self.wrapper.forward = lambda *a, **k: inner(*a, **k)  # type: ignore[operator]
+        self.wrapper.forward = lambda *a, **k: inner(*a, **k)
         return self
 
     def __exit__(self, *_: Any) -> None:
