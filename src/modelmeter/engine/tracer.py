@@ -9,6 +9,7 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, Literal
@@ -74,6 +75,9 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names:
                 _reject_meta_inputs_for_real_model(model, args, kwargs)
                 stack.enter_context(_SwappedState(model, torch.Tensor.clone, buffers_only=True))
             stack.enter_context(_ModuleHooks(recorder))
+            stack.enter_context(warnings.catch_warnings())
+            # Our global hooks are meant; the compiled wrapper is bypassed anyway.
+            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
             for wrapper in _transparent_wrappers(model):
                 stack.enter_context(wrapper)
             stack.enter_context(FunctionRecorder(recorder))
