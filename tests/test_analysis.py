@@ -259,16 +259,18 @@ def test_a_failing_model_names_module_and_operator() -> None:
 
 
 class Stateful(nn.Module):
-    """Updates BatchNorm statistics and a buffer in place, and flips a flag during forward."""
+    """Updates BatchNorm statistics, a buffer and a plain tensor attribute in place, and flips a flag."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
         self.bn = nn.BatchNorm2d(4)
         self.register_buffer("calls", torch.zeros(()))
+        self.plain = torch.zeros(())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.plain.add_(1)
         self.bn.training = True
         return self.bn(self.conv(x))
 
@@ -280,6 +282,7 @@ def _state(model: nn.Module) -> dict[str, object]:
         "requires_grad": [p.requires_grad for p in model.parameters()],
         "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()],
         "grads": [p.grad for p in model.parameters()],
+        "plain": [(v, v.clone()) for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)],
     }
 
 
@@ -288,6 +291,8 @@ def _assert_same_state(before: dict[str, object], after: dict[str, object]) -> N
     assert before["requires_grad"] == after["requires_grad"]
     assert before["hooks"] == after["hooks"]
     assert before["grads"] == after["grads"]
+    for (obj_before, value_before), (obj_after, value_after) in zip(before["plain"], after["plain"], strict=True):
+        assert obj_before is obj_after and torch.equal(value_before, value_after)
     tensors_before, tensors_after = before["tensors"], after["tensors"]
     assert isinstance(tensors_before, dict) and isinstance(tensors_after, dict)
     assert tensors_before.keys() == tensors_after.keys()
@@ -402,3 +407,29 @@ def test_compiled_model_is_analysed_eagerly_without_compiling() -> None:
     assert flops.total() == flops.total("_orig_mod") == 3 * LINEAR_FLOPS
     assert flops.total("_orig_mod.fc") == 3 * LINEAR_FLOPS
     assert "forward" not in vars(compiled)
+
+
+@torch.library.custom_op("modelmeter_test::double", mutates_args=())
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class UsesCustomOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _double(self.fc(x))
+
+
+def test_operator_without_fake_kernel_runs_real_and_is_reported() -> None:
+    flops = quiet(FlopCountAnalysis(UsesCustomOp(), torch.randn(2, 4)))
+    assert flops.total() == 2 * 16
+    assert flops.unsupported_ops() == Counter({"modelmeter_test::double": 1})
+    assert flops.trace.execution == "real"
+    assert any("FakeTensors could not run it" in a for a in flops.assumptions())
+    with pytest.raises(ModelRunError, match="modelmeter_test::double"):
+        FlopCountAnalysis(UsesCustomOp(), torch.randn(2, 4), execution="fake").total()
+    flops.set_op_handle("modelmeter_test::double", lambda inputs, outputs: 8)
+    assert flops.by_operator() == Counter({"linear": 32, "double": 8})

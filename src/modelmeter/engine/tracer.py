@@ -49,10 +49,15 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     try:
         return _run(model, args, kwargs, names, fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
-        if execution == "fake" or no_values or not isinstance(exc.__cause__, _NEEDS_VALUES):
+        if execution == "fake" or no_values:
             raise
+        fake_failure = exc
+    # Values are needed (.item(), data-dependent shapes), or an operator has no fake implementation:
+    # real kernels answer both. If they fail too, the model itself is at fault, and that error is raised.
     trace = _run(model, args, kwargs, names, fake=False, model_on_meta=False, no_values=False)
-    trace.assumptions.append("the model needs real values (data-dependent operators): ran real kernels")
+    reason = "the model needs real values" if isinstance(fake_failure.__cause__, _NEEDS_VALUES) else \
+        "FakeTensors could not run it"
+    trace.assumptions.append(f"{reason} ({fake_failure.operator or 'the forward'}): ran real kernels")
     return trace
 
 
@@ -68,12 +73,12 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names:
     try:
         with ExitStack() as stack:
             if fake:
-                fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
+                fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                 args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta)
                 stack.enter_context(_SwappedState(model, lambda t: fake_mode.from_tensor(t, static_shapes=True)))
             else:
                 _reject_meta_inputs_for_real_model(model, args, kwargs)
-                stack.enter_context(_SwappedState(model, torch.Tensor.clone, buffers_only=True))
+                stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
             stack.enter_context(_ModuleHooks(recorder))
             stack.enter_context(warnings.catch_warnings())
             # Our global hooks are meant; the compiled wrapper is bypassed anyway.
@@ -110,27 +115,29 @@ def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 class _SwappedState:
-    """Replace every parameter and buffer by a stand-in for the run, and put the originals back.
+    """Replace every parameter, buffer and plain tensor attribute by a stand-in for the run, and put
+    the originals back.
 
     A tensor shared by several modules gets one stand-in, so tied weights stay tied. In-place updates
-    (BatchNorm statistics) and reassignments during the run land on the stand-ins.
+    (BatchNorm statistics, a counter kept as an attribute) and reassignments during the run land on
+    the stand-ins.
     """
 
-    def __init__(self, model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor], buffers_only: bool = False):
+    def __init__(self, model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor], keep_parameters: bool = False):
         self.model = model
         self.make = make
-        self.buffers_only = buffers_only
+        self.keep_parameters = keep_parameters
         self.saved: list[tuple[dict[str, Any], str, Any]] = []
 
     def __enter__(self) -> _SwappedState:
         made: dict[int, torch.Tensor] = {}
         for module in self.model.modules():
-            tables: list[dict[str, Any]] = [module._buffers]
-            if not self.buffers_only:
+            tables: list[dict[str, Any]] = [module._buffers, module.__dict__]
+            if not self.keep_parameters:
                 tables.insert(0, module._parameters)
             for table in tables:
                 for name, tensor in list(table.items()):
-                    if tensor is None:
+                    if not isinstance(tensor, torch.Tensor):
                         continue
                     self.saved.append((table, name, tensor))
                     if id(tensor) not in made:

@@ -36,6 +36,12 @@ FREE_OPS = frozenset({
 })
 
 
+# Element-wise operators PyTorch does not tag pointwise.
+UNTAGGED_ELEMENTWISE_OPS = frozenset({
+    "hardswish", "hardswish_", "prelu", "_prelu_kernel", "log_sigmoid", "log_sigmoid_forward", "glu",
+})
+
+
 def _short(op: str) -> str:
     return op.split("::", 1)[-1]
 
@@ -65,6 +71,8 @@ def is_view(op: str) -> bool:
 @cache
 def is_elementwise(op: str) -> bool:
     """True for operators of which torch tags an overload ``pointwise`` (add, mul, gelu, ...)."""
+    if _short(op) in UNTAGGED_ELEMENTWISE_OPS:
+        return True
     if op.endswith("_") and not op.endswith("__"):
         return is_elementwise(op[:-1]) or _tagged_pointwise(op)
     return _tagged_pointwise(op)

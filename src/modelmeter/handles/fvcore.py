@@ -27,6 +27,18 @@ def addmm_flop(inputs: list[Any], outputs: list[Any]) -> int:
     return numel(outputs[0]) * shape_of(inputs[1])[-1]
 
 
+def grouped_mm_flop(inputs: list[Any], outputs: list[Any]) -> int:
+    """``_grouped_mm(A, B, offs)`` (mixture-of-experts): each row of ``A`` meets one group's matrix.
+
+    With two 2-D operands the groups split the contracted dimension: ``M·N·K`` in all; otherwise
+    every output element is a dot product over ``A.shape[-1]``.
+    """
+    a, b = shape_of(inputs[0]), shape_of(inputs[1])
+    if len(a) == 2 and len(b) == 2:
+        return a[0] * a[1] * b[1]
+    return numel(outputs[0]) * a[-1]
+
+
 def linear_flop(inputs: list[Any], outputs: list[Any]) -> int:
     """``linear(x, W, b)``: rows of ``x`` x in_features x out_features; the bias add is free."""
     return numel(outputs[0]) * shape_of(inputs[1])[-1]
@@ -168,6 +180,7 @@ def _keyed(key: str, handle: Handle) -> Handle:
 
 
 _conv_ops = ("aten::convolution", "aten::_convolution")
+_products = ("linear", "addmm", "baddbmm", "matmul", "mm", "bmm", "_grouped_mm", "einsum")
 
 FLOP_HANDLES: dict[str, Handle | CountInside] = {
     **{op: conv_flop for op in _conv_ops},
@@ -177,6 +190,7 @@ FLOP_HANDLES: dict[str, Handle | CountInside] = {
     "aten::matmul": matmul_flop,
     "aten::mm": matmul_flop,
     "aten::bmm": matmul_flop,
+    "aten::_grouped_mm": grouped_mm_flop,
     "aten::einsum": CountInside("einsum"),
     "aten::scaled_dot_product_attention": sdpa_flop,
     "aten::_native_multi_head_attention": native_mha_flop,
@@ -194,7 +208,7 @@ FLOP_HANDLES: dict[str, Handle | CountInside] = {
 
 ACTIVATION_HANDLES: dict[str, Handle | CountInside] = {
     **{op: _keyed("conv", generic_activation) for op in _conv_ops},
-    **{f"aten::{op}": generic_activation for op in ("linear", "addmm", "baddbmm", "matmul", "mm", "bmm", "einsum")},
+    **{f"aten::{op}": generic_activation for op in _products},
     "aten::scaled_dot_product_attention": sdpa_activation,
     "aten::_native_multi_head_attention": native_mha_activation,
     "aten::_transformer_encoder_layer_fwd": encoder_layer_activation,

@@ -38,7 +38,8 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     inside is not looked at again; a call whose handle is ``None`` is ignored with all it ran; a
     user-level call without a handle is looked into. An aten operator that is neither handled,
     free nor element-wise is reported as unsupported under the name of the user-level call that
-    ran it.
+    ran it — except inside a :class:`CountInside` call, which is supported as a whole (the sum an
+    ``einsum`` runs for an index of one operand is part of the einsum).
     """
     counts: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
     unsupported: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
@@ -54,14 +55,14 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
             for child in children[index]:
-                visit(child, event.op, inside)
+                visit(child, None, inside)
             _add(counts, ancestors(event.scope), Counter({handle.key: sum(inside.values())}), into)
             return
         if handle is _MISSING:
             if event.level == "function":
                 for child in children[index]:
                     visit(child, event.op, into)
-            elif not (is_free(event.op) or is_elementwise(event.op) or _integer_only(event.outputs)):
+            elif into is None and not (is_free(event.op) or is_elementwise(event.op) or _integer_only(event.outputs)):
                 name = user_op if user_op is not None and not is_free(user_op) else event.op
                 for module in ancestors(event.scope):
                     unsupported.setdefault(module, Counter())[name] += 1
