@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -433,3 +434,16 @@ def test_operator_without_fake_kernel_runs_real_and_is_reported() -> None:
         FlopCountAnalysis(UsesCustomOp(), torch.randn(2, 4), execution="fake").total()
     flops.set_op_handle("modelmeter_test::double", lambda inputs, outputs: 8)
     assert flops.by_operator() == Counter({"linear": 32, "double": 8})
+
+
+def test_distributed_data_parallel_root_and_module_get_the_full_count(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(Inner())
+        flops = FlopCountAnalysis(model, torch.randn(10, 10))
+        assert flops.total() == flops.total("module") == flops.total("module.fc") == 1000
+        assert "forward" not in vars(model)
+    finally:
+        dist.destroy_process_group()
