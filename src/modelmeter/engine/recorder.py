@@ -15,7 +15,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .metadata import bind_by_name, describe, flat_outputs, place_arguments
+from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .trace import Level, OpEvent, Phase, Trace
 
@@ -127,10 +127,9 @@ class Recorder:
 
     def add_dispatch(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
                      result: Any) -> None:
-        inputs = place_arguments(func._schema, args, kwargs) if kwargs else [describe(a) for a in args]
         self.trace.events.append(OpEvent(dispatch_op_name(func), "dispatch",
                                          self._open[-1] if self._open else -1, self._scope, self.phase,
-                                         inputs, flat_outputs(result)))
+                                         place_arguments(func._schema, args, kwargs), flat_outputs(result)))
 
     def note_failure(self, op: str, level: Level) -> None:
         """Remember where the model failed: the innermost user-level call, else the aten operator."""
