@@ -83,6 +83,11 @@ class ModelAnalysis:
         return self._names.resolve(name)
 
     @property
+    def model(self) -> nn.Module:
+        """The analysed model."""
+        return self._model
+
+    @property
     def trace(self) -> Trace:
         """The recorded run (plain data), recorded on first use."""
         if self._trace is None:

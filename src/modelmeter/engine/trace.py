@@ -71,6 +71,7 @@ class Trace:
     ``scopes`` are the distinct module call stacks (tuples of canonical module names, outermost
     first); each event refers to one by index. ``called`` are canonical names of the modules whose
     ``__call__`` ran; ``assumptions`` describe placeholder values used where a meta tensor had none.
+    ``inputs`` describe the tensors the model was called with, in argument order.
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -78,6 +79,7 @@ class Trace:
     called: set[str] = field(default_factory=set)
     assumptions: list[str] = field(default_factory=list)
     execution: str = "fake"
+    inputs: list[TensorMeta] = field(default_factory=list)
 
     def children(self) -> list[list[int]]:
         """Indices of the direct children of every event, plus the roots at position ``-1``."""

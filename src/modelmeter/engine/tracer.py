@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import ModelRunError
 from .inputs import map_tensors, tensors_in
+from .metadata import describe
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
 from .trace import Trace
@@ -97,6 +98,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names:
     finally:
         saved.restore()
     recorder.trace.execution = "fake" if fake else "real"
+    recorder.trace.inputs = [describe(t) for t in tensors_in((args, kwargs))]
     return recorder.trace
 
 

@@ -1,0 +1,132 @@
+"""The structured result every renderer reads: module tree x metrics x operators, with totals.
+
+Built from analyses that share one trace; plain data, so it serialises to JSON (a documented,
+versioned schema, see docs/reports.md) and back without a model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..analysis import ModelAnalysis
+from ..metrics.parameters import parameter_count
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class ModuleRow:
+    """One module: its canonical name (``""`` is the model), class, parameters and metric values.
+
+    ``metrics`` maps a metric name (``"flops"``, ``"activations"``; later ``"backward_flops"``,
+    ``"memory"``) to the module's total; ``by_operator`` maps the same names to per-operator values.
+    ``called`` is False for a module that never ran (its metrics are then 0).
+    """
+
+    name: str
+    type: str
+    params: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    by_operator: dict[str, dict[str, float]] = field(default_factory=dict)
+    called: bool = True
+
+    @property
+    def depth(self) -> int:
+        """0 for the model, 1 for its children, ..."""
+        return 0 if not self.name else self.name.count(".") + 1
+
+
+@dataclass
+class Result:
+    """What a model costs, by module and operator, for one set of inputs."""
+
+    model: str
+    inputs: list[dict[str, Any]]
+    metrics: list[str]
+    modules: list[ModuleRow]
+    convention: str = "fvcore"
+    execution: str = "fake"
+    unsupported: dict[str, int] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def root(self) -> ModuleRow:
+        return self.modules[0]
+
+    def total(self, metric: str) -> float:
+        return self.root.metrics.get(metric, 0)
+
+    def row(self, name: str) -> ModuleRow:
+        for module in self.modules:
+            if module.name == name:
+                return module
+        raise KeyError(f"no module named {name!r} in the result")
+
+    def share(self, name: str, metric: str) -> float:
+        """A module's fraction of the model's total (0 when the total is 0)."""
+        total = self.total(metric)
+        return self.row(name).metrics.get(metric, 0) / total if total else 0.0
+
+    def children(self, name: str) -> list[ModuleRow]:
+        prefix = f"{name}." if name else ""
+        depth = self.row(name).depth + 1
+        return [m for m in self.modules if m.name.startswith(prefix) and m.depth == depth and m.name != name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Result:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"unsupported result schema_version {version!r}; this modelmeter reads {SCHEMA_VERSION}")
+        fields = dict(data)
+        fields["modules"] = [ModuleRow(**row) for row in data["modules"]]
+        return cls(**fields)
+
+    @classmethod
+    def from_json(cls, text: str) -> Result:
+        return cls.from_dict(json.loads(text))
+
+
+def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: str | None = None) -> Result:
+    """Collect ``analyses`` (metric name -> analysis of ``model``, ideally sharing one trace) into a Result.
+
+    Rows follow the model's module order (canonical names only); parameters come from
+    ``parameter_count``, so shared parameters count once.
+    """
+    if not analyses:
+        raise ValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
+    first = next(iter(analyses.values()))
+    params = parameter_count(model)
+    per_metric = {metric: a.by_module_and_operator() for metric, a in analyses.items()}
+    uncalled = first.uncalled_modules()
+    rows = []
+    for module_name in next(iter(per_metric.values())):
+        module = model.get_submodule(module_name) if module_name else model
+        rows.append(ModuleRow(
+            name=module_name,
+            type=type(module).__name__,
+            params=params.get(module_name, 0),
+            metrics={metric: sum(per_metric[metric][module_name].values()) for metric in analyses},
+            by_operator={metric: dict(per_metric[metric][module_name]) for metric in analyses},
+            called=module_name not in uncalled,
+        ))
+    trace = first.trace
+    return Result(
+        model=name or type(model).__name__,
+        inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],
+        metrics=list(analyses),
+        modules=rows,
+        execution=trace.execution,
+        unsupported=dict(first.unsupported_ops()),
+        assumptions=list(trace.assumptions),
+    )
