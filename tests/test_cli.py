@@ -1,40 +1,279 @@
-"""The ``modelmeter`` command on built-in models."""
+"""The ``modelmeter`` command: model specs, inputs, formats, sweeps and exit codes.
+
+Run in-process through ``main([...])`` (one subprocess test for ``python -m modelmeter``); every model
+is small or built on the meta device, so the whole file takes seconds. Nothing is downloaded.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
+from modelmeter import ActivationCountAnalysis, FlopCountAnalysis
 from modelmeter.cli import main
+from modelmeter.models import parse_overrides
+from modelmeter.reports import FORMATS
+from modelmeter.zoo import get_model
 
 
-def test_default_model_prints_fvcore_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([]) == 0
-    out = capsys.readouterr().out
+def run(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[str, str]:
+    """``modelmeter ARGV`` in-process; its stdout and stderr, after checking the exit status."""
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    assert status == code, f"exit {status}, stderr: {err}"
+    return out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    return json.loads(run(capsys, *argv, "--format", "json")[0])
+
+
+def library_totals(model: torch.nn.Module, inputs: Any) -> tuple[int, int]:
+    flops = FlopCountAnalysis(model.eval(), inputs)
+    return flops.total(), ActivationCountAnalysis(model, inputs, trace=flops.trace).total()
+
+
+def json_totals(data: dict[str, Any]) -> tuple[int, int]:
+    root = data["modules"][0]
+    assert root["name"] == ""
+    return root["metrics"]["flops"], root["metrics"]["activations"]
+
+
+# --- the default run and the formats ---------------------------------------------------------------
+def test_default_run_is_resnet50_with_fvcore_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = run(capsys)
     assert out.startswith("resnet50 on input 1x3x224x224 (fake run")
     model_row = next(line for line in out.splitlines() if line.startswith("model "))
-    assert model_row.split()[1:] == ["25.557M", "4.112G", "11.115M"]  # params, flops, activations
-    assert "aten::max_pool2d x1" in out
+    assert model_row.split()[1:5] == ["ResNet", "25.557M", "4.112G", "100.0%"]
+    assert "11.115M" in model_row
+    assert "  layer1.0 " in out and "layer1.0.conv1" not in out  # --depth 2 by default
+    assert "aten::max_pool2d (1 call)" in out
 
 
-def test_zoo_model_with_input_and_depth(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["gpt2_tiny", "--input", "2x16", "--depth", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "gpt2_tiny on input 2x16" in out
-    assert "scaled_dot_product_attention" in out
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format(capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    out, _ = run(capsys, "resnet18", "--resolution", "64", "--depth", "1", "--format", fmt)
+    expected = library_totals(get_model("resnet18", device="cpu"), torch.randn(1, 3, 64, 64))
+    if fmt == "json":
+        data = json.loads(out)
+        assert json_totals(data) == expected
+        assert data["model"] == "resnet18" and data["inputs"][0]["shape"] == [1, 3, 64, 64]
+    elif fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(out)))
+        assert (int(rows[0]["flops"]), int(rows[0]["activations"])) == expected
+        assert "layer1.0.conv1" in {r["name"] for r in rows}  # csv holds every module
+    elif fmt == "markdown":
+        assert out.startswith("| module") and "| model " in out and "`aten::max_pool2d`" in out
+    elif fmt == "tree":
+        assert out.startswith("resnet18 on input 1x3x64x64") and "\nResNet(\n" in out and "(layer1): " in out
+    else:
+        assert out.startswith("resnet18 on input 1x3x64x64 (fake run")
+        assert "  layer1 " in out and "layer1.0" not in out
 
 
-def test_unknown_model_and_bad_shape_exit_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["nope"]) == 2
-    assert "unknown model 'nope'; available: gpt2" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["resnet18", "--input", "1xAx2"])
-    assert "--input must look like 1x3x224x224" in capsys.readouterr().err
+def test_output_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    out, err = run(capsys, "gpt2_tiny", "--format", "json", "--output", str(target))
+    assert out == "" and f"wrote {target}" in err
+    assert json_totals(json.loads(target.read_text()))[0] > 0
+    _, err = run(capsys, "gpt2_tiny", "--output", str(tmp_path / "missing" / "x.txt"), code=2)
+    assert "cannot write --output" in err
+
+
+def test_list_shows_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = run(capsys, "list")
+    assert "resnet50      1x3x224x224 float32" in out
+    assert "gpt2_tiny" in out and "1x64 int64" in out
+    assert "torchvision:NAME" in out
+    names = [row["name"] for row in json.loads(run(capsys, "list", "--format", "json")[0])]
+    assert "resnet50" in names and "gpt2" in names
+
+
+# --- inputs -------------------------------------------------------------------------------------------
+def test_inputs_batch_seq_len_and_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    one = run_json(capsys, "gpt2_tiny", "--seq-len", "16")
+    two = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--batch", "2")
+    assert one["inputs"] == [{"shape": [1, 16], "dtype": "int64"}]
+    assert two["inputs"][0]["shape"] == [2, 16]
+    assert json_totals(two)[0] == 2 * json_totals(one)[0]
+    explicit = run_json(capsys, "gpt2_tiny", "--input", "2x16")
+    assert explicit["inputs"] == two["inputs"] and json_totals(explicit) == json_totals(two)
+    half = run_json(capsys, "resnet18", "--resolution", "32", "--dtype", "float16")
+    assert half["inputs"] == [{"shape": [1, 3, 32, 32], "dtype": "float16"}]
+
+
+def test_real_kernels_give_the_fake_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    fake = run_json(capsys, "gpt2_tiny", "--seq-len", "32")
+    real = run_json(capsys, "gpt2_tiny", "--seq-len", "32", "--real")
+    assert (fake["execution"], real["execution"]) == ("fake", "real")
+    assert json_totals(real) == json_totals(fake)
+    assert [m["metrics"] for m in real["modules"]] == [m["metrics"] for m in fake["modules"]]
+
+
+# --- third-party specs ---------------------------------------------------------------------------------
+def test_torchvision_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    data = run_json(capsys, "torchvision:resnet18", "--resolution", "64")
+    assert data["model"] == "torchvision:resnet18"
+    assert json_totals(data) == library_totals(torchvision.models.resnet18(), torch.randn(1, 3, 64, 64))
+    vit = run_json(capsys, "torchvision:vit_b_32", "--resolution", "96", "num_classes=10")  # ViT built for 96px
+    assert vit["inputs"][0]["shape"] == [1, 3, 96, 96] and vit["modules"][0]["params"] < 88_000_000
+
+
+def test_timm_spec_uses_the_models_default_input_size(capsys: pytest.CaptureFixture[str]) -> None:
+    timm = pytest.importorskip("timm")
+    data = run_json(capsys, "timm:test_resnet")
+    assert data["inputs"][0]["shape"] == [1, 3, 160, 160]  # pretrained_cfg input_size, not 224
+    assert json_totals(data) == library_totals(timm.create_model("test_resnet"), torch.randn(1, 3, 160, 160))
+
+
+def test_transformers_config_with_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    transformers = pytest.importorskip("transformers")
+    settings = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=1000)
+    argv = ["transformers:LlamaConfig,hidden_size=64,intermediate_size=128",  # after commas ...
+            *(f"{k}={v}" for k, v in list(settings.items())[2:]), "--seq-len", "16"]  # ... and as arguments
+    data = run_json(capsys, *argv)
+    assert data["model"].endswith("(LlamaForCausalLM)")
+    assert data["inputs"] == [{"shape": [1, 16], "dtype": "int64"}]
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings))
+    assert json_totals(data) == library_totals(model, torch.randint(0, 1000, (1, 16)))
+    assert data["modules"][0]["params"] == sum(p.numel() for p in model.parameters())
+
+    _, err = run(capsys, "transformers:LlamaConfig", "hiden_size=64", code=2)
+    assert "unknown LlamaConfig setting 'hiden_size'; did you mean hidden_size" in err
+
+
+def test_transformers_vision_config_takes_images(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    data = run_json(capsys, "transformers:vit", "num_hidden_layers=1", "hidden_size=32", "intermediate_size=64",
+                    "num_attention_heads=2", "--resolution", "64")
+    assert data["model"] == "transformers:ViTConfig num_hidden_layers=1 hidden_size=32 intermediate_size=64 " \
+                            "num_attention_heads=2 image_size=64 (ViTModel)"
+    assert data["inputs"] == [{"shape": [1, 3, 64, 64], "dtype": "float32"}]
+
+
+# --- factories ----------------------------------------------------------------------------------------
+FACTORIES = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def mlp(width=8):
+        return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+
+    def with_inputs():
+        return mlp(), torch.randn(3, 4)
+
+    def broken():
+        raise RuntimeError("cannot build\\nthis model")
+""")
+
+
+def test_file_factory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "my_models.py"
+    path.write_text(FACTORIES)
+    data = run_json(capsys, f"{path}:with_inputs")
+    assert data["inputs"][0]["shape"] == [3, 4] and json_totals(data)[0] == 3 * (4 * 8 + 8 * 2)
+    data = run_json(capsys, f"{path}:mlp", "width=16", "--input", "5x4")  # key=value goes to the factory
+    assert json_totals(data)[0] == 5 * (4 * 16 + 16 * 2)
+    _, err = run(capsys, f"{path}:mlp", code=2)
+    assert "has no default input: give its shape with --input" in err
+    _, err = run(capsys, f"{path}:mpl", "--input", "1x4", code=2)
+    assert "has no factory 'mpl'; did you mean mlp?" in err
+    _, err = run(capsys, f"{path}:broken", code=1)
+    assert err == f"modelmeter: could not build {path}:broken: RuntimeError: cannot build this model\n"
+
+
+def test_module_factory(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "mm_cli_test_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = run_json(capsys, "mm_cli_test_pkg.nets:with_inputs")
+    assert data["model"] == "mm_cli_test_pkg.nets:with_inputs" and json_totals(data)[0] == 3 * (4 * 8 + 8 * 2)
+    _, err = run(capsys, "mm_cli_test_pkg.nope:mlp", code=2)
+    assert "no module named 'mm_cli_test_pkg.nope'" in err
+
+
+# --- errors and exit codes ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("spec", "extra"), [("torchvision:resnet18", "vision"), ("timm:resnet18", "timm"),
+                                             ("transformers:LlamaConfig", "transformers")])
+def test_missing_optional_package_hint(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                       spec: str, extra: str) -> None:
+    monkeypatch.setitem(sys.modules, spec.split(":")[0], None)  # importing it now raises ImportError
+    _, err = run(capsys, spec, code=1)
+    assert err.endswith(f"pip install modelmeter[{extra}]\n") and len(err.splitlines()) == 1
+
+
+def test_unknown_names_suggest_close_matches(capsys: pytest.CaptureFixture[str]) -> None:
+    _, err = run(capsys, "resnet5", code=2)
+    assert err.startswith("modelmeter: unknown model 'resnet5'; did you mean resnet50, ")
+    _, err = run(capsys, "no_such_thing_at_all", code=2)
+    assert "`modelmeter list` shows the built-in models" in err
+    _, err = run(capsys, "torchvision:resnt18", code=2)
+    assert "unknown torchvision model 'resnt18'; did you mean resnet18" in err
+    _, err = run(capsys, "transformers:LlamaConfg", code=2)
+    assert "did you mean LlamaConfig" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["resnet18", "--input", "1xAx2"], "--input must look like 1x3x224x224"),
+    (["resnet18", "--input", "1x0x2"], "--input sizes must be positive"),
+    (["resnet18", "--input", "1x3x8x8", "--batch", "2"], "--input fixes the input shapes"),
+    (["resnet18", "--input", "1x3x8x8", "--input", "1x3"], "inputs do not match ResNet.forward"),
+    (["gpt2_tiny", "--resolution", "64"], "--resolution applies to image models; gpt2_tiny takes token ids"),
+    (["resnet18", "--seq-len", "64"], "--seq-len applies to token models"),
+    (["resnet18", "--format", "html"], "invalid choice: 'html'"),
+    (["resnet18", "--convention", "pytorch"], "invalid choice: 'pytorch'"),
+    (["resnet18", "--sweep", "width=1,2"], "--sweep must look like resolution=224,288"),
+    (["resnet18", "--depth", "-1"], "expected a depth of 0 or more"),
+    (["resnet18", "nokeyvalue"], "expected key=value, got 'nokeyvalue'"),
+])
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    _, err = run(capsys, *argv, code=2)
+    assert message in err
+
+
+def test_model_failure_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    _, err = run(capsys, "gpt2_tiny", "--seq-len", "100", code=1)
+    assert err.startswith("modelmeter: the model failed in ") and "exceeds block_size 64" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_overrides_are_python_literals() -> None:
+    assert parse_overrides(["a=1,b=2.5", "c=true", "d=None", "e=[2, 2]", "f=gelu", "g=1e-5"]) == \
+        {"a": 1, "b": 2.5, "c": True, "d": None, "e": [2, 2], "f": "gelu", "g": 1e-5}
+
+
+# --- sweeps and the entry point ------------------------------------------------------------------------
+def test_sweep_in_parallel_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    out, err = run(capsys, "gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,2", "--jobs", "2")
+    lines = out.splitlines()
+    assert lines[0] == "gpt2_tiny: sweep of batch (fake run)"
+    assert lines[1].split() == ["batch", "#params", "flops", "activations", "flops", "ratio"]
+    assert lines[2].split()[0] == "1" and lines[2].endswith("1.00x")
+    assert lines[3].split()[0] == "2" and lines[3].endswith("2.00x")
+    assert "flops grow 2.00x from batch 1 to 2, about batch^1.00" in out
+    assert "sweep batch [" in err and "2/2" in err
+
+
+def test_sweep_rejects_an_axis_the_model_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    _, err = run(capsys, "gpt2_tiny", "--sweep", "resolution=32,64", code=2)
+    assert "--resolution applies to image models" in err
 
 
 def test_python_dash_m_entry_point() -> None:
     done = subprocess.run([sys.executable, "-m", "modelmeter", "gpt2_tiny", "--depth", "0"],
                           capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.startswith("gpt2_tiny on input 1x64")
+    assert done.stdout.startswith("gpt2_tiny on input 1x64 (fake run")
+    assert "model " in done.stdout

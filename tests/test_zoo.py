@@ -1,17 +1,24 @@
-"""The built-in zoo: published parameter counts, torchvision-identical layout and numerics, meta building."""
+"""The built-in zoo: published parameter counts, torchvision/Hugging Face-identical layout, FLOPs and numerics,
+meta building."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from modelmeter.zoo import ZOO, available_models, get_model, input_shape
+import modelmeter
+from modelmeter.zoo import ZOO, ZooEntry, available_models, get_model, input_shape
+from modelmeter.zoo.bert import Bert
 from modelmeter.zoo.gpt import GPT
+from modelmeter.zoo.llama import Llama, LlamaConfig, LlamaDecoderLayer
 from modelmeter.zoo.resnet import ResNet
 
-# torchvision's `num_params` metadata and GPT-2 small's published size.
+# torchvision's `num_params` metadata, GPT-2 small's, BERT-base's (Hugging Face BertModel with pooler)
+# and Llama-2's (Hugging Face LlamaForCausalLM, untied head) sizes.
 PUBLISHED_PARAMS = {
     "resnet18": 11_689_512,
     "resnet34": 21_797_672,
@@ -21,7 +28,23 @@ PUBLISHED_PARAMS = {
     "vit_b_16": 86_567_656,
     "vit_b_32": 88_224_232,
     "vit_l_16": 304_326_632,
+    "mobilenet_v2": 3_504_872,
     "gpt2": 124_439_808,
+    "bert_base": 109_482_240,
+    "llama2_7b": 6_738_415_616,
+    "llama2_70b": 68_976_648_192,
+}
+
+LLAMA2_7B_HF_CONFIG = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
 }
 
 
@@ -29,6 +52,38 @@ def _gpt(name: str, device: str | None = None) -> GPT:
     model = get_model(name, device=device)
     assert isinstance(model, GPT)
     return model
+
+
+def _llama(name: str, device: str | None = None) -> Llama:
+    model = get_model(name, device=device)
+    assert isinstance(model, Llama)
+    return model
+
+
+def _bert(name: str, device: str | None = None) -> Bert:
+    model = get_model(name, device=device)
+    assert isinstance(model, Bert)
+    return model
+
+
+def _hf_llama_config(transformers: Any, cfg: LlamaConfig) -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=False,
+    )
+
+
+def _flops(model: nn.Module, inputs: object) -> int:
+    analysis = modelmeter.FlopCountAnalysis(model.eval(), inputs)
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    return analysis.total()
 
 
 def _layout(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
@@ -62,12 +117,39 @@ def test_parameter_count_matches_published(name: str) -> None:
     assert sum(p.numel() for p in model.parameters()) == PUBLISHED_PARAMS[name]
 
 
+def test_llama2_70b_parameter_count_by_arithmetic() -> None:
+    """embed + 80 x (q, o: 8192^2 each; k, v: 8192 x 1024 each (8 kv heads of 128); gate, up, down: 8192 x 28672
+    each; two RMSNorms) + final norm + untied lm_head."""
+    h, kv, ffn, layers, vocab = 8192, 8 * 128, 28672, 80, 32000
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h
+    assert vocab * h + layers * per_layer + h + vocab * h == 68_976_648_192 == PUBLISHED_PARAMS["llama2_70b"]
+    layer = _llama("llama2_70b").model.layers[0]
+    assert isinstance(layer, LlamaDecoderLayer)
+    attn = layer.self_attn
+    assert (attn.num_heads, attn.num_kv_heads, attn.k_proj.out_features) == (64, 8, kv)
+
+
+def test_default_device_is_meta_for_flagged_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    flagged = {name for name, entry in ZOO.items() if entry.meta_default}
+    assert flagged == {"gpt2", "bert_base", "llama2_7b", "llama2_70b"}
+    assert all(t.is_meta for t in _llama("llama2_7b").parameters())
+    assert all(t.is_meta for t in [*_bert("bert_base").parameters(), *_bert("bert_base").buffers()])
+    assert not any(t.is_meta for t in get_model("llama2_tiny").parameters())
+    assert ZOO["resnet18"].default_device is None
+    # An explicit device wins over the default, both ways (a stand-in entry keeps it cheap).
+    entry = ZooEntry("stand_in", lambda: nn.Linear(2, 2), (1, 2), "stand-in", meta_default=True)
+    monkeypatch.setitem(ZOO, "stand_in", entry)
+    assert entry.default_device == torch.device("meta")
+    assert get_model("stand_in").weight.is_meta
+    assert not get_model("stand_in", device="cpu").weight.is_meta
+
+
 def test_gpt2_lm_head_is_tied_to_token_embedding() -> None:
     model = _gpt("gpt2", device="meta")
     assert model.lm_head.weight is model.wte.weight
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "vit_b_16"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "vit_b_16", "mobilenet_v2"])
 def test_layout_and_op_trace_identical_to_torchvision(name: str) -> None:
     torchvision = pytest.importorskip("torchvision")
     with torch.device("meta"):
@@ -77,7 +159,9 @@ def test_layout_and_op_trace_identical_to_torchvision(name: str) -> None:
     assert _trace(model, name) == _trace(reference, name)
 
 
-@pytest.mark.parametrize(("name", "side"), [("resnet18", 64), ("resnet50", 64), ("vit_b_16", 224)])
+@pytest.mark.parametrize(
+    ("name", "side"), [("resnet18", 64), ("resnet50", 64), ("vit_b_16", 224), ("mobilenet_v2", 64)]
+)
 def test_torchvision_state_dict_loads_and_gives_same_outputs(name: str, side: int) -> None:
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
@@ -103,7 +187,11 @@ def test_meta_build_allocates_nothing_and_runs_default_input(name: str) -> None:
     assert tensors and all(t.is_meta for t in tensors)
     shape = input_shape(name, batch=2)
     x = torch.zeros(shape, dtype=ZOO[name].input_dtype, device="meta")
-    expected = (*shape, model.config.vocab_size) if isinstance(model, GPT) else (2, 1000)
+    if isinstance(model, Bert):
+        hidden, pooled = model(x)
+        assert (hidden.shape, pooled.shape) == ((*shape, model.config.hidden_size), (2, model.config.hidden_size))
+        return
+    expected = (*shape, model.config.vocab_size) if isinstance(model, (GPT, Llama)) else (2, 1000)
     assert model(x).shape == expected
 
 
@@ -123,6 +211,9 @@ def test_input_shape() -> None:
     assert input_shape("vit_b_16", batch=4) == (4, 3, 224, 224)
     assert input_shape("gpt2") == (1, 1024)
     assert input_shape("gpt2_tiny", batch=3, resolution=16) == (3, 16)
+    assert input_shape("mobilenet_v2") == (1, 3, 224, 224)
+    assert input_shape("bert_base") == input_shape("llama2_7b") == input_shape("llama2_70b") == (1, 128)
+    assert all(ZOO[name].input_dtype == torch.long for name in ("bert_base", "llama2_7b", "llama2_70b"))
     assert available_models() == sorted(ZOO)
 
 
@@ -134,10 +225,11 @@ def test_builder_kwargs_and_vit_resolution() -> None:
     assert resnet.fc.out_features == 10
 
 
-def test_gpt_is_causal() -> None:
+@pytest.mark.parametrize("name", ["gpt2_tiny", "llama2_tiny"])
+def test_causal_lms_are_causal(name: str) -> None:
     torch.manual_seed(0)
-    model = _gpt("gpt2_tiny").eval()
-    idx = torch.randint(0, 1000, input_shape("gpt2_tiny", batch=2))
+    model = get_model(name).eval()
+    idx = torch.randint(0, 1000, input_shape(name, batch=2))
     changed = idx.clone()
     changed[:, -1] = (changed[:, -1] + 1) % 1000
     with torch.no_grad():
@@ -171,3 +263,90 @@ def test_gpt_matches_hugging_face_gpt2() -> None:
     idx = torch.randint(0, cfg.vocab_size, (2, cfg.block_size))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), reference(idx).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_bert_base_matches_hugging_face_layout_and_flops() -> None:
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        reference = transformers.BertModel(transformers.BertConfig())
+    model = _bert("bert_base")
+    assert _layout(model) == _layout(reference)  # parameters and (non-persistent) buffers
+    assert sum(p.numel() for p in reference.parameters()) == PUBLISHED_PARAMS["bert_base"]
+    ids = torch.zeros(input_shape("bert_base"), dtype=torch.long)
+    # 12 x 128 x (4 x 768^2 + 2 x 768 x 3072) + 768^2 (pooler), + attention, + 25 LayerNorms x 5 per element
+    assert _flops(model, ids) == _flops(reference, ids) == 11_186_503_680
+
+
+@pytest.mark.slow
+def test_bert_matches_hugging_face_outputs() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = _bert("bert_tiny").eval()
+    cfg = model.config
+    reference = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+    ).eval()
+    with torch.no_grad():  # biases and LayerNorms start at 0 / 1: randomise so they matter
+        for p in reference.parameters():
+            if p.ndim == 1:
+                p.normal_(0, 0.5)
+    model.load_state_dict(reference.state_dict(), strict=True)
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_position_embeddings))
+    token_types = torch.randint(0, cfg.type_vocab_size, ids.shape)
+    mask = torch.ones_like(ids)
+    mask[1, 40:] = 0  # padding on the second sequence
+    with torch.no_grad():
+        hidden, pooled = model(ids, token_types, mask)
+        expected = reference(ids, attention_mask=mask, token_type_ids=token_types)
+    torch.testing.assert_close(hidden, expected.last_hidden_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pooled, expected.pooler_output, atol=1e-5, rtol=1e-5)
+    assert pooled.abs().max() > 1e-2
+
+
+@pytest.mark.slow
+def test_llama2_7b_matches_hugging_face_layout_and_flops() -> None:
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        reference = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA2_7B_HF_CONFIG))
+    model = _llama("llama2_7b")
+    named = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    assert named == [(name, tuple(p.shape)) for name, p in reference.named_parameters()]
+    assert sum(p.numel() for p in reference.parameters()) == PUBLISHED_PARAMS["llama2_7b"]
+    ids = torch.zeros(input_shape("llama2_7b"), dtype=torch.long)
+    # 128 tokens x (parameters less embedding and norms), + causal attention counted dense: 32 x 32 x 128^2 x 256
+    assert _flops(model, ids) == _flops(reference, modelmeter.Args(ids, use_cache=False)) == 850_000_871_424
+
+
+def test_llama2_70b_flops_by_arithmetic() -> None:
+    ids = torch.zeros(input_shape("llama2_70b"), dtype=torch.long)
+    linear = 128 * (PUBLISHED_PARAMS["llama2_70b"] - 32000 * 8192 - 161 * 8192)  # all but embedding and norms
+    attention = 80 * 64 * 128 * 128 * (128 + 128)  # query heads x L x S x (E + Ev), k/v shared (GQA)
+    assert _flops(_llama("llama2_70b"), ids) == linear + attention == 8_816_762_552_320
+
+
+@pytest.mark.slow
+def test_llama_matches_hugging_face_logits() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = _llama("llama2_tiny").eval()
+    cfg = model.config
+    assert cfg.num_kv_heads < cfg.num_heads  # grouped-query attention is exercised
+    reference = transformers.LlamaForCausalLM(_hf_llama_config(transformers, cfg)).eval()
+    with torch.no_grad():  # RMSNorm weights start at 1: randomise so they matter
+        for p in reference.parameters():
+            if p.ndim == 1:
+                p.normal_(1, 0.1)
+    model.load_state_dict(reference.state_dict(), strict=True)
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_position_embeddings))
+    with torch.no_grad():
+        expected = reference(ids, use_cache=False).logits
+        torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)
+    assert expected.abs().max() > 1e-2

@@ -13,6 +13,7 @@ from .engine.trace import OpEvent, TensorMeta, Trace
 from .errors import ModelMeterError, ModelRunError
 from .handles.base import CountInside, Handle, get_shape
 from .metrics.parameters import parameter_count
+from .reports import Result, build_result, flop_count_str, flop_count_table, parameter_count_table, render
 
 __version__ = "0.1.0"
 
@@ -27,11 +28,17 @@ __all__ = [
     "ModelMeterError",
     "ModelRunError",
     "OpEvent",
+    "Result",
     "TensorMeta",
     "Trace",
     "__version__",
     "activation_count",
+    "build_result",
     "flop_count",
+    "flop_count_str",
+    "flop_count_table",
     "get_shape",
     "parameter_count",
+    "parameter_count_table",
+    "render",
 ]

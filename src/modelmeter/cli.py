@@ -1,87 +1,390 @@
-"""The ``modelmeter`` command: FLOPs, activations and parameters of a built-in model, by module.
+"""The ``modelmeter`` command: FLOPs, activations and parameters of a model, by module.
 
-``modelmeter`` alone analyses the built-in ResNet-50 at 224x224; ``modelmeter vit_b_16 --depth 2``
-another zoo model. (Third-party models, other formats and conventions come with later releases.)
+``modelmeter`` alone analyses the built-in ResNet-50 at 224x224; ``modelmeter MODEL`` another model:
+a zoo name (``modelmeter list``), ``torchvision:NAME``, ``timm:NAME``, ``transformers:CONFIG [key=value ...]``,
+``path/file.py:factory`` or ``package.module:factory`` (see :mod:`modelmeter.models`). Models are built on
+the meta device and run on FakeTensors: no weights, no kernels, nothing downloaded. ``--sweep`` shows how
+the cost grows with the resolution, batch or sequence length.
+
+Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the model failed to build or run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from typing import Any, TextIO
 
 import torch
 
-from .analysis import ActivationCountAnalysis, FlopCountAnalysis
-from .metrics.parameters import parameter_count
-from .zoo import ZOO, available_models, get_model
+from .engine.tracer import Execution
+from .errors import ModelMeterError
+from .models import LoadedModel, ModelSpecError, load_model
+from .reports.render import FORMATS, format_size, render
+from .reports.result import Result, build_result
+
+DTYPES = ("float32", "float16", "bfloat16")
+CONVENTIONS = ("fvcore",)
+SWEEP_AXES = {"resolution": "resolution", "batch": "batch", "seq-len": "seq_len", "seq_len": "seq_len"}
+_INPUT_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+                 "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
+                 "int64": torch.long, "long": torch.long, "int32": torch.int32, "int": torch.int32,
+                 "bool": torch.bool}
 
 
-def _shape(text: str) -> tuple[int, ...]:
+# --- argument types --------------------------------------------------------------------------------------
+def _shape(text: str) -> tuple[tuple[int, ...], torch.dtype | None]:
+    """``1x3x224x224`` or ``2x128:long`` -> (shape, dtype or None)."""
+    shape_text, _, dtype_text = text.partition(":")
     try:
-        shape = tuple(int(part) for part in text.lower().split("x"))
+        shape = tuple(int(part) for part in shape_text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--input must look like 1x3x224x224, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--input must look like 1x3x224x224 (optionally :long, :float16, ...), got {text!r}") from None
     if not shape or any(s <= 0 for s in shape):
         raise argparse.ArgumentTypeError(f"--input sizes must be positive, got {text!r}")
-    return shape
+    if not dtype_text:
+        return shape, None
+    if dtype_text.lower() not in _INPUT_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"unknown input dtype {dtype_text!r} in {text!r}; one of {', '.join(_INPUT_DTYPES)}")
+    return shape, _INPUT_DTYPES[dtype_text.lower()]
 
 
-def _format(value: float) -> str:
-    """Human units as fvcore prints them: K, M, G, T, P with trailing zeros stripped."""
-    for limit, suffix in ((1e14, "P"), (1e11, "T"), (1e8, "G"), (1e5, "M"), (1e2, "K")):
-        if abs(value) > limit:
-            return f"{value / (limit * 10):.3f}".rstrip("0").rstrip(".") + suffix
-    return f"{value:.3f}".rstrip("0").rstrip(".")
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a depth of 0 or more, got {text!r}")
+    return value
+
+
+def _sweep(text: str) -> tuple[str, list[int]]:
+    """``resolution=224,288,384`` -> ("resolution", [224, 288, 384])."""
+    axis, sep, values = text.partition("=")
+    axis = axis.strip()
+    if not sep or axis not in SWEEP_AXES:
+        raise argparse.ArgumentTypeError(
+            f"--sweep must look like resolution=224,288 (or batch=..., seq-len=...), got {text!r}")
+    try:
+        numbers = [_positive(v.strip()) for v in values.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--sweep values must be positive integers, got {values!r}") from None
+    if not numbers:
+        raise argparse.ArgumentTypeError(f"--sweep {axis}= needs at least one value")
+    return SWEEP_AXES[axis], numbers
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="modelmeter", description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", default="resnet50",
-                        help=f"a built-in model (default resnet50): {', '.join(available_models())}")
-    parser.add_argument("--input", type=_shape, default=None, help="input shape, e.g. 1x3x224x224")
-    parser.add_argument("--depth", type=int, default=2, help="module depth of the table (default 2)")
-    parser.add_argument("--execution", choices=("auto", "fake", "real"), default="auto",
-                        help="fake tensors (no kernels, default) or real kernels")
+    parser = argparse.ArgumentParser(
+        prog="modelmeter",
+        usage="modelmeter [MODEL] [key=value ...] [options]\n       modelmeter list",
+        description="What a PyTorch model costs: FLOPs, activations and parameters by module (fvcore numbers), "
+                    "from one fake-tensor run. Nothing is downloaded.",
+        epilog="MODEL: a built-in model (default resnet50; `modelmeter list`), torchvision:NAME, timm:NAME, "
+               "transformers:CONFIG (e.g. transformers:LlamaConfig num_hidden_layers=2), path/file.py:factory or "
+               "package.module:factory (factory() returns a module or a (model, inputs) pair). key=value "
+               "arguments override the transformers config or go to the builder. Exit status: 0 success, "
+               "2 usage error, 1 the model failed to build or run.",
+    )
+    parser.add_argument("model", nargs="?", default="resnet50", metavar="MODEL",
+                        help="what to analyse (default resnet50); `list` shows the built-in models")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides (transformers) or builder / factory keyword arguments")
+    inputs = parser.add_argument_group("inputs (default: the model's own, batch 1)")
+    inputs.add_argument("--input", type=_shape, action="append", metavar="SHAPE[:DTYPE]",
+                        help="an input's shape, e.g. 1x3x224x224 or 2x128:long; repeat for several inputs")
+    inputs.add_argument("--batch", type=_positive, metavar="N", help="batch size of the default inputs")
+    inputs.add_argument("--resolution", type=_positive, metavar="N", help="image side of image models")
+    inputs.add_argument("--seq-len", type=_positive, metavar="N", help="sequence length of token models")
+    inputs.add_argument("--dtype", choices=DTYPES, help="dtype of the model and its floating-point inputs")
+    run = parser.add_argument_group("run")
+    run.add_argument("--real", dest="execution", action="store_const", const="real", default="auto",
+                     help="run real kernels (models are built on cpu instead of meta)")
+    run.add_argument("--execution", choices=("auto", "fake", "real"), default="auto",
+                     help="fake tensors (auto: fake, real kernels only if the model needs values) or real kernels")
+    run.add_argument("--convention", choices=CONVENTIONS, default="fvcore",
+                     help="counting convention (fvcore: one multiply-add is one flop)")
+    run.add_argument("--sweep", type=_sweep, metavar="AXIS=V1,V2,...",
+                     help="one row per value: resolution=224,288,384, batch=1,8,64 or seq-len=128,512")
+    run.add_argument("--jobs", type=_positive, metavar="N",
+                     help="worker processes for --sweep (default: one per value, at most the CPU count)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    out.add_argument("--depth", type=_depth, default=2, metavar="N", help="module depth shown (default 2)")
+    out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.model not in ZOO:
-        print(f"modelmeter: unknown model {args.model!r}; available: {', '.join(available_models())}",
-              file=sys.stderr)
-        return 2
-    entry = ZOO[args.model]
-    shape = args.input or entry.input_shape
-    model = get_model(args.model).eval()
-    inputs = torch.zeros(shape, dtype=entry.input_dtype)
-    start = time.perf_counter()
-    flops = FlopCountAnalysis(model, inputs, execution=args.execution).unsupported_ops_warnings(False)
-    flops.uncalled_modules_warnings(False)
-    acts = ActivationCountAnalysis(model, inputs, execution=args.execution, trace=flops.trace)
-    acts.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    params = parameter_count(model)
-    by_flops, by_acts = flops.by_module(), acts.by_module()
-    elapsed = time.perf_counter() - start
+# --- one analysis (also the sweep's worker) --------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """Everything one analysis needs; plain picklable data, so a worker process can run it."""
 
-    print(f"{args.model} on input {'x'.join(map(str, shape))} "
-          f"({flops.trace.execution} run, {len(flops.trace.events)} events, {elapsed:.2f} s)")
-    print(f"{'module':<44} {'#params':>9} {'flops':>9} {'activations':>12}")
-    for name in by_flops:
-        if name.count(".") + (1 if name else 0) > args.depth:
-            continue
-        label = ("  " * (name.count(".") + 1) + name.rsplit(".", 1)[-1]) if name else "model"
-        print(f"{label:<44} {_format(params.get(name, 0)):>9} {_format(by_flops[name]):>9} "
-              f"{_format(by_acts[name]):>12}")
-    print("flops by operator: " + ", ".join(f"{op} {_format(v)}" for op, v in flops.by_operator().most_common()))
-    unsupported = flops.unsupported_ops()
-    if unsupported:
-        print("not counted (no formula yet): " + ", ".join(f"{op} x{n}" for op, n in unsupported.most_common()))
-    for note in flops.assumptions():
-        print(f"assumed: {note}")
+    spec: str
+    overrides: tuple[str, ...] = ()
+    shapes: tuple[tuple[tuple[int, ...], torch.dtype | None], ...] = ()
+    batch: int | None = None
+    resolution: int | None = None
+    seq_len: int | None = None
+    dtype: torch.dtype | None = None
+    execution: Execution = "auto"
+
+
+def analyse(job: Job) -> tuple[Result, LoadedModel, float]:
+    """Build and run the model once; the structured Result (flops and activations), the model, seconds."""
+    from .analysis import ActivationCountAnalysis, FlopCountAnalysis
+
+    device = "cpu" if job.execution == "real" else "meta"
+    loaded = load_model(job.spec, job.overrides, device=device, resolution=job.resolution)
+    if job.dtype is not None:
+        loaded.model.to(job.dtype)
+    if job.shapes:
+        inputs = loaded.explicit_inputs(job.shapes, job.dtype)
+    else:
+        inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype)
+    start = time.perf_counter()
+    try:
+        flops = FlopCountAnalysis(loaded.model, inputs, execution=job.execution)
+    except TypeError as exc:  # the inputs do not fit the model's forward()
+        raise ModelSpecError(str(exc)) from None
+    flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+    acts = ActivationCountAnalysis(loaded.model, inputs, execution=job.execution, trace=flops.trace)
+    acts.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    result = build_result(loaded.model, {"flops": flops, "activations": acts}, name=loaded.name)
+    result.assumptions = [*loaded.notes, *result.assumptions]
+    return result, loaded, time.perf_counter() - start
+
+
+def sweep_point(job: Job) -> dict[str, Any]:
+    """The sweep's worker (top level, so spawned processes can import it): one row, or the error as data
+    (some exceptions, ModelRunError among them, do not survive pickling)."""
+    try:
+        result, _, seconds = analyse(job)
+    except ModelSpecError as exc:
+        return {"error": _one_line(exc), "code": 2}
+    except ModelMeterError as exc:
+        return {"error": _one_line(exc), "code": 1}
+    return {"params": result.root.params, "flops": result.total("flops"),
+            "activations": result.total("activations"), "seconds": seconds, "execution": result.execution}
+
+
+# --- the command -----------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_intermixed_args(argv)
+    except SystemExit as exc:  # argparse printed the usage error (or --help)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        if args.model == "list":
+            return _list(args)
+        job = _job(args)
+        if args.sweep:
+            return _run_sweep(args, job)
+        return _run_one(args, job)
+    except ModelSpecError as exc:
+        _error(exc)
+        return 2
+    except ModelMeterError as exc:
+        _error(exc)
+        return 1
+
+
+def _job(args: argparse.Namespace) -> Job:
+    given = {"batch": args.batch, "resolution": args.resolution, "seq_len": args.seq_len}
+    if args.input and (any(v is not None for v in given.values()) or args.sweep):
+        raise ModelSpecError("--input fixes the input shapes: drop --batch/--resolution/--seq-len/--sweep, "
+                             "or drop --input")
+    if args.sweep and given[args.sweep[0]] is not None:
+        raise ModelSpecError(f"--sweep {args.sweep[0].replace('_', '-')}=... and "
+                             f"--{args.sweep[0].replace('_', '-')} both set; keep one")
+    return Job(spec=args.model, overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
+               dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution, **given)
+
+
+def _run_one(args: argparse.Namespace, job: Job) -> int:
+    result, _, seconds = analyse(job)
+    text = render(result, args.format, args.depth)
+    if args.format in ("table", "tree"):
+        inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
+        text = f"{result.model} on input {inputs} ({result.execution} run, {seconds:.2f} s)\n{text}"
+    _emit(text, args.output)
     return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from .zoo import ZOO
+
+    rows = [(e.name, "x".join(map(str, e.input_shape)) + " " + str(e.input_dtype).removeprefix("torch."),
+             e.description) for e in ZOO.values()]
+    if args.format == "json":
+        text = json.dumps([{"name": n, "input": i, "description": d} for n, i, d in rows], indent=2)
+    else:
+        width = max(len(r[0]) for r in rows)
+        in_width = max(len(r[1]) for r in rows)
+        lines = ["built-in models (random weights, nothing downloaded):",
+                 *(f"  {n:<{width}}  {i:<{in_width}}  {d}" for n, i, d in rows),
+                 "",
+                 "also: torchvision:NAME, timm:NAME, transformers:CONFIG [key=value ...], "
+                 "path/file.py:factory, package.module:factory"]
+        text = "\n".join(lines)
+    _emit(text, args.output)
+    return 0
+
+
+# --- sweeps ----------------------------------------------------------------------------------------------
+def _run_sweep(args: argparse.Namespace, job: Job) -> int:
+    if args.format == "tree":
+        raise ModelSpecError("--sweep prints one row per value: use --format table, markdown, csv or json")
+    axis, values = args.sweep
+    jobs = [replace(job, **{axis: v}) for v in values]
+    workers = min(args.jobs or os.cpu_count() or 1, len(values))
+    if workers > 1:  # fail fast, before starting processes, on a spec or an axis that does not fit the model
+        probe = replace(job, **{axis: values[0]})
+        loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
+        loaded.inputs(batch=probe.batch, resolution=probe.resolution, seq_len=probe.seq_len)
+        del loaded, probe
+    progress = _Progress(len(values), f"sweep {axis.replace('_', '-')}")
+    rows: dict[int, dict[str, Any]] = {}
+    try:
+        if workers <= 1:
+            for v, j in zip(values, jobs, strict=True):
+                rows[v] = sweep_point(j)
+                progress.step(f"{v}")
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                futures: dict[Future[dict[str, Any]], int] = {
+                    pool.submit(sweep_point, j): v for v, j in zip(values, jobs, strict=True)}
+                for future in as_completed(futures):
+                    rows[futures[future]] = future.result()
+                    progress.step(f"{futures[future]}")
+    finally:
+        progress.close()
+    failed = [(v, rows[v]) for v in values if "error" in rows[v]]
+    if failed:
+        value, row = failed[0]
+        print(f"modelmeter: {axis.replace('_', '-')}={value}: {row['error']}", file=sys.stderr)
+        return int(row["code"])
+    _emit(_sweep_report(job, axis, values, [rows[v] for v in values], args.format), args.output)
+    return 0
+
+
+def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:
+    label = axis.replace("_", "-")
+    base = rows[0]["flops"]
+    ratios = [r["flops"] / base if base else math.nan for r in rows]
+    if fmt == "json":
+        return json.dumps({"model": " ".join([job.spec, *job.overrides]), "axis": label,
+                           "execution": rows[0]["execution"],
+                           "rows": [{label: v, "params": r["params"], "flops": r["flops"],
+                                     "activations": r["activations"], "flops_ratio": ratio}
+                                    for v, r, ratio in zip(values, rows, ratios, strict=True)]}, indent=2)
+    if fmt == "csv":
+        lines = [f"{label},params,flops,activations,flops_ratio"]
+        lines += [f"{v},{r['params']},{r['flops']},{r['activations']},{ratio:.6g}"
+                  for v, r, ratio in zip(values, rows, ratios, strict=True)]
+        return "\n".join(lines)
+    size = format_size
+    header = [label, "#params", "flops", "activations", "flops ratio"]
+    table = [[str(v), size(r["params"]), size(r["flops"]), size(r["activations"]), f"{ratio:.2f}x"]
+             for v, r, ratio in zip(values, rows, ratios, strict=True)]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---", *["---:"] * 4]) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in table]
+    else:
+        widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+        lines = [f"{' '.join([job.spec, *job.overrides])}: sweep of {label} ({rows[0]['execution']} run)"]
+        lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                            for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                  for row in [header, *table]]
+    growth = _growth(label, values, [r["flops"] for r in rows])
+    if growth:
+        lines += ["", growth]
+    return "\n".join(lines)
+
+
+def _growth(label: str, values: list[int], flops: list[float]) -> str:
+    """``flops grow 2.94x from resolution 224 to 384, about resolution^2.00`` (first to last value)."""
+    if len(values) < 2 or values[0] == values[-1] or not flops[0] or not flops[-1]:
+        return ""
+    ratio = flops[-1] / flops[0]
+    exponent = math.log(ratio) / math.log(values[-1] / values[0])
+    return f"flops grow {ratio:.2f}x from {label} {values[0]} to {values[-1]}, about {label}^{exponent:.2f}"
+
+
+class _Progress:
+    """A one-line progress bar on stderr (redrawn in place on a terminal, one line per step otherwise)."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        self.total, self.done, self.label = total, 0, label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self._draw("")
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        self._draw(f"{what} done")
+
+    def _draw(self, what: str) -> None:
+        filled = round(20 * self.done / self.total)
+        line = (f"{self.label} [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} "
+                f"{time.perf_counter() - self.start:.1f}s {what}").rstrip()
+        if self.tty:
+            self.stream.write("\r" + line.ljust(79))
+        elif self.done:  # not a terminal: no empty starting bar, one line per finished value
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+def _emit(text: str, output: str | None) -> None:
+    if not text.endswith("\n"):
+        text += "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot write --output {output}: {exc.strerror or exc}") from None
+    print(f"modelmeter: wrote {output}", file=sys.stderr)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _error(exc: BaseException) -> None:
+    print(f"modelmeter: {_one_line(exc)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

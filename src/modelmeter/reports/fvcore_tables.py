@@ -1,0 +1,358 @@
+"""fvcore's printed reports: ``flop_count_table``, ``flop_count_str`` and ``parameter_count_table``.
+
+The output matches fvcore character for character, as fvcore printed it with tabulate 0.9 (indentation
+kept). The pipe table is rendered here, so tabulate (whose 0.10 release drops fvcore's indentation) is
+not needed. Unlike fvcore, the analyses passed in keep their warning settings: the reports read quiet
+copies that share the recorded trace.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from torch import nn
+
+from ..analysis import ModelAnalysis
+from ..metrics.parameters import parameter_count
+
+Align = Literal["left", "right"]
+
+UNCALLED_NOTE = ("N/A indicates a possibly missing statistic due to how the module was called. "
+                 "Missing values are still included in the parent's total.")
+
+
+# numbers ---------------------------------------------------------------------------------------
+_UNITS = ((1e14, 1e15, "P"), (1e11, 1e12, "T"), (1e8, 1e9, "G"), (1e5, 1e6, "M"), (1e2, 1e3, "K"))
+
+
+def format_size(x: float, sig_figs: int = 3) -> str:
+    """A count in human units, as fvcore prints it: ``13000 -> "13K"``, ``654321 -> "0.654M"``.
+
+    Above 100 the value is scaled to K, M, G, T or P (thresholds are strict: 100 stays ``"100"``,
+    101 is ``"0.101K"``) and printed with ``sig_figs`` decimals, trailing zeros stripped.
+    """
+    def fixed(v: float) -> str:
+        text = f"{v:.{sig_figs}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+
+    for threshold, scale, suffix in _UNITS:
+        if abs(x) > threshold:
+            return fixed(x / scale) + suffix
+    return fixed(x)
+
+
+def _format_param_size(x: int) -> str:
+    """``parameter_count_table``'s own units: one decimal, no stripping, ``str(x)`` up to 100."""
+    for threshold, scale, suffix in _UNITS[2:]:
+        if x > threshold:
+            return f"{x / scale:.1f}{suffix}"
+    return str(x)
+
+
+# the pipe table --------------------------------------------------------------------------------
+def _is_int(cell: str) -> bool:
+    try:
+        int(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        value = float(cell)
+    except ValueError:
+        return False
+    return not (math.isinf(value) or math.isnan(value)) or cell.lower() in ("inf", "-inf", "nan")
+
+
+def _digits_after_point(cell: str) -> int:
+    if _is_int(cell):
+        return -1
+    point = cell.rfind(".")
+    if point < 0:
+        point = cell.lower().rfind("e")
+    return len(cell) - point - 1 if point >= 0 else -1
+
+
+def _numeric_column(cells: list[str]) -> list[str] | None:
+    """The cells as tabulate 0.9 prints a numeric column (decimal points lined up), or None if not numeric.
+
+    A column is numeric when every cell parses as a number (an empty cell does not). Integer cells
+    stay as they are, leading spaces included; a column with a fraction is reprinted with ``"g"``.
+    """
+    if not cells or not all(_is_number(c) for c in cells):
+        return None
+    if not all(_is_int(c) for c in cells):
+        cells = [format(float(c), "g") for c in cells]
+    after = [_digits_after_point(c) for c in cells]
+    most = max(after)
+    return [c + " " * (most - a) for c, a in zip(cells, after, strict=True)]
+
+
+def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+               aligns: Sequence[Align] | None = None) -> str:
+    """A markdown pipe table with every cell kept verbatim (leading spaces too).
+
+    Without ``aligns`` the columns are aligned as tabulate 0.9 aligns fvcore's tables: numeric
+    columns right, the others left. Each column is at least its header plus two wide.
+    """
+    columns: list[list[str]] = [[str(row[i]) for row in rows] for i in range(len(headers))]
+    chosen: list[Align] = []
+    for i, cells in enumerate(columns):
+        if aligns is not None:
+            chosen.append(aligns[i])
+            continue
+        numeric = _numeric_column(cells)
+        if numeric is None:
+            chosen.append("left")
+        else:
+            columns[i] = numeric
+            chosen.append("right")
+    widths = [max([len(h) + 2, *map(len, cells)]) for h, cells in zip(headers, columns, strict=True)]
+
+    def line(cells: Iterable[str]) -> str:
+        padded = (c.ljust(w) if a == "left" else c.rjust(w) for c, w, a in zip(cells, widths, chosen, strict=True))
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(":" + "-" * (w + 1) if a == "left" else "-" * (w + 1) + ":"
+                          for w, a in zip(widths, chosen, strict=True)) + "|"
+    return "\n".join([line(headers), rule, *(line(row) for row in zip(*columns, strict=True))])
+
+
+# module repr -----------------------------------------------------------------------------------
+def _indent_tail(text: str, spaces: int) -> str:
+    first, *rest = text.split("\n")
+    return "\n".join([first, *(" " * spaces + line for line in rest)])
+
+
+def annotated_repr(head: str, lines: Sequence[str], children: Sequence[tuple[str, str]]) -> str:
+    """``repr(module)``'s layout: ``head(`` + ``lines`` + ``(key): child`` blocks, each indented by 2.
+
+    A block with exactly one line and no children prints inline, e.g. ``ReLU(#params: 0)``.
+    """
+    body = list(lines) + [f"({key}): {_indent_tail(text, 2)}" for key, text in children]
+    if not body:
+        return f"{head}()"
+    if len(lines) == 1 and not children:
+        return f"{head}({lines[0]})"
+    return head + "(\n  " + "\n  ".join(body) + "\n)"
+
+
+# statistics ------------------------------------------------------------------------------------
+Stats = dict[str, dict[str, Any]]
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _children(names: Iterable[str]) -> dict[str, list[str]]:
+    kids: dict[str, list[str]] = {}
+    for name in names:
+        if name:
+            kids.setdefault(_parent(name), []).append(name)
+    return kids
+
+
+def _group_by_module(columns: Mapping[str, Mapping[str, Any]]) -> Stats:
+    """``{column: {module: value}}`` -> ``{module: {column: value}}``, modules in order of first appearance."""
+    out: Stats = {}
+    for column, values in columns.items():
+        for module, value in values.items():
+            out.setdefault(module, {})[column] = value
+    return out
+
+
+def _drop_zero_rows(stats: Stats, keep: set[str], keep_parents: bool) -> Stats:
+    """Rows with a non-zero value, or in ``keep``, or (``keep_parents``) with a kept child; reachable from the root."""
+    kids = _children(stats)
+    kept: set[str] = set()
+
+    def visit(name: str) -> bool:
+        child_kept = [visit(child) for child in kids.get(name, [])]
+        if any(v != 0 for v in stats[name].values()) or name in keep or (keep_parents and any(child_kept)):
+            kept.add(name)
+            return True
+        return False
+
+    visit("")
+    return {name: row for name, row in stats.items() if name in kept}
+
+
+def _quiet(analysis: ModelAnalysis) -> ModelAnalysis:
+    """A copy of ``analysis`` that logs nothing, sharing its trace (recorded now, model warnings hidden).
+
+    The analysis itself keeps its settings; only its trace cache gets filled.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _ = analysis.trace  # records the run once, on the analysis itself
+    return analysis.copy().unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    return isinstance(a, (bool, int, float, complex, str, type(None))) and bool(a == b)
+
+
+def _share_trace(flops: ModelAnalysis, other: ModelAnalysis) -> None:
+    """Let ``other`` reuse the run of ``flops`` when it has not run yet and analyses the same call."""
+    if other._trace is not None or other is flops:
+        return
+    same_call = (other.model is flops.model and other._execution == flops._execution
+                 and _same_value((other._args, other._kwargs), (flops._args, flops._kwargs)))
+    if same_call:
+        other._trace = flops.trace
+
+
+def _views(flops: ModelAnalysis, activations: ModelAnalysis | None) -> tuple[ModelAnalysis, ModelAnalysis | None]:
+    flop_view = _quiet(flops)
+    if activations is None:
+        return flop_view, None
+    _share_trace(flops, activations)
+    return flop_view, _quiet(activations)
+
+
+def _stats_table(stats: dict[str, dict[str, str]], max_depth: int, columns: Sequence[str]) -> str:
+    """fvcore's statistics table: single-child chains with compatible values merged into one row."""
+    kids = _children(stats)
+
+    def merge(a: dict[str, str], b: dict[str, str]) -> dict[str, str] | None:
+        if a.keys() != b.keys() or any(a[k] != b[k] and a[k] and b[k] for k in a):
+            return None
+        return {k: a[k] or b[k] for k in a}
+
+    def fast_forward(name: str) -> str:
+        while len(kids.get(name, [])) == 1:
+            child = kids[name][0]
+            merged = merge(stats[name], stats[child])
+            if merged is None:
+                break
+            stats[child] = merged
+            name = child
+        return name
+
+    root = fast_forward("")
+    strip = len(root) + 1 if root else 0
+    table: list[list[str]] = []
+
+    def add_row(name: str, label: str, level: int) -> None:
+        indent = " " * level
+        table.append([indent + label, *(indent + stats[name][c] if c in stats[name] else "" for c in columns)])
+
+    def fill(parent: str, level: int) -> None:
+        if level > max_depth:
+            return
+        for child in kids.get(parent, []):
+            name = fast_forward(child)
+            add_row(name, name[strip:], level)
+            fill(name, level + 1)
+
+    add_row(root, root or "model", 0)
+    fill(root, 1)
+    return pipe_table(["module", *columns], table)
+
+
+# public ----------------------------------------------------------------------------------------
+def flop_count_table(flops: ModelAnalysis, max_depth: int = 3, activations: ModelAnalysis | None = None,
+                     show_param_shapes: bool = True) -> str:
+    """Parameters and flops (and activations) per module as fvcore's markdown table.
+
+    Rows to ``max_depth`` levels; all-zero modules dropped; a chain of single children with equal
+    values shown as one row named by the deepest module; parameter shapes as rows when
+    ``show_param_shapes``. An ``activations`` analysis that has not run yet reuses the flops run.
+    """
+    params_header = "#parameters or shape" if show_param_shapes else "#parameters"
+    model = flops.model
+    flop_view, act_view = _views(flops, activations)
+    columns: dict[str, Mapping[str, Any]] = {params_header: parameter_count(model), "#flops": flop_view.by_module()}
+    uncalled = {"#flops": flop_view.uncalled_modules()}
+    if act_view is not None:
+        columns["#activations"] = act_view.by_module()
+        uncalled["#activations"] = act_view.uncalled_modules()
+
+    numbers = _drop_zero_rows(_group_by_module(columns), keep={""}, keep_parents=True)
+    stats = {name: {c: format_size(v) for c, v in row.items()} for name, row in numbers.items()}
+    for column, names in uncalled.items():
+        for name in names & stats.keys():
+            stats[name][column] = ""
+    for name, param in model.named_parameters():
+        if name in stats:
+            if show_param_shapes:
+                stats[name][params_header] = str(tuple(param.shape))
+            else:
+                del stats[name]
+    return _stats_table(stats, max_depth, list(columns))
+
+
+def flop_count_str(flops: ModelAnalysis, activations: ModelAnalysis | None = None) -> str:
+    """``repr(model)`` with ``#params``, ``#flops`` (and ``#acts``) added to every module, as fvcore prints it.
+
+    Modules whose values are all zero get no line; uncalled modules show ``N/A``, with a note on top.
+    """
+    model = flops.model
+    flop_view, act_view = _views(flops, activations)
+    columns: dict[str, dict[str, Any]] = {"#params": dict(parameter_count(model)),
+                                          "#flops": dict(flop_view.by_module())}
+    uncalled = {"#flops": flop_view.uncalled_modules()}
+    if act_view is not None:
+        columns["#acts"] = dict(act_view.by_module())
+        uncalled["#acts"] = act_view.uncalled_modules()
+    all_uncalled = set().union(*uncalled.values())
+
+    for name, _ in model.named_modules():
+        for values in columns.values():
+            values.setdefault(name, 0)
+    # fvcore keeps the root only when no module is uncalled (its force-keep set replaces the root)
+    numbers = _drop_zero_rows(_group_by_module(columns), keep=all_uncalled or {""}, keep_parents=False)
+    stats = {name: {c: format_size(v, sig_figs=2) for c, v in row.items()} for name, row in numbers.items()}
+    for column, names in uncalled.items():
+        for name in names:
+            stats.setdefault(name, {})[column] = "N/A"
+
+    def block(module: nn.Module | None, name: str) -> str:
+        if module is None:
+            return "None"
+        extra = module.extra_repr()
+        lines = extra.split("\n") if extra else []
+        if stats.get(name):
+            lines.append(", ".join(f"{k}: {v}" for k, v in stats[name].items()))
+        children = [(key, block(child, f"{name}.{key}" if name else key)) for key, child in module._modules.items()]
+        return annotated_repr(module._get_name(), lines, children)
+
+    text = block(model, "")
+    return f"{UNCALLED_NOTE}\n{text}" if all_uncalled else text
+
+
+def parameter_count_table(model: nn.Module, max_depth: int = 3) -> str:
+    """Parameters per module (and parameter shapes) to ``max_depth`` levels, as fvcore's markdown table."""
+    counts = parameter_count(model)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    kids = _children(counts)
+    table = [["model", _format_param_size(counts.get("", 0))]]
+
+    def fill(parent: str, level: int) -> None:
+        if level >= max_depth:
+            return
+        indent = " " * (level + 1)
+        for name in kids.get(parent, []):
+            if name in shapes:
+                table.append([indent + name, indent + str(shapes[name])])
+            else:
+                table.append([indent + name, indent + _format_param_size(counts[name])])
+                fill(name, level + 1)
+
+    fill("", 0)
+    return pipe_table(["name", "#elements or shape"], table)
+

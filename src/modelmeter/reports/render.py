@@ -1,0 +1,146 @@
+"""Render a :class:`Result` as a terminal table, markdown, JSON, CSV or an annotated module tree."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable
+
+from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
+from .result import ModuleRow, Result
+
+__all__ = ["FORMATS", "format_size", "render"]
+
+FORMATS: tuple[str, ...] = ("table", "markdown", "json", "csv", "tree")
+
+
+def render(result: Result, fmt: str = "table", depth: int = 3) -> str:
+    """``result`` as text in format ``fmt`` (one of :data:`FORMATS`), without a trailing newline.
+
+    ``depth`` limits the modules shown by ``table``, ``markdown`` and ``tree`` (0: the model only);
+    ``json`` and ``csv`` always hold every module.
+    """
+    renderer = _RENDERERS.get(fmt)
+    if renderer is None:
+        raise ValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
+    return renderer(result, depth)
+
+
+# table and markdown ----------------------------------------------------------------------------
+def _shown(result: Result, depth: int) -> list[ModuleRow]:
+    return [row for row in result.modules if row.depth <= depth]
+
+
+def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Align], list[list[str]]]:
+    """Headers, alignments and cells: module (indented), type, #params, then #metric and %metric per metric."""
+    headers = ["module", "type", "#params"]
+    aligns: list[Align] = ["left", "left", "right"]
+    for metric in result.metrics:
+        headers += [f"#{metric}", f"%{metric}"]
+        aligns += ["right", "right"]
+    totals = {metric: result.total(metric) for metric in result.metrics}
+    cells = []
+    for row in rows:
+        line = ["  " * row.depth + (row.name or "model"), row.type, format_size(row.params)]
+        for metric in result.metrics:
+            if not row.called:
+                line += ["N/A", "N/A"]
+                continue
+            value = row.metrics.get(metric, 0)
+            share = value / totals[metric] if totals[metric] else 0.0
+            line += [format_size(value), f"{100 * share:.1f}%"]
+        cells.append(line)
+    return headers, aligns, cells
+
+
+def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -> list[str]:
+    """The notes under a table: what N/A means, operators not counted, assumptions the run made."""
+    lines = []
+    if any(not row.called for row in rows):
+        lines.append(UNCALLED_NOTE)
+    if result.unsupported:
+        ops = sorted(result.unsupported.items(), key=lambda item: (-item[1], item[0]))
+        lines.append("Unsupported operators (not counted): "
+                     + ", ".join(f"{code(op)} ({n} call{'s' if n != 1 else ''})" for op, n in ops))
+    lines += [f"Assumption: {text}" for text in result.assumptions]
+    return lines
+
+
+def _table(result: Result, depth: int) -> str:
+    rows = _shown(result, depth)
+    headers, aligns, cells = _summary(result, rows)
+    widths = [max([len(h), *(len(line[i]) for line in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: list[str]) -> str:
+        padded = (v.ljust(w) if a == "left" else v.rjust(w) for v, w, a in zip(values, widths, aligns, strict=True))
+        return "  ".join(padded).rstrip()
+
+    text = "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(c) for c in cells)])
+    footer = _footer(result, rows, code=str)
+    return text + "\n\n" + "\n".join(footer) if footer else text
+
+
+def _markdown(result: Result, depth: int) -> str:
+    rows = _shown(result, depth)
+    headers, aligns, cells = _summary(result, rows)
+    text = pipe_table(headers, cells, aligns)
+    footer = _footer(result, rows, code=lambda s: f"`{s}`")
+    return text + "\n\n" + "\n".join(f"- {note}" for note in footer) if footer else text
+
+
+# json and csv ----------------------------------------------------------------------------------
+def _json(result: Result, depth: int) -> str:
+    return result.to_json()
+
+
+def _exact(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _csv(result: Result, depth: int) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["name", "type", "depth", "params", *result.metrics, *(f"{m}_share" for m in result.metrics)])
+    totals = {metric: result.total(metric) for metric in result.metrics}
+    for row in result.modules:
+        values = [row.metrics.get(metric, 0) for metric in result.metrics]
+        shares = [v / totals[m] if totals[m] else 0.0 for v, m in zip(values, result.metrics, strict=True)]
+        writer.writerow([row.name, row.type, row.depth, row.params,
+                         *map(_exact, values), *(f"{s:.6f}" for s in shares)])
+    return out.getvalue().rstrip("\n")
+
+
+# tree ------------------------------------------------------------------------------------------
+def _tree(result: Result, depth: int) -> str:
+    kids: dict[str, list[ModuleRow]] = {}
+    for row in result.modules[1:]:
+        if row.depth <= depth:
+            kids.setdefault(row.name.rsplit(".", 1)[0] if "." in row.name else "", []).append(row)
+
+    def block(row: ModuleRow) -> str:
+        values = [row.metrics.get(metric, 0) for metric in result.metrics]
+        lines = []
+        if row.params or any(values) or not row.called:
+            stats = [f"#params: {format_size(row.params)}"]
+            for metric, value in zip(result.metrics, values, strict=True):
+                stats.append(f"#{metric}: {format_size(value) if row.called else 'N/A'}")
+            lines.append(", ".join(stats))
+        children = [(child.name.rsplit(".", 1)[-1], block(child)) for child in kids.get(row.name, [])]
+        return annotated_repr(row.type, lines, children)
+
+    text = block(result.root)
+    uncalled = any(not row.called for row in _shown(result, depth))
+    return f"{UNCALLED_NOTE}\n{text}" if uncalled else text
+
+
+_RENDERERS: dict[str, Callable[[Result, int], str]] = {
+    "table": _table,
+    "markdown": _markdown,
+    "json": _json,
+    "csv": _csv,
+    "tree": _tree,
+}
