@@ -1,0 +1,120 @@
+"""Where modelmeter keeps cached files, and a cross-process lock for them."""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import re
+import stat
+import sys
+import tempfile
+import threading
+from contextlib import suppress
+
+import filelock
+
+__all__ = ["LOCK_TIMEOUT", "file_lock", "get_cache_dir"]
+
+logger = logging.getLogger("modelmeter.io")
+
+#: Seconds :func:`file_lock` waits for another process before raising ``filelock.Timeout``.
+LOCK_TIMEOUT = 3600.0
+
+_APP = "modelmeter"
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _platform_cache_dir(platform: str | None = None) -> str:
+    """The per-user cache directory of ``platform`` (default: this one), not yet created."""
+    platform = sys.platform if platform is None else platform
+    if platform == "darwin":
+        return os.path.join(os.path.expanduser("~"), "Library", "Caches", _APP)
+    if platform.startswith(("win32", "cygwin")):
+        base = _env("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+        return os.path.join(base, _APP, "Cache")
+    xdg = _env("XDG_CACHE_HOME")
+    if xdg is not None and os.path.isabs(os.path.expanduser(xdg)):  # the XDG spec ignores relative values
+        return os.path.join(os.path.expanduser(xdg), _APP)
+    return os.path.join(os.path.expanduser("~"), ".cache", _APP)
+
+
+def _user_tag() -> str:
+    try:
+        name = getpass.getuser()
+    except Exception:  # no $USER and no passwd entry (containers)
+        name = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "user"
+
+
+def _fallback_cache_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"{_APP}_cache_{_user_tag()}")
+
+
+def _make_writable_dir(path: str, *, private: bool = False) -> str | None:
+    """Create ``path`` and write a probe file in it; ``None`` on success, else why it failed."""
+    try:
+        os.makedirs(path, mode=0o700 if private else 0o777, exist_ok=True)
+        if private and hasattr(os, "getuid"):
+            # A shared temp dir: refuse a directory (or symlink) planted by another user.
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                return "not a real directory (symlink or file)"
+            if st.st_uid != os.getuid():
+                return f"owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """The directory for cached files, created and checked writable; returned as an absolute path.
+
+    Order: ``cache_dir``, ``$MODELMETER_CACHE``, ``$FVCORE_CACHE``, the platform's user cache directory
+    (``$XDG_CACHE_HOME/modelmeter`` or ``~/.cache/modelmeter`` on Linux, ``~/Library/Caches/modelmeter`` on
+    macOS, ``%LOCALAPPDATA%\\modelmeter\\Cache`` on Windows). ``~`` is expanded. If that directory cannot be
+    written, ``<tempdir>/modelmeter_cache_<user>`` is used with a logged WARNING; if neither works, ``OSError``.
+    """
+    if cache_dir is not None:
+        chosen = os.fspath(cache_dir)
+    else:
+        chosen = _env("MODELMETER_CACHE") or _env("FVCORE_CACHE") or _platform_cache_dir()
+    chosen = os.path.abspath(os.path.expanduser(chosen))
+    problem = _make_writable_dir(chosen)
+    if problem is None:
+        return chosen
+    fallback = os.path.abspath(_fallback_cache_dir())
+    fallback_problem = _make_writable_dir(fallback, private=True)
+    if fallback_problem is not None:
+        raise OSError(
+            f"No writable cache directory: {chosen} ({problem}) and the fallback {fallback} "
+            f"({fallback_problem}). Set MODELMETER_CACHE to a writable directory."
+        )
+    with _warned_lock:
+        first = (chosen, fallback) not in _warned
+        _warned.add((chosen, fallback))
+    if first:
+        logger.warning("Cache directory %s is not writable (%s); using %s instead.", chosen, problem, fallback)
+    return fallback
+
+
+def file_lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT) -> filelock.FileLock:
+    """A cross-process lock guarding ``path``: a ``filelock.FileLock`` on ``path + ".lock"``.
+
+    The parent directory is created if missing. Use as ``with file_lock(path): ...``.
+    """
+    target = os.fspath(path)
+    parent = os.path.dirname(target)
+    if parent:
+        with suppress(OSError):
+            os.makedirs(parent, exist_ok=True)
+    return filelock.FileLock(target + ".lock", timeout=timeout)

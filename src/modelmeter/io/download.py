@@ -1,0 +1,284 @@
+"""``http://`` and ``https://`` URLs: downloaded once into the cache directory, then served locally."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import re
+import secrets
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from contextlib import suppress
+from typing import IO, Any, ClassVar, TextIO
+
+from tqdm import tqdm
+
+from ..errors import ModelMeterError
+from .cache_dir import file_lock, get_cache_dir
+from .handlers import PathHandler, PathType, check_open_kwargs
+
+__all__ = ["DownloadError", "HTTPURLHandler", "cache_relpath"]
+
+logger = logging.getLogger("modelmeter.io")
+
+_USER_AGENT = "modelmeter (python urllib)"
+_MAX_COMPONENT_BYTES = 120  # well under the usual 255-byte limit on a file name
+_MAX_RELPATH_CHARS = 240  # beyond this the URL's directories are dropped (the hash keeps names unique)
+_UNSAFE_CHARS = re.compile(r'[\x00-\x1f\x7f<>:"/\\|?*]')
+_WINDOWS_RESERVED = frozenset(
+    {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
+)
+
+
+class DownloadError(ModelMeterError, OSError):
+    """A URL could not be downloaded; nothing was cached. ``url`` (credentials hidden) and ``status`` (HTTP)."""
+
+    def __init__(self, url: str, reason: str, status: int | None = None) -> None:
+        self.url = redact_url(url)
+        self.reason = reason
+        self.status = status
+        super().__init__(f"Failed to download {self.url}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.url, self.reason, self.status))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by ``***@``."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+def _short_hash(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
+
+
+def sanitize_component(name: str) -> str:
+    """One safe file name from one (decoded) URL path component: never empty, ``.``/``..``, or too long."""
+    name = name.encode("utf-8", "replace").decode("utf-8")  # lone surrogates
+    safe = _UNSAFE_CHARS.sub("_", name).strip(" ").rstrip(". ")  # Windows drops trailing dots and spaces
+    if not safe or set(safe) == {"."}:
+        safe = "_"
+    if safe.split(".")[0].upper() in _WINDOWS_RESERVED:
+        safe = "_" + safe
+    if len(safe.encode("utf-8")) > _MAX_COMPONENT_BYTES:
+        stem, ext = os.path.splitext(safe)
+        if len(ext) > 16:
+            stem, ext = safe, ""
+        suffix = f"-{_short_hash(name, 16)}{ext}"
+        budget = _MAX_COMPONENT_BYTES - len(suffix.encode("utf-8"))
+        while len(stem.encode("utf-8")) > budget:
+            stem = stem[: max(0, len(stem) - max(1, (len(stem.encode("utf-8")) - budget) // 4))]
+        safe = stem + suffix
+    return safe
+
+
+def cache_relpath(url: str) -> str:
+    """Where ``url`` is cached, relative to ``<cache>/downloads``: ``<host>/<hash>/<dirs...>/<name>``.
+
+    Every component is percent-decoded and sanitised (no ``..``, separators, NUL, control or Windows-reserved
+    characters; long names shortened with a hash); ``<hash>`` is a digest of the full URL, query included, so
+    different URLs never share a file (a ``#fragment`` is ignored). The last component keeps the URL's file name
+    (and so its extension).
+    """
+    url = urllib.parse.urldefrag(url).url  # the fragment is never sent to the server
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or "no-host"
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"Invalid port in URL {redact_url(url)}") from e
+    host_dir = sanitize_component(f"{host}_{port}" if port else host)
+    path = urllib.parse.unquote(parts.path, errors="replace")
+    pieces = [p for p in re.split(r"[/\\]", path) if p not in ("", ".", "..")]
+    if path.endswith(("/", "\\")) or not pieces:
+        pieces.append("index")
+    names = [sanitize_component(p) for p in pieces]
+    dirs, basename = names[:-1], names[-1]
+    rel = os.path.join(host_dir, _short_hash(url, 16), *dirs, basename)
+    if len(rel) > _MAX_RELPATH_CHARS:
+        rel = os.path.join(host_dir, _short_hash(url, 16), basename)
+    return rel
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _content_length(response: http.client.HTTPResponse) -> int | None:
+    value = response.headers.get("Content-Length")
+    try:
+        length = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return length if length is not None and length >= 0 else None
+
+
+def _quote_url(url: str) -> str:
+    """Percent-encode spaces and non-ASCII characters, keeping existing escapes and URL syntax."""
+    return urllib.parse.quote(url, safe=":/?#[]@!$&'()*+,;=%~")
+
+
+def _fsync_dir(directory: str) -> None:
+    if os.name != "posix":
+        return
+    with suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, progress_over: int = 1 << 20) -> None:
+    """Download ``url`` to ``dst`` atomically: a temporary file beside ``dst``, fsync, ``os.replace``.
+
+    Raises :class:`DownloadError` (and leaves no file) on any network or HTTP error, or when fewer or more bytes
+    arrive than ``Content-Length`` announced. A progress bar goes to stderr for files over ``progress_over``
+    bytes or of unknown size, when stderr is a terminal.
+    """
+    directory, name = os.path.split(dst)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{name[:64]}.{secrets.token_hex(6)}.part")
+    request = urllib.request.Request(_quote_url(url), headers={"User-Agent": _USER_AGENT})
+    logger.info("Downloading %s to %s", redact_url(url), dst)
+    try:
+        expected: int | None = None
+        received = 0
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as response:
+                expected = _content_length(response)
+                large = expected is None or expected > progress_over
+                with tqdm(
+                    total=expected,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    desc=name,
+                    file=sys.stderr,
+                    disable=not (large and _isatty(sys.stderr)),
+                ) as bar:
+                    while True:
+                        chunk = response.read(chunk_size)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        received += len(chunk)
+                        bar.update(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+        except urllib.error.HTTPError as e:
+            e.close()
+            raise DownloadError(url, f"HTTP {e.code} {e.reason}", status=e.code) from e
+        except urllib.error.URLError as e:
+            raise DownloadError(url, f"{e.reason}") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise DownloadError(url, f"{type(e).__name__}: {e}") from e
+        if expected is not None and received != expected:
+            raise DownloadError(
+                url, f"received {received} bytes but Content-Length is {expected} (connection closed early?)"
+            )
+        os.replace(tmp, dst)
+        _fsync_dir(directory)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class HTTPURLHandler(PathHandler):
+    """``http://`` and ``https://`` URLs, downloaded once into ``get_cache_dir(cache_dir)/downloads``.
+
+    One process downloads while the others wait (file lock) and then reuse the file. Read-only: ``open`` takes
+    read modes only; ``ls``, ``mkdirs``, ``rm`` and copying to a URL raise ``NotImplementedError``.
+    """
+
+    PREFIXES: ClassVar[tuple[str, ...]] = ("http://", "https://")
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> None:
+        """``cache_dir``: as for :func:`get_cache_dir` (looked up on every call); ``timeout``: seconds per
+        connection attempt and per read."""
+        self.cache_dir = cache_dir
+        self.timeout = timeout
+
+    def cache_path(self, path: PathType) -> str:
+        """The local file that does or will hold the download of the URL ``path``."""
+        url = os.fspath(path)
+        root = os.path.join(get_cache_dir(self.cache_dir), "downloads")
+        local = os.path.join(root, cache_relpath(url))
+        real_root, real_local = os.path.realpath(root), os.path.realpath(local)
+        if os.path.commonpath([real_root, real_local]) != real_root:  # cannot happen; never write outside
+            raise ValueError(f"Cache path {local} for {redact_url(url)} escapes {root}")
+        return local
+
+    def get_local_path(self, path: PathType, force: bool = False) -> str:
+        """The downloaded file, fetched on first use (or again with ``force``); :class:`DownloadError` on failure."""
+        url = os.fspath(path)
+        local = self.cache_path(url)
+        if not force and os.path.isfile(local):
+            return local
+        with file_lock(local):
+            if force or not os.path.isfile(local):  # another process may have finished it while we waited
+                download(url, local, timeout=self.timeout)
+            else:
+                logger.debug("%s was downloaded by another process", redact_url(url))
+        return local
+
+    def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
+        """Open the downloaded copy for reading (``"r"``/``"rb"``); write modes raise ``ValueError``."""
+        if any(c in mode for c in "wax+"):
+            raise ValueError(f"HTTPURLHandler: URLs are read-only; cannot open {os.fspath(path)} in mode {mode!r}")
+        check_open_kwargs(kwargs)
+        return open(self.get_local_path(path), mode, **kwargs)
+
+    def exists(self, path: PathType) -> bool:
+        """True if cached, else asks the server (``HEAD``): 2xx/3xx True, 404/410 False, else ``DownloadError``."""
+        url = os.fspath(path)
+        if os.path.isfile(self.cache_path(url)):
+            return True
+        request = urllib.request.Request(_quote_url(url), method="HEAD", headers={"User-Agent": _USER_AGENT})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout):
+                return True
+        except urllib.error.HTTPError as e:
+            e.close()
+            if e.code in (404, 410):
+                return False
+            raise DownloadError(url, f"HEAD: HTTP {e.code} {e.reason}", status=e.code) from e
+        except urllib.error.URLError as e:
+            raise DownloadError(url, f"HEAD: {e.reason}") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise DownloadError(url, f"HEAD: {type(e).__name__}: {e}") from e
+
+    def isfile(self, path: PathType) -> bool:
+        """Same as :meth:`exists` (a URL names a file)."""
+        return self.exists(path)
+
+    def isdir(self, path: PathType) -> bool:
+        """Always False."""
+        return False
+
+    def ls(self, path: PathType) -> list[str]:
+        raise NotImplementedError(f"HTTPURLHandler cannot list URLs (ls {os.fspath(path)})")
+
+    def mkdirs(self, path: PathType) -> None:
+        raise NotImplementedError(f"HTTPURLHandler cannot create directories on a web server ({os.fspath(path)})")
+
+    def rm(self, path: PathType) -> None:
+        raise NotImplementedError(f"HTTPURLHandler cannot remove URLs ({os.fspath(path)})")
+
+    def copy(self, src_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
+        raise NotImplementedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+
+    def copy_from_local(self, local_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
+        raise NotImplementedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
