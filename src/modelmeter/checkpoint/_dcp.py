@@ -1,0 +1,219 @@
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), readable without executing pickled code.
+
+DCP itself unpickles its ``.metadata`` file and every non-tensor value with plain ``pickle``; here the metadata goes
+through an unpickler that only knows DCP's own metadata classes, and non-tensor values go through
+``torch.load(weights_only=True)``, unless the caller opts out with ``weights_only=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import io
+import os
+import pickle
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import default_planner as _default_planner
+from torch.distributed.checkpoint import metadata as _dcp_metadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ._storage import corrupt_error, missing_error, safe_globals, unsafe_error
+from .errors import CheckpointError
+
+__all__ = ["METADATA_FILE", "is_dcp_checkpoint", "load_sharded", "read_tensor_shapes", "save_sharded"]
+
+METADATA_FILE = ".metadata"
+_MODEL = "model"
+_OPTIM_PREFIX = "optimizer:"
+
+
+def is_dcp_checkpoint(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA_FILE))
+
+
+def _no_dist() -> bool:
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _single_process_ok() -> Iterator[None]:
+    """DCP warns on every single-process call; loading a sharded checkpoint on one process is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)")
+        yield
+
+
+def save_sharded(directory: str, model: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
+    """Collective: every rank writes its shards of the model and optimizer states into ``directory``."""
+    state: dict[str, Any] = {_MODEL: get_model_state_dict(model)}
+    for key, optimizer in optimizers.items():
+        state[_OPTIM_PREFIX + key] = get_optimizer_state_dict(model, optimizer)
+    with _single_process_ok():
+        dcp.save(state, checkpoint_id=directory, no_dist=_no_dist())
+
+
+# --- safe reading -------------------------------------------------------------------------------------------------
+
+
+def _allowed_metadata_global(module: str, name: str) -> bool:
+    if module == _dcp_metadata.__name__:
+        obj = getattr(_dcp_metadata, name, None)
+        return isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+    if module == "torch.distributed.checkpoint.filesystem":
+        return name == "_StorageInfo"
+    if module in ("pathlib", "pathlib._local"):
+        return name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+    if module == "torch.serialization":
+        return name == "_get_layout"
+    return (module, name) == ("collections", "OrderedDict")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if _allowed_metadata_global(module, name):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+
+
+def _read_metadata_file(path: str, weights_only: bool) -> Any:
+    if not os.path.isfile(path):
+        raise missing_error(path)
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load() if weights_only else pickle.load(f)
+    except pickle.UnpicklingError as exc:
+        if weights_only and str(exc).startswith("Unsupported global"):
+            raise unsafe_error(path, str(exc)) from None
+        raise corrupt_error(path, exc) from exc
+    except Exception as exc:
+        raise corrupt_error(path, exc) from exc
+    if not isinstance(metadata, _dcp_metadata.Metadata):
+        raise corrupt_error(path, TypeError(f"expected DCP Metadata, found {type(metadata).__name__}"))
+    for info in (metadata.storage_data or {}).values():
+        relative = str(getattr(info, "relative_path", ""))
+        if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
+            raise corrupt_error(path, ValueError(f"storage file {relative!r} lies outside the checkpoint"))
+    return metadata
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """FileSystemReader whose metadata is unpickled with an allow-list (or, opted out, with plain pickle)."""
+
+    def __init__(self, path: str, weights_only: bool) -> None:
+        super().__init__(path)
+        self._root = path
+        self._weights_only = weights_only
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")
+        name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
+        metadata = _read_metadata_file(os.path.join(self._root, name), self._weights_only)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = _dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+
+class _SafePlanner(_default_planner.DefaultLoadPlanner):
+    """Non-tensor values (optimizer hyper-parameters, ...) are read with ``torch.load(weights_only=True)``."""
+
+    def __init__(self, checkpoint: str) -> None:
+        super().__init__()
+        self._checkpoint = checkpoint
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        try:
+            with safe_globals():
+                obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise unsafe_error(self._checkpoint, str(exc).splitlines()[0]) from None
+        if self.flatten_state_dict:
+            _default_planner.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def read_tensor_shapes(directory: str, weights_only: bool) -> dict[str, tuple[int, ...] | None]:
+    """Flattened key → global tensor shape (``None`` for non-tensor values) of a DCP checkpoint."""
+    metadata = _read_metadata_file(os.path.join(directory, METADATA_FILE), weights_only)
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    for key, item in metadata.state_dict_metadata.items():
+        size = getattr(item, "size", None)
+        shapes[key] = tuple(size) if size is not None else None
+    return shapes
+
+
+def load_sharded(
+    directory: str,
+    model: nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    *,
+    weights_only: bool,
+) -> tuple[list[str], list[str], list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+    """Collective when a process group is up: load into ``model`` (sharded or not) and ``optimizers``.
+
+    The number of ranks may differ from the one that saved. Returns fvcore-style
+    ``(missing_keys, unexpected_keys, incorrect_shapes)`` for the model; optimizer states must match exactly.
+    """
+    shapes = read_tensor_shapes(directory, weights_only)
+    prefix = _MODEL + "."
+    saved = {k[len(prefix) :]: v for k, v in shapes.items() if k.startswith(prefix)}
+    model_sd = get_model_state_dict(model)
+    missing: list[str] = []
+    incorrect: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+    request: dict[str, Any] = {}
+    for key, value in model_sd.items():
+        if key not in saved:
+            missing.append(key)
+            continue
+        saved_shape = saved[key]
+        if isinstance(value, torch.Tensor) and saved_shape is not None and tuple(value.shape) != saved_shape:
+            incorrect.append((key, saved_shape, tuple(value.shape)))
+            missing.append(key)  # as with plain checkpoints, a skipped tensor is also reported missing
+            continue
+        request[key] = value
+    # Keys of a flattened model state dict may belong to nested non-tensor values; keep only top-level names.
+    unexpected = [k for k in saved if k not in model_sd and not any(k.startswith(m + ".") for m in model_sd)]
+    state: dict[str, Any] = {_MODEL: request}
+    for key, optimizer in optimizers.items():
+        name = _OPTIM_PREFIX + key
+        if not any(k.startswith(name + ".") for k in shapes):
+            raise CheckpointError(
+                f"Checkpoint {directory} holds no state for optimizer {key!r}", directory, "incompatible"
+            )
+        state[name] = get_optimizer_state_dict(model, optimizer)
+    reader = _SafeReader(directory, weights_only)
+    planner = _SafePlanner(directory) if weights_only else _default_planner.DefaultLoadPlanner()
+    try:
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=directory, storage_reader=reader, planner=planner, no_dist=_no_dist())
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        if "Refused to load checkpoint" in str(exc):  # our refusal, wrapped by DCP's collective error handling
+            raise unsafe_error(directory, "a non-tensor value is not allowed under weights_only=True") from None
+        raise CheckpointError(
+            f"Sharded checkpoint {directory} could not be loaded ({type(exc).__name__}: {str(exc).strip()[:500]})",
+            directory,
+            "corrupt",
+        ) from exc
+    set_model_state_dict(model, state[_MODEL], options=StateDictOptions(strict=False))
+    for key, optimizer in optimizers.items():
+        set_optimizer_state_dict(model, optimizer, state[_OPTIM_PREFIX + key])
+    return missing, unexpected, incorrect

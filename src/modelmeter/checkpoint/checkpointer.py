@@ -1,0 +1,650 @@
+"""``Checkpointer`` and ``PeriodicCheckpointer``: fvcore's names, file layout and messages, made crash-safe.
+
+Layout of ``save_dir`` (as fvcore): ``<name>.pth`` per checkpoint and a ``last_checkpoint`` file holding the
+basename of the newest one. With ``format="safetensors"`` the model weights go to ``<name>.safetensors`` and the rest
+of the state stays in ``<name>.pth``; sharded (DTensor / FSDP2) models are saved with ``torch.distributed.checkpoint``
+into a ``<name>/`` directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from ._keys import (
+    clean_key_map,
+    filter_reused_missing_keys,
+    get_missing_parameters_message,
+    get_unexpected_parameters_message,
+    strip_prefix_if_present,
+    unwrap_model,
+    unwrap_state_dict,
+)
+from ._storage import (
+    atomic_write,
+    fsync_dir,
+    load_safetensors,
+    remove_stale_temp_files,
+    safetensors_bytes,
+    torch_load,
+)
+from .errors import CheckpointError
+
+__all__ = ["Checkpointer", "PeriodicCheckpointer"]
+
+logger = logging.getLogger("modelmeter.checkpoint")
+
+LAST_CHECKPOINT = "last_checkpoint"
+_MARKER = "__modelmeter_checkpoint__"
+_SHARDED_EXTRA = "extra.pth"
+_DCP_METADATA = ".metadata"
+_FORMATS = ("pth", "safetensors")
+
+
+class _IncompatibleKeys(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+
+
+# --- distributed helpers ------------------------------------------------------------------------------------------
+
+
+def _dist_state() -> tuple[bool, int, int]:
+    """(process group initialized, rank, world size)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return True, dist.get_rank(), dist.get_world_size()
+    return False, 0, 1
+
+
+def _barrier() -> None:
+    initialized, _, world = _dist_state()
+    if initialized and world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _has_dtensor(model: nn.Module) -> bool:
+    # A model cannot hold DTensors unless their module was imported; importing it just to look costs ~1 s.
+    dtensor_module = sys.modules.get("torch.distributed.tensor")
+    DTensor = getattr(dtensor_module, "DTensor", None)
+    if DTensor is None:
+        return False
+    tensors: Iterable[torch.Tensor] = (*model.parameters(), *model.buffers())
+    return any(isinstance(t, DTensor) for t in tensors)
+
+
+def _is_url(path: str) -> bool:
+    return path.startswith(("http://", "https://", "file://"))
+
+
+def _is_dcp_checkpoint(path: str) -> bool:
+    """A directory written by ``torch.distributed.checkpoint`` (it has a ``.metadata`` file)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, _DCP_METADATA))
+
+
+def _remove_checkpoint(path: str) -> None:
+    """Delete one checkpoint: a ``<name>/`` directory, or ``<name>.pth`` and its ``<name>.safetensors``."""
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    if path.endswith(".pth"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path[: -len(".pth")] + ".safetensors")
+
+
+class Checkpointer:
+    """Save and load a model together with other objects that have ``state_dict()`` / ``load_state_dict()``.
+
+    Args:
+        model: the model; DataParallel / DistributedDataParallel wrappers (at the root or nested inside) are
+            looked through, so saved keys never carry the wrappers' ``module.`` segments.
+        save_dir: where checkpoints go; ``""`` disables saving.
+        save_to_disk: ``False`` disables saving (fvcore's way to write only from the main process).
+        weights_only: read checkpoints with ``torch.load(weights_only=True)`` (default): tensors, plain containers
+            and numbers, numpy arrays / scalars / dtypes; anything else is refused with a :class:`CheckpointError`.
+            ``False`` unpickles arbitrary objects and must only be used for trusted files.
+        format: ``"pth"`` (default, fvcore's layout) or ``"safetensors"`` (model weights in ``<name>.safetensors``).
+        sharded: save through ``torch.distributed.checkpoint`` into ``<name>/``; ``None`` (default) does so when
+            the model has DTensor parameters (FSDP2 ``fully_shard``, tensor parallel).
+        safe_globals: extra classes / functions allowed when reading with ``weights_only=True``.
+        **checkpointables: objects saved and restored with the model, e.g. ``optimizer=opt, scheduler=sched``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        save_dir: str = "",
+        *,
+        save_to_disk: bool = True,
+        weights_only: bool = True,
+        format: str = "pth",
+        sharded: bool | None = None,
+        safe_globals: Sequence[Any] = (),
+        **checkpointables: Any,
+    ) -> None:
+        self.model = unwrap_model(model)
+        self.checkpointables: dict[str, Any] = {}
+        for key, obj in checkpointables.items():
+            self.add_checkpointable(key, obj)
+        self.logger = logger
+        self.save_dir = save_dir
+        self.save_to_disk = save_to_disk
+        self.weights_only = weights_only
+        self.format = self._check_format(format)
+        self.sharded = sharded
+        self.safe_globals = list(safe_globals)
+        self._load_weights_only = weights_only
+
+    # --- registration ---------------------------------------------------------------------------------------------
+
+    def add_checkpointable(self, key: str, checkpointable: Any) -> None:
+        """Register another object to save and load under ``key``."""
+        if key in self.checkpointables:
+            raise KeyError(f"Key {key} already used in the Checkpointer")
+        if not hasattr(checkpointable, "state_dict"):
+            raise TypeError("add_checkpointable needs an object with 'state_dict()' method.")
+        self.checkpointables[key] = checkpointable
+
+    # --- saving ---------------------------------------------------------------------------------------------------
+
+    def save(self, name: str, format: str | None = None, **kwargs: Any) -> None:
+        """Save model and checkpointables (plus ``kwargs``) as ``<save_dir>/<name>.pth`` and tag it as the last one.
+
+        Under an initialized process group this is a collective: call it on every rank. Plain checkpoints are
+        written by rank 0 only and every rank waits for it; sharded ones are written by all ranks.
+        The write is atomic: a crash at any moment leaves the previous checkpoint and ``last_checkpoint`` valid.
+        """
+        fmt = self._check_format(format if format is not None else self.format)
+        if self._is_sharded():
+            self._save_sharded(name, kwargs)
+            return
+        _, rank, _ = _dist_state()
+        try:
+            if rank == 0 and self.save_dir and self.save_to_disk:
+                self._save_plain(name, fmt, kwargs)
+        finally:
+            if self.save_dir:
+                _barrier()
+
+    def _save_plain(self, name: str, fmt: str, kwargs: dict[str, Any]) -> None:
+        basename = f"{name}.pth"
+        save_file = os.path.join(self.save_dir, basename)
+        if os.path.basename(save_file) != basename:
+            raise ValueError(f"Checkpoint name {name!r} must not contain a path separator")
+        os.makedirs(self.save_dir, exist_ok=True)
+        model_state = unwrap_state_dict(self.model, self.model.state_dict())
+        data: dict[str, Any] = {}
+        weights_file = os.path.join(self.save_dir, f"{name}.safetensors")
+        tensors: dict[str, torch.Tensor] = {}
+        save_id = uuid.uuid4().hex
+        if fmt == "safetensors":
+            tensors = {k: v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
+            others = {k: v for k, v in model_state.items() if not isinstance(v, torch.Tensor)}
+            data[_MARKER] = {
+                "format": "safetensors",
+                "weights": os.path.basename(weights_file),
+                "save_id": save_id,
+                "model_extra": others,
+            }
+        else:
+            data["model"] = model_state
+        for key, obj in self.checkpointables.items():
+            data[key] = obj.state_dict()
+        data.update(kwargs)
+        self.logger.info(f"Saving checkpoint to {save_file}")
+        if fmt == "safetensors":
+            blob = safetensors_bytes(tensors, save_id)
+            atomic_write(weights_file, lambda f: f.write(blob))
+        atomic_write(save_file, lambda f: torch.save(data, f))
+        if fmt != "safetensors" and os.path.exists(weights_file):
+            # A stale weights file from an earlier save of the same name in the other format.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(weights_file)
+        self.tag_last_checkpoint(basename)
+        remove_stale_temp_files(self.save_dir)
+
+    def _save_sharded(self, name: str, kwargs: dict[str, Any]) -> None:
+        from ._dcp import save_sharded
+
+        if not self.save_dir or not self.save_to_disk:
+            return
+        if os.path.basename(os.path.join(self.save_dir, name)) != name:
+            raise ValueError(f"Checkpoint name {name!r} must not contain a path separator")
+        _, rank, _ = _dist_state()
+        final = os.path.join(self.save_dir, name)
+        partial = os.path.join(self.save_dir, f".{name}.partial")
+        if rank == 0:
+            os.makedirs(self.save_dir, exist_ok=True)
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+            self.logger.info(f"Saving checkpoint to {final}")
+        _barrier()
+        optimizers = {k: v for k, v in self.checkpointables.items() if isinstance(v, torch.optim.Optimizer)}
+        try:
+            save_sharded(partial, self.model, optimizers)
+            if rank == 0:
+                data: dict[str, Any] = {_MARKER: {"format": "dcp", "optimizers": list(optimizers)}}
+                for key, obj in self.checkpointables.items():
+                    if key not in optimizers:
+                        data[key] = obj.state_dict()
+                data.update(kwargs)
+                atomic_write(os.path.join(partial, _SHARDED_EXTRA), lambda f: torch.save(data, f))
+                self._replace_dir(partial, final)
+                self.tag_last_checkpoint(name)
+        finally:
+            _barrier()
+
+    @staticmethod
+    def _replace_dir(src: str, dst: str) -> None:
+        old = None
+        if os.path.exists(dst):
+            old = f"{os.path.join(os.path.dirname(dst), '.' + os.path.basename(dst))}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(dst, old)
+        os.replace(src, dst)
+        fsync_dir(os.path.dirname(dst))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
+        """Atomically write ``last_filename_basename`` (no newline) to ``<save_dir>/last_checkpoint``."""
+        os.makedirs(self.save_dir or ".", exist_ok=True)
+        data = last_filename_basename.encode("utf-8")
+        atomic_write(os.path.join(self.save_dir, LAST_CHECKPOINT), lambda f: f.write(data))
+
+    # --- finding checkpoints --------------------------------------------------------------------------------------
+
+    def has_checkpoint(self) -> bool:
+        """Whether ``save_dir`` has a ``last_checkpoint`` file."""
+        return os.path.exists(os.path.join(self.save_dir, LAST_CHECKPOINT))
+
+    def get_checkpoint_file(self) -> str:
+        """The checkpoint ``last_checkpoint`` names, joined with ``save_dir``; ``""`` if there is none."""
+        try:
+            with open(os.path.join(self.save_dir, LAST_CHECKPOINT)) as f:
+                last_saved = f.read().strip()
+        except OSError:
+            return ""
+        return os.path.join(self.save_dir, last_saved)
+
+    def get_all_checkpoint_files(self) -> list[str]:
+        """Every ``*.pth`` file in ``save_dir``, plus sharded ``<name>/`` checkpoint directories."""
+        try:
+            names = sorted(os.listdir(self.save_dir or "."))
+        except OSError:
+            return []
+        result = []
+        for name in names:
+            path = os.path.join(self.save_dir, name)
+            is_file = name.endswith(".pth") and os.path.isfile(path)
+            if is_file or (not name.startswith(".") and _is_dcp_checkpoint(path)):
+                result.append(path)
+        return result
+
+    # --- loading --------------------------------------------------------------------------------------------------
+
+    def resume_or_load(self, path: str, *, resume: bool = True) -> dict[str, Any]:
+        """Resume from ``last_checkpoint`` (model and every checkpointable) if ``resume`` and there is one;
+        otherwise load only the model from ``path``.
+
+        If the last checkpoint is missing, truncated or corrupt, falls back — with a warning — to the newest
+        checkpoint in ``save_dir`` that loads. A checkpoint refused as unsafe is never skipped silently.
+        """
+        if not (resume and self.has_checkpoint()):
+            return self.load(path, checkpointables=[])
+        last = self.get_checkpoint_file()
+        try:
+            return self.load(last)
+        except CheckpointError as exc:
+            if exc.reason == "unsafe":
+                raise
+            first_error = exc
+        self.logger.warning(
+            f"Could not resume from the last checkpoint: {first_error} — "
+            f"falling back to the newest checkpoint in {self.save_dir} that loads."
+        )
+        for candidate in self._fallback_candidates(exclude=last):
+            try:
+                result = self.load(candidate)
+            except CheckpointError as exc:
+                if exc.reason == "unsafe":
+                    raise
+                self.logger.warning(f"Skipping {candidate}: {exc}")
+                continue
+            self.logger.warning(f"Resumed from {candidate} instead of {last}.")
+            return result
+        raise CheckpointError(
+            f"No checkpoint in {self.save_dir} could be loaded (the last one, {last}, failed: {first_error})",
+            last,
+            first_error.reason,
+        )
+
+    def _fallback_candidates(self, exclude: str) -> list[str]:
+        excluded = os.path.abspath(exclude)
+        found = []
+        for path in self.get_all_checkpoint_files():
+            if os.path.abspath(path) == excluded:
+                continue
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                continue
+            found.append((mtime, path))
+        return [p for _, p in sorted(found, reverse=True)]
+
+    def load(
+        self, path: str, checkpointables: list[str] | None = None, *, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Load the model and the given checkpointables (all if ``None``) from ``path``.
+
+        ``path`` may be a ``.pth`` / ``.safetensors`` file, a sharded checkpoint directory, or an ``http(s)://``
+        URL (downloaded once into the cache). Returns what was not consumed (e.g. ``{"iteration": 5}``).
+        """
+        if not path:
+            self.logger.info("No checkpoint found. Initializing model from scratch")
+            return {}
+        self.logger.info(f"[Checkpointer] Loading from {path} ...")
+        self._load_weights_only = self.weights_only if weights_only is None else weights_only
+        try:
+            local = self._local_path(path)
+            if _is_dcp_checkpoint(local):
+                return self._load_sharded(path, local, checkpointables)
+            checkpoint = self._read_checkpoint(path, local)
+            incompatible = self._load_model(checkpoint)
+            if incompatible is not None:
+                self._log_incompatible_keys(incompatible)
+            for key in self.checkpointables if checkpointables is None else checkpointables:
+                if key in checkpoint:
+                    self.logger.info(f"Loading {key} from {path} ...")
+                    obj = self.checkpointables[key]
+                    obj.load_state_dict(checkpoint.pop(key))
+            return checkpoint
+        finally:
+            self._load_weights_only = self.weights_only
+
+    def _local_path(self, path: str) -> str:
+        if not _is_url(path):
+            return path
+        try:
+            from modelmeter.io import PathManager
+        except ImportError as exc:  # pragma: no cover - modelmeter.io ships with the package
+            raise CheckpointError(
+                f"Loading {path} needs modelmeter.io, which is not available", path, "missing"
+            ) from exc
+        try:
+            return str(PathManager.get_local_path(path))
+        except Exception as exc:
+            raise CheckpointError(
+                f"Checkpoint {path} could not be downloaded ({type(exc).__name__}: {exc})", path, "missing"
+            ) from exc
+
+    def _load_file(self, f: str) -> dict[str, Any]:
+        """Read one checkpoint file into a dict (subclasses may override, as with fvcore)."""
+        data = torch_load(f, weights_only=self._load_weights_only, extra_globals=self.safe_globals)
+        if not isinstance(data, dict):
+            raise CheckpointError(
+                f"Checkpoint file {f} does not hold a dict (found {type(data).__name__})", f, "corrupt"
+            )
+        return data
+
+    def _read_checkpoint(self, path: str, local: str) -> dict[str, Any]:
+        """The checkpoint dict with the model state under ``"model"``, whatever the format."""
+        if local.endswith(".safetensors"):
+            companion = local[: -len(".safetensors")] + ".pth"
+            if not os.path.isfile(companion):
+                return {"model": OrderedDict(load_safetensors(local, None))}
+            path, local = path[: -len(".safetensors")] + ".pth", companion
+        checkpoint = self._load_file(local)
+        info = checkpoint.pop(_MARKER, None)
+        if isinstance(info, dict) and info.get("format") == "safetensors":
+            weights_name = str(info.get("weights", ""))
+            if os.path.basename(weights_name) != weights_name or not weights_name:
+                raise CheckpointError(f"Checkpoint file {local} names an invalid weights file", local, "corrupt")
+            if _is_url(path):
+                weights_local = self._local_path(path.rsplit("/", 1)[0] + "/" + weights_name)
+            else:
+                weights_local = os.path.join(os.path.dirname(local), weights_name)
+            model_state: dict[str, Any] = OrderedDict(load_safetensors(weights_local, info.get("save_id")))
+            model_state.update(info.get("model_extra") or {})
+            checkpoint = {"model": model_state, **checkpoint}
+        elif "model" not in checkpoint and checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+            self.logger.info(f"{path} holds a bare state dict; loading it as the model state")
+            checkpoint = {"model": checkpoint}
+        return checkpoint
+
+    def _load_sharded(self, path: str, local: str, checkpointables: list[str] | None) -> dict[str, Any]:
+        from ._dcp import load_sharded
+
+        extra_file = os.path.join(local, _SHARDED_EXTRA)
+        extra = self._load_file(extra_file) if os.path.isfile(extra_file) else {}
+        info = extra.pop(_MARKER, None) or {}
+        saved_optimizers = set(info.get("optimizers", []))
+        keys = list(self.checkpointables) if checkpointables is None else list(checkpointables)
+        optimizers = {
+            k: self.checkpointables[k]
+            for k in keys
+            if k in saved_optimizers and isinstance(self.checkpointables[k], torch.optim.Optimizer)
+        }
+        missing, unexpected, incorrect = load_sharded(
+            local, self.model, optimizers, weights_only=self._load_weights_only
+        )
+        for key in optimizers:
+            self.logger.info(f"Loading {key} from {path} ...")
+        self._log_incompatible_keys(_IncompatibleKeys(missing, unexpected, incorrect))
+        for key in keys:
+            if key in extra:
+                self.logger.info(f"Loading {key} from {path} ...")
+                self.checkpointables[key].load_state_dict(extra.pop(key))
+        return extra
+
+    def _load_model(self, checkpoint: dict[str, Any]) -> _IncompatibleKeys:
+        """Load ``checkpoint.pop("model")`` into the model, skipping tensors whose shapes differ."""
+        if "model" not in checkpoint:
+            raise CheckpointError("The checkpoint holds no model state (no 'model' key)", "", "incompatible")
+        checkpoint_state_dict = checkpoint.pop("model")
+        self._convert_ndarray_to_tensor(checkpoint_state_dict)
+        # Checkpoints written from a DataParallel / DDP model by other code carry a uniform "module." prefix.
+        strip_prefix_if_present(checkpoint_state_dict, "module.")
+
+        model_state_dict = self.model.state_dict()
+        # Wrappers nested inside this model: map the unwrapped names the checkpoint uses to the model's names.
+        clean = clean_key_map(self.model, model_state_dict)
+        if clean:
+            actual_of = {c: a for a, c in clean.items()}
+            for key in list(checkpoint_state_dict):
+                if key not in model_state_dict and key in actual_of:
+                    checkpoint_state_dict[actual_of[key]] = checkpoint_state_dict.pop(key)
+
+        incorrect_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+        for key in list(checkpoint_state_dict):
+            if key not in model_state_dict:
+                continue
+            model_param = model_state_dict[key]
+            ckpt_param = checkpoint_state_dict[key]
+            if isinstance(model_param, nn.parameter.UninitializedParameter):
+                continue  # lazy modules take whatever shape the checkpoint has
+            if not isinstance(model_param, torch.Tensor) or not isinstance(ckpt_param, torch.Tensor):
+                continue
+            shape_model, shape_checkpoint = tuple(model_param.shape), tuple(ckpt_param.shape)
+            if shape_model != shape_checkpoint:
+                if self._is_quantization_observer(key):
+                    continue  # per-channel observers resize themselves
+                incorrect_shapes.append((key, shape_checkpoint, shape_model))
+                checkpoint_state_dict.pop(key)
+        incompatible = self.model.load_state_dict(checkpoint_state_dict, strict=False)
+        return _IncompatibleKeys(
+            missing_keys=list(incompatible.missing_keys),
+            unexpected_keys=list(incompatible.unexpected_keys),
+            incorrect_shapes=incorrect_shapes,
+        )
+
+    def _is_quantization_observer(self, key: str) -> bool:
+        module_path = key.rpartition(".")[0]
+        try:
+            module = self.model.get_submodule(module_path)
+            from torch.ao.quantization import FakeQuantizeBase, ObserverBase
+        except (AttributeError, ImportError):
+            return False
+        return isinstance(module, (ObserverBase, FakeQuantizeBase))
+
+    def _log_incompatible_keys(self, incompatible: _IncompatibleKeys) -> None:
+        """Warn about mis-shaped, missing (not counting shared tensors loaded under another name) and unused keys."""
+        names = clean_key_map(
+            self.model,
+            [
+                *incompatible.missing_keys,
+                *incompatible.unexpected_keys,
+                *(k for k, _, _ in incompatible.incorrect_shapes),
+            ],
+        )
+        for key, shape_checkpoint, shape_model in incompatible.incorrect_shapes:
+            self.logger.warning(
+                f"Skip loading parameter '{names.get(key, key)}' to the model due to incompatible shapes: "
+                f"{shape_checkpoint} in the checkpoint but {shape_model} in the model! "
+                "You might want to double check if this is expected."
+            )
+        if incompatible.missing_keys:
+            missing_keys = filter_reused_missing_keys(self.model, incompatible.missing_keys)
+            if missing_keys:
+                self.logger.warning(get_missing_parameters_message(names.get(k, k) for k in missing_keys))
+        if incompatible.unexpected_keys:
+            self.logger.warning(
+                get_unexpected_parameters_message(names.get(k, k) for k in incompatible.unexpected_keys)
+            )
+
+    @staticmethod
+    def _convert_ndarray_to_tensor(state_dict: dict[str, Any]) -> None:
+        """In place: numpy arrays (and numpy scalars) in a model state dict become tensors."""
+        try:
+            import numpy as np
+        except ImportError:  # pragma: no cover
+            np = None  # type: ignore[assignment]
+        for key in list(state_dict):
+            value = state_dict[key]
+            if isinstance(value, torch.Tensor) or key.endswith("_extra_state"):
+                continue
+            if np is not None and isinstance(value, np.ndarray):
+                state_dict[key] = torch.from_numpy(value)
+            elif np is not None and isinstance(value, np.generic):
+                state_dict[key] = torch.as_tensor(np.asarray(value))
+            else:
+                raise ValueError(f"Unsupported type found in checkpoint! {key}: {type(value)}")
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _is_sharded(self) -> bool:
+        return self.sharded if self.sharded is not None else _has_dtensor(self.model)
+
+    def _is_writer(self) -> bool:
+        _, rank, _ = _dist_state()
+        return bool(self.save_dir) and self.save_to_disk and rank == 0
+
+    def _path_for(self, name: str) -> str:
+        return os.path.join(self.save_dir, name if self._is_sharded() else f"{name}.pth")
+
+    @staticmethod
+    def _check_format(fmt: str) -> str:
+        if fmt not in _FORMATS:
+            raise ValueError(f"Unknown checkpoint format {fmt!r}; expected one of {', '.join(_FORMATS)}")
+        return fmt
+
+
+class PeriodicCheckpointer:
+    """Save every ``period`` iterations as ``<file_prefix>_<iteration:07d>`` and at ``max_iter - 1`` as
+    ``<file_prefix>_final``, keeping at most ``max_to_keep`` periodic checkpoints.
+
+    Retention also covers checkpoints an earlier run of the same job left in ``save_dir`` (same prefix, lower
+    iteration number, oldest first); it never deletes the checkpoint ``last_checkpoint`` names nor the final one.
+    """
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        period: int,
+        max_iter: int | None = None,
+        max_to_keep: int | None = None,
+        file_prefix: str = "model",
+    ) -> None:
+        self.checkpointer = checkpointer
+        self.period = int(period)
+        self.max_iter = max_iter
+        if max_to_keep is not None and max_to_keep <= 0:
+            raise ValueError(f"max_to_keep must be positive, got {max_to_keep}")
+        self.max_to_keep = max_to_keep
+        self.recent_checkpoints: list[str] = []
+        self.file_prefix = file_prefix
+        self._pattern = re.compile(rf"^{re.escape(file_prefix)}_(\d{{7,}})(\.pth|\.safetensors)?$")
+        self._adopted_earlier_run = False
+
+    def step(self, iteration: int, **kwargs: Any) -> None:
+        """Save if ``iteration`` is at the end of a period, and the final checkpoint at the last iteration."""
+        iteration = int(iteration)
+        additional_state = {"iteration": iteration, **kwargs}
+        if (iteration + 1) % self.period == 0:
+            name = f"{self.file_prefix}_{iteration:07d}"
+            self.checkpointer.save(name, **additional_state)
+            if self.max_to_keep is not None:
+                self._retain(self.checkpointer._path_for(name), iteration)
+        if self.max_iter is not None and iteration >= self.max_iter - 1:
+            self.checkpointer.save(f"{self.file_prefix}_final", **additional_state)
+
+    def save(self, name: str, **kwargs: Any) -> None:
+        """Same as ``checkpointer.save(name, **kwargs)``."""
+        self.checkpointer.save(name, **kwargs)
+
+    def _earlier_run_files(self, iteration: int) -> Iterator[str]:
+        save_dir = self.checkpointer.save_dir
+        try:
+            names = os.listdir(save_dir)
+        except OSError:
+            return
+        found = []
+        for name in names:
+            match = self._pattern.match(name)
+            if not match or int(match.group(1)) >= iteration:
+                continue
+            path = os.path.join(save_dir, name)
+            suffix = match.group(2)
+            if suffix == ".safetensors" and os.path.exists(path[: -len(suffix)] + ".pth"):
+                continue  # removed together with its .pth; only weights whose save never finished count alone
+            if suffix or os.path.isdir(path):
+                found.append((int(match.group(1)), path))
+        yield from (p for _, p in sorted(found))
+
+    def _retain(self, current: str, iteration: int) -> None:
+        if not self._adopted_earlier_run:
+            self._adopted_earlier_run = True
+            earlier = [p for p in self._earlier_run_files(iteration) if p not in self.recent_checkpoints]
+            self.recent_checkpoints[:0] = earlier
+        if current in self.recent_checkpoints:
+            self.recent_checkpoints.remove(current)
+        self.recent_checkpoints.append(current)
+        assert self.max_to_keep is not None
+        while len(self.recent_checkpoints) > self.max_to_keep:
+            to_delete = self.recent_checkpoints.pop(0)
+            if not self.checkpointer._is_writer():
+                continue
+            protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
+            stem = os.path.basename(to_delete)
+            for suffix in (".pth", ".safetensors"):
+                stem = stem.removesuffix(suffix)
+            if os.path.abspath(to_delete) == protected or stem == f"{self.file_prefix}_final":
+                continue
+            if os.path.exists(to_delete):
+                _remove_checkpoint(to_delete)
