@@ -2,10 +2,12 @@
 
 from .analysis import (
     ActivationCountAnalysis,
+    Analysis,
     FlopCountAnalysis,
     JitModelAnalysis,
     ModelAnalysis,
     activation_count,
+    analyze,
     flop_count,
 )
 from .engine.inputs import Args
@@ -19,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActivationCountAnalysis",
+    "Analysis",
     "Args",
     "CountInside",
     "FlopCountAnalysis",
@@ -33,6 +36,7 @@ __all__ = [
     "Trace",
     "__version__",
     "activation_count",
+    "analyze",
     "build_result",
     "flop_count",
     "flop_count_str",

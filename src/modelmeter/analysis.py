@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections import Counter, defaultdict
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from torch import nn
 
@@ -16,6 +17,11 @@ from .engine.tracer import Execution, record_trace
 from .handles.base import CountInside, Handle
 from .handles.fvcore import ACTIVATION_HANDLES, FLOP_HANDLES
 from .metrics.counting import AncestorMode, Statistics, count
+from .metrics.parameters import parameter_count
+
+if TYPE_CHECKING:
+    from .cache import TraceCache
+    from .reports.result import Result
 
 logger = logging.getLogger("modelmeter")
 T = TypeVar("T", bound="ModelAnalysis")
@@ -31,18 +37,26 @@ class ModelAnalysis:
     ``inputs``: a tensor, a tuple of positional arguments, a dict of keyword arguments, or
     :class:`modelmeter.Args`. ``trace``: the trace of another analysis of the same model and
     inputs, so a second metric reuses it instead of running the model again.
+
+    ``cache=True`` (or a ``cache_dir``, or a :class:`modelmeter.cache.TraceCache`) keeps the trace on disk
+    under ``get_cache_dir(cache_dir)/traces``, keyed by a fingerprint of the model, the inputs and the run
+    options, and reads it from there next time instead of running the model (docs/caching.md). Off by default.
     """
 
     _default_handles: ClassVar[dict[str, Handle | CountInside]] = {}
 
     def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
-                 trace: Trace | None = None) -> None:
+                 trace: Trace | None = None, cache: bool | TraceCache | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         args, kwargs = split_inputs(inputs)
         check_inputs(model, args, kwargs)
         self._model = model
         self._inputs = inputs
         self._args, self._kwargs = args, kwargs
         self._execution: Execution = execution
+        self._cache = cache
+        self._cache_dir = cache_dir
+        self._trace_was_cached = False
         self._names = ModuleNames(model)
         self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)
         self._trace: Trace | None = trace
@@ -89,13 +103,39 @@ class ModelAnalysis:
 
     @property
     def trace(self) -> Trace:
-        """The recorded run (plain data), recorded on first use."""
+        """The recorded run (plain data), recorded on first use (or read from the cache, when enabled)."""
         if self._trace is None:
             with warnings.catch_warnings():
                 if self._tracer_warnings == "none":
                     warnings.simplefilter("ignore")
-                self._trace = record_trace(self._model, self._args, self._kwargs, self._names, self._execution)
+                self._trace = self._load_or_record()
         return self._trace
+
+    def _load_or_record(self) -> Trace:
+        def record() -> Trace:
+            return record_trace(self._model, self._args, self._kwargs, self._names, self._execution)
+
+        store = self._trace_cache()
+        if store is None:
+            return record()
+        from .cache import cached_trace
+
+        trace, self._trace_was_cached = cached_trace(store, self._model, self._args, self._kwargs,
+                                                     self._execution, record)
+        return trace
+
+    def _trace_cache(self) -> TraceCache | None:
+        from .cache import TraceCache
+
+        if isinstance(self._cache, TraceCache):
+            return self._cache
+        if self._cache is False or (self._cache is None and self._cache_dir is None):
+            return None
+        try:
+            return TraceCache(self._cache_dir)
+        except OSError as exc:
+            logger.warning("The trace cache is unavailable (%s); running the model without it.", exc)
+            return None
 
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed (empty when it needed none)."""
@@ -157,7 +197,9 @@ class ModelAnalysis:
         inputs = self._inputs if new_inputs is None else new_inputs
         other = type(self).__new__(type(self))
         same = new_model is None and new_inputs is None
-        ModelAnalysis.__init__(other, model, inputs, execution=self._execution, trace=self._trace if same else None)
+        ModelAnalysis.__init__(other, model, inputs, execution=self._execution, trace=self._trace if same else None,
+                               cache=self._cache, cache_dir=self._cache_dir)
+        other._trace_was_cached = self._trace_was_cached and same
         other._op_handles = dict(self._op_handles)
         other._ancestor_mode = self._ancestor_mode
         other._warn_unsupported = self._warn_unsupported
@@ -232,3 +274,79 @@ def activation_count(model: nn.Module, inputs: Any, supported_ops: dict[str, Han
                      ) -> tuple[defaultdict[str, float], Counter[str]]:
     """Mega-activations by operator and the unsupported operators, as fvcore's ``activation_count``."""
     return _per_operator(ActivationCountAnalysis(model, inputs), supported_ops, 1e6)
+
+
+class Analysis:
+    """Every metric of one model on one set of inputs, answered from one trace (see :func:`analyze`).
+
+    ``flops`` and ``activations`` are the fvcore-compatible analyses, sharing the trace; ``parameters`` is
+    :func:`parameter_count`; ``result()`` collects them into a :class:`~modelmeter.Result`; ``table()`` is
+    fvcore's ``flop_count_table`` with both columns. Handles and modes of each analysis can be changed as
+    usual: they recompute from the trace.
+    """
+
+    def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
+                 cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.flops = FlopCountAnalysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir)
+        trace = self.flops.trace
+        self.activations = ActivationCountAnalysis(model, inputs, execution=execution, trace=trace)
+        # Activation handles count only a few operators, and uncalled modules are the flops' to report.
+        self.activations.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+
+    @property
+    def trace(self) -> Trace:
+        """The one recorded run every metric is computed from."""
+        return self.flops.trace
+
+    @property
+    def from_cache(self) -> bool:
+        """True when the trace was read from the persistent cache instead of running the model."""
+        return self.flops._trace_was_cached
+
+    @property
+    def parameters(self) -> defaultdict[str, int]:
+        """Parameter elements under every name prefix (``""`` is the total), as :func:`parameter_count`."""
+        return parameter_count(self.model)
+
+    @property
+    def metrics(self) -> dict[str, ModelAnalysis]:
+        """Metric name -> analysis, in report order."""
+        return {"flops": self.flops, "activations": self.activations}
+
+    def assumptions(self) -> list[str]:
+        """Placeholder values and fallbacks the run needed."""
+        return list(self.trace.assumptions)
+
+    def result(self, name: str | None = None) -> Result:
+        """The structured :class:`~modelmeter.Result` (modules x metrics x operators)."""
+        from .reports.result import build_result
+
+        return build_result(self.model, self.metrics, name=name)
+
+    def table(self, max_depth: int = 3, show_param_shapes: bool = True) -> str:
+        """fvcore's ``flop_count_table`` with parameters, flops and activations."""
+        from .reports.fvcore_tables import flop_count_table
+
+        return flop_count_table(self.flops, max_depth, self.activations, show_param_shapes)
+
+    def __repr__(self) -> str:
+        return (f"Analysis({type(self.model).__name__}: {self.flops.total()} flops, "
+                f"{self.activations.total()} activations, {self.parameters['']} parameters)")
+
+
+def analyze(model: nn.Module, inputs: Any, *, execution: Execution = "auto", cache: bool | TraceCache | None = None,
+            cache_dir: str | os.PathLike[str] | None = None) -> Analysis:
+    """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
+
+    Example::
+
+        a = modelmeter.analyze(model, torch.randn(1, 3, 224, 224), cache=True)
+        a.flops.total(); a.activations.by_module(); a.parameters[""]; a.result(); print(a.table())
+
+    ``execution``: ``"auto"``, ``"fake"`` or ``"real"`` as for :class:`FlopCountAnalysis`. ``cache=True``
+    keeps the trace on disk (in ``get_cache_dir(cache_dir)/traces``; a ``cache_dir`` alone turns it on too);
+    off by default. The model runs when ``analyze`` is called, so a failure surfaces here.
+    """
+    return Analysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir)

@@ -4,7 +4,8 @@
 a zoo name (``modelmeter list``), ``torchvision:NAME``, ``timm:NAME``, ``transformers:CONFIG [key=value ...]``,
 ``path/file.py:factory`` or ``package.module:factory`` (see :mod:`modelmeter.models`). Models are built on
 the meta device and run on FakeTensors: no weights, no kernels, nothing downloaded. ``--sweep`` shows how
-the cost grows with the resolution, batch or sequence length.
+the cost grows with the resolution, batch or sequence length. Traces are cached on disk (``--no-cache`` to
+skip, ``--cache-dir`` to choose where; ``modelmeter cache info`` / ``modelmeter cache clear``).
 
 Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the model failed to build or run.
 """
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 
 import torch
 
+from .cache.store import SIZE_ENV
 from .engine.tracer import Execution
 from .errors import ModelMeterError
 from .models import LoadedModel, ModelSpecError, load_model
@@ -98,13 +100,15 @@ def _sweep(text: str) -> tuple[str, list[int]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="modelmeter",
-        usage="modelmeter [MODEL] [key=value ...] [options]\n       modelmeter list",
+        usage="modelmeter [MODEL] [key=value ...] [options]\n       modelmeter list\n"
+              "       modelmeter cache {info,clear} [--cache-dir DIR]",
         description="What a PyTorch model costs: FLOPs, activations and parameters by module (fvcore numbers), "
                     "from one fake-tensor run. Nothing is downloaded.",
         epilog="MODEL: a built-in model (default resnet50; `modelmeter list`), torchvision:NAME, timm:NAME, "
                "transformers:CONFIG (e.g. transformers:LlamaConfig num_hidden_layers=2), path/file.py:factory or "
                "package.module:factory (factory() returns a module or a (model, inputs) pair). key=value "
-               "arguments override the transformers config or go to the builder. Exit status: 0 success, "
+               "arguments override the transformers config or go to the builder. Traces are cached on disk "
+               "(`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit status: 0 success, "
                "2 usage error, 1 the model failed to build or run.",
     )
     parser.add_argument("model", nargs="?", default="resnet50", metavar="MODEL",
@@ -129,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one row per value: resolution=224,288,384, batch=1,8,64 or seq-len=128,512")
     run.add_argument("--jobs", type=_positive, metavar="N",
                      help="worker processes for --sweep (default: one per value, at most the CPU count)")
+    run.add_argument("--no-cache", dest="cache", action="store_false",
+                     help="neither read nor write the trace cache (default: traces are cached on disk)")
+    run.add_argument("--cache-dir", metavar="DIR",
+                     help="the cache directory (default: $MODELMETER_CACHE, else the user cache directory)")
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     out.add_argument("--depth", type=_depth, default=2, metavar="N", help="module depth shown (default 2)")
@@ -149,10 +157,13 @@ class Job:
     seq_len: int | None = None
     dtype: torch.dtype | None = None
     execution: Execution = "auto"
+    cache: bool = True
+    cache_dir: str | None = None
 
 
-def analyse(job: Job) -> tuple[Result, LoadedModel, float]:
-    """Build and run the model once; the structured Result (flops and activations), the model, seconds."""
+def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
+    """Build and run the model once (or read its trace from the cache); the structured Result (flops and
+    activations), the model, seconds, and whether the trace came from the cache."""
     from .analysis import ActivationCountAnalysis, FlopCountAnalysis
 
     device = "cpu" if job.execution == "real" else "meta"
@@ -165,7 +176,8 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float]:
         inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype)
     start = time.perf_counter()
     try:
-        flops = FlopCountAnalysis(loaded.model, inputs, execution=job.execution)
+        flops = FlopCountAnalysis(loaded.model, inputs, execution=job.execution, cache=job.cache,
+                                  cache_dir=job.cache_dir if job.cache else None)
     except TypeError as exc:  # the inputs do not fit the model's forward()
         raise ModelSpecError(str(exc)) from None
     flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
@@ -173,14 +185,14 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float]:
     acts.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     result = build_result(loaded.model, {"flops": flops, "activations": acts}, name=loaded.name)
     result.assumptions = [*loaded.notes, *result.assumptions]
-    return result, loaded, time.perf_counter() - start
+    return result, loaded, time.perf_counter() - start, flops._trace_was_cached
 
 
 def sweep_point(job: Job) -> dict[str, Any]:
     """The sweep's worker (top level, so spawned processes can import it): one row, or the error as data
     (some exceptions, ModelRunError among them, do not survive pickling)."""
     try:
-        result, _, seconds = analyse(job)
+        result, _, seconds, _ = analyse(job)
     except ModelSpecError as exc:
         return {"error": _one_line(exc), "code": 2}
     except ModelMeterError as exc:
@@ -199,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.model == "list":
             return _list(args)
+        if args.model == "cache":
+            return _cache_command(args)
         job = _job(args)
         if args.sweep:
             return _run_sweep(args, job)
@@ -220,15 +234,17 @@ def _job(args: argparse.Namespace) -> Job:
         raise ModelSpecError(f"--sweep {args.sweep[0].replace('_', '-')}=... and "
                              f"--{args.sweep[0].replace('_', '-')} both set; keep one")
     return Job(spec=args.model, overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
-               dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution, **given)
+               dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
+               cache=args.cache, cache_dir=args.cache_dir, **given)
 
 
 def _run_one(args: argparse.Namespace, job: Job) -> int:
-    result, _, seconds = analyse(job)
+    result, _, seconds, cached = analyse(job)
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):
         inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
-        text = f"{result.model} on input {inputs} ({result.execution} run, {seconds:.2f} s)\n{text}"
+        source = ", from the cache" if cached else ""
+        text = f"{result.model} on input {inputs} ({result.execution} run{source}, {seconds:.2f} s)\n{text}"
     _emit(text, args.output)
     return 0
 
@@ -251,6 +267,39 @@ def _list(args: argparse.Namespace) -> int:
         text = "\n".join(lines)
     _emit(text, args.output)
     return 0
+
+
+def _cache_command(args: argparse.Namespace) -> int:
+    """``modelmeter cache info`` (where, how many entries, how big, the limit) and ``modelmeter cache clear``."""
+    from .cache import TraceCache
+
+    action = args.overrides[0] if len(args.overrides) == 1 else None
+    if action not in ("info", "clear"):
+        raise ModelSpecError("usage: modelmeter cache info|clear [--cache-dir DIR]")
+    try:
+        cache = TraceCache(args.cache_dir)
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"no usable trace cache: {exc}") from None
+    if action == "clear":
+        removed = cache.clear()
+        text = (json.dumps({"removed": removed, "path": cache.path}, indent=2) if args.format == "json"
+                else f"removed {removed} cached trace{'' if removed == 1 else 's'} from {cache.path}")
+    else:
+        info = cache.info()
+        text = json.dumps(info, indent=2) if args.format == "json" else "\n".join([
+            f"trace cache: {info['path']}",
+            f"entries:     {info['entries']}",
+            f"size:        {_bytes(info['bytes'])}",
+            f"limit:       {_bytes(info['limit'])} (${SIZE_ENV})"])
+    _emit(text, args.output)
+    return 0
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"
 
 
 # --- sweeps ----------------------------------------------------------------------------------------------

@@ -1,0 +1,246 @@
+"""A :class:`Trace` as JSON-safe plain data and back, exactly; optionally gzipped bytes.
+
+No pickle: a cache entry is data, never code. Every field of ``Trace``, ``OpEvent`` and ``TensorMeta`` is
+written (found through :func:`dataclasses.fields`, so a field added later is covered, and the list of field
+names is stored and checked on reading). Values keep their exact type: JSON's own ``null``, booleans,
+integers, finite floats, strings and arrays (Python lists) are written as they are; everything else is a
+one-key object tagged with ``$``::
+
+    {"$t": [...]}          tuple                   {"$f": "inf" | "-inf" | "nan"}   non-finite float
+    {"$c": [re, im]}       complex                 {"$s": [...]}                    set
+    {"$z": [...]}          frozenset               {"$d": [[key, value], ...]}      dict (any keys, in order)
+    {"$m": [field, ...]}   TensorMeta, fields in ``dataclasses.fields`` order
+
+Anything else (a tensor, a module, an arbitrary object) cannot be written: :class:`TypeError`.
+Reading checks the structure and raises :class:`ValueError` on anything unexpected, so a damaged entry is
+detected rather than returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import gzip
+import json
+import math
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..engine.trace import OpEvent, TensorMeta, Trace
+
+FORMAT = "modelmeter-trace"
+FORMAT_VERSION = 1
+
+_TRACE_FIELDS = tuple(f.name for f in dataclasses.fields(Trace))
+_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(OpEvent))
+_META_FIELDS = tuple(f.name for f in dataclasses.fields(TensorMeta))
+
+
+def schema_signature() -> dict[str, list[str]]:
+    """The field names of the trace classes, as written in every entry (and part of the cache key)."""
+    return {"Trace": list(_TRACE_FIELDS), "OpEvent": list(_EVENT_FIELDS), "TensorMeta": list(_META_FIELDS)}
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while many small acyclic objects are made or walked.
+
+    Decoding a trace allocates tens of thousands of lists and tuples; in a process holding a large heap
+    (torch, a model) each collection they trigger walks that heap, which makes decoding several times slower.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# encoding ------------------------------------------------------------------------------------------
+def _encode(value: Any) -> Any:
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        return {"$f": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if kind is list:
+        return [_encode(v) for v in value]
+    if kind is TensorMeta:
+        return {"$m": [_encode(getattr(value, name)) for name in _META_FIELDS]}
+    if kind is tuple:
+        return {"$t": [_encode(v) for v in value]}
+    if kind is dict:
+        return {"$d": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    if kind is complex:
+        return {"$c": [_encode(value.real), _encode(value.imag)]}
+    if kind is set or kind is frozenset:
+        items = sorted(value) if all(type(v) is str for v in value) else list(value)
+        return {"$s" if kind is set else "$z": [_encode(v) for v in items]}
+    raise TypeError(f"a trace value of type {kind.__name__} cannot be serialised: {value!r:.80}")
+
+
+def trace_to_dict(trace: Trace) -> dict[str, Any]:
+    """``trace`` as JSON-safe data (``json.dumps`` works on it with ``allow_nan=False``)."""
+    fields = {name: _encode(getattr(trace, name)) for name in _TRACE_FIELDS if name != "events"}
+    events = [[_encode(getattr(event, name)) for name in _EVENT_FIELDS] for event in trace.events]
+    return {"format": FORMAT, "version": FORMAT_VERSION, "schema": schema_signature(), "fields": fields,
+            "events": events}
+
+
+# decoding ------------------------------------------------------------------------------------------
+def _list(value: Any, what: str) -> list[Any]:
+    if type(value) is not list:
+        raise ValueError(f"{what}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None = None) -> Any:
+    """The value of one tagged object whose contents are decoded already.
+
+    ``metas``: TensorMeta objects made so far, to share one (they are immutable) among equal descriptions.
+    """
+    if tag == "$f":
+        if body not in ("inf", "-inf", "nan"):
+            raise ValueError(f"unexpected non-finite float {body!r:.80}")
+        return float(body)
+    items = _list(body, tag)
+    if tag == "$m":
+        if len(items) != len(_META_FIELDS):
+            raise ValueError("a TensorMeta entry has the wrong number of fields")
+        memo_key = tuple(items)
+        if metas is not None:
+            found = metas.get(memo_key)  # TypeError for an unhashable field: a malformed entry
+            if found is not None:
+                return found
+        meta = dict(zip(_META_FIELDS, items, strict=True))
+        shape = meta.get("shape")
+        if type(shape) is not tuple or not all(type(s) is int for s in shape):
+            raise ValueError(f"a TensorMeta shape must be a tuple of integers, got {shape!r:.80}")
+        made = TensorMeta(**meta)
+        if metas is not None:
+            metas[memo_key] = made
+        return made
+    if tag == "$t":
+        return tuple(items)
+    if tag == "$d":
+        out = {}
+        for pair in items:
+            key, item = _list(pair, "dict item")  # ValueError unless exactly two
+            out[key] = item
+        return out
+    if tag == "$c":
+        real, imag = items
+        if type(real) is not float or type(imag) is not float:
+            raise ValueError("a complex entry needs two floats")
+        return complex(real, imag)
+    if tag == "$s":
+        return set(items)
+    if tag == "$z":
+        return frozenset(items)
+    raise ValueError(f"unknown tag {tag!r:.20} in a trace entry")
+
+
+def _decode(value: Any) -> Any:
+    """A value of :func:`trace_to_dict`'s output back as it was (strict: any other object is an error)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str or kind is float:
+        return value
+    if kind is list:
+        return [_decode(v) for v in value]
+    if kind is not dict or len(value) != 1:
+        raise ValueError(f"unexpected value in a trace entry: {value!r:.80}")
+    (tag, body), = value.items()
+    return _untag(tag, _decode(body))
+
+
+def parse(text: str | bytes) -> Any:
+    """JSON written by :func:`dumps` parsed with its tags decoded as the parser meets them (no second walk
+    in Python; equal tensor descriptions share one TensorMeta); give it to :func:`trace_from_parsed`."""
+    metas: dict[tuple[Any, ...], TensorMeta] = {}
+
+    def hook(obj: dict[str, Any]) -> Any:
+        if len(obj) == 1:
+            (tag, body), = obj.items()
+            if tag[:1] == "$":
+                return _untag(tag, body, metas)
+        return obj
+
+    try:
+        return json.loads(text, object_hook=hook)
+    except (TypeError, RecursionError) as exc:  # an unhashable dict key, absurd nesting
+        raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
+
+
+def trace_from_dict(data: Any) -> Trace:
+    """The :class:`Trace` that :func:`trace_to_dict` wrote; :class:`ValueError` for anything else."""
+    return _trace(data, _decode)
+
+
+def trace_from_parsed(data: Any) -> Trace:
+    """Like :func:`trace_from_dict`, for what :func:`parse` returned (tags already decoded)."""
+    return _trace(data, lambda value: value)
+
+
+def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
+    if type(data) is not dict or data.get("format") != FORMAT:
+        raise ValueError("not a modelmeter trace")
+    if data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"trace format version {data.get('version')!r}; this modelmeter reads {FORMAT_VERSION}")
+    if data.get("schema") != schema_signature():
+        raise ValueError("the trace was written for other Trace/OpEvent/TensorMeta fields")
+    fields = data.get("fields")
+    if type(fields) is not dict or set(fields) != set(_TRACE_FIELDS) - {"events"}:
+        raise ValueError("a trace entry has the wrong fields")
+    try:
+        events = []
+        for row in _list(data.get("events"), "events"):
+            if len(_list(row, "event")) != len(_EVENT_FIELDS):
+                raise ValueError("an event has the wrong number of fields")
+            events.append(OpEvent(**dict(zip(_EVENT_FIELDS, map(decode, row), strict=True))))
+        trace = Trace(events=events, **{name: decode(value) for name, value in fields.items()})
+    except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
+        raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
+    _check(trace)
+    return trace
+
+
+def _check(trace: Trace) -> None:
+    """The types every metric relies on, so a damaged entry fails here and not in a handle."""
+    n_scopes = len(trace.scopes)
+    if not all(type(s) is tuple and all(type(n) is str for n in s) for s in trace.scopes):
+        raise ValueError("trace scopes must be tuples of module names")
+    if type(trace.called) is not set or type(trace.assumptions) is not list or type(trace.execution) is not str \
+            or type(trace.inputs) is not list or not all(type(t) is TensorMeta for t in trace.inputs):
+        raise ValueError("malformed trace fields")
+    for i, ev in enumerate(trace.events):
+        if (type(ev.op) is not str or ev.level not in ("function", "dispatch")
+                or ev.phase not in ("forward", "backward")
+                or type(ev.parent) is not int or not -1 <= ev.parent < i
+                or type(ev.scope) is not int or not 0 <= ev.scope < n_scopes
+                or type(ev.inputs) is not list or type(ev.outputs) is not list or type(ev.kwargs) is not dict):
+            raise ValueError(f"malformed event {i}")
+
+
+# bytes ---------------------------------------------------------------------------------------------
+def dumps(trace: Trace, *, compress: bool = True) -> bytes:
+    """``trace`` as UTF-8 JSON, gzipped unless ``compress=False``."""
+    with no_gc():
+        text = json.dumps(trace_to_dict(trace), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    raw = text.encode("utf-8")
+    return gzip.compress(raw, compresslevel=6, mtime=0) if compress else raw
+
+
+def loads(data: bytes) -> Trace:
+    """The trace in ``data`` (gzipped or not); :class:`ValueError` for anything damaged or foreign."""
+    with no_gc():
+        try:
+            raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+            text = raw.decode("utf-8")
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            raise ValueError(f"unreadable trace entry: {type(exc).__name__}: {exc}") from None
+        return trace_from_parsed(parse(text))

@@ -1,0 +1,281 @@
+"""The persistent trace cache: one gzipped JSON file per key in ``<cache dir>/traces/``.
+
+Writes are atomic (a temporary file in the same directory, flushed and fsynced, then ``os.replace``), so a
+reader sees a whole entry or none. A process that misses takes a per-key file lock before running the
+model, so concurrent processes analysing the same model run it once and the others read the entry. An
+entry that cannot be read back (truncated, garbage, another format version) is discarded with a WARNING and
+the trace recomputed. The directory is kept under a size limit by evicting the least recently used entries
+(a hit refreshes an entry's modification time).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+from ..engine.trace import Trace
+from .serialize import no_gc, parse, trace_from_parsed, trace_to_dict
+
+logger = logging.getLogger("modelmeter.cache")
+
+DEFAULT_SIZE_LIMIT = 1 << 30  # 1 GiB
+SIZE_ENV = "MODELMETER_CACHE_SIZE"
+SUBDIR = "traces"
+SUFFIX = ".json.gz"
+_TMP_PREFIX = ".tmp-"
+_LOCK_SUFFIX = SUFFIX + ".lock"
+_STALE_SECONDS = 3600.0
+_ENTRY = "modelmeter-trace-cache-entry"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: int | str) -> int:
+    """A size in bytes from ``1073741824``, ``"500M"``, ``"1G"``, ``"1.5GiB"``, ``"64k"`` (binary units)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size cannot be negative: {value}")
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", str(value).lower())
+    if match is None:
+        raise ValueError(f"not a size: {value!r} (expected bytes, or a number with K, M, G or T)")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def default_size_limit() -> int:
+    """``$MODELMETER_CACHE_SIZE`` if set and valid (a WARNING otherwise), else 1 GiB."""
+    text = os.environ.get(SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_SIZE_LIMIT
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        logger.warning("Ignoring %s=%r (%s); using %d bytes.", SIZE_ENV, text, exc, DEFAULT_SIZE_LIMIT)
+        return DEFAULT_SIZE_LIMIT
+
+
+class TraceCache:
+    """Traces on disk under ``get_cache_dir(cache_dir)/traces``, at most ``size_limit`` bytes in all.
+
+    ``size_limit``: bytes or a string like ``"500M"``; default ``$MODELMETER_CACHE_SIZE`` or 1 GiB. 0 keeps
+    nothing. Raises ``OSError`` when no writable cache directory can be found.
+    """
+
+    #: Seconds a process waits for another one recording the same trace before recording it itself.
+    lock_timeout: float = 1800.0
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, size_limit: int | str | None = None) -> None:
+        from ..io import get_cache_dir
+
+        self.path = os.path.join(get_cache_dir(cache_dir), SUBDIR)
+        os.makedirs(self.path, exist_ok=True)
+        self.size_limit = default_size_limit() if size_limit is None else parse_size(size_limit)
+
+    def __repr__(self) -> str:
+        return f"TraceCache({self.path!r}, size_limit={self.size_limit})"
+
+    def entry_path(self, key: str) -> str:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"a cache key is 64 lowercase hex digits, got {key!r}")
+        return os.path.join(self.path, key + SUFFIX)
+
+    # reading ------------------------------------------------------------------------------------
+    def load(self, key: str) -> Trace | None:
+        """The trace stored under ``key`` (its entry marked as just used), or None.
+
+        A damaged entry is deleted with a WARNING and None returned.
+        """
+        path = self.entry_path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("Cannot read the trace cache entry %s (%s); running the model instead.", path, exc)
+            return None
+        try:
+            trace = _decode_entry(data, key)
+        except ValueError as exc:
+            logger.warning("Discarding the damaged trace cache entry %s (%s); the model runs again.", path, exc)
+            with suppress(OSError):
+                os.remove(path)
+            return None
+        with suppress(OSError):  # least recently *used*: a hit counts as a use
+            os.utime(path)
+        return trace
+
+    def get_or_record(self, key: str, record: Callable[[], Trace],
+                      storable: Callable[[Trace], bool] = lambda _: True) -> tuple[Trace, bool]:
+        """The trace under ``key``, else ``record()`` (stored when ``storable``); and whether it was a hit.
+
+        While one process records a key, others asking for it wait on the key's lock and then read its entry.
+        """
+        trace = self.load(key)
+        if trace is not None:
+            return trace, True
+        from ..io import file_lock
+
+        lock = file_lock(self.entry_path(key), timeout=self.lock_timeout)
+        try:
+            lock.acquire()
+            locked = True
+        except Exception as exc:  # filelock.Timeout, or a lock file that cannot be created
+            logger.warning("Cannot lock the trace cache entry for %s (%s: %s); recording without waiting.",
+                           key, type(exc).__name__, exc)
+            locked = False
+        try:
+            if locked:
+                trace = self.load(key)  # another process may have recorded it meanwhile
+                if trace is not None:
+                    return trace, True
+            trace = record()
+            if storable(trace):
+                self.store(key, trace)
+            return trace, False
+        finally:
+            if locked:
+                lock.release()
+
+    # writing ------------------------------------------------------------------------------------
+    def store(self, key: str, trace: Trace) -> bool:
+        """Write ``trace`` under ``key`` atomically, then evict down to the size limit; False if not kept."""
+        path = self.entry_path(key)
+        try:
+            data = _encode_entry(key, trace)
+        except (TypeError, ValueError) as exc:
+            logger.warning("Cannot cache this trace (%s); it is used without being stored.", exc)
+            return False
+        if len(data) > self.size_limit:
+            logger.info("Not caching a %d-byte trace: the cache is limited to %d bytes.", len(data), self.size_limit)
+            return False
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=_TMP_PREFIX, suffix=".part")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            tmp = None
+            _fsync_directory(self.path)
+        except OSError as exc:
+            logger.warning("Cannot write the trace cache entry %s (%s); continuing without it.", path, exc)
+            return False
+        finally:
+            if tmp is not None:
+                with suppress(OSError):
+                    os.remove(tmp)
+        self.evict()
+        return True
+
+    def evict(self) -> int:
+        """Remove least recently used entries until the total fits the size limit; the number removed.
+
+        Also removes temporary files and lock files left behind (over an hour old) by killed processes.
+        """
+        entries = self._entries()
+        total = sum(size for _, size, _ in entries)
+        removed = 0
+        for path, size, _ in sorted(entries, key=lambda e: (e[2], e[0])):
+            if total <= self.size_limit:
+                break
+            with suppress(OSError):
+                os.remove(path)
+                removed += 1
+            total -= size
+        self._remove_leftovers(time.time() - _STALE_SECONDS)
+        return removed
+
+    def clear(self) -> int:
+        """Remove every entry (and leftover temporary and lock files); the number of entries removed."""
+        removed = 0
+        for path, _, _ in self._entries():
+            with suppress(OSError):
+                os.remove(path)
+                removed += 1
+        self._remove_leftovers(None)
+        return removed
+
+    def info(self) -> dict[str, Any]:
+        """``{"path", "entries", "bytes", "limit"}`` of this cache."""
+        entries = self._entries()
+        return {"path": self.path, "entries": len(entries), "bytes": sum(size for _, size, _ in entries),
+                "limit": self.size_limit}
+
+    # internals ----------------------------------------------------------------------------------
+    def _entries(self) -> list[tuple[str, int, int]]:
+        """``(path, bytes, mtime in ns)`` of every entry."""
+        found = []
+        try:
+            with os.scandir(self.path) as listing:
+                for item in listing:
+                    if item.name.endswith(SUFFIX) and not item.name.startswith("."):
+                        with suppress(OSError):
+                            st = item.stat()
+                            found.append((item.path, st.st_size, st.st_mtime_ns))
+        except FileNotFoundError:
+            pass
+        return found
+
+    def _remove_leftovers(self, older_than: float | None) -> None:
+        try:
+            with os.scandir(self.path) as listing:
+                for item in listing:
+                    leftover = item.name.startswith(_TMP_PREFIX) or (
+                        item.name.endswith(_LOCK_SUFFIX) and not os.path.exists(item.path[:-len(".lock")]))
+                    if not leftover:
+                        continue
+                    with suppress(OSError):
+                        if older_than is None or item.stat().st_mtime < older_than:
+                            os.remove(item.path)
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_directory(path: str) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _encode_entry(key: str, trace: Trace) -> bytes:
+    import modelmeter
+
+    with no_gc():
+        entry = {"format": _ENTRY, "key": key, "modelmeter": modelmeter.__version__, "trace": trace_to_dict(trace)}
+        text = json.dumps(entry, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+
+
+def _decode_entry(data: bytes, key: str) -> Trace:
+    with no_gc():
+        try:
+            text = gzip.decompress(data).decode("utf-8")
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+        entry = parse(text)  # ValueError (json.JSONDecodeError included) for anything malformed
+        if type(entry) is not dict or entry.get("format") != _ENTRY:
+            raise ValueError("not a modelmeter trace cache entry")
+        if entry.get("key") != key:
+            raise ValueError("the entry was written for another key")
+        return trace_from_parsed(entry.get("trace"))

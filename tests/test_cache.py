@@ -1,0 +1,612 @@
+"""Trace caching: one trace per analysis in-process, and the persistent, opt-in cache on disk.
+
+Every test runs with ``MODELMETER_CACHE`` pointing at its own temporary directory (autouse fixture below), so
+nothing is ever written to the real user cache. Whether the model ran is observed with a forward pre-hook
+(a plain module-level function, so registering it on two identical models keeps their keys equal).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torchvision
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import modelmeter
+from modelmeter import (
+    ActivationCountAnalysis,
+    Args,
+    FlopCountAnalysis,
+    OpEvent,
+    TensorMeta,
+    Trace,
+    analyze,
+    flop_count_table,
+)
+from modelmeter.cache import TraceCache, cache_info, clear_cache, parse_size, trace_from_dict, trace_key, trace_to_dict
+from modelmeter.cache.serialize import dumps, loads
+from modelmeter.cli import main
+from modelmeter.engine.inputs import split_inputs
+
+
+@pytest.fixture(autouse=True)
+def cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh cache directory for every test, via the environment (never the user's real cache)."""
+    root = tmp_path / "modelmeter-cache"
+    monkeypatch.setenv("MODELMETER_CACHE", str(root))
+    monkeypatch.delenv("MODELMETER_CACHE_SIZE", raising=False)
+    return root
+
+
+# --- models and helpers ----------------------------------------------------------------------------------
+class Net(nn.Module):
+    def __init__(self, stride: int = 1, p: float = 0.1, eps: float = 1e-5, channels: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, channels, 3, stride=stride, padding=1)
+        self.bn = nn.BatchNorm2d(channels, eps=eps)
+        self.drop = nn.Dropout(p)
+        self.fc = nn.Linear(channels, 5)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        y = self.drop(torch.relu(self.bn(self.conv(x))))
+        return self.fc(y.mean((2, 3)) * scale)
+
+
+def image(batch: int = 2, size: int = 8, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, dtype=dtype)
+
+
+RUNS: Counter[str] = Counter()
+
+
+def _count_run(module: nn.Module, args: Any) -> None:
+    RUNS[type(module).__name__] += 1
+
+
+def watched(model: nn.Module) -> nn.Module:
+    """``model`` with a forward pre-hook counting its calls in ``RUNS`` (reset here)."""
+    RUNS.clear()
+    model.register_forward_pre_hook(_count_run)
+    return model
+
+
+def runs(model: nn.Module) -> int:
+    return RUNS[type(model).__name__]
+
+
+def key(model: nn.Module, inputs: Any, execution: str = "auto") -> str:
+    args, kwargs = split_inputs(inputs)
+    k = trace_key(model, args, kwargs, execution)
+    assert k is not None
+    return k
+
+
+def entries(root: Path) -> list[Path]:
+    return sorted((root / "traces").glob("*.json.gz"))
+
+
+# --- in-process: one trace for every metric ---------------------------------------------------------------
+def test_analyze_runs_the_model_once_for_every_metric() -> None:
+    model = watched(Net().eval())
+    result = analyze(model, image())
+    assert runs(model) == 1
+    assert result.flops.trace is result.activations.trace is result.trace
+    assert result.flops.total() == FlopCountAnalysis(Net().eval(), image()).total()
+    assert result.activations.total() > 0
+    assert result.parameters[""] == sum(p.numel() for p in model.parameters())
+    report = result.result(name="net")
+    assert report.total("flops") == result.flops.total() and report.total("activations") == result.activations.total()
+    assert "#activations" in result.table()
+    result.flops.set_op_handle("aten::linear", None)  # recomputes from the trace
+    result.activations.ancestor_mode("caller")
+    result.flops.total(), result.activations.by_module()
+    assert runs(model) == 1
+    assert not result.from_cache and result.assumptions() == []
+    assert "flops" in repr(result)
+
+
+def test_flop_count_table_with_activations_runs_the_model_once() -> None:
+    model = watched(Net().eval())
+    x = image()
+    flops, acts = FlopCountAnalysis(model, x), ActivationCountAnalysis(model, x)
+    table = flop_count_table(flops, activations=acts)
+    assert runs(model) == 1
+    assert "#activations" in table and acts.trace is flops.trace
+    flop_count_table(flops, activations=acts, max_depth=1)
+    assert runs(model) == 1
+
+
+def test_analyze_is_exported() -> None:
+    assert modelmeter.analyze is analyze and "analyze" in modelmeter.__all__ and "Analysis" in modelmeter.__all__
+
+
+# --- keys -------------------------------------------------------------------------------------------------
+def _make_class(body: str) -> type[nn.Module]:
+    """A module class named ``Twin`` made by exec: no source file, so only its code objects tell them apart."""
+    namespace: dict[str, Any] = {"nn": nn, "torch": torch}
+    exec(textwrap.dedent(f"""
+        class Twin(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+
+            def forward(self, x):
+                {body}
+        """), namespace)
+    return namespace["Twin"]
+
+
+def test_forward_code_is_keyed_even_without_source() -> None:
+    first, second, again = (_make_class(b) for b in ("return self.fc(x)", "return self.fc(x) * 2",
+                                                      "return self.fc(x)"))
+    assert first.__qualname__ == second.__qualname__ == "Twin"
+    x = torch.randn(1, 4)
+    assert key(first(), x) != key(second(), x)
+    assert key(first(), x) == key(again(), x)  # same code, another class object
+
+
+def _with(model: nn.Module, change: Any) -> nn.Module:
+    change(model)
+    return model
+
+
+BASE_X = image()
+MUTATIONS: dict[str, tuple[Any, Any, str]] = {
+    # name: (model, inputs, execution), each one change away from (Net(), image(), "auto")
+    "parameter shape": (Net(channels=6), BASE_X, "auto"),
+    "parameter dtype": (Net().double(), BASE_X, "auto"),
+    "buffer": (_with(Net(), lambda m: m.register_buffer("extra", torch.zeros(3))), BASE_X, "auto"),
+    "buffer dtype": (_with(Net(), lambda m: setattr(m.bn, "running_mean", m.bn.running_mean.half())), BASE_X, "auto"),
+    "requires_grad": (_with(Net(), lambda m: m.fc.weight.requires_grad_(False)), BASE_X, "auto"),
+    "training flag": (Net().eval(), BASE_X, "auto"),
+    "submodule training flag": (_with(Net(), lambda m: m.drop.eval()), BASE_X, "auto"),
+    "conv stride": (Net(stride=2), BASE_X, "auto"),
+    "dropout p": (Net(p=0.5), BASE_X, "auto"),
+    "eps": (Net(eps=1e-3), BASE_X, "auto"),
+    "meta device": (Net().to("meta"), BASE_X, "auto"),
+    "tied weights": (_with(Net(), lambda m: setattr(m, "head", m.fc)), BASE_X, "auto"),
+    "forward hook": (_with(Net(), lambda m: m.fc.register_forward_hook(lambda *a: None)), BASE_X, "auto"),
+    "instance forward": (_with(Net(), lambda m: setattr(m.drop, "forward", lambda x: x)), BASE_X, "auto"),
+    "input shape": (Net(), image(size=16), "auto"),
+    "input batch": (Net(), image(batch=3), "auto"),
+    "input dtype": (Net(), image(dtype=torch.float64), "auto"),
+    "input requires_grad": (Net(), image().requires_grad_(), "auto"),
+    "input structure": (Net(), Args(x=BASE_X), "auto"),
+    "non-tensor input": (Net(), Args(BASE_X, scale=2.0), "auto"),
+    "non-tensor input value": (Net(), Args(BASE_X, scale=3.0), "auto"),
+    "execution fake": (Net(), BASE_X, "fake"),
+    "execution real": (Net(), BASE_X, "real"),
+}
+
+
+def test_every_change_is_a_miss_and_an_identical_setup_a_hit() -> None:
+    base = key(Net(), BASE_X)
+    assert key(Net(), image()) == base  # a fresh model object and fresh values: the same key
+    keys = {name: key(*setup) for name, setup in MUTATIONS.items()}
+    for name, k in keys.items():
+        assert k != base, f"{name} did not change the key"
+    assert len(set(keys.values())) == len(keys), "two different changes gave one key"
+
+
+def test_run_options_and_versions_are_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = Net(), BASE_X
+    base = key(model, x)
+    with torch.no_grad():
+        assert key(model, x) != base
+    with torch.inference_mode():
+        assert key(model, x) != base
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert key(model, x) != base
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert key(model, x) != base
+    assert key(model, x) == base
+    monkeypatch.setattr(modelmeter, "__version__", "99.0")
+    assert key(model, x) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert key(model, x) != base
+
+
+def test_object_attributes_are_keyed_without_what_varies_between_equal_objects() -> None:
+    class Config:
+        def __init__(self, act: str) -> None:
+            self.act = act
+            self._impl = "sdpa"
+            self._object_hash = id(self)  # where it lives, not what it does: not keyed
+
+    class WithConfig(Net):
+        def __init__(self, config: Config) -> None:
+            super().__init__()
+            self.config = config
+
+    x = BASE_X
+    base = key(WithConfig(Config("relu")), x)
+    assert key(WithConfig(Config("relu")), x) == base
+    assert key(WithConfig(Config("gelu")), x) != base
+    private = Config("relu")
+    private._impl = "eager"
+    assert key(WithConfig(private), x) != base
+
+
+def test_transformers_models_are_keyed_by_their_config() -> None:
+    transformers = pytest.importorskip("transformers")
+
+    def llama(**kwargs: Any) -> nn.Module:
+        config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, vocab_size=64,
+                                          num_attention_heads=4, num_key_value_heads=2, **kwargs)
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    base = key(llama(), ids)
+    assert key(llama(), ids) == base  # GenerationConfig's hash(self) and the like are not keyed
+    assert key(llama(attn_implementation="eager"), ids) != base
+    assert key(llama(rms_norm_eps=1e-3), ids) != base
+    assert key(llama(hidden_act="gelu"), ids) != base
+
+
+def test_real_execution_is_keyed_by_values() -> None:
+    model = Net()
+    x = image()
+    assert key(model, x, "real") == key(model, x.clone(), "real")
+    assert key(model, x, "real") != key(model, x + 1, "real")
+    changed = Net()
+    changed.load_state_dict(model.state_dict())
+    assert key(changed, x, "real") == key(model, x, "real")
+    with torch.no_grad():
+        changed.fc.bias.add_(1)
+    assert key(changed, x, "real") != key(model, x, "real")
+    assert key(model, x, "auto") == key(changed, x + 1, "auto")  # a fake run never reads values
+
+
+# --- the persistent cache ---------------------------------------------------------------------------------
+def test_off_by_default(cache_env: Path) -> None:
+    analyze(Net(), image())
+    FlopCountAnalysis(Net(), image()).total()
+    assert not cache_env.exists() or not entries(cache_env)
+
+
+def test_a_fresh_identical_model_is_served_from_the_cache(cache_env: Path) -> None:
+    first = analyze(watched(Net().eval()), image(), cache=True)
+    assert runs(first.model) == 1 and not first.from_cache
+    assert len(entries(cache_env)) == 1
+    model = watched(Net().eval())
+    second = analyze(model, image(), cache=True)
+    assert runs(model) == 0 and second.from_cache
+    assert second.flops.by_module_and_operator() == first.flops.by_module_and_operator()
+    assert second.activations.by_module_and_operator() == first.activations.by_module_and_operator()
+    assert second.result().to_dict() == first.result().to_dict()
+    third = FlopCountAnalysis(model, image(), cache=True)
+    assert third.total() == first.flops.total() and runs(model) == 0
+    assert third.copy().total() == first.flops.total() and runs(model) == 0
+    changed = watched(Net(stride=2).eval())
+    analyze(changed, image(), cache=True)
+    assert runs(changed) == 1 and len(entries(cache_env)) == 2
+
+
+def test_cache_dir_argument_turns_the_cache_on(tmp_path: Path, cache_env: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    FlopCountAnalysis(watched(Net()), image(), cache_dir=elsewhere).total()
+    assert len(entries(elsewhere)) == 1 and not entries(cache_env)
+    model = watched(Net())
+    assert ActivationCountAnalysis(model, image(), cache_dir=str(elsewhere)).total() > 0
+    assert runs(model) == 0
+    FlopCountAnalysis(Net(), image(), cache=False, cache_dir=elsewhere).total()
+    assert cache_info(elsewhere)["entries"] == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "valid gzip, wrong json", "another key"])
+def test_a_damaged_entry_is_discarded_recomputed_and_rewritten(cache_env: Path, damage: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    expected = analyze(watched(Net()), image(), cache=True).flops.by_module_and_operator()
+    (path,) = entries(cache_env)
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "valid gzip, wrong json":
+        path.write_bytes(gzip.compress(b'{"format": "modelmeter-trace-cache-entry", "trace": [1, 2]}'))
+    else:
+        entry = json.loads(gzip.decompress(data))
+        entry["key"] = "0" * 64
+        path.write_bytes(gzip.compress(json.dumps(entry).encode()))
+    model = watched(Net())
+    with caplog.at_level(logging.WARNING, logger="modelmeter.cache"):
+        again = analyze(model, image(), cache=True)
+    assert runs(model) == 1 and not again.from_cache
+    assert again.flops.by_module_and_operator() == expected
+    assert any("damaged trace cache entry" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert entries(cache_env) == [path]
+    assert path.read_bytes() == data  # rewritten, byte for byte what the first run wrote
+    model = watched(Net())
+    assert analyze(model, image(), cache=True).from_cache and runs(model) == 0
+
+
+def test_an_unusable_cache_never_fails_the_analysis(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with caplog.at_level(logging.WARNING):
+        flops = FlopCountAnalysis(Net(), image(), cache_dir=blocked / "cache")
+        assert flops.total() > 0
+    # a trace value that JSON cannot hold: used, not stored, with a warning
+    cache = TraceCache(tmp_path / "ok")
+    odd = Trace(events=[OpEvent("aten::odd", "dispatch", -1, 0, "forward", [object()], [])], scopes=[()])
+    with caplog.at_level(logging.WARNING, logger="modelmeter.cache"):
+        assert cache.store("a" * 64, odd) is False
+    assert any("Cannot cache this trace" in r.getMessage() for r in caplog.records)
+    assert cache.info()["entries"] == 0
+
+
+def test_runs_that_fell_back_to_real_kernels_are_not_stored(cache_env: Path) -> None:
+    class NeedsValues(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[: int(x.sum().item() > 0) + 1] * 2
+
+    model = watched(NeedsValues())
+    analysis = analyze(model, torch.ones(3, 2), cache=True)
+    assert analysis.trace.execution == "real" and runs(model) >= 1
+    assert not entries(cache_env)
+    model = watched(NeedsValues())
+    assert not analyze(model, torch.ones(3, 2), cache=True).from_cache and runs(model) >= 1
+    real = analyze(watched(NeedsValues()), torch.ones(3, 2), execution="real", cache=True)
+    assert real.trace.execution == "real" and len(entries(cache_env)) == 1  # keyed by values: stored
+    model = watched(NeedsValues())
+    assert analyze(model, torch.ones(3, 2), execution="real", cache=True).from_cache and runs(model) == 0
+    model = watched(NeedsValues())
+    assert not analyze(model, -torch.ones(3, 2), execution="real", cache=True).from_cache and runs(model) == 1
+
+
+def test_least_recently_used_entries_are_evicted(tmp_path: Path) -> None:
+    cache = TraceCache(tmp_path / "lru")
+    traces = {str(c) * 64: FlopCountAnalysis(Net(channels=c), image()).trace for c in (1, 2, 3, 4)}
+    names = list(traces)
+    for i, name in enumerate(names[:3]):
+        assert cache.store(name, traces[name])
+        os.utime(cache.entry_path(name), ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # 1 s apart, oldest first
+    size = max(os.path.getsize(cache.entry_path(n)) for n in names[:3])
+    assert cache.load(names[0]) is not None  # a hit makes the oldest the most recently used
+    cache.size_limit = 3 * size + size // 2  # room for three entries
+    assert cache.store(names[3], traces[names[3]])
+    assert cache.load(names[1]) is None  # the least recently used went
+    assert all(cache.load(n) is not None for n in (names[0], names[2], names[3]))
+    assert cache.info()["entries"] == 3 and cache.info()["bytes"] <= cache.size_limit
+    cache.size_limit = 0
+    assert cache.evict() == 3 and cache.info()["entries"] == 0
+    assert cache.store(names[0], traces[names[0]]) is False  # nothing is kept under a limit of 0
+
+
+def test_size_limit_from_the_environment(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    assert cache_info()["limit"] == 1 << 30
+    monkeypatch.setenv("MODELMETER_CACHE_SIZE", "200M")
+    assert cache_info()["limit"] == 200 << 20
+    monkeypatch.setenv("MODELMETER_CACHE_SIZE", "nonsense")
+    with caplog.at_level(logging.WARNING, logger="modelmeter.cache"):
+        assert cache_info()["limit"] == 1 << 30
+    assert "MODELMETER_CACHE_SIZE" in caplog.text
+    assert [parse_size(v) for v in (0, "1024", "64k", "1.5GiB", "2 MB")] == [0, 1024, 65536, 3 << 29, 2 << 20]
+    with pytest.raises(ValueError):
+        parse_size("-1")
+    assert TraceCache(size_limit="1K").size_limit == 1024
+
+
+def test_cache_info_and_clear(cache_env: Path) -> None:
+    assert cache_info() == {"path": str(cache_env / "traces"), "entries": 0, "bytes": 0, "limit": 1 << 30}
+    analyze(Net(), image(), cache=True)
+    analyze(Net(p=0.2), image(), cache=True)
+    info = cache_info()
+    assert info["entries"] == 2 and info["bytes"] == sum(p.stat().st_size for p in entries(cache_env))
+    assert clear_cache() == 2
+    assert cache_info()["entries"] == 0 and clear_cache() == 0
+    assert not [p for p in (cache_env / "traces").iterdir()]  # no lock or temporary files left either
+
+
+CONCURRENT = """
+import json, os, sys, time
+import torch
+from torch import nn
+import modelmeter
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        time.sleep(0.5)  # keep the others waiting on the lock
+        return self.fc(x).relu()
+
+ready = sys.argv[1]
+open(os.path.join(ready, str(os.getpid())), "w").close()
+deadline = time.time() + 60
+while len(os.listdir(ready)) < int(sys.argv[2]) and time.time() < deadline:
+    time.sleep(0.01)
+a = modelmeter.analyze(Slow(), torch.randn(2, 16), cache=True)
+print(json.dumps({"flops": a.flops.total(), "acts": a.activations.total(), "cached": a.from_cache}))
+"""
+
+
+def test_concurrent_processes_share_one_entry(tmp_path: Path, cache_env: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(CONCURRENT)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    n = 4
+    env = {**os.environ, "MODELMETER_CACHE": str(cache_env)}
+    procs = [subprocess.Popen([sys.executable, str(script), str(ready), str(n)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({(o["flops"], o["acts"]) for o in outputs}) == 1
+    assert outputs[0]["flops"] == 2 * 16 * 16
+    assert sum(not o["cached"] for o in outputs) == 1  # one process ran the model; the others waited and read
+    assert len(entries(cache_env)) == 1
+    assert [p.name for p in (cache_env / "traces").iterdir() if p.name.startswith(".tmp")] == []
+
+
+# --- serialization ----------------------------------------------------------------------------------------
+def exact(a: Any, b: Any) -> bool:
+    """Equal values of identical types all the way down (NaN equals NaN, -0.0 differs from 0.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, complex):
+        return exact(a.real, b.real) and exact(a.imag, b.imag)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(exact(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(exact(a[k], b[k]) for k in a)
+    if isinstance(a, (Trace, OpEvent, TensorMeta)):
+        return all(exact(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return bool(a == b)
+
+
+def round_trip(trace: Trace) -> Trace:
+    data = trace_to_dict(trace)
+    text = json.dumps(data, allow_nan=False)  # plain JSON, nothing Python-specific
+    back = trace_from_dict(json.loads(text))
+    assert exact(loads(dumps(trace)), back) and exact(loads(dumps(trace, compress=False)), back)
+    return back
+
+
+metas = st.builds(TensorMeta, st.lists(st.integers(0, 2**40), max_size=5).map(tuple),
+                  st.sampled_from(["float32", "bfloat16", "int64", "complex64", "bool"]),
+                  st.sampled_from(["cpu", "meta", "cuda:0"]))
+scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+           | st.complex_numbers(allow_nan=True, allow_infinity=True) | st.text(max_size=8) | metas)
+values = st.recursive(
+    scalars,
+    lambda inner: (st.lists(inner, max_size=4) | st.lists(inner, max_size=4).map(tuple)
+                   | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=3)
+                   | st.frozensets(st.text(max_size=4), max_size=3)),
+    max_leaves=12,
+)
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> Trace:
+    scopes = [(), *draw(st.lists(st.lists(st.text(max_size=6), min_size=1, max_size=3).map(tuple), max_size=3))]
+    events = []
+    for i in range(draw(st.integers(0, 6))):
+        events.append(OpEvent(
+            op=draw(st.text(max_size=12)), level=draw(st.sampled_from(["function", "dispatch"])),
+            parent=draw(st.integers(-1, i - 1)), scope=draw(st.integers(0, len(scopes) - 1)),
+            phase=draw(st.sampled_from(["forward", "backward"])),
+            inputs=draw(st.lists(values, max_size=4)), outputs=draw(st.lists(values, max_size=3)),
+            kwargs=draw(st.dictionaries(st.text(max_size=6), values, max_size=3))))
+    return Trace(events=events, scopes=scopes, called=draw(st.sets(st.text(max_size=6), max_size=4)),
+                 assumptions=draw(st.lists(st.text(max_size=20), max_size=2)),
+                 execution=draw(st.sampled_from(["fake", "real"])), inputs=draw(st.lists(metas, max_size=3)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces())
+def test_serialization_round_trip_is_exact(trace: Trace) -> None:
+    assert exact(round_trip(trace), trace)
+
+
+def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
+    with pytest.raises(TypeError):
+        trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [torch.zeros(1)], [])], scopes=[()]))
+    good = trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [1], [])], scopes=[()]))
+    for broken in (
+        {**good, "version": 999},
+        {**good, "format": "pickle"},
+        {**good, "events": [["x", "dispatch", 5, 0, "forward", [], [], {"$d": []}]]},  # parent after itself
+        {**good, "events": [["x", "sideways", -1, 0, "forward", [], [], {"$d": []}]]},
+        {**good, "events": [["x", "dispatch", -1, 0, "forward", [{"$py/object": "os.system"}], [], {"$d": []}]]},
+        {**good, "fields": {**good["fields"], "scopes": [["not a tuple"]]}},
+        [1, 2, 3],
+    ):
+        with pytest.raises(ValueError):
+            trace_from_dict(broken)
+    with pytest.raises(ValueError):
+        loads(b"\x1f\x8b garbage")
+    text = json.dumps(good)
+    for bad in ('{"$py/object": "os.system"}', '{"$d": [[[1, 2], 3]]}', '{"$m": [{"$t": ["x"]}, "f", "cpu"]}',
+                '{"$f": "1e999"}', '{"$c": [1, 2]}'):
+        with pytest.raises(ValueError):
+            loads(text.replace("[1]", f"[{bad}]").encode())
+    assert loads(text.encode()).events[0].inputs == [1]
+
+
+def transformer_block() -> tuple[nn.Module, torch.Tensor]:
+    block = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True).eval()
+    return block, torch.randn(2, 10, 32)
+
+
+@pytest.mark.parametrize("build", ["resnet18", "transformer block"])
+def test_real_traces_round_trip_to_identical_counts(build: str) -> None:
+    if build == "resnet18":
+        model: nn.Module = torchvision.models.resnet18().eval()
+        x = torch.randn(1, 3, 224, 224)
+    else:
+        model, x = transformer_block()
+    flops = FlopCountAnalysis(model, x)
+    back = round_trip(flops.trace)
+    assert exact(back, flops.trace)
+    for cls in (FlopCountAnalysis, ActivationCountAnalysis):
+        original = cls(model, x, trace=flops.trace)
+        copy = cls(model, x, trace=back)
+        for mode in ("owner", "caller"):
+            original.ancestor_mode(mode), copy.ancestor_mode(mode)
+            assert copy.by_module_and_operator() == original.by_module_and_operator()
+            assert copy.unsupported_ops() == original.unsupported_ops()
+            assert copy.uncalled_modules() == original.uncalled_modules()
+
+
+# --- the command ------------------------------------------------------------------------------------------
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    return out
+
+
+def test_cli_caches_by_default(capsys: pytest.CaptureFixture[str], cache_env: Path) -> None:
+    first = run(capsys, "gpt2_tiny", "--depth", "1")
+    assert "from the cache" not in first.splitlines()[0]
+    assert len(entries(cache_env)) == 1
+    second = run(capsys, "gpt2_tiny", "--depth", "1")
+    assert "(fake run, from the cache," in second.splitlines()[0]
+    assert first.splitlines()[1:] == second.splitlines()[1:]
+    info = json.loads(run(capsys, "cache", "info", "--format", "json"))
+    assert info["entries"] == 1 and info["path"] == str(cache_env / "traces") and info["bytes"] > 0
+    assert "entries:     1" in run(capsys, "cache", "info")
+    assert run(capsys, "cache", "clear").startswith("removed 1 cached trace from")
+    assert json.loads(run(capsys, "cache", "info", "--format", "json"))["entries"] == 0
+
+
+def test_cli_no_cache_and_cache_dir(capsys: pytest.CaptureFixture[str], cache_env: Path, tmp_path: Path) -> None:
+    run(capsys, "gpt2_tiny", "--depth", "0", "--no-cache")
+    assert not cache_env.exists() or not entries(cache_env)
+    other = tmp_path / "other"
+    run(capsys, "gpt2_tiny", "--depth", "0", "--cache-dir", str(other))
+    assert len(entries(other)) == 1 and not entries(cache_env)
+    assert "from the cache" in run(capsys, "gpt2_tiny", "--depth", "0", "--cache-dir", str(other)).splitlines()[0]
+    assert json.loads(run(capsys, "cache", "clear", "--cache-dir", str(other), "--format", "json"))["removed"] == 1
+    assert main(["cache", "wipe"]) == 2
+    assert "usage: modelmeter cache info|clear" in capsys.readouterr().err
