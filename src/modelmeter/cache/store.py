@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from contextlib import suppress
 from typing import Any
 
 from ..engine.trace import Trace
+from ..io.atomic import atomic_write, is_temp_file
 from .serialize import no_gc, parse, trace_from_parsed, trace_to_dict
 
 logger = logging.getLogger("modelmeter.cache")
@@ -31,7 +31,6 @@ DEFAULT_SIZE_LIMIT = 1 << 30  # 1 GiB
 SIZE_ENV = "MODELMETER_CACHE_SIZE"
 SUBDIR = "traces"
 SUFFIX = ".json.gz"
-_TMP_PREFIX = ".tmp-"
 _LOCK_SUFFIX = SUFFIX + ".lock"
 _STALE_SECONDS = 3600.0
 _ENTRY = "modelmeter-trace-cache-entry"
@@ -160,23 +159,11 @@ class TraceCache:
         if len(data) > self.size_limit:
             logger.info("Not caching a %d-byte trace: the cache is limited to %d bytes.", len(data), self.size_limit)
             return False
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=_TMP_PREFIX, suffix=".part")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            tmp = None
-            _fsync_directory(self.path)
+            atomic_write(path, lambda f: f.write(data))
         except OSError as exc:
             logger.warning("Cannot write the trace cache entry %s (%s); continuing without it.", path, exc)
             return False
-        finally:
-            if tmp is not None:
-                with suppress(OSError):
-                    os.remove(tmp)
         self.evict()
         return True
 
@@ -233,7 +220,7 @@ class TraceCache:
         try:
             with os.scandir(self.path) as listing:
                 for item in listing:
-                    leftover = item.name.startswith(_TMP_PREFIX) or (
+                    leftover = is_temp_file(item.name) or (
                         item.name.endswith(_LOCK_SUFFIX) and not os.path.exists(item.path[:-len(".lock")]))
                     if not leftover:
                         continue
@@ -242,20 +229,6 @@ class TraceCache:
                             os.remove(item.path)
         except FileNotFoundError:
             pass
-
-
-def _fsync_directory(path: str) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _encode_entry(key: str, trace: Trace) -> bytes:

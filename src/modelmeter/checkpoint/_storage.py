@@ -1,4 +1,4 @@
-"""Files: atomic writes, safe ``torch.load``, the safetensors half of a checkpoint, stale temp files."""
+"""Files: safe ``torch.load`` and the safetensors half of a checkpoint (atomic writes live in ``modelmeter.io``)."""
 
 from __future__ import annotations
 
@@ -7,100 +7,19 @@ import functools
 import json
 import os
 import pickle
-import socket
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
 from .errors import CheckpointError
 
 __all__ = [
-    "atomic_write",
-    "fsync_dir",
     "load_safetensors",
-    "remove_stale_temp_files",
     "safe_globals",
     "safetensors_bytes",
     "torch_load",
 ]
-
-_TMP_SUFFIX = ".tmp"
-
-
-def _host() -> str:
-    return socket.gethostname().replace(".", "-") or "host"
-
-
-def _temp_path(path: str) -> str:
-    directory, base = os.path.split(path)
-    return os.path.join(directory, f".{base}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
-
-
-def fsync_dir(directory: str) -> None:
-    """Make a rename inside ``directory`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write: Callable[[IO[bytes]], object]) -> None:
-    """Write ``path`` so that it is either the old file or the complete new one, whatever happens.
-
-    The data goes to a temporary file in the same directory, is flushed and fsync'ed, then renamed over
-    ``path`` with ``os.replace``; the directory is fsync'ed so the rename survives a crash.
-    """
-    tmp = _temp_path(path)
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(path))
-
-
-def remove_stale_temp_files(directory: str) -> None:
-    """Remove temp files that a killed writer on this host left behind (their process no longer exists)."""
-    host = _host()
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
-            continue
-        parts = name[: -len(_TMP_SUFFIX)].rsplit(".", 3)
-        if len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
-            continue
-        pid = int(parts[2])
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        with contextlib.suppress(OSError):
-            os.remove(os.path.join(directory, name))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
 
 @functools.lru_cache(maxsize=1)
 def _numpy_globals() -> tuple[Any, ...]:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ..io.atomic import atomic_write, fsync_dir, remove_stale_temp_files
 from ._keys import (
     clean_key_map,
     filter_reused_missing_keys,
@@ -31,14 +32,7 @@ from ._keys import (
     unwrap_model,
     unwrap_state_dict,
 )
-from ._storage import (
-    atomic_write,
-    fsync_dir,
-    load_safetensors,
-    remove_stale_temp_files,
-    safetensors_bytes,
-    torch_load,
-)
+from ._storage import load_safetensors, safetensors_bytes, torch_load
 from .errors import CheckpointError
 
 __all__ = ["Checkpointer", "PeriodicCheckpointer"]

@@ -18,6 +18,7 @@ from typing import IO, Any, ClassVar, TextIO
 from tqdm import tqdm
 
 from ..errors import ModelMeterError
+from .atomic import fsync_dir
 from .cache_dir import file_lock, get_cache_dir
 from .handlers import PathHandler, PathType, check_open_kwargs
 
@@ -128,17 +129,6 @@ def _quote_url(url: str) -> str:
     return urllib.parse.quote(url, safe=":/?#[]@!$&'()*+,;=%~")
 
 
-def _fsync_dir(directory: str) -> None:
-    if os.name != "posix":
-        return
-    with suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, progress_over: int = 1 << 20) -> None:
     """Download ``url`` to ``dst`` atomically: a temporary file beside ``dst``, fsync, ``os.replace``.
 
@@ -189,7 +179,7 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
                 url, f"received {received} bytes but Content-Length is {expected} (connection closed early?)"
             )
         os.replace(tmp, dst)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except BaseException:
         with suppress(OSError):
             os.unlink(tmp)
