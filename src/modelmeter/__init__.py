@@ -1,5 +1,11 @@
 """modelmeter: what a PyTorch model costs — FLOPs, activations and parameters, by module and operator."""
 
+import warnings
+
+with warnings.catch_warnings():  # numpy is optional; torch's CPU wheel warns on import without it
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch  # noqa: F401
+
 from .analysis import (
     ActivationCountAnalysis,
     Analysis,

@@ -16,6 +16,12 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedFakeTensorException,
+)
 
 from ..errors import ModelRunError
 from .inputs import map_tensors, tensors_in
@@ -23,15 +29,6 @@ from .metadata import describe
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
 from .trace import Trace
-
-with warnings.catch_warnings():  # numpy is optional: torch's CPU wheel warns on import without it
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        FakeTensorMode,
-        UnsupportedFakeTensorException,
-    )
 
 Execution = Literal["auto", "fake", "real"]
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
