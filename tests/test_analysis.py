@@ -447,3 +447,23 @@ def test_distributed_data_parallel_root_and_module_get_the_full_count(tmp_path: 
         assert "forward" not in vars(model)
     finally:
         dist.destroy_process_group()
+
+
+def test_analyze_shares_one_run_and_quiet_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    class Pool(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.max_pool2d(x, 2)
+
+    from modelmeter import analyze
+
+    with caplog.at_level(logging.WARNING, logger="modelmeter"):
+        loud = analyze(Pool(), torch.randn(1, 1, 4, 4))
+        loud.result()
+    assert any("aten::max_pool2d" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modelmeter"):
+        quiet = analyze(Pool(), torch.randn(1, 1, 4, 4), quiet=True)
+        result = quiet.result()
+    assert caplog.records == []
+    assert result.unsupported == {"aten::max_pool2d": 1}  # still reported, just not logged
+    assert quiet.activations.trace is quiet.flops.trace

@@ -282,14 +282,18 @@ class Analysis:
     ``flops`` and ``activations`` are the fvcore-compatible analyses, sharing the trace; ``parameters`` is
     :func:`parameter_count`; ``result()`` collects them into a :class:`~modelmeter.Result`; ``table()`` is
     fvcore's ``flop_count_table`` with both columns. Handles and modes of each analysis can be changed as
-    usual: they recompute from the trace.
+    usual: they recompute from the trace. ``quiet=True`` logs no unsupported operators or uncalled modules
+    and hides warnings the model raises while it runs (the command's choice: it reports them itself).
     """
 
     def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
-                 cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 quiet: bool = False) -> None:
         self.model = model
         self.inputs = inputs
         self.flops = FlopCountAnalysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir)
+        if quiet:
+            self.flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
         trace = self.flops.trace
         self.activations = ActivationCountAnalysis(model, inputs, execution=execution, trace=trace)
         # Activation handles count only a few operators, and uncalled modules are the flops' to report.
@@ -337,7 +341,7 @@ class Analysis:
 
 
 def analyze(model: nn.Module, inputs: Any, *, execution: Execution = "auto", cache: bool | TraceCache | None = None,
-            cache_dir: str | os.PathLike[str] | None = None) -> Analysis:
+            cache_dir: str | os.PathLike[str] | None = None, quiet: bool = False) -> Analysis:
     """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
 
     Example::
@@ -347,6 +351,7 @@ def analyze(model: nn.Module, inputs: Any, *, execution: Execution = "auto", cac
 
     ``execution``: ``"auto"``, ``"fake"`` or ``"real"`` as for :class:`FlopCountAnalysis`. ``cache=True``
     keeps the trace on disk (in ``get_cache_dir(cache_dir)/traces``; a ``cache_dir`` alone turns it on too);
-    off by default. The model runs when ``analyze`` is called, so a failure surfaces here.
+    off by default. The model runs when ``analyze`` is called, so a failure surfaces here. ``quiet=True``
+    keeps the log and the model's own warnings silent.
     """
-    return Analysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir)
+    return Analysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet)

@@ -29,9 +29,9 @@ import torch
 from .cache.store import SIZE_ENV
 from .engine.tracer import Execution
 from .errors import ModelMeterError
-from .models import LoadedModel, ModelSpecError, load_model
+from .models import LoadedModel, ModelSpecError, load_model, one_line
 from .reports.render import FORMATS, format_size, render
-from .reports.result import Result, build_result
+from .reports.result import Result
 
 DTYPES = ("float32", "float16", "bfloat16")
 CONVENTIONS = ("fvcore",)
@@ -164,7 +164,7 @@ class Job:
 def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
     """Build and run the model once (or read its trace from the cache); the structured Result (flops and
     activations), the model, seconds, and whether the trace came from the cache."""
-    from .analysis import ActivationCountAnalysis, FlopCountAnalysis
+    from .analysis import analyze
 
     device = "cpu" if job.execution == "real" else "meta"
     loaded = load_model(job.spec, job.overrides, device=device, resolution=job.resolution)
@@ -176,16 +176,13 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
         inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype)
     start = time.perf_counter()
     try:
-        flops = FlopCountAnalysis(loaded.model, inputs, execution=job.execution, cache=job.cache,
-                                  cache_dir=job.cache_dir if job.cache else None)
+        analysis = analyze(loaded.model, inputs, execution=job.execution, cache=job.cache,
+                           cache_dir=job.cache_dir if job.cache else None, quiet=True)
     except TypeError as exc:  # the inputs do not fit the model's forward()
         raise ModelSpecError(str(exc)) from None
-    flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
-    acts = ActivationCountAnalysis(loaded.model, inputs, execution=job.execution, trace=flops.trace)
-    acts.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    result = build_result(loaded.model, {"flops": flops, "activations": acts}, name=loaded.name)
+    result = analysis.result(name=loaded.name)
     result.assumptions = [*loaded.notes, *result.assumptions]
-    return result, loaded, time.perf_counter() - start, flops._trace_was_cached
+    return result, loaded, time.perf_counter() - start, analysis.from_cache
 
 
 def sweep_point(job: Job) -> dict[str, Any]:
@@ -194,9 +191,9 @@ def sweep_point(job: Job) -> dict[str, Any]:
     try:
         result, _, seconds, _ = analyse(job)
     except ModelSpecError as exc:
-        return {"error": _one_line(exc), "code": 2}
+        return {"error": one_line(exc), "code": 2}
     except ModelMeterError as exc:
-        return {"error": _one_line(exc), "code": 1}
+        return {"error": one_line(exc), "code": 1}
     return {"params": result.root.params, "flops": result.total("flops"),
             "activations": result.total("activations"), "seconds": seconds, "execution": result.execution}
 
@@ -428,12 +425,8 @@ def _emit(text: str, output: str | None) -> None:
     print(f"modelmeter: wrote {output}", file=sys.stderr)
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def _error(exc: BaseException) -> None:
-    print(f"modelmeter: {_one_line(exc)}", file=sys.stderr)
+    print(f"modelmeter: {one_line(exc)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -255,10 +255,11 @@ def _building(what: str) -> Iterator[None]:
     except ModelMeterError:
         raise
     except Exception as exc:
-        raise ModelLoadError(f"could not build {what}: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"could not build {what}: {type(exc).__name__}: {one_line(exc)}") from exc
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line, at most 300 characters (for the command's error output)."""
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."
 
@@ -328,7 +329,7 @@ def _load_timm(name: str, kwargs: dict[str, Any], device: torch.device, resoluti
                 raise
             model = _build(lambda **kw: timm.create_model(name, **kw), kwargs, torch.device("cpu"), "img_size",
                            resolution)
-            notes.append(f"built on cpu: building on meta failed ({type(exc).__name__}: {_one_line(exc)})")
+            notes.append(f"built on cpu: building on meta failed ({type(exc).__name__}: {one_line(exc)})")
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
     size = tuple(cfg.get("input_size") or _DEFAULT_IMAGE)
     shown = {k: v for k, v in kwargs.items() if k != "pretrained"}
@@ -468,9 +469,9 @@ def _import_module(target: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (target == exc.name or target.startswith(exc.name + ".")):
             raise ModelSpecError(f"no module named {target!r} (nor a file: write path/file.py:factory)") from None
-        raise ModelLoadError(f"could not import {target}: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"could not import {target}: {type(exc).__name__}: {one_line(exc)}") from exc
     except Exception as exc:
-        raise ModelLoadError(f"could not import {target}: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"could not import {target}: {type(exc).__name__}: {one_line(exc)}") from exc
 
 
 def _display(name: str, kwargs: dict[str, Any]) -> str:
