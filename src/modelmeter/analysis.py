@@ -12,10 +12,11 @@ from torch import nn
 
 from .engine.inputs import check_inputs, split_inputs
 from .engine.naming import ModuleNames
-from .engine.trace import Trace
-from .engine.tracer import Execution, record_trace
+from .engine.trace import PHASES, Phase, Trace
+from .engine.tracer import Execution, LossFn, record_trace
 from .handles.base import CountInside, Handle
-from .handles.fvcore import ACTIVATION_HANDLES, FLOP_HANDLES
+from .handles.conventions import get_convention
+from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import AncestorMode, Statistics, count
 from .metrics.parameters import parameter_count
 
@@ -41,24 +42,36 @@ class ModelAnalysis:
     ``cache=True`` (or a ``cache_dir``, or a :class:`modelmeter.cache.TraceCache`) keeps the trace on disk
     under ``get_cache_dir(cache_dir)/traces``, keyed by a fingerprint of the model, the inputs and the run
     options, and reads it from there next time instead of running the model (docs/caching.md). Off by default.
+
+    ``backward=True`` runs the backward pass too: the gradients of ``loss_fn(output)`` (default: the sum
+    of the output's floating-point tensors) with respect to the parameters and inputs that require grad.
+    Backward operators count toward the module whose forward made them; :meth:`by_phase` splits the totals.
     """
 
     _default_handles: ClassVar[dict[str, Handle | CountInside]] = {}
+    # The phases this metric counts: every phase by default.
+    _phases: ClassVar[tuple[Phase, ...]] = PHASES
 
     def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
                  trace: Trace | None = None, cache: bool | TraceCache | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
+                 loss_fn: LossFn | None = None) -> None:
         args, kwargs = split_inputs(inputs)
         check_inputs(model, args, kwargs)
+        if loss_fn is not None and not backward:
+            raise ValueError("loss_fn is only used for the backward pass: pass backward=True with it")
         self._model = model
         self._inputs = inputs
         self._args, self._kwargs = args, kwargs
         self._execution: Execution = execution
+        self._backward = backward
+        self._loss_fn = loss_fn
         self._cache = cache
         self._cache_dir = cache_dir
         self._trace_was_cached = False
         self._names = ModuleNames(model)
         self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)
+        self._elementwise: Handle | None = None
         self._trace: Trace | None = trace
         self._stats: Statistics | None = None
         self._ancestor_mode: AncestorMode = "owner"
@@ -76,13 +89,49 @@ class ModelAnalysis:
         """Counts of one module by operator (a copy)."""
         return Counter(self._analyze().counts[self.canonical_module_name(module_name)])
 
-    def by_module_and_operator(self) -> dict[str, Counter[str]]:
-        """Counts by canonical module name, then by operator (copies)."""
-        return {name: Counter(c) for name, c in self._analyze().counts.items()}
+    def by_module_and_operator(self, phase: str | None = None) -> dict[str, Counter[str]]:
+        """Counts by canonical module name, then by operator (copies); of one phase only when ``phase`` is
+        given (``"forward"``, ``"backward"``, ``"recompute"``)."""
+        stats = self._analyze()
+        if phase is None:
+            return {name: Counter(c) for name, c in stats.counts.items()}
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
+        table = stats.by_phase.get(phase, {})
+        return {name: Counter(table.get(name, Counter())) for name in stats.counts}
+
+    def phases(self) -> list[str]:
+        """The phases this analysis counts that the recorded run has events of, in run order."""
+        present = {event.phase for event in self.trace.events}
+        return [phase for phase in self._phases if phase in present]
 
     def by_module(self) -> Counter[str]:
         """Total count of every canonical module name, in model order."""
         return Counter({name: sum(c.values()) for name, c in self._analyze().counts.items()})
+
+    def by_phase(self, module_name: str = "") -> dict[str, int]:
+        """The count of ``module_name`` split by phase: ``{"forward": n, "backward": n}`` (backward is 0
+        unless the analysis ran it), plus ``"recompute"`` — forward work re-run during the backward pass by
+        activation checkpointing — when there was any. The values add up to :meth:`total`."""
+        stats = self._analyze()
+        module = self.canonical_module_name(module_name)
+        out = {phase: sum(stats.by_phase.get(phase, {}).get(module, Counter()).values())
+               for phase in ("forward", "backward")}
+        recompute = stats.by_phase.get("recompute", {})
+        if any(recompute.values()):
+            out["recompute"] = sum(recompute.get(module, Counter()).values())
+        return out
+
+    def by_phase_and_operator(self, module_name: str = "") -> dict[str, Counter[str]]:
+        """Counts of one module by phase, then by operator (copies)."""
+        stats = self._analyze()
+        module = self.canonical_module_name(module_name)
+        return {phase: Counter(table.get(module, Counter())) for phase, table in stats.by_phase.items()}
+
+    def by_dtype(self, module_name: str = "") -> Counter[str]:
+        """The count of ``module_name`` by the dtype the work was done in (``"float32"``, ``"bfloat16"``, ...;
+        the dtype of an operator's first floating-point input), e.g. to compute model FLOPs utilisation."""
+        return Counter(self._analyze().dtypes.get(self.canonical_module_name(module_name), Counter()))
 
     def unsupported_ops(self, module_name: str = "") -> Counter[str]:
         """Operators no handle counted, with how often each ran inside ``module_name``."""
@@ -113,7 +162,8 @@ class ModelAnalysis:
 
     def _load_or_record(self) -> Trace:
         def record() -> Trace:
-            return record_trace(self._model, self._args, self._kwargs, self._names, self._execution)
+            return record_trace(self._model, self._args, self._kwargs, self._names, self._execution,
+                                backward=self._backward, loss_fn=self._loss_fn)
 
         store = self._trace_cache()
         if store is None:
@@ -121,7 +171,8 @@ class ModelAnalysis:
         from .cache import cached_trace
 
         trace, self._trace_was_cached = cached_trace(store, self._model, self._args, self._kwargs,
-                                                     self._execution, record)
+                                                     self._execution, record, backward=self._backward,
+                                                     loss_fn=self._loss_fn)
         return trace
 
     def _trace_cache(self) -> TraceCache | None:
@@ -158,8 +209,10 @@ class ModelAnalysis:
         return self
 
     def clear_op_handles(self: T) -> T:
-        """Remove every handle: afterwards every formerly counted operator is reported unsupported."""
+        """Remove every handle: afterwards every formerly counted operator is reported unsupported
+        (element-wise operators become free)."""
         self._op_handles = {}
+        self._elementwise = None
         self._stats = None
         return self
 
@@ -196,11 +249,14 @@ class ModelAnalysis:
         model = self._model if new_model is None else new_model
         inputs = self._inputs if new_inputs is None else new_inputs
         other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
         same = new_model is None and new_inputs is None
         ModelAnalysis.__init__(other, model, inputs, execution=self._execution, trace=self._trace if same else None,
-                               cache=self._cache, cache_dir=self._cache_dir)
+                               cache=self._cache, cache_dir=self._cache_dir, backward=self._backward,
+                               loss_fn=self._loss_fn)
         other._trace_was_cached = self._trace_was_cached and same
         other._op_handles = dict(self._op_handles)
+        other._elementwise = self._elementwise
         other._ancestor_mode = self._ancestor_mode
         other._warn_unsupported = self._warn_unsupported
         other._warn_uncalled = self._warn_uncalled
@@ -210,7 +266,8 @@ class ModelAnalysis:
     # internals -------------------------------------------------------------------------------
     def _analyze(self) -> Statistics:
         if self._stats is None:
-            self._stats = count(self.trace, self._names, self._op_handles, self._ancestor_mode)
+            self._stats = count(self.trace, self._names, self._op_handles, self._ancestor_mode,
+                                elementwise=self._elementwise, phases=self._phases)
             self._warn(self._stats)
         return self._stats
 
@@ -237,21 +294,49 @@ JitModelAnalysis = ModelAnalysis
 
 
 class FlopCountAnalysis(ModelAnalysis):
-    """FLOPs in the fvcore convention: one fused multiply-add is one flop.
+    """FLOPs under a counting ``convention`` (docs/handles.md has every operator's formula under each):
+
+    - ``"fvcore"`` (default): one fused multiply-add is one flop, element-wise operators are free — fvcore's
+      numbers;
+    - ``"macs"``: multiply-adds of matrix products, convolutions and attention only (torchvision's "GFLOPS");
+    - ``"flops"``: real floating-point operations — a multiply-add is two, plus the documented per-element
+      costs of element-wise operators, norms, softmax, pooling and bias adds.
+
+    Masked attention (``is_causal``, causal or sliding-window masks whose values are known) counts only the
+    attended (query, key) pairs; ``dense_attention=True`` counts every pair. ``backward=True`` adds the
+    backward pass (see :class:`ModelAnalysis`).
 
     Example::
 
         flops = FlopCountAnalysis(model, torch.randn(1, 3, 224, 224))
         flops.total(); flops.by_module(); flops.by_operator("layer1")
+        FlopCountAnalysis(model, x, convention="flops", backward=True).by_phase()
     """
 
-    _default_handles = FLOP_HANDLES
+    def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
+                 execution: Execution = "auto", trace: Trace | None = None, cache: bool | TraceCache | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
+                 loss_fn: LossFn | None = None) -> None:
+        chosen = get_convention(convention, dense_attention=dense_attention)
+        super().__init__(model, inputs, execution=execution, trace=trace, cache=cache, cache_dir=cache_dir,
+                         backward=backward, loss_fn=loss_fn)
+        self._convention = chosen.name
+        self._dense_attention = dense_attention
+        self._op_handles = dict(chosen.handles)
+        self._elementwise = chosen.elementwise
+
+    @property
+    def convention(self) -> str:
+        """The counting convention: ``"fvcore"``, ``"macs"`` or ``"flops"``."""
+        return self._convention
 
 
 class ActivationCountAnalysis(ModelAnalysis):
-    """Activations in fvcore's sense: elements of the first output of conv, linear and matrix products."""
+    """Activations in fvcore's sense: elements of the first output of conv, linear and matrix products,
+    in the forward pass (a backward pass, when run, is not counted: its outputs are gradients)."""
 
     _default_handles = ACTIVATION_HANDLES
+    _phases: ClassVar[tuple[Phase, ...]] = ("forward",)
 
 
 def _per_operator(analysis: ModelAnalysis, supported_ops: dict[str, Handle | None] | None, scale: float
@@ -286,12 +371,15 @@ class Analysis:
     and hides warnings the model raises while it runs (the command's choice: it reports them itself).
     """
 
-    def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
+    def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
+                 backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
                  cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  quiet: bool = False) -> None:
         self.model = model
         self.inputs = inputs
-        self.flops = FlopCountAnalysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir)
+        self.flops = FlopCountAnalysis(model, inputs, convention=convention, dense_attention=dense_attention,
+                                       backward=backward, loss_fn=loss_fn, execution=execution, cache=cache,
+                                       cache_dir=cache_dir)
         if quiet:
             self.flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
         trace = self.flops.trace
@@ -340,8 +428,10 @@ class Analysis:
                 f"{self.activations.total()} activations, {self.parameters['']} parameters)")
 
 
-def analyze(model: nn.Module, inputs: Any, *, execution: Execution = "auto", cache: bool | TraceCache | None = None,
-            cache_dir: str | os.PathLike[str] | None = None, quiet: bool = False) -> Analysis:
+def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
+            backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
+            cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
+            quiet: bool = False) -> Analysis:
     """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
 
     Example::
@@ -349,9 +439,11 @@ def analyze(model: nn.Module, inputs: Any, *, execution: Execution = "auto", cac
         a = modelmeter.analyze(model, torch.randn(1, 3, 224, 224), cache=True)
         a.flops.total(); a.activations.by_module(); a.parameters[""]; a.result(); print(a.table())
 
-    ``execution``: ``"auto"``, ``"fake"`` or ``"real"`` as for :class:`FlopCountAnalysis`. ``cache=True``
+    ``convention``, ``dense_attention``, ``backward`` and ``loss_fn`` choose what the FLOPs count, as for
+    :class:`FlopCountAnalysis`; ``execution``: ``"auto"``, ``"fake"`` or ``"real"``. ``cache=True``
     keeps the trace on disk (in ``get_cache_dir(cache_dir)/traces``; a ``cache_dir`` alone turns it on too);
     off by default. The model runs when ``analyze`` is called, so a failure surfaces here. ``quiet=True``
     keeps the log and the model's own warnings silent.
     """
-    return Analysis(model, inputs, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet)
+    return Analysis(model, inputs, convention=convention, dense_attention=dense_attention, backward=backward,
+                    loss_fn=loss_fn, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet)

@@ -29,12 +29,12 @@ import torch
 from .cache.store import SIZE_ENV
 from .engine.tracer import Execution
 from .errors import ModelMeterError
+from .handles.conventions import CONVENTIONS
 from .models import LoadedModel, ModelSpecError, load_model, one_line
 from .reports.render import FORMATS, format_size, render
 from .reports.result import Result
 
 DTYPES = ("float32", "float16", "bfloat16")
-CONVENTIONS = ("fvcore",)
 SWEEP_AXES = {"resolution": "resolution", "batch": "batch", "seq-len": "seq_len", "seq_len": "seq_len"}
 _INPUT_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
                  "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
@@ -128,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--execution", choices=("auto", "fake", "real"), default="auto",
                      help="fake tensors (auto: fake, real kernels only if the model needs values) or real kernels")
     run.add_argument("--convention", choices=CONVENTIONS, default="fvcore",
-                     help="counting convention (fvcore: one multiply-add is one flop)")
+                     help="counting convention: fvcore (default: one multiply-add is one flop, element-wise free), "
+                          "macs (matrix/conv/attention multiply-adds only) or flops (real floating-point operations)")
+    run.add_argument("--backward", action="store_true",
+                     help="also run the backward pass (loss = sum of the outputs): forward and backward columns")
+    run.add_argument("--dense-attention", action="store_true",
+                     help="count masked (causal, sliding-window) attention as dense")
     run.add_argument("--sweep", type=_sweep, metavar="AXIS=V1,V2,...",
                      help="one row per value: resolution=224,288,384, batch=1,8,64 or seq-len=128,512")
     run.add_argument("--jobs", type=_positive, metavar="N",
@@ -157,6 +162,9 @@ class Job:
     seq_len: int | None = None
     dtype: torch.dtype | None = None
     execution: Execution = "auto"
+    convention: str = "fvcore"
+    backward: bool = False
+    dense_attention: bool = False
     cache: bool = True
     cache_dir: str | None = None
 
@@ -176,7 +184,8 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
         inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype)
     start = time.perf_counter()
     try:
-        analysis = analyze(loaded.model, inputs, execution=job.execution, cache=job.cache,
+        analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
+                           backward=job.backward, execution=job.execution, cache=job.cache,
                            cache_dir=job.cache_dir if job.cache else None, quiet=True)
     except TypeError as exc:  # the inputs do not fit the model's forward()
         raise ModelSpecError(str(exc)) from None
@@ -232,6 +241,7 @@ def _job(args: argparse.Namespace) -> Job:
                              f"--{args.sweep[0].replace('_', '-')} both set; keep one")
     return Job(spec=args.model, overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
+               convention=args.convention, backward=args.backward, dense_attention=args.dense_attention,
                cache=args.cache, cache_dir=args.cache_dir, **given)
 
 
@@ -241,7 +251,9 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     if args.format in ("table", "tree"):
         inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
         source = ", from the cache" if cached else ""
-        text = f"{result.model} on input {inputs} ({result.execution} run{source}, {seconds:.2f} s)\n{text}"
+        passes = "forward + backward" if job.backward else "forward"
+        text = (f"{result.model} on input {inputs}: {passes}, {result.convention} convention "
+                f"({result.execution} run{source}, {seconds:.2f} s)\n{text}")
     _emit(text, args.output)
     return 0
 

@@ -53,7 +53,8 @@ def clear_cache(cache_dir: CacheDir = None) -> int:
 
 
 def cached_trace(cache: TraceCache, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 execution: str, record: Callable[[], Trace]) -> tuple[Trace, bool]:
+                 execution: str, record: Callable[[], Trace], *, backward: bool = False,
+                 loss_fn: Callable[[Any], Any] | None = None) -> tuple[Trace, bool]:
     """The trace of ``model(*args, **kwargs)`` from ``cache``, else ``record()`` (then stored); and whether it hit.
 
     Never fails because of the cache: a model or inputs that cannot be fingerprinted, or a trace that cannot
@@ -61,7 +62,7 @@ def cached_trace(cache: TraceCache, model: nn.Module, args: tuple[Any, ...], kwa
     ``execution="auto"`` may depend on values the key does not cover, so they are not stored.
     """
     try:
-        key = trace_key(model, args, kwargs, execution)
+        key = trace_key(model, args, kwargs, execution, backward=backward, loss_fn=loss_fn)
     except Exception as exc:  # an attribute that cannot be walked, say: the cache is an optimisation
         logger.warning("Cannot fingerprint the model and inputs for the trace cache (%s: %s); running the model.",
                        type(exc).__name__, exc)

@@ -457,8 +457,10 @@ def _versions() -> tuple[Any, ...]:
             _recorder_digest(), torch.__version__, sys.version)
 
 
-def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str) -> str | None:
-    """The cache key (64 hex digits) of running ``model(*args, **kwargs)`` with ``execution``.
+def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str, *,
+              backward: bool = False, loss_fn: Any = None) -> str | None:
+    """The cache key (64 hex digits) of running ``model(*args, **kwargs)`` with ``execution`` (and a backward
+    pass of ``loss_fn``, when ``backward``).
 
     For ``execution="real"`` the values of every tensor (parameters, buffers, tensor attributes, inputs)
     are hashed as well, since real kernels may depend on them; ``None`` when such a run cannot be keyed.
@@ -467,6 +469,8 @@ def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], e
     fp.model(model)
     fp.add("inputs", fp.value((args, kwargs)))
     fp.add("run", _run_options(execution))
+    if backward:
+        fp.add("backward", None if loss_fn is None else fp.value(loss_fn))
     if execution == "real":
         values = fp.values_digest()
         if values is None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..engine.trace import OpEvent, TensorMeta, Trace
+from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
 FORMAT_VERSION = 1
@@ -219,7 +219,7 @@ def _check(trace: Trace) -> None:
         raise ValueError("malformed trace fields")
     for i, ev in enumerate(trace.events):
         if (type(ev.op) is not str or ev.level not in ("function", "dispatch")
-                or ev.phase not in ("forward", "backward")
+                or ev.phase not in PHASES
                 or type(ev.parent) is not int or not -1 <= ev.parent < i
                 or type(ev.scope) is not int or not 0 <= ev.scope < n_scopes
                 or type(ev.inputs) is not list or type(ev.outputs) is not list or type(ev.kwargs) is not dict):

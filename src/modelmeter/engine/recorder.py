@@ -15,6 +15,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .attention_masks import summarize_mask
+from .inputs import tensors_in
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .trace import Level, OpEvent, Phase, Trace
@@ -37,10 +39,14 @@ _DUNDER = {
 }
 
 
+# Calls that run a pass rather than an operator (a re-entrant checkpoint calls backward inside the backward pass).
+_NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
+
+
 def function_op_name(func: Any) -> str | None:
     """The aten-style name of a user-level call, or None for calls that are not operators."""
     name = getattr(func, "__name__", None)
-    if name is None or name in ("__get__", "__set__"):
+    if name is None or name in ("__get__", "__set__") or func in _NOT_OPERATORS:
         return None
     if name.startswith("__") and name.endswith("__"):
         name = _DUNDER.get(name)
@@ -55,19 +61,30 @@ def dispatch_op_name(func: torch._ops.OpOverload) -> str:
 
 
 class Recorder:
-    """Collects :class:`OpEvent` records into a :class:`Trace` while the model runs."""
+    """Collects :class:`OpEvent` records into a :class:`Trace` while the model runs.
 
-    def __init__(self, names: ModuleNames, phase: Phase = "forward") -> None:
+    For a backward pass (``track_autograd``), every autograd node the forward creates is tagged with the
+    module scope of the call that created it; an operator of the backward pass is then attributed to the
+    scope of the node autograd is running. Modules that run during the backward pass (activation
+    checkpointing re-running a block) make their operators ``"recompute"`` events of their own scope.
+    """
+
+    def __init__(self, names: ModuleNames, phase: Phase = "forward", track_autograd: bool = False) -> None:
         self.names = names
         self.trace = Trace()
         self.phase: Phase = phase
+        self.track_autograd = track_autograd
+        self.paused = False
         self._stack: list[str] = []
         self._scope_ids: dict[tuple[str, ...], int] = {}
         self._scope = self._scope_index()
+        self._root_scope = self._scope
         self._open: list[int] = []
+        self._node_scopes: dict[Any, int] = {}
         self.failed_op: str | None = None
         self._failed_level: str | None = None
         self.placeholders = False
+        self._noted_masks = False
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self) -> int:
@@ -86,15 +103,46 @@ class Recorder:
         self.trace.called.add(name)
         self._scope = self._scope_index()
 
-    def exit_module(self, module: nn.Module, *_: Any) -> None:
+    def exit_module(self, module: nn.Module, _args: Any = None, output: Any = None) -> None:
         name = self.names.by_id.get(id(module))
         if name is None or not self._stack:
             return
+        if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
+            self.tag_nodes(output, self._scope)
         # Pop back to this module's entry (robust when an inner call raised).
         while self._stack:
             if self._stack.pop() == name:
                 break
         self._scope = self._scope_index()
+
+    # autograd ----------------------------------------------------------------------------------
+    def tag_nodes(self, value: Any, scope: int) -> None:
+        """Give the autograd nodes behind ``value`` that have no scope yet the scope ``scope``.
+
+        Calls close inner-first, so a node is tagged by the innermost call (or module) that made it; the
+        walk stops at nodes tagged before, so every node is visited once.
+        """
+        scopes = self._node_scopes
+        pending: list[Any] = [t.grad_fn for t in _tensors(value) if t.grad_fn is not None]
+        while pending:
+            node = pending.pop()
+            if node is None or node in scopes:
+                continue
+            scopes[node] = scope
+            pending.extend(next_node for next_node, _ in node.next_functions)
+
+    def start_backward(self, loss: Any) -> None:
+        """Switch to the backward phase; nodes of the forward not yet tagged belong to the model itself."""
+        self.tag_nodes(loss, self._root_scope)
+        self.phase = "backward"
+
+    def _event_scope_and_phase(self) -> tuple[int, Phase]:
+        if self.phase == "forward":
+            return self._scope, "forward"
+        if self._stack:  # a module runs inside the backward pass: recomputation
+            return self._scope, "recompute"
+        node = torch._C._current_autograd_node()
+        return self._node_scopes.get(node, self._root_scope), "backward"
 
     # events ----------------------------------------------------------------------------------
     def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool]:
@@ -103,13 +151,22 @@ class Recorder:
         if self._open:
             top = self._open[-1]
             if events[top].op == op and top == len(events) - 1:
-                events[top].inputs, events[top].kwargs = bind_by_name(op.removeprefix("aten::"), args, kwargs)
+                events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
                 return top, False
-        inputs, extra = bind_by_name(op.removeprefix("aten::"), args, kwargs)
-        events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, self._scope,
-                              self.phase, inputs, [], extra))
+        inputs, extra = self._bind(op, args, kwargs)
+        scope, phase = self._event_scope_and_phase()
+        events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra))
         self._open.append(len(events) - 1)
         return len(events) - 1, True
+
+    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        inputs, extra = bind_by_name(op.removeprefix("aten::"), args, kwargs)
+        if not summarize_mask(op, inputs, args, kwargs) and not self._noted_masks:
+            self._noted_masks = True
+            self.trace.assumptions.append(
+                f"{_where(self)}: an attention mask had no values (fake or meta tensors), so masked attention "
+                "is counted dense; is_causal is counted exactly, and execution='real' reads the masks")
+        return inputs, extra
 
     def close_function(self, index: int, opened: bool, result: Any) -> None:
         events = self.trace.events
@@ -120,6 +177,8 @@ class Recorder:
             events.pop()
             return
         events[index].outputs = flat_outputs(result)
+        if self.track_autograd and self.phase != "backward":
+            self.tag_nodes(result, events[index].scope)
 
     def abandon_function(self, index: int, opened: bool) -> None:
         if opened and self._open and self._open[-1] == index:
@@ -127,9 +186,10 @@ class Recorder:
 
     def add_dispatch(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
                      result: Any) -> None:
-        self.trace.events.append(OpEvent(dispatch_op_name(func), "dispatch",
-                                         self._open[-1] if self._open else -1, self._scope, self.phase,
-                                         place_arguments(func._schema, args, kwargs), flat_outputs(result)))
+        scope, phase = self._event_scope_and_phase()
+        self.trace.events.append(OpEvent(dispatch_op_name(func), "dispatch", self._open[-1] if self._open else -1,
+                                         scope, phase, place_arguments(func._schema, args, kwargs),
+                                         flat_outputs(result)))
 
     def note_failure(self, op: str, level: Level) -> None:
         """Remember where the model failed: the innermost user-level call, else the aten operator."""
@@ -148,10 +208,10 @@ class FunctionRecorder(TorchFunctionMode):
     def __torch_function__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        op = None if isinstance(func, torch._ops.OpOverload) else function_op_name(func)
+        rec = self.recorder
+        op = None if isinstance(func, torch._ops.OpOverload) or rec.paused else function_op_name(func)
         if op is None:
             return func(*args, **kwargs)
-        rec = self.recorder
         index, opened = rec.open_function(op, args, kwargs)
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
@@ -184,9 +244,9 @@ class DispatchRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace == "prim":  # device and layout queries, not operators
-            return func(*args, **kwargs)
         rec = self.recorder
+        if func.namespace == "prim" or rec.paused:  # device and layout queries are not operators
+            return func(*args, **kwargs)
         try:
             if rec.placeholders and func in _PLACEHOLDERS:
                 result = _PLACEHOLDERS[func](rec, args)
@@ -197,6 +257,10 @@ class DispatchRecorder(TorchDispatchMode):
             raise
         rec.add_dispatch(func, args, kwargs, result)
         return result
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else tensors_in(value)
 
 
 def _scalar_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:

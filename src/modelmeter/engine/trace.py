@@ -10,16 +10,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Level = Literal["function", "dispatch"]
-Phase = Literal["forward", "backward"]
+# "recompute": forward work run again during the backward pass (activation checkpointing).
+Phase = Literal["forward", "backward", "recompute"]
+PHASES: tuple[Phase, ...] = ("forward", "backward", "recompute")
 
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """What a handle may know about a tensor: its shape, dtype and device, never its values."""
+    """What a handle may know about a tensor: its shape, dtype and device, never its values.
+
+    ``attended`` is set on the mask argument of attention operators only: how many (query, key) pairs the
+    mask lets through, broadcast to the attention's full ``(..., L, S)`` shape — or None when the mask had
+    no values to read (fake and meta tensors).
+    """
 
     shape: tuple[int, ...]
     dtype: str
     device: str
+    attended: int | None = None
 
     def numel(self) -> int:
         n = 1
@@ -71,7 +79,8 @@ class Trace:
     ``scopes`` are the distinct module call stacks (tuples of canonical module names, outermost
     first); each event refers to one by index. ``called`` are canonical names of the modules whose
     ``__call__`` ran; ``assumptions`` describe placeholder values used where a meta tensor had none.
-    ``inputs`` describe the tensors the model was called with, in argument order.
+    ``inputs`` describe the tensors the model was called with, in argument order. ``backward`` is True
+    when the run included a backward pass (its events have phase ``"backward"`` or ``"recompute"``).
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -80,6 +89,7 @@ class Trace:
     assumptions: list[str] = field(default_factory=list)
     execution: str = "fake"
     inputs: list[TensorMeta] = field(default_factory=list)
+    backward: bool = False
 
     def children(self) -> list[list[int]]:
         """Indices of the direct children of every event, plus the roots at position ``-1``."""

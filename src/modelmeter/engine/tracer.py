@@ -34,28 +34,37 @@ Execution = Literal["auto", "fake", "real"]
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
 
+LossFn = Callable[[Any], torch.Tensor]
+
+
 def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
-                 execution: Execution = "auto") -> Trace:
+                 execution: Execution = "auto", *, backward: bool = False, loss_fn: LossFn | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operator call.
 
     ``execution``: ``"fake"`` (FakeTensors, no kernels), ``"real"`` (real kernels on the given
     tensors) or ``"auto"`` (fake, falling back to real when the model needs values).
+    ``backward``: also run the backward pass of ``loss_fn(output)`` (default: the sum of the output's
+    floating-point tensors), computing the gradients of the parameters and inputs that require grad —
+    with ``torch.autograd.grad``, so no ``.grad`` is written.
     """
     if execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {execution!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
     model_on_meta = any(t.is_meta for t in _state_tensors(model))
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
+    run = _Run(model, args, kwargs, names, backward, loss_fn)
     if execution == "real":
-        return _run(model, args, kwargs, names, fake=False, model_on_meta=model_on_meta, no_values=no_values)
+        return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     try:
-        return _run(model, args, kwargs, names, fake=True, model_on_meta=model_on_meta, no_values=no_values)
+        return run(fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
         if execution == "fake" or no_values:
             raise
         fake_failure = exc
     # Values are needed (.item(), data-dependent shapes), or an operator has no fake implementation:
     # real kernels answer both. If they fail too, the model itself is at fault, and that error is raised.
-    trace = _run(model, args, kwargs, names, fake=False, model_on_meta=False, no_values=False)
+    trace = run(fake=False, model_on_meta=False, no_values=False)
     reason = "the model needs real values" if isinstance(fake_failure.__cause__, _NEEDS_VALUES) else \
         "FakeTensors could not run it"
     trace.assumptions.append(f"{reason} ({fake_failure.operator or 'the forward'}): ran real kernels")
@@ -66,37 +75,87 @@ def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
-def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames, *,
-         fake: bool, model_on_meta: bool, no_values: bool) -> Trace:
-    recorder = Recorder(names)
-    recorder.placeholders = no_values
-    saved = _ModelState(model)
-    try:
-        with ExitStack() as stack:
-            if fake:
-                fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-                args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta)
-                stack.enter_context(_SwappedState(model, lambda t: fake_mode.from_tensor(t, static_shapes=True)))
-            else:
-                _reject_meta_inputs_for_real_model(model, args, kwargs)
-                stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
-            stack.enter_context(_ModuleHooks(recorder))
-            stack.enter_context(warnings.catch_warnings())
-            # Our global hooks are meant; the compiled wrapper is bypassed anyway.
-            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-            for wrapper in _transparent_wrappers(model):
-                stack.enter_context(wrapper)
-            stack.enter_context(FunctionRecorder(recorder))
-            stack.enter_context(DispatchRecorder(recorder))
+class _Run:
+    """One recorded run of the model (forward, and backward when asked), fake or real."""
+
+    def __init__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
+                 backward: bool, loss_fn: LossFn | None) -> None:
+        self.model, self.args, self.kwargs, self.names = model, args, kwargs, names
+        self.backward, self.loss_fn = backward, loss_fn
+
+    def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool) -> Trace:
+        model, args, kwargs, names = self.model, self.args, self.kwargs, self.names
+        recorder = Recorder(names, track_autograd=self.backward)
+        recorder.placeholders = no_values
+        saved = _ModelState(model)
+        try:
+            with ExitStack() as stack:
+                if fake:
+                    fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                    args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta)
+                    stack.enter_context(_SwappedState(model, lambda t: fake_mode.from_tensor(t, static_shapes=True)))
+                else:
+                    _reject_meta_inputs_for_real_model(model, args, kwargs)
+                    stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
+                stack.enter_context(_ModuleHooks(recorder))
+                stack.enter_context(warnings.catch_warnings())
+                # Our global hooks are meant; the compiled wrapper is bypassed anyway.
+                warnings.filterwarnings("ignore",
+                                        message=r"Using `torch.compile\(module\)` when there are global hooks")
+                for wrapper in _transparent_wrappers(model):
+                    stack.enter_context(wrapper)
+                if self.backward:
+                    stack.enter_context(torch.enable_grad())
+                stack.enter_context(FunctionRecorder(recorder))
+                stack.enter_context(DispatchRecorder(recorder))
+                try:
+                    output = model(*args, **kwargs)
+                    if self.backward:
+                        self._backward(output, args, kwargs, recorder)
+                except Exception as exc:
+                    raise _describe_failure(model, names, recorder, exc) from exc
+        finally:
+            saved.restore()
+        trace = recorder.trace
+        trace.execution = "fake" if fake else "real"
+        trace.inputs = [describe(t) for t in tensors_in((args, kwargs))]
+        trace.backward = self.backward
+        return trace
+
+    def _backward(self, output: Any, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder) -> None:
+        """Gradients of the loss with respect to the parameters and inputs that require grad."""
+        loss: torch.Tensor | None
+        if self.loss_fn is not None:  # the user's loss is work of the step: recorded, at the model's level
+            loss = self.loss_fn(output)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise TypeError(f"loss_fn must return a tensor with one element, got "
+                                f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+        else:
+            recorder.paused = True
             try:
-                model(*args, **kwargs)
-            except Exception as exc:
-                raise _describe_failure(model, names, recorder, exc) from exc
-    finally:
-        saved.restore()
-    recorder.trace.execution = "fake" if fake else "real"
-    recorder.trace.inputs = [describe(t) for t in tensors_in((args, kwargs))]
-    return recorder.trace
+                loss = _sum_of_outputs(output)
+            finally:
+                recorder.paused = False
+        wrt = list({id(t): t for t in [*self.model.parameters(), *tensors_in((args, kwargs))]
+                    if t.requires_grad}.values())
+        if loss is None or not loss.requires_grad or not wrt:
+            recorder.trace.assumptions.append(
+                "backward: the loss does not depend on anything that requires grad (no parameter or input "
+                "requires grad, or the model ran without autograd), so the backward pass is empty")
+            return
+        recorder.start_backward(loss)
+        torch.autograd.grad(loss, wrt, allow_unused=True)
+
+
+def _sum_of_outputs(output: Any) -> torch.Tensor | None:
+    """The default loss: the sum of every floating-point output tensor that requires grad."""
+    parts = [t.sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        return None
+    loss = parts[0]
+    for part in parts[1:]:
+        loss = loss + part
+    return loss
 
 
 def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
@@ -160,18 +219,21 @@ def _reject_meta_inputs_for_real_model(model: nn.Module, args: tuple[Any, ...], 
 
 
 class _ModelState:
-    """Training flags and ``requires_grad`` of every module and parameter, restored afterwards."""
+    """Training flags, ``requires_grad`` and ``.grad`` of every module and parameter, restored afterwards
+    (a re-entrant activation checkpoint calls ``torch.autograd.backward``, which accumulates ``.grad``)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.training = [(m, m.training) for m in model.modules()]
-        self.requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+        self.params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
 
     def restore(self) -> None:
         for module, flag in self.training:
             module.training = flag
-        for param, flag in self.requires_grad:
+        for param, flag, grad in self.params:
             if param.requires_grad != flag:
                 param.requires_grad_(flag)
+            if param.grad is not grad:
+                param.grad = grad
 
 
 class _ModuleHooks:
@@ -230,6 +292,8 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     at = f" at operator {op}" if op else ""
     hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
         if isinstance(exc, _NEEDS_VALUES) else ""
+    if recorder.phase == "backward" and module is None:
+        return ModelRunError(f"the backward pass failed{at}: {type(exc).__name__}: {exc}{hint}", None, op)
     return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}{hint}", module, op)
 
 

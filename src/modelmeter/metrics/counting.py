@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numbers
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..engine.naming import ModuleNames
-from ..engine.trace import TensorMeta, Trace
+from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles.base import CountInside, Handle
 from ..handles.classify import is_elementwise, is_free
 
@@ -23,25 +23,30 @@ HandleTable = Mapping[str, "Handle | CountInside | None"]
 
 @dataclass
 class Statistics:
-    """Per canonical module name: counts by operator, unsupported operators, and uncalled modules."""
+    """Per canonical module name: counts by operator (all phases, and per phase), by the dtype the work was
+    done in, the unsupported operators, and the uncalled modules."""
 
     counts: dict[str, Counter[str]]
+    by_phase: dict[str, dict[str, Counter[str]]]
+    dtypes: dict[str, Counter[str]]
     unsupported: dict[str, Counter[str]]
     uncalled: set[str]
 
 
-def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode: AncestorMode = "owner"
-          ) -> Statistics:
-    """Apply ``handles`` to ``trace``.
+def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
+          elementwise: Handle | None = None, phases: Collection[str] = PHASES) -> Statistics:
+    """Apply ``handles`` to the events of ``trace`` in ``phases``.
 
     Events are visited from the outside in: a call with a handle is counted by it and what it ran
     inside is not looked at again; a call whose handle is ``None`` is ignored with all it ran; a
     user-level call without a handle is looked into. An aten operator that is neither handled,
     free nor element-wise is reported as unsupported under the name of the user-level call that
     ran it — except inside a :class:`CountInside` call, which is supported as a whole (the sum an
-    ``einsum`` runs for an index of one operand is part of the einsum).
+    ``einsum`` runs for an index of one operand is part of the einsum). Element-wise operators without
+    a handle cost ``elementwise`` (free when it is None). Each count is also kept under the event's phase
+    and under the dtype the work was done in (see :func:`work_dtype`).
     """
-    counts: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
+    tally = _Tally(names, {p: {} for p in phases})
     unsupported: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
     ancestors = _Ancestors(trace, ancestor_mode)
     children = trace.children()
@@ -56,39 +61,78 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
             inside: Counter[str] = Counter()
             for child in children[index]:
                 visit(child, None, inside)
-            _add(counts, ancestors(event.scope), Counter({handle.key: sum(inside.values())}), into)
+            tally.add(event, ancestors(event.scope), Counter({handle.key: sum(inside.values())}), into)
             return
         if handle is _MISSING:
             if event.level == "function":
                 for child in children[index]:
                     visit(child, event.op, into)
-            elif into is None and not (is_free(event.op) or is_elementwise(event.op) or _integer_only(event.outputs)):
+                return
+            if is_free(event.op) or _integer_only(event.outputs):
+                return
+            if is_elementwise(event.op):
+                handle = elementwise
+                if handle is None:
+                    return
+            elif into is None:
                 name = user_op if user_op is not None and not is_free(user_op) else event.op
                 for module in ancestors(event.scope):
                     unsupported.setdefault(module, Counter())[name] += 1
-            return
-        _add(counts, ancestors(event.scope), _as_counter(event.op, handle(event.inputs, event.outputs)), into)
+                return
+            else:
+                return
+        tally.add(event, ancestors(event.scope), _as_counter(event.op, handle(event.inputs, event.outputs)), into)
 
     for root in children[-1]:
-        visit(root, None, None)
-    return Statistics(counts, unsupported, ancestors.uncalled(names))
+        if events[root].phase in tally.by_phase:
+            visit(root, None, None)
+    return Statistics(tally.totals(), tally.by_phase, tally.dtypes, unsupported, ancestors.uncalled(names))
 
 
 _MISSING: Any = object()
+
+
+def work_dtype(event: OpEvent) -> str:
+    """The dtype an operator computed in: its first floating-point input (else output), else ``"other"``."""
+    for group in (event.inputs, event.outputs):
+        for value in group:
+            for meta in value if isinstance(value, list) else (value,):
+                if isinstance(meta, TensorMeta) and meta.is_floating_point:
+                    return meta.dtype
+    return "other"
+
+
+class _Tally:
+    """Counts by phase, module and operator, and by module and dtype."""
+
+    def __init__(self, names: ModuleNames, by_phase: dict[str, dict[str, Counter[str]]]) -> None:
+        self.names = names
+        self.by_phase = by_phase
+        self.dtypes: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
+
+    def add(self, event: OpEvent, modules: set[str], value: Counter[str], into: Counter[str] | None) -> None:
+        if into is not None:
+            into.update(value)
+            return
+        table = self.by_phase[event.phase]
+        total = sum(value.values())
+        dtype = work_dtype(event)
+        for module in modules:
+            table.setdefault(module, Counter()).update(value)
+            self.dtypes.setdefault(module, Counter())[dtype] += total
+
+    def totals(self) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = {name: Counter() for name in self.names.canonical}
+        for table in self.by_phase.values():
+            for module, counter in table.items():
+                out.setdefault(module, Counter()).update(counter)
+        return out
 
 
 def _integer_only(outputs: list[Any]) -> bool:
     """True when every output is an integer or boolean tensor (index and mask arithmetic is free)."""
     tensors = [o for o in outputs if isinstance(o, TensorMeta)]
     return bool(tensors) and not any(t.is_floating_point for t in tensors)
-
-
-def _add(counts: dict[str, Counter[str]], modules: set[str], value: Counter[str], into: Counter[str] | None) -> None:
-    if into is not None:
-        into.update(value)
-        return
-    for module in modules:
-        counts.setdefault(module, Counter()).update(value)
 
 
 def _as_counter(op: str, value: Any) -> Counter[str]:

@@ -7,6 +7,7 @@ versioned schema, see docs/reports.md) and back without a model.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,8 +23,9 @@ SCHEMA_VERSION = 1
 class ModuleRow:
     """One module: its canonical name (``""`` is the model), class, parameters and metric values.
 
-    ``metrics`` maps a metric name (``"flops"``, ``"activations"``; later ``"backward_flops"``,
-    ``"memory"``) to the module's total; ``by_operator`` maps the same names to per-operator values.
+    ``metrics`` maps a metric name (``"flops"``, ``"activations"``; after a backward pass also
+    ``"forward_flops"``, ``"backward_flops"`` and, with activation checkpointing, ``"recompute_flops"``)
+    to the module's total; ``by_operator`` maps the same names to per-operator values.
     ``called`` is False for a module that never ran (its metrics are then 0).
     """
 
@@ -107,7 +109,14 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
         raise ValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
     first = next(iter(analyses.values()))
     params = parameter_count(model)
-    per_metric = {metric: a.by_module_and_operator() for metric, a in analyses.items()}
+    per_metric: dict[str, dict[str, Counter[str]]] = {}
+    for metric, analysis in analyses.items():  # after a backward pass, each metric is followed by its phases
+        per_metric[metric] = analysis.by_module_and_operator()
+        phases = analysis.phases()
+        if len(phases) > 1:
+            for phase in phases:
+                per_metric[f"{phase}_{metric}"] = analysis.by_module_and_operator(phase)
+    metrics = list(per_metric)
     uncalled = first.uncalled_modules()
     rows = []
     for module_name in next(iter(per_metric.values())):
@@ -116,16 +125,17 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
             name=module_name,
             type=type(module).__name__,
             params=params.get(module_name, 0),
-            metrics={metric: sum(per_metric[metric][module_name].values()) for metric in analyses},
-            by_operator={metric: dict(per_metric[metric][module_name]) for metric in analyses},
+            metrics={metric: sum(per_metric[metric][module_name].values()) for metric in metrics},
+            by_operator={metric: dict(per_metric[metric][module_name]) for metric in metrics},
             called=module_name not in uncalled,
         ))
     trace = first.trace
     return Result(
         model=name or type(model).__name__,
         inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],
-        metrics=list(analyses),
+        metrics=metrics,
         modules=rows,
+        convention=str(getattr(first, "convention", "fvcore")),
         execution=trace.execution,
         unsupported=dict(first.unsupported_ops()),
         assumptions=list(trace.assumptions),
