@@ -136,15 +136,32 @@ class _Run:
                 loss = _sum_of_outputs(output)
             finally:
                 recorder.paused = False
-        wrt = list({id(t): t for t in [*self.model.parameters(), *tensors_in((args, kwargs))]
-                    if t.requires_grad}.values())
-        if loss is None or not loss.requires_grad or not wrt:
+        if loss is None or not loss.requires_grad:
             recorder.trace.assumptions.append(
                 "backward: the loss does not depend on anything that requires grad (no parameter or input "
                 "requires grad, or the model ran without autograd), so the backward pass is empty")
             return
         recorder.start_backward(loss)
-        torch.autograd.grad(loss, wrt, allow_unused=True)
+        # backward() rather than autograd.grad(): a re-entrant activation checkpoint accepts nothing else. The
+        # gradients it leaves on parameters and inputs are dropped again (see _Gradients).
+        with _Gradients([*self.model.parameters(), *tensors_in((args, kwargs))]):
+            loss.backward()
+
+
+class _Gradients:
+    """Clear ``.grad`` of the given leaves for a backward pass, and put back what they held before, so a
+    backward pass neither adds into a user's gradients nor leaves new ones."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad}.values())
+
+    def __enter__(self) -> None:
+        for tensor, _ in self.saved:
+            tensor.grad = None
+
+    def __exit__(self, *_: Any) -> None:
+        for tensor, grad in self.saved:
+            tensor.grad = grad
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:

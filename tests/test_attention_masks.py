@@ -1,0 +1,60 @@
+"""The engine reads how many (query, key) pairs an attention mask lets through, while its values exist."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modelmeter import FlopCountAnalysis, TensorMeta
+
+
+class Attention(nn.Module):
+    def __init__(self, mask: torch.Tensor | None) -> None:
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+def _mask_meta(analysis: FlopCountAnalysis) -> TensorMeta:
+    (event,) = [e for e in analysis.trace.events if e.op == "aten::scaled_dot_product_attention"]
+    meta = event.inputs[3]
+    assert isinstance(meta, TensorMeta)
+    return meta
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_causal_mask_with_values_records_its_attended_pairs(additive: bool) -> None:
+    b, h, length = 2, 3, 5
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    mask = torch.zeros(length, length).masked_fill(~causal, float("-inf")) if additive else causal
+    q = torch.randn(b, h, length, 4)
+    analysis = FlopCountAnalysis(Attention(mask), (q, q, q), execution="real")
+    # broadcast over batch and heads: L(L+1)/2 pairs per head
+    assert _mask_meta(analysis).attended == b * h * length * (length + 1) // 2
+    assert not analysis.assumptions()
+
+
+def test_a_padding_mask_of_the_finite_minimum_counts_as_masked() -> None:
+    q = torch.randn(1, 2, 4, 8)
+    mask = torch.zeros(1, 1, 1, 4)
+    mask[..., -1] = torch.finfo(torch.float32).min  # the last key is padding, as transformers writes it
+    analysis = FlopCountAnalysis(Attention(mask), (q, q, q), execution="real")
+    assert _mask_meta(analysis).attended == 2 * 4 * 3
+
+
+def test_a_mask_without_values_is_unknown_and_reported() -> None:
+    q = torch.randn(1, 2, 4, 8)
+    analysis = FlopCountAnalysis(Attention(torch.ones(4, 4, dtype=torch.bool).tril()), (q, q, q))
+    assert analysis.trace.execution == "fake"
+    assert _mask_meta(analysis).attended is None
+    assert any("counted dense" in note for note in analysis.assumptions())
+
+
+def test_no_mask_no_note() -> None:
+    q = torch.randn(1, 2, 4, 8)
+    analysis = FlopCountAnalysis(Attention(None), (q, q, q))
+    assert analysis.trace.events and not analysis.assumptions()
