@@ -252,8 +252,8 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
         inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
         source = ", from the cache" if cached else ""
         passes = "forward + backward" if job.backward else "forward"
-        text = (f"{result.model} on input {inputs}: {passes}, {result.convention} convention "
-                f"({result.execution} run{source}, {seconds:.2f} s)\n{text}")
+        text = (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
+                f"{result.convention} convention, {seconds:.2f} s)\n{text}")
     _emit(text, args.output)
     return 0
 

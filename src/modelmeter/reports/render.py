@@ -7,6 +7,7 @@ import io
 from collections.abc import Callable
 
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
+from ..handles.conventions import CONVENTIONS, get_convention
 from .result import ModuleRow, Result
 
 __all__ = ["FORMATS", "format_size", "render"]
@@ -26,6 +27,11 @@ def render(result: Result, fmt: str = "table", depth: int = 3) -> str:
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
     return renderer(result, depth)
+
+
+def convention_note(name: str) -> str:
+    """``"macs (multiply-adds of ...)"``: a convention's name with what it counts."""
+    return f"{name} ({get_convention(name).description})" if name in CONVENTIONS else name
 
 
 # table and markdown ----------------------------------------------------------------------------
@@ -56,8 +62,9 @@ def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Ali
 
 
 def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -> list[str]:
-    """The notes under a table: what N/A means, operators not counted, assumptions the run made."""
-    lines = []
+    """The notes under a table: the convention (unless fvcore's, the default), what N/A means, operators not
+    counted, assumptions the run made."""
+    lines = [] if result.convention == "fvcore" else [f"Convention: {convention_note(result.convention)}"]
     if any(not row.called for row in rows):
         lines.append(UNCALLED_NOTE)
     if result.unsupported:

@@ -44,7 +44,11 @@ class ModuleRow:
 
 @dataclass
 class Result:
-    """What a model costs, by module and operator, for one set of inputs."""
+    """What a model costs, by module and operator, for one set of inputs.
+
+    ``convention`` is the FLOP counting convention; ``dtypes`` maps each metric to the model's total by the
+    dtype the work was done in (``{"flops": {"bfloat16": ...}}``).
+    """
 
     model: str
     inputs: list[dict[str, Any]]
@@ -54,6 +58,7 @@ class Result:
     execution: str = "fake"
     unsupported: dict[str, int] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
+    dtypes: dict[str, dict[str, float]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -139,4 +144,5 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
         execution=trace.execution,
         unsupported=dict(first.unsupported_ops()),
         assumptions=list(trace.assumptions),
+        dtypes={metric: dict(analysis.by_dtype()) for metric, analysis in analyses.items()},
     )
