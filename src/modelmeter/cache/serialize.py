@@ -221,6 +221,7 @@ def _check(trace: Trace) -> None:
         if (type(ev.op) is not str or ev.level not in ("function", "dispatch")
                 or ev.phase not in PHASES
                 or type(ev.parent) is not int or not -1 <= ev.parent < i
+                or type(ev.origin) is not int or not -1 <= ev.origin < i
                 or type(ev.scope) is not int or not 0 <= ev.scope < n_scopes
                 or type(ev.inputs) is not list or type(ev.outputs) is not list or type(ev.kwargs) is not dict):
             raise ValueError(f"malformed event {i}")

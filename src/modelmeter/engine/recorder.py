@@ -80,7 +80,7 @@ class Recorder:
         self._scope = self._scope_index()
         self._root_scope = self._scope
         self._open: list[int] = []
-        self._node_scopes: dict[Any, int] = {}
+        self._node_origins: dict[Any, tuple[int, int]] = {}  # autograd node -> (scope, user-level call or -1)
         self.failed_op: str | None = None
         self._failed_level: str | None = None
         self.placeholders = False
@@ -108,7 +108,7 @@ class Recorder:
         if name is None or not self._stack:
             return
         if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
-            self.tag_nodes(output, self._scope)
+            self.tag_nodes(output, self._scope, -1)
         # Pop back to this module's entry (robust when an inner call raised).
         while self._stack:
             if self._stack.pop() == name:
@@ -116,33 +116,35 @@ class Recorder:
         self._scope = self._scope_index()
 
     # autograd ----------------------------------------------------------------------------------
-    def tag_nodes(self, value: Any, scope: int) -> None:
-        """Give the autograd nodes behind ``value`` that have no scope yet the scope ``scope``.
+    def tag_nodes(self, value: Any, scope: int, origin: int) -> None:
+        """Give the autograd nodes behind ``value`` that have none yet the scope ``scope`` and the user-level
+        call ``origin`` (an event index, or -1 for a module's own operators).
 
         Calls close inner-first, so a node is tagged by the innermost call (or module) that made it; the
         walk stops at nodes tagged before, so every node is visited once.
         """
-        scopes = self._node_scopes
+        scopes = self._node_origins
         pending: list[Any] = [t.grad_fn for t in _tensors(value) if t.grad_fn is not None]
         while pending:
             node = pending.pop()
             if node is None or node in scopes:
                 continue
-            scopes[node] = scope
+            scopes[node] = (scope, origin)
             pending.extend(next_node for next_node, _ in node.next_functions)
 
     def start_backward(self, loss: Any) -> None:
         """Switch to the backward phase; nodes of the forward not yet tagged belong to the model itself."""
-        self.tag_nodes(loss, self._root_scope)
+        self.tag_nodes(loss, self._root_scope, -1)
         self.phase = "backward"
 
-    def _event_scope_and_phase(self) -> tuple[int, Phase]:
+    def _event_context(self) -> tuple[int, Phase, int]:
+        """Scope, phase and origin (the user-level forward call whose autograd node runs, or -1) of an event."""
         if self.phase == "forward":
-            return self._scope, "forward"
+            return self._scope, "forward", -1
         if self._stack:  # a module runs inside the backward pass: recomputation
-            return self._scope, "recompute"
-        node = torch._C._current_autograd_node()
-        return self._node_scopes.get(node, self._root_scope), "backward"
+            return self._scope, "recompute", -1
+        scope, origin = self._node_origins.get(torch._C._current_autograd_node(), (self._root_scope, -1))
+        return scope, "backward", origin
 
     # events ----------------------------------------------------------------------------------
     def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool]:
@@ -154,8 +156,9 @@ class Recorder:
                 events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
                 return top, False
         inputs, extra = self._bind(op, args, kwargs)
-        scope, phase = self._event_scope_and_phase()
-        events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra))
+        scope, phase, origin = self._event_context()
+        events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
+                              origin))
         self._open.append(len(events) - 1)
         return len(events) - 1, True
 
@@ -178,7 +181,7 @@ class Recorder:
             return
         events[index].outputs = flat_outputs(result)
         if self.track_autograd and self.phase != "backward":
-            self.tag_nodes(result, events[index].scope)
+            self.tag_nodes(result, events[index].scope, index)
 
     def abandon_function(self, index: int, opened: bool) -> None:
         if opened and self._open and self._open[-1] == index:
@@ -186,10 +189,10 @@ class Recorder:
 
     def add_dispatch(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
                      result: Any) -> None:
-        scope, phase = self._event_scope_and_phase()
+        scope, phase, origin = self._event_context()
         self.trace.events.append(OpEvent(dispatch_op_name(func), "dispatch", self._open[-1] if self._open else -1,
                                          scope, phase, place_arguments(func._schema, args, kwargs),
-                                         flat_outputs(result)))
+                                         flat_outputs(result), origin=origin))
 
     def note_failure(self, op: str, level: Level) -> None:
         """Remember where the model failed: the innermost user-level call, else the aten operator."""

@@ -59,7 +59,9 @@ class OpEvent:
     ``torch.matmul``, ``Tensor.__add__``) and ``"dispatch"`` for an aten operator that reached the
     dispatcher. ``parent`` is the index of the innermost enclosing function event, or -1.
     ``inputs`` follow the operator's schema order (keyword arguments placed in their positions),
-    with tensors replaced by :class:`TensorMeta`.
+    with tensors replaced by :class:`TensorMeta`. ``origin``, for a backward-phase event, is the index of
+    the user-level forward call whose autograd node ran it (-1 when none did), so the backward work of a
+    call can be counted by a formula of the call (see ``backward:`` handle keys in docs/handles.md).
     """
 
     op: str
@@ -70,6 +72,7 @@ class OpEvent:
     inputs: list[Any]
     outputs: list[Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    origin: int = -1
 
 
 @dataclass

@@ -46,3 +46,13 @@ class CountInside:
     """
 
     key: str
+
+
+def backward_key(op: str) -> str:
+    """The table key of a formula for the whole backward pass of a user-level call ``op``.
+
+    When a table has one, every backward operator run by an autograd node that the call made is covered by it
+    (counted once, from the forward call's metadata) instead of being counted operator by operator: attention's
+    masked pairs, say, are known from the forward call, not from the dense products a math kernel runs.
+    """
+    return f"backward:{op}"

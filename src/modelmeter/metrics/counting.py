@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from ..engine.naming import ModuleNames
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
-from ..handles.base import CountInside, Handle
+from ..handles.base import CountInside, Handle, backward_key
 from ..handles.classify import is_elementwise, is_free
 
 AncestorMode = Literal["owner", "caller"]
@@ -42,7 +42,9 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     user-level call without a handle is looked into. An aten operator that is neither handled,
     free nor element-wise is reported as unsupported under the name of the user-level call that
     ran it — except inside a :class:`CountInside` call, which is supported as a whole (the sum an
-    ``einsum`` runs for an index of one operand is part of the einsum). Element-wise operators without
+    ``einsum`` runs for an index of one operand is part of the einsum). A backward operator whose autograd
+    node was made by a user-level call with a ``backward:`` entry (:func:`backward_key`) is covered by that
+    entry, applied once per call. Element-wise operators without
     a handle cost ``elementwise`` (free when it is None). Each count is also kept under the event's phase
     and under the dtype the work was done in (see :func:`work_dtype`).
     """
@@ -52,8 +54,19 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     children = trace.children()
     events = trace.events
 
+    covered: set[int] = set()
+
     def visit(index: int, user_op: str | None, into: Counter[str] | None) -> None:
         event = events[index]
+        if event.origin >= 0 and event.phase == "backward":
+            origin = events[event.origin]
+            whole = handles.get(backward_key(origin.op), _MISSING)
+            if whole is not _MISSING:  # the call's backward pass has a formula of its own: counted once
+                if whole is not None and event.origin not in covered:
+                    covered.add(event.origin)
+                    tally.add(event, ancestors(event.scope),
+                              _as_counter(origin.op, whole(origin.inputs, origin.outputs)), into)
+                return
         handle = handles.get(event.op, _MISSING)
         if handle is None:
             return

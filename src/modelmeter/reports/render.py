@@ -6,8 +6,8 @@ import csv
 import io
 from collections.abc import Callable
 
-from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from ..handles.conventions import CONVENTIONS, get_convention
+from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from .result import ModuleRow, Result
 
 __all__ = ["FORMATS", "format_size", "render"]
