@@ -58,3 +58,30 @@ def test_no_mask_no_note() -> None:
     q = torch.randn(1, 2, 4, 8)
     analysis = FlopCountAnalysis(Attention(None), (q, q, q))
     assert analysis.trace.events and not analysis.assumptions()
+
+
+class Flex(nn.Module):
+    def __init__(self, block_mask: object = None) -> None:
+        super().__init__()
+        self.block_mask = block_mask
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, block_mask=self.block_mask)
+
+
+@pytest.mark.parametrize("execution", ["fake", "real"])
+def test_flex_attention_counts_the_blocks_its_mask_lists(execution: str) -> None:
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    length, heads, dim = 512, 2, 64
+    mask = flex.create_block_mask(lambda b, h, q, kv: q >= kv, None, None, length, length, device="cpu")
+    q = torch.randn(1, heads, length, dim)
+    analysis = FlopCountAnalysis(Flex(mask), (q, q, q), convention="macs", execution=execution)  # type: ignore[arg-type]
+    # 128 x 128 blocks: a causal mask lists 4 + 3 + 2 + 1 of the 4 x 4 blocks; each is computed whole
+    blocks = 10 * 128 * 128
+    assert analysis.by_operator() == {"flex_attention": 2 * heads * blocks * dim}
+    assert not analysis.unsupported_ops() and not analysis.assumptions()
+    assert flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False  # the switch is put back
+    no_mask = FlopCountAnalysis(Flex(), (q, q, q), convention="macs")
+    assert no_mask.total() == 2 * heads * length * length * dim and not no_mask.assumptions()

@@ -264,3 +264,16 @@ def test_cache_keeps_forward_and_backward_runs_apart(tmp_path: Any) -> None:
     assert backward.by_phase() == {"forward": 32, "backward": 32}
     again = flops(model, x, cache_dir=tmp_path)
     assert again.by_phase() == backward.by_phase() and again._trace_was_cached
+
+
+@pytest.mark.parametrize("execution", ["fake", "real"])
+def test_existing_gradients_and_the_callers_graph_are_left_alone(execution: str) -> None:
+    model = nn.Linear(4, 4)
+    model.weight.grad = torch.ones(4, 4)
+    before = model.weight.grad
+    upstream = torch.randn(2, 4, requires_grad=True)
+    x = upstream * 2  # an input computed by the caller's own graph
+    analysis = flops(model, x, convention="macs", execution=execution)
+    assert analysis.by_phase() == {"forward": 32, "backward": 64}
+    assert model.weight.grad is before and torch.equal(before, torch.ones(4, 4))  # not added to
+    assert upstream.grad is None and model.bias.grad is None

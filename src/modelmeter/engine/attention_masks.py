@@ -19,6 +19,9 @@ from .trace import TensorMeta
 
 # user-level attention operators -> position of the mask in their schema
 MASK_ARGUMENT = {"aten::scaled_dot_product_attention": ("attn_mask", 3)}
+# flex_attention(q, k, v, score_mod, block_mask_tuple, ...): the block mask as BlockMask.as_tuple()
+FLEX_ATTENTION = "aten::flex_attention"
+_BLOCK_COUNTS = (2, 4)  # kv_num_blocks, full_kv_num_blocks in that tuple
 
 
 def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -26,6 +29,8 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
 
     Returns False when the call has a mask whose values are unknown (it will be counted dense).
     """
+    if op == FLEX_ATTENTION:
+        return _summarize_block_mask(inputs, args)
     where = MASK_ARGUMENT.get(op)
     if where is None or len(inputs) <= where[1] or not isinstance(inputs[where[1]], TensorMeta):
         return True
@@ -44,4 +49,23 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
             passed = int(torch.count_nonzero(mask > torch.finfo(mask.dtype).min / 2))
     attended = passed * (math.prod(full) // max(mask.numel(), 1))
     inputs[index] = dataclasses.replace(inputs[index], attended=attended)
+    return True
+
+
+def _summarize_block_mask(inputs: list[Any], args: tuple[Any, ...]) -> bool:
+    """``attended`` of a flex_attention block mask: how many (partial and full) blocks it lists."""
+    blocks = args[4] if len(args) > 4 else None
+    described = inputs[4] if len(inputs) > 4 else None
+    if not isinstance(blocks, (tuple, list)) or not isinstance(described, list):
+        return True
+    if getattr(blocks[-1], "__name__", None) == "noop_mask":  # no mask given: every block, dense is exact
+        return True
+    for index in _BLOCK_COUNTS:
+        count = blocks[index] if index < len(blocks) else None
+        if not isinstance(count, torch.Tensor) or not isinstance(described[index], TensorMeta):
+            continue
+        if isinstance(count, FakeTensor) or count.is_meta:
+            return False
+        with _disable_current_modes(), torch.no_grad():
+            described[index] = dataclasses.replace(described[index], attended=int(count.sum()))
     return True

@@ -25,6 +25,9 @@ def describe(value: Any) -> Any:
         return value.node.hint if hasattr(value.node, "hint") else str(value)
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return str(value)
+    unpack = getattr(value, "unpack", None) if isinstance(value, torch.ScriptObject) else None
+    if unpack is not None:  # packed quantized weights: described by their weight
+        return describe(unpack()[0])
     return f"<{type(value).__name__}>"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
 from .attention_masks import summarize_mask
 from .inputs import tensors_in
@@ -45,6 +45,8 @@ _NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.
 
 def function_op_name(func: Any) -> str | None:
     """The aten-style name of a user-level call, or None for calls that are not operators."""
+    if isinstance(func, torch._ops.OpOverloadPacket):  # torch.ops.quantized.linear(...): its own namespace
+        return str(func._qualified_op_name)
     name = getattr(func, "__name__", None)
     if name is None or name in ("__get__", "__set__") or func in _NOT_OPERATORS:
         return None
@@ -171,12 +173,14 @@ class Recorder:
                 "is counted dense; is_causal is counted exactly, and execution='real' reads the masks")
         return inputs, extra
 
-    def close_function(self, index: int, opened: bool, result: Any) -> None:
+    def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
+        """End a user-level event; one that ran nothing inside is no operator call (dropped), unless
+        ``operator`` says it is one (a higher-order operator runs with the dispatch recorder set aside)."""
         events = self.trace.events
         if not opened:
             return
         self._open.pop()
-        if index == len(events) - 1:  # nothing ran inside: not an operator call
+        if index == len(events) - 1 and not operator:
             events.pop()
             return
         events[index].outputs = flat_outputs(result)
@@ -219,6 +223,7 @@ class FunctionRecorder(TorchFunctionMode):
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
         reenter = _redispatch is not None and isinstance(func, types.FunctionType) and func not in self._active
+        higher_order = isinstance(func, torch._ops.HigherOrderOperator)
         try:
             if reenter and _redispatch is not None:
                 self._active.append(func)
@@ -227,13 +232,16 @@ class FunctionRecorder(TorchFunctionMode):
                         result = _redispatch(func, types_, args, kwargs)
                 finally:
                     self._active.pop()
+            elif higher_order:  # flex_attention & co. have no rule for a Python dispatch mode: counted as a whole
+                with _pop_mode_temporarily():
+                    result = func(*args, **kwargs)
             else:
                 result = func(*args, **kwargs)
         except BaseException:
             rec.note_failure(op, "function")
             rec.abandon_function(index, opened)
             raise
-        rec.close_function(index, opened, result)
+        rec.close_function(index, opened, result, operator=higher_order)
         return result
 
 

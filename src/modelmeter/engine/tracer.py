@@ -9,8 +9,9 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any, Literal
 
@@ -84,7 +85,8 @@ class _Run:
         self.backward, self.loss_fn = backward, loss_fn
 
     def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool) -> Trace:
-        model, args, kwargs, names = self.model, self.args, self.kwargs, self.names
+        model, names = self.model, self.names
+        args, kwargs = map_tensors(_as_leaf, self.args), map_tensors(_as_leaf, self.kwargs)
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
         saved = _ModelState(model)
@@ -104,6 +106,7 @@ class _Run:
                                         message=r"Using `torch.compile\(module\)` when there are global hooks")
                 for wrapper in _transparent_wrappers(model):
                     stack.enter_context(wrapper)
+                stack.enter_context(_eager_flex_attention())
                 if self.backward:
                     stack.enter_context(torch.enable_grad())
                 stack.enter_context(FunctionRecorder(recorder))
@@ -153,7 +156,7 @@ class _Gradients:
     backward pass neither adds into a user's gradients nor leaves new ones."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad}.values())
+        self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
 
     def __enter__(self) -> None:
         for tensor, _ in self.saved:
@@ -162,6 +165,27 @@ class _Gradients:
     def __exit__(self, *_: Any) -> None:
         for tensor, grad in self.saved:
             tensor.grad = grad
+
+
+@contextlib.contextmanager
+def _eager_flex_attention() -> Iterator[None]:
+    """Run ``flex_attention`` as its plain higher-order operator while recording (torch otherwise compiles a
+    wrapper around it, which would not run under the recorders); the recorder counts the call as a whole."""
+    try:
+        from torch.nn.attention import flex_attention as flex
+    except ImportError:  # an older torch without flex_attention
+        yield
+        return
+    flag = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+    before = getattr(flex, flag, None)
+    if before is None:
+        yield
+        return
+    setattr(flex, flag, True)
+    try:
+        yield
+    finally:
+        setattr(flex, flag, before)
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
@@ -173,6 +197,12 @@ def _sum_of_outputs(output: Any) -> torch.Tensor | None:
     for part in parts[1:]:
         loss = loss + part
     return loss
+
+
+def _as_leaf(t: torch.Tensor) -> torch.Tensor:
+    """An input computed by the caller's own graph, cut from it: the model's gradient work starts at its inputs,
+    and a backward pass must not run into (or accumulate gradients in) the caller's graph."""
+    return t if t.is_leaf else t.detach().requires_grad_(t.requires_grad)
 
 
 def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
