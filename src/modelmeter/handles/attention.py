@@ -1,0 +1,328 @@
+"""Attention at its true cost: only the (query, key) pairs a mask lets through, under every convention.
+
+Every scaled-dot-product kernel does two products per attended pair forward (``q·k`` over ``E``, ``p·v``
+over ``Ev``) and five backward (the fused kernels recompute ``q·k``, then ``dV = Pᵀ·dO``, ``dP = dO·Vᵀ``,
+``dQ = dS·K``, ``dK = dSᵀ·Q``). Attended pairs: every pair (dense), the causal triangle (``is_causal``:
+top-left aligned as torch defines it; flash kernels align bottom-right), a sliding window, or the count a
+mask's values gave (``TensorMeta.attended``; unknown values count dense). ``dense_attention=True`` counts
+every pair. Heads are the query's (grouped-query attention). Formulas: docs/attention.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from .base import CountInside, Handle, backward_key, get_shape, numel, prod, shape_of
+
+# ``flops`` convention, per attended pair, besides the products: forward scale, row max, subtract, exp,
+# row sum, normalise (6); backward recompute (scale, subtract log-sum-exp, exp) and dS = P·(dP - D) with
+# its scale (3 + 3). An additive (float) mask adds 1 per pair. Backward also forms D = rowsum(dO·O): 2 per
+# output element.
+FORWARD_PAIR_FLOPS = 6
+BACKWARD_PAIR_FLOPS = 6
+BACKWARD_OUTPUT_FLOPS = 2
+# fused encoder layer (``flops``), as the unfused layer counts: an affine layer norm costs 7 per element and 4
+# per row (:mod:`.norms`), the MLP activation and each residual add 1 per element (:mod:`.elementwise`)
+LAYER_NORM_ELEMENT_FLOPS, LAYER_NORM_ROW_FLOPS = 7, 4
+ACTIVATION_FLOPS = 1
+
+
+@cache
+def band_pairs(lq: int, s: int, lower: int | None, upper: int | None) -> int:
+    """Pairs ``(i, j)`` with ``i < lq``, ``j < s`` and ``lower <= j - i <= upper`` (None: no bound)."""
+    total = 0
+    for i in range(lq):
+        first = 0 if lower is None else max(0, i + lower)
+        last = s - 1 if upper is None else min(s - 1, i + upper)
+        total += max(0, last - first + 1)
+    return total
+
+
+def causal_pairs(lq: int, s: int, bottom_right: bool = False) -> int:
+    """Pairs of a causal mask: query ``i`` sees keys ``j <= i`` (top-left) or ``j <= i + s - lq`` (bottom-right)."""
+    return band_pairs(lq, s, None, s - lq if bottom_right else 0)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention call: ``heads`` (batch x query heads) of ``lq`` queries over ``s`` keys, ``pairs`` attended."""
+
+    heads: int
+    lq: int
+    s: int
+    e: int
+    ev: int
+    pairs: int
+    additive_mask: bool = False
+
+
+def _attention(q: list[int], k: list[int], v: list[int], *, heads_first: bool, sequences: int = 1,
+               causal: bool = False, bottom_right: bool = False, window: tuple[int | None, int | None] | None = None,
+               mask: Any = None, dense: bool = False) -> Attention:
+    """Sizes and attended pairs from q/k/v shapes.
+
+    ``heads_first``: ``(..., H, L, E)`` (sdpa) or ``(B, L, H, E)`` / varlen ``(T, H, E)`` (flash and
+    memory-efficient kernels; ``sequences`` packed sequences are taken as equal in length).
+    """
+    if heads_first:
+        heads, lq, s = prod(q[:-2]), q[-2], k[-2]
+    elif len(q) == 3:  # varlen: total tokens x heads x dim
+        heads, lq, s = sequences * q[1], q[0] // sequences, k[0] // sequences
+    else:
+        heads, lq, s = q[0] * q[2], q[1], k[1]
+    per_head = lq * s
+    attended = getattr(mask, "attended", None)
+    if dense:
+        pairs = heads * per_head
+    elif attended is not None:
+        pairs = attended
+    elif window is not None:
+        offset = s - lq
+        left, right = window
+        pairs = heads * band_pairs(lq, s, None if left is None else offset - left,
+                                   0 if causal else (None if right is None else offset + right))
+    elif causal:
+        pairs = heads * causal_pairs(lq, s, bottom_right)
+    else:
+        pairs = heads * per_head
+    mask_dtype = getattr(mask, "dtype", "bool")
+    return Attention(heads, lq, s, q[-1], v[-1], pairs, mask is not None and mask_dtype != "bool")
+
+
+def _window(left: Any, right: Any) -> tuple[int | None, int | None] | None:
+    """Flash's ``window_size_left/right`` (``-1`` or None: unbounded), or None when there is no window."""
+    bounds = tuple(None if w is None or w < 0 else int(w) for w in (left, right))
+    return None if bounds == (None, None) else (bounds[0], bounds[1])
+
+
+def _sequences(cumulative: Any) -> int:
+    """Packed sequences of a varlen call, from its cumulative lengths (``n + 1`` entries)."""
+    shape = get_shape(cumulative)
+    return 1 if shape is None else max(shape[0] - 1, 1)
+
+
+# --- how each operator describes its attention: (inputs, dense) -> Attention ------------------
+Parse = Callable[[list[Any], bool], "Attention"]
+
+
+def _arg(inputs: list[Any], index: int | None) -> Any:
+    """The argument at ``index``, or None where the call did not have it."""
+    return inputs[index] if index is not None and index < len(inputs) else None
+
+
+def _sdpa_like(qkv: int, causal: int, mask: int | None, bottom_right: bool = False) -> Parse:
+    """Operators with ``(..., H, L, E)`` q/k/v at ``qkv``, ``is_causal`` and the mask at the given positions."""
+
+    def parse(inputs: list[Any], dense: bool) -> Attention:
+        q, k, v = (shape_of(t) for t in inputs[qkv:qkv + 3])
+        return _attention(q, k, v, heads_first=True, causal=bool(_arg(inputs, causal)), bottom_right=bottom_right,
+                          mask=_arg(inputs, mask), dense=dense)
+
+    return parse
+
+
+def _flash_forward(inputs: list[Any], dense: bool) -> Attention:
+    """``_flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, ..., is_causal, ..., window_left, window_right)``."""
+    q, k, v = (shape_of(t) for t in inputs[:3])
+    return _attention(q, k, v, heads_first=False, sequences=_sequences(inputs[3]), causal=bool(inputs[8]),
+                      bottom_right=True, window=_window(inputs[11], inputs[12]), dense=dense)
+
+
+def _flash_backward(inputs: list[Any], dense: bool) -> Attention:
+    """``_flash_attention_backward(grad_out, q, k, v, out, lse, cum_seq_q, ..., is_causal, ..., windows)``."""
+    q, k, v = (shape_of(t) for t in inputs[1:4])
+    return _attention(q, k, v, heads_first=False, sequences=_sequences(inputs[6]), causal=bool(inputs[11]),
+                      bottom_right=True, window=_window(inputs[15], inputs[16]), dense=dense)
+
+
+def _efficient(qkv: int, bias: int, cumulative: int, mask_type: int) -> Parse:
+    """``_efficient_attention_forward/backward``: ``(B, L, H, E)``; mask type 1 causal top-left, 2 bottom-right."""
+
+    def parse(inputs: list[Any], dense: bool) -> Attention:
+        q, k, v = (shape_of(t) for t in inputs[qkv:qkv + 3])
+        kind = inputs[mask_type]
+        return _attention(q, k, v, heads_first=False, sequences=_sequences(inputs[cumulative]), causal=kind in (1, 2),
+                          bottom_right=kind == 2, mask=inputs[bias], dense=dense)
+
+    return parse
+
+
+# --- costs -------------------------------------------------------------------------------------
+def forward_macs(a: Attention) -> int:
+    """``q·k`` and ``p·v`` over every attended pair."""
+    return a.pairs * (a.e + a.ev)
+
+
+def backward_macs(a: Attention) -> int:
+    """Recomputed ``q·k``, then ``dV``, ``dP`` (over ``Ev``) and ``dQ``, ``dK`` (over ``E``) per attended pair."""
+    return a.pairs * (3 * a.e + 2 * a.ev)
+
+
+def forward_flops(a: Attention) -> int:
+    return 2 * forward_macs(a) + a.pairs * (FORWARD_PAIR_FLOPS + a.additive_mask)
+
+
+def backward_flops(a: Attention) -> int:
+    return 2 * backward_macs(a) + a.pairs * (BACKWARD_PAIR_FLOPS + a.additive_mask) \
+        + BACKWARD_OUTPUT_FLOPS * a.heads * a.lq * a.ev
+
+
+_FORWARD_KEY, _BACKWARD_KEY = "scaled_dot_product_attention", "scaled_dot_product_attention_backward"
+
+# operator -> (how to read it, backward?)
+_KERNELS: dict[str, tuple[Parse, bool]] = {
+    "aten::scaled_dot_product_attention": (_sdpa_like(0, 5, 3), False),
+    **{f"aten::{op}": (_sdpa_like(0, 5, 3), False)
+       for op in ("_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")},
+    "aten::_scaled_dot_product_flash_attention": (_sdpa_like(0, 4, None, bottom_right=True), False),
+    "aten::_scaled_dot_product_flash_attention_backward": (_sdpa_like(1, 11, None, bottom_right=True), True),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (_sdpa_like(0, 4, 5), False),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (_sdpa_like(1, 7, 8), True),
+    "aten::_scaled_dot_product_efficient_attention": (_sdpa_like(0, 6, 3), False),
+    "aten::_scaled_dot_product_efficient_attention_backward": (_sdpa_like(1, 11, 4), True),
+    "aten::_scaled_dot_product_cudnn_attention": (_sdpa_like(0, 6, 3), False),
+    "aten::_scaled_dot_product_cudnn_attention_backward": (_sdpa_like(1, 14, 8), True),
+    "aten::_scaled_dot_product_fused_attention_overrideable": (_sdpa_like(0, 5, 3), False),
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": (_sdpa_like(1, 13, 4), True),
+    "aten::_flash_attention_forward": (_flash_forward, False),
+    "aten::_flash_attention_backward": (_flash_backward, True),
+    "aten::_efficient_attention_forward": (_efficient(0, 3, 4, 9), False),
+    "aten::_efficient_attention_backward": (_efficient(1, 4, 6, 14), True),
+}
+
+
+def _kernel_handle(parse: Parse, backward: bool, real_flops: bool, dense: bool) -> Handle:
+    def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+        a = parse(inputs, dense)
+        if real_flops:
+            value = backward_flops(a) if backward else forward_flops(a)
+        else:
+            value = backward_macs(a) if backward else forward_macs(a)
+        return Counter({_BACKWARD_KEY if backward else _FORWARD_KEY: value})
+
+    handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention over the attended pairs. {parse.__doc__}"
+    return handle
+
+
+# --- flex_attention ------------------------------------------------------------------------------
+def flex_attention_pairs(inputs: list[Any], dense: bool) -> Attention:
+    """``flex_attention(q, k, v, score_mod, block_mask, ...)``: the block mask's blocks when their counts are known.
+
+    The block mask arrives as ``BlockMask.as_tuple()``: ``(q_len, kv_len, kv_num_blocks, kv_indices,
+    full_kv_num_blocks, ..., Q_BLOCK_SIZE, KV_BLOCK_SIZE, mask_mod)``; a fused kernel computes
+    ``Q_BLOCK x KV_BLOCK`` pairs per listed block (partial and full), so the pairs are the blocks' sum
+    (read from ``attended`` of ``kv_num_blocks``/``full_kv_num_blocks``) times the block area, times the
+    heads a mask broadcast over one batch or head stands for.
+    """
+    q, k, v = (shape_of(t) for t in inputs[:3])
+    a = _attention(q, k, v, heads_first=True, dense=True)
+    blocks = inputs[4] if len(inputs) > 4 and isinstance(inputs[4], list) and len(inputs[4]) > 6 else None
+    if dense or blocks is None:
+        return a
+    counts = [getattr(blocks[i], "attended", None) for i in (2, 4)]
+    if counts[0] is None or (blocks[4] is not None and counts[1] is None):
+        return a
+    area = blocks[-3] * blocks[-2]
+    broadcast = a.heads // prod(shape_of(blocks[2])[:-1])
+    return Attention(a.heads, a.lq, a.s, a.e, a.ev, min(a.pairs, (counts[0] + (counts[1] or 0)) * area * broadcast))
+
+
+def _flex_handle(real_flops: bool, dense: bool) -> Handle:
+    def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+        a = flex_attention_pairs(inputs, dense)
+        return Counter({"flex_attention": forward_flops(a) if real_flops else forward_macs(a)})
+
+    handle.__doc__ = f"Forward flex attention. {flex_attention_pairs.__doc__}"
+    return handle
+
+
+# --- fused fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer -------------------
+def _mha_parts(query: list[int], key: list[int], embed_dim: int, num_heads: int) -> dict[str, int]:
+    """Sizes of the fused multi-head attention fast path (batch-first inputs)."""
+    lead = prod(query[:-2]) if len(query) > 2 else 1
+    return {"batch": lead, "L": query[-2], "S": key[-2], "E": embed_dim, "H": num_heads}
+
+
+def native_mha_cost(inputs: list[Any], real_flops: bool) -> Counter[str]:
+    """``_native_multi_head_attention``: q/k/v and output projections plus the (dense) attention products."""
+    p = _mha_parts(shape_of(inputs[0]), shape_of(inputs[1]), inputs[3], inputs[4])
+    b, lq, s, e, h = p["batch"], p["L"], p["S"], p["E"], p["H"]
+    linear = b * (lq * e * e + 2 * s * e * e) + b * lq * e * e
+    a = Attention(b * h, lq, s, e // h, e // h, b * h * lq * s)
+    if not real_flops:
+        return Counter({"linear": linear, _FORWARD_KEY: forward_macs(a)})
+    in_bias, out_bias = (get_shape(inputs[i]) is not None for i in (6, 8))
+    biases = b * (lq * e + 2 * s * e) * in_bias + b * lq * e * out_bias
+    return Counter({"linear": 2 * linear + biases, _FORWARD_KEY: forward_flops(a)})
+
+
+def encoder_layer_cost(inputs: list[Any], real_flops: bool) -> Counter[str]:
+    """``_transformer_encoder_layer_fwd``: self-attention block, two layer norms and the MLP.
+
+    fvcore/macs: layer norms at fvcore's 5 per element (fvcore) or 0 (macs); flops: every bias, norm,
+    activation and residual add at the per-element costs above.
+    """
+    src, ffn = shape_of(inputs[0]), shape_of(inputs[14])
+    tokens, e, h, f = prod(src[:-1]), src[-1], inputs[2], ffn[0]
+    seq = src[-2] if len(src) > 1 else 1
+    linear = tokens * (4 * e * e + 2 * e * f)
+    a = Attention(tokens // seq * h, seq, seq, e // h, e // h, tokens * h * seq)
+    if not real_flops:
+        return Counter({"linear": linear, _FORWARD_KEY: forward_macs(a)})
+    biases = tokens * (3 * e + e + f + e)
+    return Counter({"linear": 2 * linear + biases, _FORWARD_KEY: forward_flops(a),
+                    "layer_norm": 2 * (LAYER_NORM_ELEMENT_FLOPS * tokens * e + LAYER_NORM_ROW_FLOPS * tokens),
+                    "elementwise": ACTIVATION_FLOPS * tokens * f + 2 * tokens * e})
+
+
+def _fused_handle(cost: Any, real_flops: bool, norms: bool) -> Handle:
+    def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+        counts = cost(inputs, real_flops)
+        if norms:  # fvcore's estimate of the layer's two norms
+            counts["layer_norm"] = 2 * 5 * numel(inputs[0])
+        return counts
+
+    handle.__doc__ = cost.__doc__
+    return handle
+
+
+# --- activations (fvcore's ActivationCountAnalysis): what the unfused products would output ----------
+def sdpa_activation(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+    """The score matrix (L·S) and the result (L·Ev) per head, dense."""
+    q, k, v = (shape_of(t) for t in inputs[:3])
+    return Counter({_FORWARD_KEY: prod(q[:-2]) * q[-2] * (k[-2] + v[-1])})
+
+
+def native_mha_activation(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+    p = _mha_parts(shape_of(inputs[0]), shape_of(inputs[1]), inputs[3], inputs[4])
+    b, lq, s, e, h = p["batch"], p["L"], p["S"], p["E"], p["H"]
+    return Counter({"linear": b * (lq * e + 2 * s * e) + b * lq * e, _FORWARD_KEY: b * h * lq * s + b * lq * e})
+
+
+def encoder_layer_activation(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+    src, ffn = shape_of(inputs[0]), shape_of(inputs[14])
+    tokens, e, h, f = prod(src[:-1]), src[-1], inputs[2], ffn[0]
+    seq = src[-2] if len(src) > 1 else 1
+    return Counter({"linear": tokens * (5 * e + f), _FORWARD_KEY: tokens * h * seq + tokens * e})
+
+
+# --- the table ---------------------------------------------------------------------------------
+def handles(convention: str, dense_attention: bool = False) -> dict[str, Handle | CountInside | None]:
+    """The attention operators' table under ``convention``; ``dense_attention`` counts every pair."""
+    if convention not in ("fvcore", "macs", "flops"):
+        raise ValueError(f"unknown convention {convention!r}")
+    real = convention == "flops"
+    table: dict[str, Handle | CountInside | None] = {
+        op: _kernel_handle(parse, backward, real, dense_attention) for op, (parse, backward) in _KERNELS.items()}
+    # The backward pass of a user-level call is counted from the call, whichever kernel (or math-path products)
+    # autograd runs for it: the same attended pairs as its forward, the mask's count included.
+    sdpa = "aten::scaled_dot_product_attention"
+    table[backward_key(sdpa)] = _kernel_handle(_KERNELS[sdpa][0], True, real, dense_attention)
+    table["aten::flex_attention"] = _flex_handle(real, dense_attention)
+    table["aten::_native_multi_head_attention"] = _fused_handle(native_mha_cost, real, norms=False)
+    table["aten::_transformer_encoder_layer_fwd"] = _fused_handle(encoder_layer_cost, real, convention == "fvcore")
+    return table
