@@ -20,12 +20,14 @@ from .engine.inputs import Args
 from .engine.trace import OpEvent, TensorMeta, Trace
 from .errors import ModelMeterError, ModelRunError
 from .handles.base import CountInside, Handle, get_shape
+from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
 from .metrics.parameters import parameter_count
 from .reports import Result, build_result, flop_count_str, flop_count_table, parameter_count_table, render
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONVENTIONS",
     "ActivationCountAnalysis",
     "Analysis",
     "Args",
@@ -47,8 +49,11 @@ __all__ = [
     "flop_count",
     "flop_count_str",
     "flop_count_table",
+    "get_convention",
     "get_shape",
     "parameter_count",
     "parameter_count_table",
+    "register_handle",
     "render",
+    "unregister_handle",
 ]

@@ -1,8 +1,10 @@
 """Operators that need no handle: free data movement, and element-wise math.
 
-Free (silent, cost 0 in every convention): views and shape changes, copies and conversions,
-factories, integer and boolean results, ReLU and dropout. Element-wise math (operators torch tags
-``pointwise``) is known and costs 0 in the fvcore convention; neither is reported as unsupported.
+Free (silent, cost 0): views and shape changes, copies and conversions, factories, integer and boolean
+results, ReLU and dropout (the ``flops`` convention's table counts the arithmetic of ReLU and dropout,
+see :mod:`.elementwise`). Element-wise math (operators torch tags ``pointwise``, and the ones it leaves
+untagged) is known: free under ``fvcore`` and ``macs``, one flop per output element under ``flops``
+(the convention's ``elementwise`` rule). Neither is reported as unsupported.
 """
 
 from __future__ import annotations
@@ -20,14 +22,23 @@ FREE_OPS = frozenset({
     "scatter", "scatter_", "index_put", "index_put_", "_index_put_impl_", "slice_scatter", "select_scatter",
     "masked_fill", "masked_fill_", "constant_pad_nd", "pad", "roll", "flip", "repeat", "tile",
     "repeat_interleave", "tril", "triu", "tril_", "triu_", "masked_select", "take", "where",
+    "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "_unsafe_index", "narrow_copy", "diag_embed",
+    "index_fill", "index_copy", "masked_scatter", "as_strided_scatter", "complex", "detach_copy", "alias_copy",
+    "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
+    *(f"{kind}_pad{d}d" for kind in ("reflection", "replication") for d in (1, 2, 3)),
+    # backward of data movement: the gradient is copied into place
+    "select_backward", "slice_backward", "diagonal_backward", "unfold_backward", "masked_scatter_backward",
+    *(f"{kind}_pad{d}d_backward" for kind in ("reflection", "replication") for d in (1, 2, 3)),
     # factories
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
     "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "arange", "linspace",
     "scalar_tensor", "tensor", "fill", "fill_", "zero_", "rand", "randn", "randint", "rand_like",
-    "randn_like", "uniform_", "normal_", "bernoulli", "bernoulli_", "eye",
+    "randn_like", "uniform_", "normal_", "bernoulli", "bernoulli_", "eye", "randint_like", "randperm",
+    "normal", "random_", "exponential_", "multinomial", "empty_permuted", "_efficientzerotensor", "lift",
+    "copy", "resize_as_", "record_stream",
     # activations and regularisers that fvcore counts as free
     "relu", "relu_", "threshold", "dropout", "native_dropout", "feature_dropout", "alpha_dropout",
-    "dropout_", "feature_alpha_dropout",
+    "dropout_", "feature_alpha_dropout", "_fused_dropout",
     # scalars and metadata
     "_local_scalar_dense", "item", "size", "sym_size", "stride", "sym_stride", "numel", "sym_numel",
     "_assert_async", "_assert_scalar", "_assert_tensor_metadata", "_functional_assert_async",
@@ -39,6 +50,11 @@ FREE_OPS = frozenset({
 # Element-wise operators PyTorch does not tag pointwise.
 UNTAGGED_ELEMENTWISE_OPS = frozenset({
     "hardswish", "hardswish_", "prelu", "_prelu_kernel", "log_sigmoid", "log_sigmoid_forward", "glu",
+    "floor_divide", "floor_divide_", "rrelu_with_noise", "rrelu_with_noise_", "polar",
+    # backward of element-wise activations
+    "hardswish_backward", "hardsigmoid_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward",
+    "mish_backward", "softplus_backward", "log_sigmoid_backward", "glu_backward", "_prelu_kernel_backward",
+    "rrelu_with_noise_backward", "softshrink_backward", "hardshrink_backward",
 })
 
 
@@ -60,7 +76,10 @@ def _overload(op: str) -> torch._ops.OpOverload | None:
 
 @cache
 def is_view(op: str) -> bool:
-    """True when the operator's first output aliases an input (a view: no data moves)."""
+    """True when the operator's first output aliases an input (a view: no data moves), in-place forms
+    of views (``transpose_``, ``as_strided_``) included."""
+    if op.endswith("_") and not op.endswith("__") and is_view(op[:-1]):
+        return True
     overload = _overload(op)
     if overload is None:
         return False
@@ -70,7 +89,10 @@ def is_view(op: str) -> bool:
 
 @cache
 def is_elementwise(op: str) -> bool:
-    """True for operators of which torch tags an overload ``pointwise`` (add, mul, gelu, ...)."""
+    """True for operators of which torch tags an overload ``pointwise`` (add, mul, gelu, ...) and the
+    element-wise operators it leaves untagged; never for free operators (copies, ``where``, ``relu``)."""
+    if is_free(op):
+        return False
     if _short(op) in UNTAGGED_ELEMENTWISE_OPS:
         return True
     if op.endswith("_") and not op.endswith("__"):

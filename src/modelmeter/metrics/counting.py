@@ -42,7 +42,9 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     user-level call without a handle is looked into. An aten operator that is neither handled,
     free nor element-wise is reported as unsupported under the name of the user-level call that
     ran it — except inside a :class:`CountInside` call, which is supported as a whole (the sum an
-    ``einsum`` runs for an index of one operand is part of the einsum). A backward operator whose autograd
+    ``einsum`` runs for an index of one operand is part of the einsum). A user-level call with keyword
+    arguments its operator's schema could not place is looked into, since its handle would not see them. A
+    backward operator whose autograd
     node was made by a user-level call with a ``backward:`` entry (:func:`backward_key`) is covered by that
     entry, applied once per call. Element-wise operators without
     a handle cost ``elementwise`` (free when it is None). Each count is also kept under the event's phase
@@ -70,6 +72,8 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
         handle = handles.get(event.op, _MISSING)
         if handle is None:
             return
+        if event.kwargs and handle is not _MISSING and not isinstance(handle, CountInside):
+            handle = _MISSING  # keyword arguments the schema could not place: the operators it ran know them
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
             for child in children[index]:

@@ -1,0 +1,98 @@
+"""Counting conventions: which formula every operator gets under ``fvcore``, ``macs`` or ``flops``.
+
+A :class:`Convention` is a handle table plus the rule for element-wise operators that have no entry.
+Table values: a handle (counts the call), a :class:`CountInside` (counts what the call ran), or
+``None`` (known, costs 0 under this convention, never reported as unsupported).
+
+The table of a convention is assembled from the operator families, each a module exporting
+``handles(convention)``: matrix products and attention (:mod:`.products`, :mod:`.attention`), and
+element-wise operators, reductions, norms, pooling and resampling, embeddings, recurrent layers and
+losses (:mod:`.elementwise`, :mod:`.reductions`, :mod:`.norms`, :mod:`.pooling`, :mod:`.layers`), then
+the formulas registered with :func:`register_handle`. docs/handles.md lists every formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import attention, elementwise, layers, norms, pooling, products, reductions
+from .base import CountInside, Handle
+from .elementwise import elementwise_flops
+from .fvcore import FLOP_HANDLES
+
+HandleTable = Mapping[str, "Handle | CountInside | None"]
+
+CONVENTIONS = ("fvcore", "macs", "flops")
+
+_DESCRIPTIONS = {
+    "fvcore": "one fused multiply-add = 1 flop; fvcore's per-element estimates for norms, adaptive average "
+              "pooling and upsampling; everything else free",
+    "macs": "multiply-adds of matrix products, convolutions and attention only",
+    "flops": "real floating-point operations: a multiply-add = 2 flops, plus the documented per-element costs "
+             "of element-wise operators, norms, softmax, pooling, reductions and bias adds",
+}
+
+# Formulas added with register_handle: operator -> {convention or None (all) -> entry}, latest last.
+_REGISTERED: dict[str, dict[str | None, Handle | CountInside | None]] = {}
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One counting convention: its name, a one-line description, its table and its element-wise rule.
+
+    ``elementwise`` is applied to element-wise operators (torch's ``pointwise`` tag) that have no entry
+    in ``handles``; ``None`` means they are free.
+    """
+
+    name: str
+    description: str
+    handles: HandleTable
+    elementwise: Handle | None = None
+
+
+def get_convention(name: str = "fvcore", *, dense_attention: bool = False) -> Convention:
+    """The convention called ``name``; ``dense_attention=True`` counts masked attention as if dense."""
+    _check_convention(name)
+    table: dict[str, Handle | CountInside | None] = {}
+    for family in (elementwise, reductions, norms, pooling, layers):
+        table.update(family.handles(name))
+    if name == "fvcore":
+        table.update(FLOP_HANDLES)
+    table.update(products.handles(name, dense_attention))
+    table.update(attention.handles(name, dense_attention))
+    for op, entries in _REGISTERED.items():
+        if None in entries:
+            table[op] = entries[None]
+        if name in entries:
+            table[op] = entries[name]
+    return Convention(name, _DESCRIPTIONS[name], table, elementwise_flops if name == "flops" else None)
+
+
+def register_handle(op: str, handle: Handle | CountInside | None, *, convention: str | None = None) -> None:
+    """Give operator ``op`` (``"namespace::name"``, e.g. a ``torch.library`` custom op ``"mylib::fused"``)
+    a formula in ``convention``, or in every convention when it is None.
+
+    ``handle`` has the signature of every handle, ``handle(inputs, outputs) -> int | float | Counter``;
+    ``None`` declares the operator known and free. A formula for one convention wins over one for all.
+    It applies to analyses created afterwards (:func:`get_convention` reads the registry);
+    :func:`unregister_handle` removes it.
+    """
+    if convention is not None:
+        _check_convention(convention)
+    if "::" not in op:
+        raise ValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r}")
+    _REGISTERED.setdefault(op, {})[convention] = handle
+
+
+def unregister_handle(op: str, *, convention: str | None = None) -> None:
+    """Remove the formula :func:`register_handle` gave ``op`` for ``convention`` (None: the all-convention one)."""
+    registered = _REGISTERED.get(op, {})
+    registered.pop(convention, None)
+    if not registered:
+        _REGISTERED.pop(op, None)
+
+
+def _check_convention(name: str) -> None:
+    if name not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}; got {name!r}")

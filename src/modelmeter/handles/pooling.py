@@ -1,0 +1,268 @@
+"""Pooling and resampling of every dimension: max/avg/adaptive/fractional pooling, upsampling in every
+mode (antialiased too) and ``grid_sample``, forward and backward.
+
+``flops`` convention (``K`` elements per pooling window, ``T`` interpolation taps per output element),
+with the accumulator rule of :mod:`.reductions` and of the matrix products (a dot product of length
+``K`` is ``K`` multiply-adds, ``2K`` flops): every element entering a window costs one flop.
+
+- max pooling: ``K`` comparisons per output element; adaptive windows counted exactly;
+- average pooling: ``K`` adds and a divide, ``K + 1`` per output element; adaptive windows exactly;
+- interpolation: ``T`` multiply-adds, ``2T`` per output element, with ``T = 2^d`` for (bi/tri)linear,
+  ``4^d`` for bicubic and the exact number of taps of the antialiased filters (torch multiplies by every
+  weight of the filter's support); nearest-neighbour modes copy (0); the per-index weights, shared by
+  every channel, are not counted;
+- backward, as scatters of the output gradient (one add per element accumulated): max pooling ``1`` per
+  output-gradient element, average pooling ``K + 1`` (a divide, ``K`` adds; adaptive: exactly), nearest
+  ``1``, interpolation ``2T`` (``T`` multiplies, ``T`` adds); ``grid_sample``: ``2T`` for the input
+  gradient and ``2T`` for the grid gradient per output-gradient element.
+
+``fvcore``: fvcore's estimates where fvcore has one — adaptive average pooling 1 per input element,
+nearest upsampling 1 and bilinear upsampling and ``grid_sample`` 4 per output element — with the same
+estimate per element for their backward operators; everything else here (max and average pooling,
+the other upsampling modes) is free, as in fvcore. ``macs``: all free.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import Handle, prod, shape_of
+from .common import Table, by_convention, float_numel, window
+
+
+def _out(outputs: list[Any]) -> int:
+    return float_numel(outputs[0])
+
+
+def max_pool_counter(dims: int) -> Handle:
+    """``max_pool{d}d(self, kernel_size, ...)``, ``fractional_max_pool{d}d(self, kernel_size, ...)``: ``K``
+    comparisons per output element."""
+
+    def max_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return _out(outputs) * window(inputs[1], dims)
+
+    return max_pool_flops
+
+
+def avg_pool_counter(dims: int) -> Handle:
+    """``avg_pool{d}d(self, kernel_size, ...)``: ``K`` adds and one divide per output element."""
+
+    def avg_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return _out(outputs) * (window(inputs[1], dims) + 1)
+
+    return avg_pool_flops
+
+
+def avg_pool_backward_counter(dims: int) -> Handle:
+    """``avg_pool{d}d_backward(grad_output, self, kernel_size, ...)``: a divide and ``K`` adds per gradient element."""
+
+    def avg_pool_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return float_numel(inputs[0]) * (window(inputs[2], dims) + 1)
+
+    return avg_pool_backward_flops
+
+
+def scatter_gradient_flops(inputs: list[Any], outputs: list[Any]) -> int:
+    """Backward of a selection (max pooling, nearest upsampling): one add per output-gradient element."""
+    return float_numel(inputs[0])
+
+
+def _window_sums(size_in: int, size_out: int) -> int:
+    """Sum over the adaptive windows of one dimension of their lengths (torch's start/end rule)."""
+    return sum(math.ceil((i + 1) * size_in / size_out) - (i * size_in) // size_out for i in range(size_out))
+
+
+def _adaptive(x: Any, out: Any, dims: int) -> tuple[int, int]:
+    """(elements in all adaptive windows, output elements) of pooling ``x`` to ``out``'s last ``dims`` sizes."""
+    x_shape, out_shape = shape_of(x), shape_of(out)
+    lead = prod(x_shape[:-dims])
+    spatial_in, spatial_out = x_shape[-dims:], out_shape[-dims:]
+    taps = prod(_window_sums(i, o) for i, o in zip(spatial_in, spatial_out, strict=True))
+    return lead * taps, lead * prod(spatial_out)
+
+
+def adaptive_avg_pool_counter(dims: int) -> Handle:
+    """``adaptive_avg_pool{d}d``: each output sums its window and divides: window size + 1 per output element
+    (as ``mean``, which torch runs for an output size of 1)."""
+
+    def adaptive_avg_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return sum(_adaptive(inputs[0], outputs[0], dims)) if float_numel(inputs[0]) else 0
+
+    return adaptive_avg_pool_flops
+
+
+def adaptive_avg_pool_backward_counter(dims: int) -> Handle:
+    """``_adaptive_avg_pool{d}d_backward(grad_output, self)``: a divide and window-size adds per gradient element."""
+
+    def adaptive_avg_pool_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        taps, n_out = _adaptive(inputs[1], inputs[0], dims)
+        return taps + n_out if float_numel(inputs[0]) else 0
+
+    return adaptive_avg_pool_backward_flops
+
+
+def adaptive_max_pool_counter(dims: int) -> Handle:
+    """``adaptive_max_pool{d}d``: window-size comparisons per output element."""
+
+    def adaptive_max_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return _adaptive(inputs[0], outputs[0], dims)[0] if float_numel(inputs[0]) else 0
+
+    return adaptive_max_pool_flops
+
+
+# --- interpolation --------------------------------------------------------------------------------
+def interpolate_counter(taps_per_dim: int, dims: int) -> Handle:
+    """Upsampling with ``T = taps_per_dim^dims`` taps: ``2T`` flops per output element."""
+    taps = taps_per_dim ** dims
+
+    def interpolate_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return _out(outputs) * 2 * taps
+
+    return interpolate_flops
+
+
+def interpolate_backward_counter(taps_per_dim: int, dims: int) -> Handle:
+    """Backward of upsampling with ``T`` taps: ``2T`` per output-gradient element (multiply and accumulate)."""
+    taps = taps_per_dim ** dims
+
+    def interpolate_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return float_numel(inputs[0]) * 2 * taps
+
+    return interpolate_backward_flops
+
+
+def _aa_taps(size_in: int, size_out: int, interp_size: int, align_corners: bool, user_scale: Any) -> int:
+    """Taps of torch's antialiased filter summed over one dimension's outputs: the support and window of
+    ``_compute_indices_min_size_weights_aa``, the scale of ``area_pixel_compute_scale``."""
+    if align_corners:
+        scale = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    else:
+        scale = 1 / user_scale if isinstance(user_scale, (int, float)) and user_scale > 0 else size_in / size_out
+    support = interp_size / 2 * scale if scale >= 1.0 else interp_size / 2
+    widest = math.ceil(support) * 2 + 1
+    total = 0
+    for i in range(size_out):
+        center = scale * (i + 0.5)
+        low = max(int(center - support + 0.5), 0)
+        total += min(max(min(int(center + support + 0.5), size_in) - low, 0), widest)
+    return total
+
+
+def _scales(inputs: list[Any], first: int) -> list[Any]:
+    """The per-dimension scale arguments (``scales_h, scales_w``, or a ``scale_factors`` list), None if absent."""
+    value = inputs[first] if len(inputs) > first else None
+    if isinstance(value, (list, tuple)):
+        return list(value) if len(value) == 2 else [None, None]
+    return [value, inputs[first + 1] if len(inputs) > first + 1 else None]
+
+
+def aa_counter(interp_size: int, backward: bool = False) -> Handle:
+    """``_upsample_{bilinear,bicubic}2d_aa`` (``antialias=True``): the filter's exact taps per output.
+
+    ``2T`` per output element, forward and backward.
+    """
+
+    def aa_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        small, big = (outputs[0], inputs[0]) if backward else (inputs[0], outputs[0])
+        x, out = shape_of(small), shape_of(big)
+        align = bool(inputs[3] if backward else inputs[2])
+        scales = _scales(inputs, 4 if backward else 3)
+        taps = prod(_aa_taps(i, o, interp_size, align, s) for i, o, s in zip(x[-2:], out[-2:], scales, strict=True))
+        return 2 * prod(out[:-2]) * taps
+
+    return aa_flops
+
+
+def _grid_taps(mode: Any, dims: int) -> int:
+    return {0: 2 ** dims, 1: 1, 2: 4 ** dims}.get(mode, 2 ** dims)
+
+
+def grid_sampler_counter(dims: int) -> Handle:
+    """``grid_sampler_{2,3}d(input, grid, mode, ...)``: ``2T`` per output element (nearest: 0)."""
+
+    def grid_sampler_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        return 0 if inputs[2] == 1 else _out(outputs) * 2 * _grid_taps(inputs[2], dims)
+
+    return grid_sampler_flops
+
+
+def grid_sampler_backward_counter(dims: int) -> Handle:
+    """``grid_sampler_{2,3}d_backward(grad_output, input, grid, mode, ..., output_mask)``: ``2T`` per
+    output-gradient element for the input gradient and ``2T`` for the grid gradient (nearest: ``1`` and 0)."""
+
+    def grid_sampler_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        mask = inputs[6] if len(inputs) > 6 and isinstance(inputs[6], (list, tuple)) else [True, True]
+        n, taps = float_numel(inputs[0]), _grid_taps(inputs[3], dims)
+        if inputs[3] == 1:
+            return n * bool(mask[0])
+        return n * 2 * taps * (bool(mask[0]) + bool(mask[1]))
+
+    return grid_sampler_backward_flops
+
+
+# --- fvcore's estimates -------------------------------------------------------------------------
+def fvcore_per_element(scale: int, index: int, of_outputs: bool) -> Handle:
+    """``scale`` per element of input ``index`` (or of output ``index``)."""
+
+    def fvcore_estimate(inputs: list[Any], outputs: list[Any]) -> int:
+        return scale * float_numel((outputs if of_outputs else inputs)[index])
+
+    return fvcore_estimate
+
+
+_D = (1, 2, 3)
+_LINEAR = {"upsample_linear1d": 1, "upsample_bilinear2d": 2, "upsample_trilinear3d": 3}
+_NEAREST = [f"upsample_nearest{d}d" for d in _D] + [f"_upsample_nearest_exact{d}d" for d in _D]
+
+FLOPS: dict[str, Handle | None] = {
+    **{f"aten::max_pool{d}d_with_indices": max_pool_counter(d) for d in _D},
+    **{f"aten::max_pool{d}d": max_pool_counter(d) for d in _D},
+    "aten::mkldnn_max_pool2d": max_pool_counter(2),
+    "aten::mkldnn_max_pool3d": max_pool_counter(3),
+    **{f"aten::max_pool{d}d_with_indices_backward": scatter_gradient_flops for d in (2, 3)},
+    "aten::max_pool2d_backward": scatter_gradient_flops,
+    **{f"aten::fractional_max_pool{d}d": max_pool_counter(d) for d in (2, 3)},
+    **{f"aten::fractional_max_pool{d}d_backward": scatter_gradient_flops for d in (2, 3)},
+    **{f"aten::avg_pool{d}d": avg_pool_counter(d) for d in _D},
+    **{f"aten::avg_pool{d}d_backward": avg_pool_backward_counter(d) for d in (2, 3)},
+    **{f"aten::{p}adaptive_avg_pool{d}d": adaptive_avg_pool_counter(d) for d in _D for p in ("", "_")},
+    **{f"aten::{p}adaptive_avg_pool{d}d_backward": adaptive_avg_pool_backward_counter(d) for d in (2, 3)
+       for p in ("", "_")},
+    **{f"aten::adaptive_max_pool{d}d": adaptive_max_pool_counter(d) for d in _D},
+    **{f"aten::adaptive_max_pool{d}d_backward": scatter_gradient_flops for d in (2, 3)},
+    **{f"aten::{op}": None for op in ("max_unpool2d", "max_unpool3d")},
+    **{f"aten::{op}": None for op in _NEAREST},
+    **{f"aten::{op}_backward": scatter_gradient_flops for op in _NEAREST},
+    **{f"aten::{op}": interpolate_counter(2, d) for op, d in _LINEAR.items()},
+    **{f"aten::{op}_backward": interpolate_backward_counter(2, d) for op, d in _LINEAR.items()},
+    "aten::upsample_bicubic2d": interpolate_counter(4, 2),
+    "aten::upsample_bicubic2d_backward": interpolate_backward_counter(4, 2),
+    "aten::_upsample_bilinear2d_aa": aa_counter(2),
+    "aten::_upsample_bilinear2d_aa_backward": aa_counter(2, backward=True),
+    "aten::_upsample_bicubic2d_aa": aa_counter(4),
+    "aten::_upsample_bicubic2d_aa_backward": aa_counter(4, backward=True),
+    **{f"aten::grid_sampler_{d}d": grid_sampler_counter(d) for d in (2, 3)},
+    "aten::_grid_sampler_2d_cpu_fallback": grid_sampler_counter(2),
+    **{f"aten::grid_sampler_{d}d_backward": grid_sampler_backward_counter(d) for d in (2, 3)},
+    "aten::_grid_sampler_2d_cpu_fallback_backward": grid_sampler_backward_counter(2),
+}
+
+FVCORE: dict[str, Handle] = {
+    **{f"aten::{p}adaptive_avg_pool{d}d": fvcore_per_element(1, 0, False) for d in _D for p in ("", "_")},
+    **{f"aten::{p}adaptive_avg_pool{d}d_backward": fvcore_per_element(1, 1, False) for d in (2, 3)
+       for p in ("", "_")},
+    **{f"aten::{op}": fvcore_per_element(1, 0, True) for op in _NEAREST},
+    **{f"aten::{op}_backward": fvcore_per_element(1, 0, False) for op in _NEAREST},
+    "aten::upsample_bilinear2d": fvcore_per_element(4, 0, True),
+    "aten::upsample_bilinear2d_backward": fvcore_per_element(4, 0, False),
+    **{f"aten::grid_sampler_{d}d": fvcore_per_element(4, 0, True) for d in (2, 3)},
+    "aten::_grid_sampler_2d_cpu_fallback": fvcore_per_element(4, 0, True),
+    **{f"aten::grid_sampler_{d}d_backward": fvcore_per_element(4, 0, False) for d in (2, 3)},
+    "aten::_grid_sampler_2d_cpu_fallback_backward": fvcore_per_element(4, 0, False),
+}
+
+
+def handles(convention: str) -> Table:
+    """Pooling and resampling operators under ``convention``."""
+    return by_convention(convention, FLOPS, fvcore=FVCORE)

@@ -1,0 +1,132 @@
+"""Reductions, cumulative operators, softmax and accumulating scatters (``flops`` convention).
+
+Counting rule, shared with :mod:`.elementwise` so that an operator costs what its textbook
+decomposition costs when run as separate operators: **every input element entering a reduction costs
+one flop** (accumulate or compare), every element-wise step costs one flop per element it produces.
+``n`` is the input's element count, ``rows`` the output's (the number of reductions).
+
+- ``sum``, ``prod``, ``amax``/``max``, ``argmax``, ...: ``n`` (``aminmax``: ``2n``);
+  ``mean``: ``n + rows`` (the divides);
+- ``var``: mean, subtract, square, sum, divide: ``4n + 2·rows``; ``std``: ``+ rows`` square roots;
+- vector norms: ``ord=2``: square, sum, square root ``2n + rows``; ``ord=1``, ``inf``, ``0``: ``2n``;
+  other ``ord``: abs, power, sum, root: ``3n + rows``;
+- ``softmax``, as every torch kernel computes it, ``e = exp(x - max(x))``, ``e / sum(e)``: max, subtract,
+  exp, sum, divide: ``5n`` (Chinchilla counts 3 per logit, leaving out the max-shift; counting it keeps a
+  softmax written out and the attention kernels' per-pair cost — scale and these 5 — the same);
+  ``log_softmax``, ``(x - max) - log(sum(exp(x - max)))``: ``5n + rows``; ``logsumexp``,
+  ``max + log(sum(exp(x - max)))``: ``4n + 2·rows``; backward: ``softmax`` ``y · (g - sum(g · y))`` and
+  ``log_softmax`` ``g - exp(y) · sum(g)``: ``4n`` each;
+- cumulative ``cumsum``/``cumprod``/``cummax``: ``n``; ``logcumsumexp``: exp, cumsum, log: ``3n``;
+- accumulating scatters (``index_add``, ``scatter_add``, ``index_put(accumulate=True)``): one add per
+  source element.
+
+Sorting and selection (``sort``, ``topk``, ``median``, ...) and counting (``histc``, ``bincount``) are
+free in every convention: their comparison counts depend on the algorithm. All of these cost 0 under
+``fvcore`` and ``macs``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import Handle, get_shape, numel
+from .common import Table, by_convention, first_tensor, float_numel, is_floating
+
+
+def _rows(outputs: list[Any]) -> int:
+    out = first_tensor(outputs)
+    return 0 if out is None else numel(out)
+
+
+def reduction_counter(per_input: int = 1, per_output: int = 0) -> Handle:
+    """``per_input`` flops per floating-point input element plus ``per_output`` per output element."""
+
+    def reduction_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        n = float_numel(inputs[0])
+        return per_input * n + per_output * _rows(outputs) if n else 0
+
+    reduction_flops.__doc__ = f"{per_input}·n + {per_output}·rows flops (n input, rows output elements)."
+    return reduction_flops
+
+
+def max_flops(inputs: list[Any], outputs: list[Any]) -> int:
+    """``max``/``min``: a reduction (``n`` comparisons), or with a tensor ``other`` one per output element."""
+    if len(inputs) > 1 and get_shape(inputs[1]) is not None:
+        return float_numel(first_tensor(outputs))
+    return float_numel(inputs[0])
+
+
+def vector_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
+    """``linalg_vector_norm``/``norm(x, ord)``: 2-norm ``2n + rows``; 1, inf, 0: ``2n``; other ord ``3n + rows``."""
+    n = float_numel(inputs[0])
+    order = inputs[1] if len(inputs) > 1 and isinstance(inputs[1], (int, float)) else 2
+    if not n:
+        return 0
+    if order == 2:
+        return 2 * n + _rows(outputs)
+    if order in (1, 0) or math.isinf(order):
+        return 2 * n
+    return 3 * n + _rows(outputs)
+
+
+def _softmax_rows(inputs: list[Any]) -> int:
+    shape = get_shape(inputs[0]) or []
+    n = float_numel(inputs[0])
+    if not shape:
+        return n
+    return n // shape[inputs[1] % len(shape)] if shape[inputs[1] % len(shape)] else 0
+
+
+def log_softmax_flops(inputs: list[Any], outputs: list[Any]) -> int:
+    """``_log_softmax``: max, subtract, exp, sum and subtract per element, a log per row: ``5n + rows``."""
+    return 5 * float_numel(inputs[0]) + _softmax_rows(inputs)
+
+
+def source_counter(source_index: int) -> Handle:
+    """Accumulating scatters: one add per element of the source argument."""
+
+    def scatter_flops(inputs: list[Any], outputs: list[Any]) -> int:
+        source = inputs[source_index] if len(inputs) > source_index else None
+        return float_numel(source) if get_shape(source) is not None else 0
+
+    scatter_flops.__doc__ = f"One add per element of argument {source_index} (the source)."
+    return scatter_flops
+
+
+def index_put_flops(inputs: list[Any], outputs: list[Any]) -> int:
+    """``index_put(self, indices, values, accumulate)``: an add per value when accumulating, else a copy."""
+    accumulate = len(inputs) > 3 and bool(inputs[3])
+    return float_numel(inputs[2]) if accumulate and is_floating(inputs[2]) else 0
+
+
+_PLAIN = ("sum", "nansum", "prod", "amax", "amin", "argmax", "argmin")
+_SELECTION = ("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "histc", "bincount")
+
+FLOPS: dict[str, Handle | None] = {
+    **{f"aten::{op}": reduction_counter() for op in _PLAIN},
+    **{f"aten::{op}": max_flops for op in ("max", "min")},
+    "aten::aminmax": reduction_counter(2),
+    **{f"aten::{op}": reduction_counter(1, 1) for op in ("mean", "nanmean")},
+    **{f"aten::{op}": reduction_counter(4, 2) for op in ("var", "var_mean")},
+    **{f"aten::{op}": reduction_counter(4, 3) for op in ("std", "std_mean")},
+    **{f"aten::{op}": vector_norm_flops for op in ("norm", "linalg_vector_norm")},
+    "aten::frobenius_norm": reduction_counter(2, 1),
+    "aten::logsumexp": reduction_counter(4, 2),
+    **{f"aten::{op}": reduction_counter() for op in ("cumsum", "cumsum_", "cumprod", "cumprod_", "cummax",
+                                                       "cummin", "_cummax_helper", "_cummin_helper")},
+    **{f"aten::{op}": reduction_counter(3) for op in ("logcumsumexp", "_logcumsumexp")},
+    **{f"aten::{op}": reduction_counter(5) for op in ("_softmax", "_safe_softmax")},
+    "aten::_log_softmax": log_softmax_flops,
+    **{f"aten::{op}": reduction_counter(4) for op in ("_softmax_backward_data", "_log_softmax_backward_data")},
+    **{f"aten::{op}": source_counter(3) for op in ("index_add", "index_add_", "scatter_add", "scatter_add_",
+                                                    "scatter_reduce", "scatter_reduce_", "index_reduce",
+                                                    "index_reduce_")},
+    **{f"aten::{op}": index_put_flops for op in ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put")},
+    **{f"aten::{op}": None for op in _SELECTION},
+}
+
+
+def handles(convention: str) -> Table:
+    """Reductions, cumulative operators, softmax and scatters under ``convention``."""
+    return by_convention(convention, FLOPS)
