@@ -332,7 +332,7 @@ class DataDependent(nn.Module):
         self.fc = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        steps = int((x > 0).sum().item() > -1) + 1  # always 2 with real values
+        steps = int((self.fc.weight > 0).sum().item() > -1) + 1  # always 2 with real values
         for _ in range(steps):
             x = self.fc(x)
         return x
@@ -346,6 +346,26 @@ def test_data_dependent_model_falls_back_to_real_kernels() -> None:
     assert FlopCountAnalysis(DataDependent(), torch.randn(1, 4), execution="real").total() == 32
     with pytest.raises(ModelRunError, match="at operator aten::item.*needs real tensor values"):
         FlopCountAnalysis(DataDependent(), torch.randn(1, 4), execution="fake").total()
+
+
+class InputDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        for _ in range(int(repeats.sum().item())):  # a value of the caller's inputs, not of the weights
+            x = self.fc(x)
+        return x
+
+
+def test_values_of_small_inputs_are_known_to_the_fake_run() -> None:
+    flops = FlopCountAnalysis(InputDependent(), (torch.randn(1, 4), torch.tensor([2, 1])), execution="fake")
+    assert flops.total() == 3 * 16
+    assert flops.trace.execution == "fake" and flops.assumptions() == []
+    with torch.device("meta"):
+        model = InputDependent()
+    assert FlopCountAnalysis(model, (torch.randn(1, 4), torch.tensor([2, 1]))).total() == 3 * 16
 
 
 def test_meta_model_assumes_documented_placeholders_and_reports_them() -> None:

@@ -46,9 +46,31 @@ def test_a_padding_mask_of_the_finite_minimum_counts_as_masked() -> None:
     assert _mask_meta(analysis).attended == 2 * 4 * 3
 
 
-def test_a_mask_without_values_is_unknown_and_reported() -> None:
+def test_a_mask_built_in_a_fake_run_from_known_values_is_read() -> None:
+    class Causal(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            positions = torch.arange(q.shape[-2], device=q.device)
+            mask = positions[None, :] <= positions[:, None]  # built during the run, from no data at all
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
     q = torch.randn(1, 2, 4, 8)
-    analysis = FlopCountAnalysis(Attention(torch.ones(4, 4, dtype=torch.bool).tril()), (q, q, q))
+    for model_input in (q, q.to("meta")):
+        analysis = FlopCountAnalysis(Causal(), model_input)
+        assert analysis.trace.execution == "fake" and not analysis.assumptions()
+        assert _mask_meta(analysis).attended == 2 * 4 * 5 // 2
+
+
+def test_a_mask_without_values_is_unknown_and_reported() -> None:
+    class Learned(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.logits = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, q: torch.Tensor) -> torch.Tensor:  # a mask computed from weights: no values
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=self.logits > 0)
+
+    q = torch.randn(1, 2, 4, 8)
+    analysis = FlopCountAnalysis(Learned(), q)
     assert analysis.trace.execution == "fake"
     assert _mask_meta(analysis).attended is None
     assert any("counted dense" in note for note in analysis.assumptions())

@@ -46,18 +46,20 @@ def test_llama_forward_macs_match_the_analytic_count(tokens: int) -> None:
     assert dense.total() == _analytic_macs(sizes, tokens, tokens * tokens)
 
 
-def test_llama_backward_is_twice_the_forward_products() -> None:
+def test_llama_backward_is_twice_the_weight_products_and_attention_as_fused_kernels_do() -> None:
     model, sizes = _llama()
     analysis = FlopCountAnalysis(model, torch.zeros(2, 64, dtype=torch.long), convention="macs", backward=True)
     phases = analysis.by_phase()
-    # every weight product's input derives from the (trainable) embedding, so each needs both gradients; causal
-    # attention's four gradient products run over the same attended pairs as its forward
-    assert phases["backward"] == 2 * phases["forward"]
-    attention = analysis.by_phase_and_operator("model.layers.0.self_attn")
-    pairs = 2 * sizes["num_attention_heads"] * 64 * 65 // 2
+    pairs = 2 * sizes["num_attention_heads"] * 64 * 65 // 2  # per layer: batch x heads x causal pairs
     head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
-    assert attention["forward"]["scaled_dot_product_attention"] == pairs * 2 * head_dim
-    assert attention["backward"]["scaled_dot_product_attention_backward"] == 2 * pairs * 2 * head_dim
+    attention = sizes["num_hidden_layers"] * pairs * 2 * head_dim
+    # every weight product's input derives from the (trainable) embedding, so each needs both gradients: 2x;
+    # causal attention's backward, as a fused kernel runs it, recomputes q·kᵀ before its four gradient products
+    # over the same attended pairs: 2.5x
+    assert phases["backward"] == 2 * (phases["forward"] - attention) + 5 * attention // 2
+    per_layer = analysis.by_phase_and_operator("model.layers.0.self_attn")
+    assert per_layer["forward"]["scaled_dot_product_attention"] == pairs * 2 * head_dim
+    assert per_layer["backward"]["scaled_dot_product_attention_backward"] == pairs * 5 * head_dim
     assert analysis.by_phase("model.layers.1.mlp") == {"forward": 2 * 64 * 3 * 256 * 688,
                                                         "backward": 4 * 64 * 3 * 256 * 688}
 
@@ -120,4 +122,4 @@ def test_70b_and_mixtral_forward_and_backward_on_meta_under_2_gb(which: str) -> 
         per_token = layers * (2 * d * d + 2 * d * 1024 + d * 8 + 2 * 3 * d * ff) + d * 32000
         attention = layers * 2 * 32 * (tokens * (tokens + 1) // 2) * 128
         assert forward == tokens * per_token + attention
-    assert backward == 2 * forward
+    assert backward == 2 * (forward - attention) + 5 * attention // 2  # as for the small Llama above

@@ -321,15 +321,16 @@ def test_llama2_7b_matches_hugging_face_layout_and_flops() -> None:
     assert named == [(name, tuple(p.shape)) for name, p in reference.named_parameters()]
     assert sum(p.numel() for p in reference.parameters()) == PUBLISHED_PARAMS["llama2_7b"]
     ids = torch.zeros(input_shape("llama2_7b"), dtype=torch.long)
-    # 128 tokens x (parameters less embedding and norms), + causal attention counted dense: 32 x 32 x 128^2 x 256
-    assert _flops(model, ids) == _flops(reference, modelmeter.Args(ids, use_cache=False)) == 850_000_871_424
+    # 128 tokens x (parameters less embedding and norms), + causal attention: 32 x 32 x (128·129/2) x 256
+    assert _flops(model, ids) == _flops(reference, modelmeter.Args(ids, use_cache=False)) == 847_870_164_992
 
 
 def test_llama2_70b_flops_by_arithmetic() -> None:
     ids = torch.zeros(input_shape("llama2_70b"), dtype=torch.long)
     linear = 128 * (PUBLISHED_PARAMS["llama2_70b"] - 32000 * 8192 - 161 * 8192)  # all but embedding and norms
-    attention = 80 * 64 * 128 * 128 * (128 + 128)  # query heads x L x S x (E + Ev), k/v shared (GQA)
-    assert _flops(_llama("llama2_70b"), ids) == linear + attention == 8_816_762_552_320
+    # query heads x causal pairs L(L+1)/2 x (E + Ev), k/v shared (GQA)
+    attention = 80 * 64 * (128 * 129 // 2) * (128 + 128)
+    assert _flops(_llama("llama2_70b"), ids) == linear + attention == 8_806_109_020_160
 
 
 @pytest.mark.slow

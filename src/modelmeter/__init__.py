@@ -19,7 +19,7 @@ from .analysis import (
 from .engine.inputs import Args
 from .engine.trace import OpEvent, TensorMeta, Trace
 from .errors import ModelMeterError, ModelRunError
-from .handles.base import CountInside, Handle, get_shape
+from .handles.base import CountInside, Handle, backward_key, get_shape
 from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
 from .metrics.parameters import parameter_count
 from .reports import Result, build_result, flop_count_str, flop_count_table, parameter_count_table, render
@@ -45,6 +45,7 @@ __all__ = [
     "__version__",
     "activation_count",
     "analyze",
+    "backward_key",
     "build_result",
     "flop_count",
     "flop_count_str",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,13 +25,18 @@ FLEX_ATTENTION = "aten::flex_attention"
 _BLOCK_COUNTS = (2, 4)  # kv_num_blocks, full_kv_num_blocks in that tuple
 
 
-def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+Values = Callable[[Any], "torch.Tensor | None"]
+
+
+def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   values: Values | None = None) -> bool:
     """Set ``attended`` on the mask argument of an attention call in ``inputs`` (placed in schema order).
 
-    Returns False when the call has a mask whose values are unknown (it will be counted dense).
+    ``values`` gives the values of a fake tensor when the run knows them (see :mod:`.values`). Returns False
+    when the call has a mask whose values are unknown (it will be counted dense).
     """
     if op == FLEX_ATTENTION:
-        return _summarize_block_mask(inputs, args)
+        return _summarize_block_mask(inputs, args, values)
     where = MASK_ARGUMENT.get(op)
     if where is None or len(inputs) <= where[1] or not isinstance(inputs[where[1]], TensorMeta):
         return True
@@ -39,7 +45,8 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
     query, key = inputs[0], inputs[1]
     if not isinstance(mask, torch.Tensor) or not isinstance(query, TensorMeta) or not isinstance(key, TensorMeta):
         return True
-    if isinstance(mask, FakeTensor) or mask.is_meta:
+    mask = _with_values(mask, values)
+    if mask is None:
         return False
     full = torch.broadcast_shapes(tuple(mask.shape), (*query.shape[:-1], key.shape[-2]))
     with _disable_current_modes(), torch.no_grad():
@@ -52,7 +59,14 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
     return True
 
 
-def _summarize_block_mask(inputs: list[Any], args: tuple[Any, ...]) -> bool:
+def _with_values(tensor: torch.Tensor, values: Values | None) -> torch.Tensor | None:
+    """``tensor`` itself when it holds values, else its known values, else None."""
+    if not isinstance(tensor, FakeTensor) and not tensor.is_meta:
+        return tensor
+    return values(tensor) if values is not None else None
+
+
+def _summarize_block_mask(inputs: list[Any], args: tuple[Any, ...], values: Values | None) -> bool:
     """``attended`` of a flex_attention block mask: how many (partial and full) blocks it lists."""
     blocks = args[4] if len(args) > 4 else None
     described = inputs[4] if len(inputs) > 4 else None
@@ -64,7 +78,8 @@ def _summarize_block_mask(inputs: list[Any], args: tuple[Any, ...]) -> bool:
         count = blocks[index] if index < len(blocks) else None
         if not isinstance(count, torch.Tensor) or not isinstance(described[index], TensorMeta):
             continue
-        if isinstance(count, FakeTensor) or count.is_meta:
+        count = _with_values(count, values)
+        if count is None:
             return False
         with _disable_current_modes(), torch.no_grad():
             described[index] = dataclasses.replace(described[index], attended=int(count.sum()))

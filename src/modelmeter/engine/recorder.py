@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
@@ -20,6 +21,7 @@ from .inputs import tensors_in
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .trace import Level, OpEvent, Phase, Trace
+from .values import Shadows
 
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
 
@@ -86,6 +88,7 @@ class Recorder:
         self.failed_op: str | None = None
         self._failed_level: str | None = None
         self.placeholders = False
+        self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
         self._noted_masks = False
 
     # module scopes ---------------------------------------------------------------------------
@@ -166,11 +169,13 @@ class Recorder:
 
     def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         inputs, extra = bind_by_name(op.removeprefix("aten::"), args, kwargs)
-        if not summarize_mask(op, inputs, args, kwargs) and not self._noted_masks:
+        values = self.shadows.get if self.shadows is not None else None
+        if not summarize_mask(op, inputs, args, kwargs, values) and not self._noted_masks:
             self._noted_masks = True
             self.trace.assumptions.append(
-                f"{_where(self)}: an attention mask had no values (fake or meta tensors), so masked attention "
-                "is counted dense; is_causal is counted exactly, and execution='real' reads the masks")
+                f"{_where(self)}: an attention mask's values are unknown (it depends on weights or activations, "
+                "or was given on the meta device), so masked attention is counted dense; is_causal is counted "
+                "exactly, and execution='real' reads the masks")
         return inputs, extra
 
     def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
@@ -258,14 +263,22 @@ class DispatchRecorder(TorchDispatchMode):
         rec = self.recorder
         if func.namespace == "prim" or rec.paused:  # device and layout queries are not operators
             return func(*args, **kwargs)
+        shadows = rec.shadows
         try:
-            if rec.placeholders and func in _PLACEHOLDERS:
+            known = shadows.item(args[0]) if shadows is not None and func is _ITEM else None
+            if known is not None:  # .item() of a value-determined tensor: no need for real kernels
+                result = known
+            elif rec.placeholders and func in _PLACEHOLDERS:
                 result = _PLACEHOLDERS[func](rec, args)
+            elif func is _GROUPED_MM and args[0].dtype == torch.float32 and _without_values(args[0]):
+                result = _grouped_mm_in_float32(func, args, kwargs)
             else:
                 result = func(*args, **kwargs)
         except BaseException:
             rec.note_failure(dispatch_op_name(func), "dispatch")
             raise
+        if shadows is not None:
+            shadows.propagate(func, args, kwargs, result)
         rec.add_dispatch(func, args, kwargs, result)
         return result
 
@@ -294,7 +307,23 @@ def _where(rec: Recorder) -> str:
     return f"module {scope[-1]!r}" if scope and scope[-1] else "the model's own forward"
 
 
+def _without_values(tensor: torch.Tensor) -> bool:
+    return tensor.is_meta or isinstance(tensor, FakeTensor)
+
+
+def _grouped_mm_in_float32(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``_grouped_mm`` of float32 operands without values: the CPU kernel takes float32, but the meta kernel
+    (which fake and meta runs use) rejects it. The output is what the meta kernel gives for bfloat16 operands,
+    in float32: the shape checks and the output shape are torch's own."""
+    cast = torch.ops.aten._to_copy.default  # an aten call: not seen by the function recorder
+    low = [cast(a, dtype=torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+           for a in args]
+    return cast(func(*low, **kwargs), dtype=torch.float32)
+
+
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
+_ITEM = torch.ops.aten._local_scalar_dense.default
 _PLACEHOLDERS = {
-    torch.ops.aten._local_scalar_dense.default: _scalar_placeholder,
+    _ITEM: _scalar_placeholder,
     torch.ops.aten.nonzero.default: _nonzero_placeholder,
 }

@@ -30,6 +30,7 @@ from .metadata import describe
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
 from .trace import Trace
+from .values import Shadows
 
 Execution = Literal["auto", "fake", "real"]
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
@@ -94,8 +95,9 @@ class _Run:
             with ExitStack() as stack:
                 if fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-                    args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta)
-                    stack.enter_context(_SwappedState(model, lambda t: fake_mode.from_tensor(t, static_shapes=True)))
+                    shadows = recorder.shadows = Shadows()
+                    args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta, shadows)
+                    stack.enter_context(_SwappedState(model, _Faker(fake_mode, shadows)))
                 else:
                     _reject_meta_inputs_for_real_model(model, args, kwargs)
                     stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
@@ -206,20 +208,40 @@ def _as_leaf(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
-                 model_on_meta: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs as FakeTensors; meta inputs of a real model, and any input of a meta model, move to its device."""
+                 model_on_meta: bool, shadows: Shadows) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs as FakeTensors (their values kept as shadows when small); meta inputs of a real model, and any
+    input of a meta model, move to its device."""
     state = _state_tensors(model)
     target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         device = target if (model_on_meta or t.is_meta) and target is not None else t.device
+        out: torch.Tensor
         if device == t.device:
-            return mode.from_tensor(t, static_shapes=True)
-        with mode:
-            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-        return out.requires_grad_(t.requires_grad)
+            out = mode.from_tensor(t, static_shapes=True)
+        else:
+            with mode:
+                out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+            out.requires_grad_(t.requires_grad)
+        shadows.seed(out, t)
+        return out
 
     return map_tensors(convert, args), map_tensors(convert, kwargs)
+
+
+class _Faker:
+    """A model tensor's FakeTensor stand-in; a buffer or tensor attribute (not a parameter) keeps its values
+    as a shadow, so masks and positions derived from it are known."""
+
+    def __init__(self, mode: FakeTensorMode, shadows: Shadows) -> None:
+        self.mode = mode
+        self.shadows = shadows
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        fake = self.mode.from_tensor(tensor, static_shapes=True)
+        if not isinstance(tensor, nn.Parameter):
+            self.shadows.seed(fake, tensor)
+        return fake
 
 
 class _SwappedState:

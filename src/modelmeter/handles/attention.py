@@ -25,9 +25,6 @@ from .base import CountInside, Handle, backward_key, get_shape, numel, prod, sha
 FORWARD_PAIR_FLOPS = 6
 BACKWARD_PAIR_FLOPS = 6
 BACKWARD_OUTPUT_FLOPS = 2
-# The backward pass of a user-level call is counted without the fused kernels' recomputation: dS = P·(dP - D)
-# and its scale per pair (3), D per output element (2).
-GRADIENT_PAIR_FLOPS = 3
 # fused encoder layer (``flops``), as the unfused layer counts: an affine layer norm costs 7 per element and 4
 # per row (:mod:`.norms`), the MLP activation and each residual add 1 per element (:mod:`.elementwise`)
 LAYER_NORM_ELEMENT_FLOPS, LAYER_NORM_ROW_FLOPS = 7, 4
@@ -165,16 +162,6 @@ def backward_macs(a: Attention) -> int:
     return a.pairs * (3 * a.e + 2 * a.ev)
 
 
-def gradient_macs(a: Attention) -> int:
-    """The four gradient products of a call's backward pass, ``dV``, ``dP`` (over ``Ev``) and ``dQ``, ``dK``
-    (over ``E``) per attended pair: twice the forward, whichever kernel ran (no recomputation)."""
-    return 2 * forward_macs(a)
-
-
-def gradient_flops(a: Attention) -> int:
-    return 2 * gradient_macs(a) + a.pairs * GRADIENT_PAIR_FLOPS + BACKWARD_OUTPUT_FLOPS * a.heads * a.lq * a.ev
-
-
 def forward_flops(a: Attention) -> int:
     return 2 * forward_macs(a) + a.pairs * (FORWARD_PAIR_FLOPS + a.additive_mask)
 
@@ -218,15 +205,6 @@ def _kernel_handle(parse: Parse, backward: bool, real_flops: bool, dense: bool) 
         return Counter({_BACKWARD_KEY if backward else _FORWARD_KEY: value})
 
     handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention over the attended pairs. {parse.__doc__}"
-    return handle
-
-
-def _call_backward_handle(parse: Parse, real_flops: bool, dense: bool) -> Handle:
-    def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
-        a = parse(inputs, dense)
-        return Counter({_BACKWARD_KEY: gradient_flops(a) if real_flops else gradient_macs(a)})
-
-    handle.__doc__ = "The backward pass of an attention call: its four gradient products over the attended pairs."
     return handle
 
 
@@ -340,10 +318,11 @@ def handles(convention: str, dense_attention: bool = False) -> dict[str, Handle 
     real = convention == "flops"
     table: dict[str, Handle | CountInside | None] = {
         op: _kernel_handle(parse, backward, real, dense_attention) for op, (parse, backward) in _KERNELS.items()}
-    # The backward pass of a user-level call is counted from the call, whichever kernel (or math-path products)
-    # autograd runs for it: the same attended pairs as its forward, the mask's count included.
+    # The backward pass of a user-level call is counted from the call, as a fused kernel does it, whichever
+    # kernel (or math-path products) autograd runs: the same attended pairs as its forward, the mask's count
+    # included, and the same number on every device.
     sdpa = "aten::scaled_dot_product_attention"
-    table[backward_key(sdpa)] = _call_backward_handle(_KERNELS[sdpa][0], real, dense_attention)
+    table[backward_key(sdpa)] = _kernel_handle(_KERNELS[sdpa][0], True, real, dense_attention)
     table["aten::flex_attention"] = _flex_handle(real, dense_attention)
     table["aten::_native_multi_head_attention"] = _fused_handle(native_mha_cost, real, norms=False)
     table["aten::_transformer_encoder_layer_fwd"] = _fused_handle(encoder_layer_cost, real, convention == "fvcore")

@@ -46,7 +46,8 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     arguments its operator's schema could not place is looked into, since its handle would not see them. A
     backward operator whose autograd
     node was made by a user-level call with a ``backward:`` entry (:func:`backward_key`) is covered by that
-    entry, applied once per call. Element-wise operators without
+    entry, applied once per call to the forward call's ``(inputs, outputs)`` (an entry set to ``None`` counts
+    them operator by operator again). Element-wise operators without
     a handle cost ``elementwise`` (free when it is None). Each count is also kept under the event's phase
     and under the dtype the work was done in (see :func:`work_dtype`).
     """
@@ -62,9 +63,9 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
         event = events[index]
         if event.origin >= 0 and event.phase == "backward":
             origin = events[event.origin]
-            whole = handles.get(backward_key(origin.op), _MISSING)
-            if whole is not _MISSING:  # the call's backward pass has a formula of its own: counted once
-                if whole is not None and event.origin not in covered:
+            whole = handles.get(backward_key(origin.op))
+            if whole is not None and not isinstance(whole, CountInside):  # a formula of its own: counted once
+                if event.origin not in covered:
                     covered.add(event.origin)
                     tally.add(event, ancestors(event.scope),
                               _as_counter(origin.op, whole(origin.inputs, origin.outputs)), into)
