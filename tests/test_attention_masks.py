@@ -107,3 +107,30 @@ def test_flex_attention_counts_the_blocks_its_mask_lists(execution: str) -> None
     assert flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False  # the switch is put back
     no_mask = FlopCountAnalysis(Flex(), (q, q, q), convention="macs")
     assert no_mask.total() == 2 * heads * length * length * dim and not no_mask.assumptions()
+
+
+def test_values_updated_in_place_by_unknown_values_are_forgotten() -> None:
+    class Stale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = nn.Parameter(torch.zeros(4, 4))
+
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones(4, 4).tril()  # known ...
+            mask.add_(self.bias)  # ... until a weight is added in place: unknown again
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=mask > 0)
+
+    analysis = FlopCountAnalysis(Stale(), torch.randn(1, 2, 4, 8))
+    assert _mask_meta(analysis).attended is None
+    assert any("counted dense" in note for note in analysis.assumptions())
+
+
+def test_large_tensors_are_not_followed() -> None:
+    from modelmeter.engine import values
+
+    class Big(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones(values.LIMIT + 1, dtype=torch.bool)[: 16].view(4, 4)
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    assert _mask_meta(FlopCountAnalysis(Big(), torch.randn(1, 2, 4, 8))).attended is None

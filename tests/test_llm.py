@@ -81,7 +81,7 @@ _LARGE = textwrap.dedent("""
         config = transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                                           num_attention_heads=64, num_key_value_heads=8, vocab_size=32000)
         cls, dtype = transformers.LlamaForCausalLM, torch.float32
-    else:  # mixtral 8x7b, in bfloat16 as it is run (its grouped expert product has no float32 kernel on CPU)
+    else:  # mixtral 8x7b, in bfloat16 as it is run
         config = transformers.MixtralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                             num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                                             num_local_experts=8, num_experts_per_tok=2)

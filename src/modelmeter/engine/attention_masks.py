@@ -23,6 +23,7 @@ MASK_ARGUMENT = {"aten::scaled_dot_product_attention": ("attn_mask", 3)}
 # flex_attention(q, k, v, score_mod, block_mask_tuple, ...): the block mask as BlockMask.as_tuple()
 FLEX_ATTENTION = "aten::flex_attention"
 _BLOCK_COUNTS = (2, 4)  # kv_num_blocks, full_kv_num_blocks in that tuple
+ATTENTION_CALLS = frozenset({*MASK_ARGUMENT, FLEX_ATTENTION})
 
 
 Values = Callable[[Any], "torch.Tensor | None"]

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
-from .attention_masks import summarize_mask
+from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
@@ -192,6 +192,12 @@ class Recorder:
         if self.track_autograd and self.phase != "backward":
             self.tag_nodes(result, events[index].scope, index)
 
+    def in_attention_call(self) -> bool:
+        """True inside an attention call: its mask was read at the call, nothing inside needs values (and the
+        masks a math kernel builds for itself are large)."""
+        events = self.trace.events
+        return any(events[i].op in ATTENTION_CALLS for i in self._open)
+
     def abandon_function(self, index: int, opened: bool) -> None:
         if opened and self._open and self._open[-1] == index:
             self._open.pop()
@@ -277,7 +283,7 @@ class DispatchRecorder(TorchDispatchMode):
         except BaseException:
             rec.note_failure(dispatch_op_name(func), "dispatch")
             raise
-        if shadows is not None:
+        if shadows is not None and not rec.in_attention_call():
             shadows.propagate(func, args, kwargs, result)
         rec.add_dispatch(func, args, kwargs, result)
         return result
