@@ -19,10 +19,10 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import torch
 
@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                "(`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit status: 0 success, "
                "2 usage error, 1 the model failed to build or run.",
     )
-    parser.add_argument("model", nargs="?", default="resnet50", metavar="MODEL",
-                        help="what to analyse (default resnet50); `list` shows the built-in models")
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                        help="what to analyse (default resnet50); `list` shows the built-in models; "
+                             "`diff A.json B.json` compares two saved analyses")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides (transformers) or builder / factory keyword arguments")
     inputs = parser.add_argument_group("inputs (default: the model's own, batch 1)")
@@ -146,7 +147,36 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     out.add_argument("--depth", type=_depth, default=2, metavar="N", help="module depth shown (default 2)")
     out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    guard = parser.add_argument_group("cost guard (docs/guard.md)")
+    guard.add_argument("--budget", type=_budget, metavar="METRIC=N,...",
+                       help="exit 1 when a metric is over its budget, e.g. flops=4.2G,params=26M,activations=12M")
+    guard.add_argument("--save-baseline", metavar="FILE", help="add (or replace) this model's costs in FILE")
+    guard.add_argument("--check-baseline", metavar="FILE",
+                       help="exit 1 when a metric of a module grew beyond --tolerance over FILE's entry; without "
+                            "MODEL, check every model FILE holds (in parallel)")
+    guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
+                       help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
+    guard.add_argument("--name", metavar="NAME", help="the baseline entry's name (default: MODEL and key=value)")
     return parser
+
+
+def _budget(text: str) -> dict[str, float]:
+    from .guard import parse_budget
+
+    try:
+        return parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a tolerance: {text!r} (e.g. 1% or 0.01)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a tolerance cannot be negative: {text!r}")
+    return value
 
 
 # --- one analysis (also the sweep's worker) --------------------------------------------------------------
@@ -219,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list(args)
         if args.model == "cache":
             return _cache_command(args)
+        if args.model == "diff":
+            return _diff_command(args)
+        if args.model is None and args.check_baseline:
+            return _check_all(args)
         job = _job(args)
         if args.sweep:
             return _run_sweep(args, job)
@@ -239,7 +273,9 @@ def _job(args: argparse.Namespace) -> Job:
     if args.sweep and given[args.sweep[0]] is not None:
         raise ModelSpecError(f"--sweep {args.sweep[0].replace('_', '-')}=... and "
                              f"--{args.sweep[0].replace('_', '-')} both set; keep one")
-    return Job(spec=args.model, overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
+    if args.sweep and (args.budget or args.save_baseline or args.check_baseline):
+        raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline per run")
+    return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
                convention=args.convention, backward=args.backward, dense_attention=args.dense_attention,
                cache=args.cache, cache_dir=args.cache_dir, **given)
@@ -254,6 +290,121 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
         passes = "forward + backward" if job.backward else "forward"
         text = (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
                 f"{result.convention} convention, {seconds:.2f} s)\n{text}")
+    _emit(text, args.output)
+    return _guard(args, job, result)
+
+
+# --- cost guard ------------------------------------------------------------------------------------------
+def _guard(args: argparse.Namespace, job: Job, result: Result) -> int:
+    """--budget, --save-baseline and --check-baseline for one analysed model: 0, or 1 when a cost is too high."""
+    from .guard import BaselineFile, BaselineMismatch, check_budget, compare, entry_from_result
+
+    status = 0
+    name = args.name or " ".join([job.spec, *job.overrides])
+    if args.budget:
+        try:
+            over = check_budget(result, args.budget)
+        except ValueError as exc:
+            raise ModelSpecError(str(exc)) from None
+        for item in over:
+            print(f"modelmeter: over budget: {name}: {item}", file=sys.stderr)
+        status = 1 if over else status
+    entry = entry_from_result(result, spec=_job_argv(job))
+    if args.check_baseline:
+        try:
+            comparison = compare(name, BaselineFile.load(args.check_baseline).entry(name, args.check_baseline),
+                                 entry, args.tolerance)
+        except BaselineMismatch as exc:
+            raise ModelSpecError(str(exc)) from None
+        print(comparison.report(), file=sys.stderr)
+        status = 1 if not comparison.ok else status
+    if args.save_baseline:
+        baselines = BaselineFile.load(args.save_baseline) if os.path.exists(args.save_baseline) else BaselineFile()
+        baselines.entries[name] = entry
+        baselines.save(args.save_baseline)
+        print(f"modelmeter: saved the baseline of {name} in {args.save_baseline}", file=sys.stderr)
+    return status
+
+
+def _job_argv(job: Job) -> list[str]:
+    """The command-line arguments that build and run ``job`` again (what a baseline entry keeps)."""
+    argv = [job.spec, *job.overrides]
+    for shape, dtype in job.shapes:
+        argv += ["--input", "x".join(map(str, shape)) + (f":{str(dtype).removeprefix('torch.')}" if dtype else "")]
+    for flag, value in (("--batch", job.batch), ("--resolution", job.resolution), ("--seq-len", job.seq_len)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if job.dtype is not None:
+        argv += ["--dtype", str(job.dtype).removeprefix("torch.")]
+    argv += ["--convention", job.convention, "--execution", job.execution]
+    argv += ["--backward"] * job.backward + ["--dense-attention"] * job.dense_attention
+    return argv
+
+
+def baseline_point(job: Job) -> dict[str, Any]:
+    """Worker of a baseline check (top level, for spawned processes): the entry as data, or the error."""
+    from dataclasses import asdict
+
+    from .guard import entry_from_result
+
+    try:
+        result, _, _, _ = analyse(job)
+    except ModelSpecError as exc:
+        return {"error": one_line(exc), "code": 2}
+    except ModelMeterError as exc:
+        return {"error": one_line(exc), "code": 1}
+    return {"entry": asdict(entry_from_result(result, spec=_job_argv(job)))}
+
+
+def _check_all(args: argparse.Namespace) -> int:
+    """``modelmeter --check-baseline FILE``: every model of FILE analysed again (in parallel) and compared."""
+    from .guard import BaselineFile, BaselineMismatch, Entry, compare
+
+    baselines = BaselineFile.load(args.check_baseline)
+    if not baselines.entries:
+        raise ModelSpecError(f"the baseline {args.check_baseline!r} holds no models")
+    parser = build_parser()
+    jobs = {}
+    for name, entry in baselines.entries.items():
+        if not entry.spec:
+            raise ModelSpecError(f"the baseline entry {name!r} was not saved by the command: check it where it was "
+                                 "saved (e.g. with the pytest plugin)")
+        jobs[name] = replace(_job(parser.parse_intermixed_args(entry.spec)), cache=args.cache,
+                             cache_dir=args.cache_dir)
+    outcomes = _in_parallel(baseline_point, jobs, args.jobs, "baselines")
+    status = 0
+    for name, outcome in outcomes.items():
+        if "error" in outcome:
+            print(f"modelmeter: {name}: {outcome['error']}", file=sys.stderr)
+            status = max(status, int(outcome["code"]))
+            continue
+        try:
+            comparison = compare(name, baselines.entries[name], Entry(**outcome["entry"]), args.tolerance)
+        except BaselineMismatch as exc:
+            print(f"modelmeter: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        print(comparison.report())
+        status = max(status, 0 if comparison.ok else 1)
+    return status
+
+
+def _diff_command(args: argparse.Namespace) -> int:
+    """``modelmeter diff A.json B.json``: per-module differences, the largest change first."""
+    from .guard import diff, load_costs, render_diff
+
+    if len(args.overrides) != 2:
+        raise ModelSpecError("usage: modelmeter diff BEFORE.json AFTER.json (results saved with --format json, "
+                             "or baseline files)")
+    try:
+        differences = diff(load_costs(args.overrides[0]), load_costs(args.overrides[1]))
+    except ModelMeterError as exc:
+        raise ModelSpecError(str(exc)) from None
+    if args.format == "json":
+        text = json.dumps([{"module": d.module, "metric": d.metric, "before": d.before, "after": d.after,
+                            "change": d.change} for d in differences], indent=2)
+    else:
+        text = render_diff(differences)
     _emit(text, args.output)
     return 0
 
@@ -323,23 +474,8 @@ def _run_sweep(args: argparse.Namespace, job: Job) -> int:
         loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
         loaded.inputs(batch=probe.batch, resolution=probe.resolution, seq_len=probe.seq_len)
         del loaded, probe
-    progress = _Progress(len(values), f"sweep {axis.replace('_', '-')}")
-    rows: dict[int, dict[str, Any]] = {}
-    try:
-        if workers <= 1:
-            for v, j in zip(values, jobs, strict=True):
-                rows[v] = sweep_point(j)
-                progress.step(f"{v}")
-        else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures: dict[Future[dict[str, Any]], int] = {
-                    pool.submit(sweep_point, j): v for v, j in zip(values, jobs, strict=True)}
-                for future in as_completed(futures):
-                    rows[futures[future]] = future.result()
-                    progress.step(f"{futures[future]}")
-    finally:
-        progress.close()
+    rows = _in_parallel(sweep_point, dict(zip(values, jobs, strict=True)), workers,
+                        f"sweep {axis.replace('_', '-')}")
     failed = [(v, rows[v]) for v in values if "error" in rows[v]]
     if failed:
         value, row = failed[0]
@@ -347,6 +483,33 @@ def _run_sweep(args: argparse.Namespace, job: Job) -> int:
         return int(row["code"])
     _emit(_sweep_report(job, axis, values, [rows[v] for v in values], args.format), args.output)
     return 0
+
+
+K = TypeVar("K")
+
+
+def _in_parallel(work: Callable[[Job], dict[str, Any]], jobs: dict[K, Job], workers: int | None,
+                 label: str) -> dict[K, dict[str, Any]]:
+    """``work(job)`` for every job, in spawned worker processes when there are several (one per job, at most
+    the CPU count or ``workers``), with a progress line; results in the order of ``jobs``."""
+    count = min(workers or os.cpu_count() or 1, len(jobs))
+    progress = _Progress(len(jobs), label)
+    done: dict[K, dict[str, Any]] = {}
+    try:
+        if count <= 1:
+            for key, job in jobs.items():
+                done[key] = work(job)
+                progress.step(f"{key}")
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
+                futures: dict[Future[dict[str, Any]], K] = {pool.submit(work, job): key for key, job in jobs.items()}
+                for future in as_completed(futures):
+                    done[futures[future]] = future.result()
+                    progress.step(f"{futures[future]}")
+    finally:
+        progress.close()
+    return {key: done[key] for key in jobs}
 
 
 def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:

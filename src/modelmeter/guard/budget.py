@@ -1,0 +1,73 @@
+"""Budgets: ``flops=4.2G,params=26M,activations=12M`` — upper limits on a model's costs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..reports.fvcore_tables import format_size
+from ..reports.result import Result
+
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
+
+
+def parse_quantity(text: str) -> float:
+    """``"4.2G"`` -> 4.2e9, ``"26M"`` -> 26e6, ``"2GiB"`` -> 2·2³⁰, ``"1500"`` -> 1500 (K/M/G/T/P are powers of
+    1000, Ki/Mi/Gi/Ti/Pi of 1024; a trailing ``B`` is allowed)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([kmgtp]i?)?b?\s*", text.strip().lower())
+    if match is None:
+        raise ValueError(f"not a quantity: {text!r} (e.g. 4.2G, 26M, 2GiB, 1500)")
+    number, exponent, unit = match.groups()
+    value = float(number) * (10 ** int(exponent) if exponent else 1)
+    unit = unit or ""
+    return value * (_BINARY[unit] if unit.endswith("i") else _DECIMAL[unit])
+
+
+Budget = dict[str, float]
+
+
+def parse_budget(text: str) -> Budget:
+    """``"flops=4.2G,params=26M"`` -> ``{"flops": 4.2e9, "params": 26e6}``; a clear error for anything else."""
+    budget: Budget = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        metric, sep, amount = part.partition("=")
+        if not sep or not metric.strip():
+            raise ValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
+        budget[metric.strip()] = parse_quantity(amount)
+    if not budget:
+        raise ValueError("an empty budget: give metric=amount pairs, e.g. flops=4.2G,params=26M")
+    return budget
+
+
+@dataclass(frozen=True)
+class Over:
+    """One metric over its budget."""
+
+    metric: str
+    value: float
+    limit: float
+
+    def __str__(self) -> str:
+        excess = self.value - self.limit
+        share = f" (+{100 * excess / self.limit:.1f}%)" if self.limit else ""
+        return (f"{self.metric}: {format_size(self.value)} ({self.value:,.0f}) is over the budget of "
+                f"{format_size(self.limit)} by {format_size(excess)}{share}")
+
+
+def metric_values(result: Result) -> dict[str, float]:
+    """The model's totals by metric name: every metric of the result, and ``params``."""
+    return {"params": float(result.root.params), **{m: float(result.total(m)) for m in result.metrics}}
+
+
+def check_budget(result: Result, budget: Budget) -> list[Over]:
+    """The metrics of ``result`` over ``budget``; an unknown metric is a :class:`ValueError` naming the known ones."""
+    values = metric_values(result)
+    unknown = [m for m in budget if m not in values]
+    if unknown:
+        hint = " (phase metrics need --backward)" if any(m.endswith("_flops") for m in unknown) else \
+            " (memory metrics come with the memory analysis, which is not available yet)" \
+            if any("memory" in m for m in unknown) else ""
+        raise ValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{hint}; "
+                         f"known: {', '.join(sorted(values))}")
+    return [Over(m, values[m], limit) for m, limit in budget.items() if values[m] > limit]

@@ -1,0 +1,200 @@
+"""The cost guard: budgets, baselines (one or many models), their comparison, and diffs — library and command."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from modelmeter import analyze
+from modelmeter.cli import main
+from modelmeter.errors import ModelMeterError
+from modelmeter.guard import (
+    BaselineFile,
+    BaselineMismatch,
+    check_budget,
+    compare,
+    diff,
+    entry_from_result,
+    load_costs,
+    parse_budget,
+    parse_quantity,
+)
+
+MODEL_FILE = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def build(extra: int = 0, batch: int = 2):
+        layers = [nn.Linear(16, 32), nn.ReLU(), *(nn.Linear(32, 32) for _ in range(int(extra))), nn.Linear(32, 4)]
+        return nn.Sequential(*layers), torch.randn(int(batch), 16)
+""")
+
+
+def mlp(extra: int = 0) -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), *(nn.Linear(32, 32) for _ in range(extra)), nn.Linear(32, 4))
+
+
+def entry(model: nn.Module, x: torch.Tensor, **options: object):  # type: ignore[no-untyped-def]
+    return entry_from_result(analyze(model, x, quiet=True, **options).result())  # type: ignore[arg-type]
+
+
+# --- quantities and budgets -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "value"), [
+    ("4.2G", 4.2e9), ("26M", 26e6), ("12m", 12e6), ("1500", 1500), ("2GiB", 2 * 2**30), ("1.5kib", 1536),
+    ("3e9", 3e9), ("0.5T", 5e11), ("64KB", 64_000),
+])
+def test_quantities(text: str, value: float) -> None:
+    assert parse_quantity(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("bad", ["", "G", "4.2X", "-1M", "flops"])
+def test_bad_quantities_are_named(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a quantity"):
+        parse_quantity(bad)
+
+
+def test_budget_lists_what_is_over_and_by_how_much() -> None:
+    result = analyze(mlp(), torch.randn(2, 16), quiet=True).result()
+    assert parse_budget("flops=1K, params=100") == {"flops": 1000, "params": 100}
+    over = check_budget(result, parse_budget("flops=1K,params=1M,activations=72"))
+    assert [o.metric for o in over] == ["flops"]  # 2·16·32 + 2·32·4 = 1280 > 1000; activations 72 is not over
+    assert str(over[0]) == "flops: 1.28K (1,280) is over the budget of 1K by 0.28K (+28.0%)"
+    with pytest.raises(ValueError, match="no metric 'peak_memory'.*memory analysis"):
+        check_budget(result, {"peak_memory": 2**31})
+    with pytest.raises(ValueError, match="need --backward"):
+        check_budget(result, {"backward_flops": 1})
+    with pytest.raises(ValueError, match="metric=amount"):
+        parse_budget("flops")
+
+
+# --- comparing with a baseline ----------------------------------------------------------------------------
+def test_a_model_that_grows_by_one_layer_fails_naming_the_module() -> None:
+    x = torch.randn(2, 16)
+    comparison = compare("mlp", entry(mlp(), x), entry(mlp(extra=1), x))
+    assert not comparison.ok
+    grown = {(c.module, c.metric) for c in comparison.grew}
+    assert ("", "flops") in grown and ("2", "flops") in grown and ("2", "params") in grown
+    assert comparison.grew[0].module == ""  # the model first, then modules by size of change
+    assert comparison.added == ["3"]
+    report = comparison.report()
+    assert "over its baseline" in report and "module '2': flops 0.256K -> 2.048K (+1,792, +700.0%)" in report
+
+
+def test_within_tolerance_passes_and_shrinking_is_a_note() -> None:
+    x = torch.randn(2, 16)
+    before, after = entry(mlp(), x), entry(mlp(), x)
+    after.modules[""]["flops"] = before.modules[""]["flops"] * 1.009
+    assert compare("mlp", before, after, tolerance=0.01).ok
+    assert not compare("mlp", before, after, tolerance=0.005).ok
+    after.modules[""]["flops"] = before.modules[""]["flops"] * 0.5
+    smaller = compare("mlp", before, after, tolerance=0.01)
+    assert smaller.ok and smaller.shrank and "save the baseline again" in smaller.report()
+    with pytest.raises(ValueError, match="tolerance"):
+        compare("mlp", before, after, tolerance=-1)
+
+
+@pytest.mark.parametrize(("changed", "message"), [
+    ({"x": torch.randn(4, 16)}, "inputs 2x16 float32, this run has 4x16 float32"),
+    ({"convention": "macs"}, "convention 'fvcore', this run has 'macs'"),
+    ({"backward": True}, "backward pass False, this run has True"),
+])
+def test_runs_that_are_not_comparable_are_a_mismatch(changed: dict[str, object], message: str) -> None:
+    x = changed.pop("x", torch.randn(2, 16))
+    assert isinstance(x, torch.Tensor)
+    with pytest.raises(BaselineMismatch, match=message):
+        compare("mlp", entry(mlp(), torch.randn(2, 16)), entry(mlp(), x, **changed))
+
+
+def test_baseline_file_keeps_several_models_and_is_stable(tmp_path: Path) -> None:
+    path = tmp_path / "costs" / "baseline.json"
+    baselines = BaselineFile({"a": entry(mlp(), torch.randn(2, 16)), "b": entry(mlp(1), torch.randn(3, 16))})
+    baselines.save(path)
+    text = path.read_text()
+    data = json.loads(text)
+    assert data["format"] == "modelmeter-baseline" and data["schema_version"] == 1
+    assert set(data["models"]) == {"a", "b"} and "seconds" not in text and "torch" in data
+    again = BaselineFile.load(path)
+    assert again.entries == baselines.entries
+    again.save(path)
+    assert path.read_text() == text  # byte-stable
+    with pytest.raises(BaselineMismatch, match="no entry 'c'.*entries: a, b"):
+        again.entry("c", path)
+    (tmp_path / "other.json").write_text('{"format": "something else"}')
+    with pytest.raises(ModelMeterError, match="not a modelmeter baseline"):
+        BaselineFile.load(tmp_path / "other.json")
+    with pytest.raises(ModelMeterError, match="no baseline file"):
+        BaselineFile.load(tmp_path / "missing.json")
+
+
+def test_diff_of_two_saved_analyses(tmp_path: Path) -> None:
+    x = torch.randn(2, 16)
+    for name, model in (("a", mlp()), ("b", mlp(extra=2))):
+        (tmp_path / f"{name}.json").write_text(analyze(model, x, quiet=True).result().to_json())
+    differences = diff(load_costs(tmp_path / "a.json"), load_costs(tmp_path / "b.json"))
+    changes = [abs(d.change) for d in differences]
+    assert changes == sorted(changes, reverse=True)
+    assert (differences[0].module, differences[0].metric, differences[0].change) == ("", "flops", 2 * 2 * 32 * 32)
+    assert diff(load_costs(tmp_path / "a.json"), load_costs(tmp_path / "a.json")) == []
+
+
+# --- the command ------------------------------------------------------------------------------------------
+def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[str, str]:
+    status = main([*argv, "--no-cache", "--depth", "0"])
+    out, err = capsys.readouterr()
+    assert status == code, f"exit {status}, stderr: {err}"
+    return out, err
+
+
+def test_command_saves_checks_and_names_what_grew(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.py").write_text(MODEL_FILE)
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    cli(capsys, "resnet18", "--resolution", "32", "--save-baseline", "costs.json")
+    assert set(BaselineFile.load("costs.json").entries) == {"m.py:build", "resnet18"}
+    _, err = cli(capsys, "m.py:build", "--check-baseline", "costs.json")
+    assert "m.py:build: within its baseline" in err
+    _, err = cli(capsys, "m.py:build", "extra=1", "--name", "m.py:build", "--check-baseline", "costs.json", code=1)
+    assert "grew   module '2': flops" in err and "new modules: 3" in err
+    _, err = cli(capsys, "m.py:build", "batch=4", "--name", "m.py:build", "--check-baseline", "costs.json",
+                 code=2)
+    assert "recorded with inputs 2x16 float32, this run has 4x16 float32" in err
+    _, err = cli(capsys, "m.py:build", "--convention", "macs", "--check-baseline", "costs.json", code=2)
+    assert "convention 'fvcore'" in err
+    out, _ = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1")  # every model of the file
+    assert "m.py:build: within its baseline" in out and "resnet18: within its baseline" in out
+
+
+def test_command_check_all_fails_when_one_model_grew(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.py").write_text(MODEL_FILE)
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    Path("m.py").write_text(MODEL_FILE.replace("range(int(extra))", "range(int(extra) + 1)"))
+    out, _ = cli(capsys, "--check-baseline", "costs.json", "--tolerance", "1%", "--jobs", "1", code=1)
+    assert "m.py:build: over its baseline (tolerance 1.00%)" in out and "module '2'" in out
+
+
+def test_command_budget_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.py").write_text(MODEL_FILE)
+    cli(capsys, "m.py:build", "--budget", "flops=2K,params=1M")
+    _, err = cli(capsys, "m.py:build", "--budget", "flops=1K,params=100", code=1)
+    assert "over budget: m.py:build: flops: 1.28K" in err and "params: 0.676K" in err
+    cli(capsys, "m.py:build", "--budget", "peak_memory=2GiB", code=2)
+    cli(capsys, "m.py:build", "--budget", "flops=lots", code=2)
+    cli(capsys, "m.py:build", "--format", "json", "--output", "a.json")
+    cli(capsys, "m.py:build", "extra=2", "--format", "json", "--output", "b.json")
+    out, _ = cli(capsys, "diff", "a.json", "b.json")
+    assert out.splitlines()[1].split()[:2] == ["model", "flops"]
+    data = json.loads(cli(capsys, "diff", "a.json", "b.json", "--format", "json")[0])
+    assert data[0] == {"module": "", "metric": "flops", "before": 1280, "after": 1280 + 2 * 2 * 32 * 32,
+                       "change": 2 * 2 * 32 * 32}
+    cli(capsys, "diff", "a.json", code=2)
+    cli(capsys, "diff", "a.json", "missing.json", code=2)
