@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from model_helpers import FusedEncoderLayer, FusedSelfAttention
 from modelmeter import FlopCountAnalysis, TensorMeta
 from modelmeter.engine.metadata import describe, flat_outputs, place_arguments
 from modelmeter.handles import attention, fvcore, products
@@ -332,17 +333,6 @@ def test_flex_attention_counts_the_block_mask() -> None:
 
 
 # --- fused fast paths ------------------------------------------------------------------------------
-class FusedSelfAttention(nn.Module):
-    def __init__(self, mha: nn.MultiheadAttention) -> None:
-        super().__init__()
-        self.mha = mha
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.mha
-        return torch._native_multi_head_attention(x, x, x, m.embed_dim, m.num_heads, m.in_proj_weight,
-                                                  m.in_proj_bias, m.out_proj.weight, m.out_proj.bias)[0]
-
-
 def test_fused_multihead_attention_in_every_convention() -> None:
     # (2, 16, 32), 4 heads of 8: projections 2*16*32*(96 + 32); attention 2 * (2*4*16*16*8)
     model, x = FusedSelfAttention(nn.MultiheadAttention(32, 4, batch_first=True).eval()), torch.randn(2, 16, 32)
@@ -351,22 +341,6 @@ def test_fused_multihead_attention_in_every_convention() -> None:
     assert measure(model, x).by_operator() == measure(model, x, "fvcore").by_operator() == expected
     assert measure(model, x, "flops").by_operator() == Counter({"linear": 2 * linear + 2 * 16 * 128,
                                                                FWD: 2 * products_ + 6 * pairs})
-
-
-class FusedEncoderLayer(nn.Module):
-    """Calls the operator of TransformerEncoderLayer's fast path directly (as its forward does)."""
-
-    def __init__(self, layer: nn.TransformerEncoderLayer) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, src: torch.Tensor) -> torch.Tensor:
-        x = self.layer
-        return torch._transformer_encoder_layer_fwd(
-            src, x.self_attn.embed_dim, x.self_attn.num_heads, x.self_attn.in_proj_weight, x.self_attn.in_proj_bias,
-            x.self_attn.out_proj.weight, x.self_attn.out_proj.bias, x.activation_relu_or_gelu == 2, x.norm_first,
-            x.norm1.eps, x.norm1.weight, x.norm1.bias, x.norm2.weight, x.norm2.bias, x.linear1.weight,
-            x.linear1.bias, x.linear2.weight, x.linear2.bias, None, None)
 
 
 def test_fused_encoder_layer_in_every_convention() -> None:

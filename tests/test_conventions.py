@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from model_helpers import Fn
 from modelmeter import FlopCountAnalysis
 from modelmeter.engine.trace import TensorMeta
 from modelmeter.handles import attention, elementwise, layers, norms, pooling, products, reductions
@@ -35,17 +36,6 @@ from modelmeter.handles.fvcore import FLOP_HANDLES
 
 PROPERTY = settings(max_examples=25, deadline=None)
 FAMILIES = (elementwise, reductions, norms, pooling, layers)
-
-
-class Fn(nn.Module):
-    """A module that calls ``fn`` on its arguments."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def analysis(model: nn.Module | Callable[..., Any], *inputs: torch.Tensor, convention: str = "flops",

@@ -28,23 +28,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import modelmeter
+from model_helpers import Fn, FusedEncoderLayer, FusedSelfAttention
 from modelmeter import ActivationCountAnalysis, Args, FlopCountAnalysis, get_shape
 
 PROPERTY = settings(max_examples=30, deadline=None)
 
 
 # --- helpers --------------------------------------------------------------------------------------
-class Fn(nn.Module):
-    """A module that calls ``fn`` on its arguments (to count a functional call)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
 def randn(*shapes: tuple[int, ...]) -> Any:
     """One tensor for one shape, a tuple of tensors for several."""
     tensors = tuple(torch.randn(*s) for s in shapes)
@@ -506,38 +496,6 @@ class SelfAttention(nn.Module):
         return self.mha(x, x, x, need_weights=self.need_weights)[0]
 
 
-class FusedSelfAttention(nn.Module):
-    """Calls the operator of MultiheadAttention's fast path directly."""
-
-    def __init__(self, mha: nn.MultiheadAttention) -> None:
-        super().__init__()
-        self.mha = mha
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.mha
-        return torch._native_multi_head_attention(x, x, x, m.embed_dim, m.num_heads, m.in_proj_weight,
-                                                  m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, None,
-                                                  False)[0]
-
-
-class FusedEncoderLayer(nn.Module):
-    """Calls the operator of TransformerEncoderLayer's fast path directly (as its forward does)."""
-
-    def __init__(self, layer: nn.TransformerEncoderLayer) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, src: torch.Tensor) -> torch.Tensor:
-        x = self.layer
-        return torch._transformer_encoder_layer_fwd(
-            src, x.self_attn.embed_dim, x.self_attn.num_heads, x.self_attn.in_proj_weight, x.self_attn.in_proj_bias,
-            x.self_attn.out_proj.weight, x.self_attn.out_proj.bias, x.activation_relu_or_gelu == 2, x.norm_first,
-            x.norm1.eps, x.norm1.weight, x.norm1.bias, x.norm2.weight, x.norm2.bias, x.linear1.weight,
-            x.linear1.bias, x.linear2.weight, x.linear2.bias, None, None)
-
-
-# MultiheadAttention(32, 4) on (2, 16, 32): projections in (32 -> 96) and out (32 -> 32) on 2*16 tokens,
-# two products per head of 16 x 16 x 8 (head dim 32 / 4).
 MHA_LINEAR = 2 * 16 * 32 * 96 + 2 * 16 * 32 * 32
 MHA_PRODUCTS = 2 * (2 * 4 * 16 * 16 * 8)
 

@@ -24,21 +24,13 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from model_helpers import Fn
 from modelmeter import FlopCountAnalysis, TensorMeta
 from modelmeter.engine.metadata import describe, flat_outputs, place_arguments
 from modelmeter.handles import fvcore, products
 
 PROPERTY = settings(max_examples=25, deadline=None)
 CONVENTIONS = ("fvcore", "macs", "flops")
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def measure(model: nn.Module, inputs: Any, convention: str = "macs", backward: bool = False) -> FlopCountAnalysis:

@@ -224,17 +224,23 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
     return result, loaded, time.perf_counter() - start, analysis.from_cache
 
 
-def sweep_point(job: Job) -> dict[str, Any]:
-    """The sweep's worker (top level, so spawned processes can import it): one row, or the error as data
-    (some exceptions, ModelRunError among them, do not survive pickling)."""
+def _worker_row(job: Job, row: Callable[[Result, float], dict[str, Any]]) -> dict[str, Any]:
+    """What a worker process sends back: ``row(result, seconds)``, or the error as data (some exceptions,
+    ModelRunError among them, do not survive pickling)."""
     try:
         result, _, seconds, _ = analyse(job)
     except ModelSpecError as exc:
         return {"error": one_line(exc), "code": 2}
     except ModelMeterError as exc:
         return {"error": one_line(exc), "code": 1}
-    return {"params": result.root.params, "flops": result.total("flops"),
-            "activations": result.total("activations"), "seconds": seconds, "execution": result.execution}
+    return row(result, seconds)
+
+
+def sweep_point(job: Job) -> dict[str, Any]:
+    """The sweep's worker (top level, so spawned processes can import it): one row."""
+    return _worker_row(job, lambda result, seconds: {
+        "params": result.root.params, "flops": result.total("flops"), "activations": result.total("activations"),
+        "seconds": seconds, "execution": result.execution})
 
 
 # --- the command -----------------------------------------------------------------------------------------
@@ -342,18 +348,12 @@ def _job_argv(job: Job) -> list[str]:
 
 
 def baseline_point(job: Job) -> dict[str, Any]:
-    """Worker of a baseline check (top level, for spawned processes): the entry as data, or the error."""
+    """Worker of a baseline check (top level, for spawned processes): the entry as data."""
     from dataclasses import asdict
 
     from .guard import entry_from_result
 
-    try:
-        result, _, _, _ = analyse(job)
-    except ModelSpecError as exc:
-        return {"error": one_line(exc), "code": 2}
-    except ModelMeterError as exc:
-        return {"error": one_line(exc), "code": 1}
-    return {"entry": asdict(entry_from_result(result, spec=_job_argv(job)))}
+    return _worker_row(job, lambda result, _: {"entry": asdict(entry_from_result(result, spec=_job_argv(job)))})
 
 
 def _check_all(args: argparse.Namespace) -> int:
