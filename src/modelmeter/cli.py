@@ -303,7 +303,7 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
 # --- cost guard ------------------------------------------------------------------------------------------
 def _guard(args: argparse.Namespace, job: Job, result: Result) -> int:
     """--budget, --save-baseline and --check-baseline for one analysed model: 0, or 1 when a cost is too high."""
-    from .guard import BaselineFile, BaselineMismatch, check_budget, compare, entry_from_result
+    from .guard import BaselineFile, BaselineMismatch, check_budget, compare, entry_from_result, record
 
     status = 0
     name = args.name or " ".join([job.spec, *job.overrides])
@@ -325,9 +325,7 @@ def _guard(args: argparse.Namespace, job: Job, result: Result) -> int:
         print(comparison.report(), file=sys.stderr)
         status = 1 if not comparison.ok else status
     if args.save_baseline:
-        baselines = BaselineFile.load(args.save_baseline) if os.path.exists(args.save_baseline) else BaselineFile()
-        baselines.entries[name] = entry
-        baselines.save(args.save_baseline)
+        record(args.save_baseline, name, entry)
         print(f"modelmeter: saved the baseline of {name} in {args.save_baseline}", file=sys.stderr)
     return status
 

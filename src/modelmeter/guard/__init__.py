@@ -7,7 +7,7 @@ the costs of several models, module by module, and :func:`compare` says which bl
 """
 
 from .assertions import CostAssertionError, assert_cost
-from .baseline import BaselineFile, BaselineMismatch, Comparison, Entry, compare, entry_from_result
+from .baseline import BaselineFile, BaselineMismatch, Comparison, Entry, compare, entry_from_result, record
 from .budget import Budget, check_budget, parse_budget, parse_quantity
 from .diff import Difference, diff, load_costs, render_diff
 
@@ -27,5 +27,6 @@ __all__ = [
     "load_costs",
     "parse_budget",
     "parse_quantity",
+    "record",
     "render_diff",
 ]

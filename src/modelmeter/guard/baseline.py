@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelMeterError
+from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
 from ..reports.fvcore_tables import format_size
 from ..reports.result import Result
@@ -106,9 +107,14 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0) -> Comparison:
+SAVE_HINT = "save a new baseline for it (--save-baseline) or run as before"
+
+
+def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, *, hint: str = SAVE_HINT
+            ) -> Comparison:
     """Compare ``current`` with ``baseline`` per metric and module (the model first, then its modules in order,
-    the largest absolute change first). :class:`BaselineMismatch` when the runs are not comparable."""
+    the largest absolute change first). :class:`BaselineMismatch` when the runs are not comparable, ending with
+    ``hint`` (how to record a new baseline)."""
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance}")
     pairs: list[tuple[str, Any, Any]] = [("inputs", baseline.inputs, current.inputs),
@@ -117,7 +123,7 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0) 
     for what, before, after in pairs:
         if before != after:
             raise BaselineMismatch(f"{name}: the baseline was recorded with {what} {_show(before)}, this run has "
-                                   f"{_show(after)}; save a new baseline for it (--save-baseline) or run as before")
+                                   f"{_show(after)}; {hint}")
     grew: list[Change] = []
     shrank: list[Change] = []
     for module, before in baseline.modules.items():
@@ -193,3 +199,14 @@ class BaselineFile:
             raise BaselineMismatch(f"the baseline{where} has no entry {name!r} (entries: {known}); add it with "
                                    "--save-baseline")
         return self.entries[name]
+
+
+def record(baseline: str | os.PathLike[str], name: str, entry: Entry) -> None:
+    """Write ``entry`` as ``name`` into the baseline file, keeping its other entries; parallel writers (e.g.
+    pytest-xdist workers) take turns through one lock in the user's cache directory, not a lock file left
+    next to the baseline in the project."""
+    path = os.path.abspath(baseline)
+    with file_lock(os.path.join(get_cache_dir(), "baselines")):
+        file = BaselineFile.load(path) if os.path.exists(path) else BaselineFile()
+        file.entries[name] = entry
+        file.save(path)

@@ -1,0 +1,54 @@
+"""``assert_cost``: check a model's costs against its entry in a baseline file, or record them there.
+
+Usable in any test runner (a failure is a :class:`CostAssertionError`, an ``AssertionError``); the pytest plugin's
+``assert_cost`` fixture calls it with paths relative to the test file and ``update`` set by ``--update-baselines``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import nn
+
+from ..analysis import analyze
+from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record
+
+UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
+
+
+class CostAssertionError(AssertionError):
+    """The model's costs grew beyond the tolerance, its baseline is missing, or the runs are not comparable."""
+
+
+def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str], *, name: str | None = None,
+                tolerance: float = 0.0, convention: str = "fvcore", backward: bool = False, update: bool = False,
+                hint: str = UPDATE_HINT) -> Comparison | None:
+    """Analyse ``model`` on ``inputs`` and compare its costs, per metric and module, with the entry ``name``
+    (default: the model's class name) of the baseline file ``baseline``; ``tolerance`` is a fraction (0.01: 1%).
+
+    Returns the :class:`Comparison` (what shrank is a note in it), or ``None`` with ``update=True``, which
+    writes the entry instead (the file's other entries are kept). Raises :class:`CostAssertionError` when a
+    cost grew (the report names the module), when the file or entry is missing (with ``hint``), or when the
+    inputs, convention or backward pass differ from the baseline's.
+    """
+    name = name or type(model).__name__
+    result = analyze(model, inputs, convention=convention, backward=backward, quiet=True).result()
+    current = entry_from_result(result)
+    if update:
+        record(baseline, name, current)
+        return None
+    path = os.fspath(baseline)
+    if not os.path.exists(path):
+        raise CostAssertionError(f"no baseline file {path!r} for {name!r}; {hint}")
+    entries = BaselineFile.load(path).entries
+    if name not in entries:
+        known = ", ".join(sorted(entries)) or "none"
+        raise CostAssertionError(f"the baseline {path!r} has no entry {name!r} (entries: {known}); {hint}")
+    try:
+        comparison = compare(name, entries[name], current, tolerance, hint=hint)
+    except BaselineMismatch as exc:
+        raise CostAssertionError(str(exc)) from None
+    if not comparison.ok:
+        raise CostAssertionError(comparison.report())
+    return comparison
