@@ -291,3 +291,17 @@ def test_python_dash_m_entry_point() -> None:
                           capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.startswith("gpt2_tiny on input 1x64 (fake run")
     assert "model " in done.stdout
+
+
+def test_html_report_and_compare(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    before, page = tmp_path / "before.json", tmp_path / "report.html"
+    run(capsys, "resnet18", "--resolution", "32", "--format", "json", "--output", str(before))
+    _, err = run(capsys, "resnet18", "--resolution", "64", "--html", str(page), "--compare", str(before))
+    assert f"wrote {page}" in err
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "resnet18" in text and "1x3x32x32" in text  # the compared run
+    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
+    run(capsys, "resnet18", "--compare", str(before), code=2)  # --compare belongs to --html
+    (tmp_path / "bad.json").write_text("{}")
+    _, err = run(capsys, "resnet18", "--html", str(page), "--compare", str(tmp_path / "bad.json"), code=2)
+    assert "not a saved analysis" in err

@@ -150,7 +150,10 @@ def warm() -> None:
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """An inner pytest run (without hypothesis' plugin: its summary imports seconds of modules, every run)."""
-    return pytester.runpytest_inprocess("-p", "no:hypothesispytest", *args)
+    with pytest.MonkeyPatch.context() as env:  # on CI pytest's summary repeats whole messages: as a person sees it
+        for name in ("CI", "BUILD_NUMBER"):
+            env.delenv(name, raising=False)
+        return pytester.runpytest_inprocess("-p", "no:hypothesispytest", *args)
 
 
 def write_tests(pytester: pytest.Pytester, body: str) -> Path:

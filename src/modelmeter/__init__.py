@@ -22,7 +22,16 @@ from .errors import ModelMeterError, ModelRunError
 from .handles.base import CountInside, Handle, backward_key, get_shape
 from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
 from .metrics.parameters import parameter_count
-from .reports import Result, build_result, flop_count_str, flop_count_table, parameter_count_table, render
+from .reports import (
+    Result,
+    build_result,
+    flop_count_str,
+    flop_count_table,
+    parameter_count_table,
+    render,
+    render_html,
+    write_html,
+)
 
 __version__ = "0.1.0"
 
@@ -56,5 +65,7 @@ __all__ = [
     "parameter_count_table",
     "register_handle",
     "render",
+    "render_html",
     "unregister_handle",
+    "write_html",
 ]

@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     out.add_argument("--depth", type=_depth, default=2, metavar="N", help="module depth shown (default 2)")
     out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    out.add_argument("--html", metavar="FILE",
+                     help="also write a self-contained interactive HTML report (module chart, tables) to FILE")
+    out.add_argument("--compare", metavar="RESULT.json",
+                     help="with --html: show the difference per module to another analysis (saved with --format json)")
     guard = parser.add_argument_group("cost guard (docs/guard.md)")
     guard.add_argument("--budget", type=_budget, metavar="METRIC=N,...",
                        help="exit 1 when a metric is over its budget, e.g. flops=4.2G,params=26M,activations=12M")
@@ -279,8 +283,11 @@ def _job(args: argparse.Namespace) -> Job:
     if args.sweep and given[args.sweep[0]] is not None:
         raise ModelSpecError(f"--sweep {args.sweep[0].replace('_', '-')}=... and "
                              f"--{args.sweep[0].replace('_', '-')} both set; keep one")
-    if args.sweep and (args.budget or args.save_baseline or args.check_baseline):
-        raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline per run")
+    if args.compare and not args.html:
+        raise ModelSpecError("--compare shows the difference in the HTML report: add --html FILE")
+    if args.sweep and (args.budget or args.save_baseline or args.check_baseline or args.html):
+        raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
+                             "per run")
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
                convention=args.convention, backward=args.backward, dense_attention=args.dense_attention,
@@ -297,7 +304,23 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
         text = (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
                 f"{result.convention} convention, {seconds:.2f} s)\n{text}")
     _emit(text, args.output)
+    if args.html:
+        _write_html(args, result)
     return _guard(args, job, result)
+
+
+def _write_html(args: argparse.Namespace, result: Result) -> None:
+    from .reports.html import write_html
+
+    other = None
+    if args.compare:
+        try:
+            with open(args.compare, encoding="utf-8") as f:
+                other = Result.from_json(f.read())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelSpecError(f"--compare {args.compare}: not a saved analysis (--format json): {exc}") from None
+    write_html(result, args.html, compare=other)
+    print(f"modelmeter: wrote {args.html}", file=sys.stderr)
 
 
 # --- cost guard ------------------------------------------------------------------------------------------

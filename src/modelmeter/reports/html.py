@@ -1,0 +1,454 @@
+"""A :class:`Result` as one self-contained, interactive HTML file: an icicle chart, sortable tables, the run's notes.
+
+Everything is inlined (styles, a small hand-written script, the data as JSON), so the file opens offline and
+makes no requests; a Content-Security-Policy forbids any. With ``compare`` (a second Result, e.g. before/after a
+change) each module and operator also carries its difference, value - compare's value.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from typing import Any
+
+import torch
+
+from ..io.atomic import atomic_write
+from .render import convention_note
+from .result import Result
+
+__all__ = ["html_data", "module_deltas", "render_html", "write_html"]
+
+
+def _input_text(spec: dict[str, Any]) -> str:
+    """``"1x3x64x64 float32"`` for a tensor input, its JSON otherwise."""
+    if "shape" in spec:
+        return "x".join(str(d) for d in spec["shape"]) + f" {spec.get('dtype', '')}".rstrip()
+    return json.dumps(spec, default=str)
+
+
+def _values(result: Result, name: str) -> dict[str, float]:
+    """``{"params": ..., metric: ...}`` of module ``name`` in ``result``; a module it lacks counts 0."""
+    try:
+        row = result.row(name)
+    except KeyError:
+        return {}
+    return {"params": row.params, **row.metrics}
+
+
+def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float | None]]:
+    """Per module of either side: ``{"params" or metric: value - compare's value}`` for ``result``'s metrics.
+
+    A module only one side has counts 0 on the other; a metric ``compare`` did not measure gives ``None``.
+    """
+    keys = ["params", *result.metrics]
+    names = [row.name for row in result.modules]
+    names += [row.name for row in compare.modules if row.name not in set(names)]
+    deltas = {}
+    for name in names:
+        now, before = _values(result, name), _values(compare, name)
+        deltas[name] = {key: (now.get(key, 0) - before.get(key, 0)
+                              if key == "params" or key in compare.metrics else None) for key in keys}
+    return deltas
+
+
+def _operators(result: Result, compare: Result | None) -> list[list[Any]]:
+    """``[op, [value per metric], [delta per metric] or None]``, the model's totals by operator, costliest first."""
+    by_op = result.root.by_operator
+    before = compare.root.by_operator if compare is not None else {}
+    ops = {op for metric in result.metrics for op in [*by_op.get(metric, {}), *before.get(metric, {})]}
+    first = by_op.get(result.metrics[0], {}) if result.metrics else {}
+    rows = []
+    for op in sorted(ops, key=lambda op: (-first.get(op, 0), op)):  # the costliest first
+        values = [by_op.get(metric, {}).get(op, 0) for metric in result.metrics]
+        deltas = None
+        if compare is not None:
+            deltas = [value - before[metric].get(op, 0) if metric in compare.metrics else None
+                      for metric, value in zip(result.metrics, values, strict=True)]
+        rows.append([op, values, deltas])
+    return rows
+
+
+def html_data(result: Result, compare: Result | None = None) -> dict[str, Any]:
+    """The JSON the page reads: the header, one compact row per module, operator totals, notes, deltas.
+
+    ``modules`` rows are ``[name, type, called, params, value per metric]``; with ``compare``, modules only it
+    has follow (zero values, ``status`` ``"-"``; ``"+"`` marks modules only ``result`` has) and ``deltas`` holds
+    ``[params delta, delta per metric]`` per row.
+    """
+    rows: list[list[Any]] = [
+        [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
+        for row in result.modules]
+    data: dict[str, Any] = {
+        "model": result.model,
+        "inputs": [_input_text(spec) for spec in result.inputs],
+        "convention": convention_note(result.convention),
+        "execution": result.execution,
+        "version": _version(),
+        "torch": torch.__version__,
+        "metrics": result.metrics,
+        "modules": rows,
+        "operators": _operators(result, compare),
+        "unsupported": sorted(result.unsupported.items(), key=lambda item: (-item[1], item[0])),
+        "assumptions": result.assumptions,
+        "compare": None,
+    }
+    if compare is not None:
+        deltas = module_deltas(result, compare)
+        own = {row.name for row in result.modules}
+        theirs = {row.name for row in compare.modules}
+        for row in compare.modules:
+            if row.name not in own:
+                rows.append([row.name, row.type, row.called, 0, *(0 for _ in result.metrics)])
+        keys = ["params", *result.metrics]
+        data["compare"] = {
+            "model": compare.model,
+            "inputs": [_input_text(spec) for spec in compare.inputs],
+            "deltas": [[deltas[row[0]][key] for key in keys] for row in rows],
+            "status": ["" if row[0] in own and row[0] in theirs else "+" if row[0] in own else "-" for row in rows],
+        }
+    return data
+
+
+def _json_for_script(data: dict[str, Any]) -> str:
+    """JSON that cannot end its ``<script>`` element early: ``<``, ``>`` and ``&`` become ``\\u`` escapes."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(result: Result, *, compare: Result | None = None) -> str:
+    """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string."""
+    title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
+    return (_PAGE.replace("{{TITLE}}", html.escape(title))
+            .replace("{{STYLE}}", _STYLE)
+            .replace("{{SCRIPT}}", _SCRIPT)
+            .replace("{{DATA}}", _json_for_script(html_data(result, compare))))
+
+
+def write_html(result: Result, path: str | os.PathLike[str], *, compare: Result | None = None) -> None:
+    """Write :func:`render_html`'s page to ``path`` atomically (a reader never sees half a file)."""
+    page = render_html(result, compare=compare).encode("utf-8")
+    atomic_write(os.fspath(path), lambda f: f.write(page))
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{{TITLE}}</title>
+<style>{{STYLE}}</style>
+</head>
+<body>
+<header id="header"></header>
+<section>
+<div class="controls">
+<label>size by <select id="metric"></select></label>
+<label>levels <select id="depth"></select></label>
+<nav id="breadcrumb"></nav>
+</div>
+<svg id="chart" role="img" aria-label="icicle chart of the module hierarchy"></svg>
+<p id="legend" class="note"></p>
+</section>
+<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
+<section><h2>Operators</h2><table id="operators" class="sortable"></table></section>
+<section id="notes"><h2>Notes</h2></section>
+<div id="tooltip" hidden></div>
+<script type="application/json" id="data">{{DATA}}</script>
+<script>{{SCRIPT}}</script>
+</body>
+</html>
+"""
+
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 16px 24px; color: #222; }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 20px 0 6px; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; margin: 4px 0; }
+dt { color: #666; } dd { margin: 0; }
+.controls { display: flex; gap: 16px; align-items: center; margin: 8px 0; flex-wrap: wrap; }
+#breadcrumb button { border: none; background: none; color: #0645ad; cursor: pointer; padding: 0 2px; font: inherit; }
+#breadcrumb span { color: #999; }
+#chart { width: 100%; display: block; }
+#chart rect { stroke: #fff; stroke-width: 1; cursor: pointer; }
+#chart rect:hover { stroke: #000; }
+#chart text { font-size: 11px; pointer-events: none; fill: #111; }
+#tooltip { position: fixed; pointer-events: none; background: #fff; border: 1px solid #888; padding: 6px 8px;
+  box-shadow: 0 2px 6px rgba(0,0,0,.2); font-size: 13px; white-space: pre; z-index: 10; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+th { cursor: pointer; user-select: none; background: #f4f4f4; position: sticky; top: 0; }
+th.text, td.text { text-align: left; }
+th.asc::after { content: " \\25B2"; } th.desc::after { content: " \\25BC"; }
+.up { color: #b00; } .down { color: #070; } .note { color: #555; }
+.badge { font-size: 11px; padding: 0 4px; margin-left: 4px; border-radius: 3px; background: #eee; }
+code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+_SCRIPT = r"""
+"use strict";
+const D = JSON.parse(document.getElementById("data").textContent);
+const KEYS = ["params"].concat(D.metrics);
+const C = D.compare;
+const byName = new Map();
+const mods = D.modules.map((r, i) => {
+  const m = {i, name: r[0], type: r[1], called: r[2], v: {}, d: {}, status: C ? C.status[i] : "", kids: []};
+  KEYS.forEach((k, j) => { m.v[k] = r[3 + j]; m.d[k] = C ? C.deltas[i][j] : null; });
+  m.depth = m.name === "" ? 0 : m.name.split(".").length;
+  byName.set(m.name, m);
+  return m;
+});
+function parentOf(name) {
+  let p = name;
+  while (p !== "") {
+    p = p.includes(".") ? p.slice(0, p.lastIndexOf(".")) : "";
+    if (byName.has(p)) return byName.get(p);
+  }
+  return null;
+}
+mods.slice(1).forEach(m => { m.parent = parentOf(m.name); if (m.parent) m.parent.kids.push(m); });
+const root = mods[0];
+
+function el(tag, attrs, text) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function svgEl(tag, attrs) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+const UNITS = [[1e14, 1e15, "P"], [1e11, 1e12, "T"], [1e8, 1e9, "G"], [1e5, 1e6, "M"], [1e2, 1e3, "K"]];
+function fixed(v) { const t = v.toFixed(3); return t.includes(".") ? t.replace(/0+$/, "").replace(/\.$/, "") : t; }
+function size(x) {
+  for (const [threshold, scale, suffix] of UNITS) if (Math.abs(x) > threshold) return fixed(x / scale) + suffix;
+  return fixed(x);
+}
+function exact(x) {
+  return Number.isInteger(x) ? x.toLocaleString("en-US") : x.toLocaleString("en-US", {maximumFractionDigits: 6});
+}
+function signed(x, f) { return (x > 0 ? "+" : "") + f(x); }
+function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
+function label(m) { return m.name === "" ? D.model : m.name; }
+
+// header and notes -------------------------------------------------------------------------------
+(function header() {
+  const h = document.getElementById("header");
+  h.append(el("h1", {}, D.model));
+  const dl = el("dl");
+  const rows = [["inputs", D.inputs.join(", ") || "none"], ["convention", D.convention], ["execution", D.execution],
+                ["versions", "modelmeter " + D.version + ", torch " + D.torch]];
+  if (C) rows.push(["compared with", C.model + " (" + (C.inputs.join(", ") || "no inputs") +
+                    "): differences are this run's value minus that run's"]);
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
+  h.append(dl);
+  const notes = document.getElementById("notes");
+  if (D.unsupported.length) {
+    notes.append(el("h3", {}, "Unsupported operators (not counted)"));
+    const ul = el("ul", {id: "unsupported"});
+    for (const [op, n] of D.unsupported) {
+      const li = el("li");
+      li.append(el("code", {}, op), document.createTextNode(" " + n + " call" + (n === 1 ? "" : "s")));
+      ul.append(li);
+    }
+    notes.append(ul);
+  } else notes.append(el("p", {id: "unsupported"}, "Every operator of the run was counted."));
+  if (D.assumptions.length) {
+    notes.append(el("h3", {}, "Assumptions of the run"));
+    const ul = el("ul", {id: "assumptions"});
+    for (const a of D.assumptions) ul.append(el("li", {}, a));
+    notes.append(ul);
+  } else notes.append(el("p", {id: "assumptions"}, "The run made no assumptions."));
+})();
+
+// icicle chart -----------------------------------------------------------------------------------
+const metricSel = document.getElementById("metric"), depthSel = document.getElementById("depth");
+KEYS.forEach(k => metricSel.append(el("option", {value: k}, k)));
+metricSel.value = D.metrics.includes("flops") ? "flops" : KEYS[KEYS.length > 1 ? 1 : 0];
+const maxDepth = Math.max(...mods.map(m => m.depth));
+for (let d = 1; d <= Math.max(maxDepth, 1); d++) depthSel.append(el("option", {value: d}, d));
+depthSel.value = String(Math.min(3, Math.max(maxDepth, 1)));
+let focus = root;
+const ROW = 26, chart = document.getElementById("chart"), tip = document.getElementById("tooltip");
+
+function colour(m, metric) {
+  if (C) {
+    const d = m.d[metric], before = m.v[metric] - (d || 0);
+    if (d === null || d === 0) return "#d0d0d0";
+    const rel = Math.min(1, Math.abs(d) / Math.max(Math.abs(before), Math.abs(m.v[metric]), 1));
+    const light = 88 - 45 * rel;
+    return d > 0 ? `hsl(0,70%,${light}%)` : `hsl(130,55%,${light}%)`;
+  }
+  let h = 0;
+  for (const ch of m.type) h = (h * 31 + ch.charCodeAt(0)) % 360;
+  return `hsl(${h},55%,${78 - 4 * (m.depth % 3)}%)`;
+}
+
+function draw() {
+  const metric = metricSel.value, levels = Number(depthSel.value);
+  const width = chart.clientWidth || 1000;
+  chart.replaceChildren();
+  chart.setAttribute("height", ROW * (levels + 1));
+  chart.setAttribute("viewBox", `0 0 ${width} ${ROW * (levels + 1)}`);
+  const place = (m, x, w, level) => {
+    const rect = svgEl("rect", {x, y: level * ROW, width: w, height: ROW - 1, fill: colour(m, metric)});
+    rect.dataset.module = m.name;
+    chart.append(rect);
+    const last = m.name.slice(m.name.lastIndexOf(".") + 1);
+    const name = level === 0 ? label(m) : /^\d+$/.test(last) ? last + ": " + m.type : last;
+    const text = name + " " + size(m.v[metric]);
+    if (w > 30) {
+      const t = svgEl("text", {x: x + 4, y: level * ROW + 17});
+      const fits = Math.max(1, Math.floor((w - 8) / 6.5) - 1);
+      t.textContent = text.length * 6.5 > w - 8 ? name.slice(0, fits) + "…" : text;
+      chart.append(t);
+    }
+    if (level >= levels) return;
+    const kids = m.kids.filter(k => k.v[metric] > 0);
+    const sum = kids.reduce((s, k) => s + k.v[metric], 0);
+    const scale = w / Math.max(m.v[metric], sum, 1e-300);
+    let cx = x;
+    for (const k of kids) { const kw = k.v[metric] * scale; place(k, cx, kw, level + 1); cx += kw; }
+  };
+  place(focus, 0, width, 0);
+  const bc = document.getElementById("breadcrumb");
+  bc.replaceChildren();
+  const path = [];
+  for (let m = focus; m; m = m.parent) path.unshift(m);
+  path.forEach((m, i) => {
+    if (i) bc.append(el("span", {}, " › "));
+    const b = el("button", {type: "button"}, m === root ? D.model : m.name.slice(m.name.lastIndexOf(".") + 1));
+    b.addEventListener("click", () => { focus = m; draw(); });
+    bc.append(b);
+  });
+  document.getElementById("legend").textContent = C
+    ? "Width: " + metric + " of this run. Colour: red grew, green shrank, grey unchanged, compared with " +
+      C.model + "."
+    : "Width: " + metric + " (a module's children share its width; the rest is its own work). Click to zoom in, " +
+      "click the top bar or the path above to zoom out.";
+}
+
+function describe(m, metric) {
+  const total = root.v[metric];
+  const lines = [label(m) + "  (" + m.type + ")", metric + ": " + exact(m.v[metric]) + "  (" + pct(m.v[metric], total) +
+                 " of total)"];
+  if (!m.called) lines.push("not called as a module: N/A");
+  if (C) {
+    const d = m.d[metric], before = m.v[metric] - d;
+    const rel = m.status === "+" ? "new: not in " + C.model
+      : before ? pct(d, before) + " of " + C.model + "'s" : C.model + " had 0";
+    lines.push(d === null ? "difference: not measured in " + C.model
+      : "difference: " + signed(d, exact) + "  (" + rel + ")");
+  }
+  return lines.join("\n");
+}
+
+chart.addEventListener("mousemove", e => {
+  const r = e.target.closest("rect[data-module]");
+  if (!r) { tip.hidden = true; return; }
+  tip.textContent = describe(byName.get(r.dataset.module), metricSel.value);
+  tip.hidden = false;
+  const x = Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4);
+  tip.style.left = Math.max(0, x) + "px";
+  tip.style.top = (e.clientY + 14) + "px";
+});
+chart.addEventListener("mouseleave", () => { tip.hidden = true; });
+chart.addEventListener("click", e => {
+  const r = e.target.closest("rect[data-module]");
+  if (!r) return;
+  const m = byName.get(r.dataset.module);
+  focus = m === focus ? (focus.parent || root) : m;
+  draw();
+});
+metricSel.addEventListener("change", draw);
+depthSel.addEventListener("change", draw);
+window.addEventListener("resize", draw);
+
+// sortable tables --------------------------------------------------------------------------------
+function cell(value, kind) {
+  if (kind === "delta") {
+    if (value === null) return el("td", {}, "–");
+    const cls = value > 0 ? "up" : value < 0 ? "down" : "";
+    return el("td", {class: cls, title: signed(value, exact)}, signed(value, size));
+  }
+  if (value === null) return el("td", {}, "N/A");
+  return el("td", {title: exact(value)}, size(value));
+}
+function table(id, columns, rows) {
+  // columns: [title, kind]; rows: {key: sort keys per column, cells: td per column}
+  const t = document.getElementById(id);
+  const head = el("tr");
+  const body = el("tbody");
+  let sorted = -1, dir = 1;
+  const fill = () => { body.replaceChildren(...rows.map(r => r.tr)); };
+  columns.forEach(([title], c) => {
+    const th = el("th", {class: columns[c][1]}, title);
+    th.addEventListener("click", () => {
+      dir = sorted === c ? -dir : (columns[c][1] === "text" ? 1 : -1);
+      sorted = c;
+      head.querySelectorAll("th").forEach(h => h.classList.remove("asc", "desc"));
+      th.classList.add(dir > 0 ? "asc" : "desc");
+      rows.sort((a, b) => {
+        const x = a.key[c], y = b.key[c];
+        if (x === y) return a.order - b.order;
+        if (x === null) return 1;
+        if (y === null) return -1;
+        return (x < y ? -1 : 1) * dir;
+      });
+      fill();
+    });
+    head.append(th);
+  });
+  rows.forEach((r, i) => {
+    r.order = i;
+    r.tr = el("tr");
+    r.cells.forEach((td, c) => { if (columns[c][1] === "text") td.classList.add("text"); r.tr.append(td); });
+  });
+  const thead = el("thead"); thead.append(head);
+  t.append(thead, body);
+  fill();
+}
+(function modulesTable() {
+  const cols = [["module", "text"], ["type", "text"]];
+  KEYS.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
+  const rows = mods.map(m => {
+    const nameCell = el("td", {title: m.name}, label(m));
+    nameCell.style.paddingLeft = (8 + 12 * m.depth) + "px";
+    if (m.status) nameCell.append(el("span", {class: "badge"}, m.status === "+" ? "new" : "only in " + C.model));
+    const key = [m.name, m.type], cells = [nameCell, el("td", {}, m.type)];
+    KEYS.forEach(k => {
+      const v = k === "params" || m.called ? m.v[k] : null;
+      key.push(v); cells.push(cell(v, "value"));
+      if (C) { key.push(m.d[k]); cells.push(cell(m.d[k], "delta")); }
+    });
+    return {key, cells};
+  });
+  table("modules", cols, rows);
+  rows.forEach((r, i) => r.tr.dataset.module = mods[i].name);
+})();
+(function operatorsTable() {
+  const cols = [["operator", "text"]];
+  D.metrics.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
+  const rows = D.operators.map(([op, values, deltas]) => {
+    const key = [op], cells = [el("td", {}, op)];
+    values.forEach((v, j) => {
+      key.push(v); cells.push(cell(v, "value"));
+      if (C) { key.push(deltas[j]); cells.push(cell(deltas[j], "delta")); }
+    });
+    return {key, cells};
+  });
+  table("operators", cols, rows);
+})();
+draw();
+"""
+
+
+def _version() -> str:
+    import modelmeter  # at call time: this module is imported while the package initialises
+
+    return modelmeter.__version__

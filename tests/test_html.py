@@ -1,0 +1,304 @@
+"""The HTML report: the embedded data and deltas by hand, escaping, and the page in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import modelmeter
+from modelmeter.reports.html import html_data, module_deltas, render_html, write_html
+from modelmeter.reports.result import ModuleRow, Result
+
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+    HAVE_PLAYWRIGHT = True
+except ImportError:  # the browser tests skip
+    HAVE_PLAYWRIGHT = False
+
+CHROMIUM = "/usr/bin/chromium"
+# .ci/run installs Chromium and sets MODELMETER_BROWSER_TESTS=required: there a missing browser is a failure
+BROWSER_REQUIRED = os.environ.get("MODELMETER_BROWSER_TESTS") == "required"
+if BROWSER_REQUIRED and (not HAVE_PLAYWRIGHT or not os.path.exists(CHROMIUM)):
+    raise RuntimeError("MODELMETER_BROWSER_TESTS=required, but playwright or /usr/bin/chromium is missing")
+needs_browser = pytest.mark.skipif(not HAVE_PLAYWRIGHT or not os.path.exists(CHROMIUM),
+                                   reason="needs the playwright package and Chromium at /usr/bin/chromium "
+                                          "(apt-get install chromium)")
+
+HOSTILE = "</script><script>window.pwned=1</script><!-- & \"'"
+
+
+def _embedded(page: str) -> Any:
+    match = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert match is not None
+    return json.loads(match.group(1))
+
+
+def _row(name: str, type_: str, params: int, flops: int, acts: int, ops: dict[str, float] | None = None) -> ModuleRow:
+    by_op = {"flops": ops or {}, "activations": {}}
+    return ModuleRow(name, type_, params, {"flops": flops, "activations": acts}, by_op)
+
+
+def _before() -> Result:
+    """A hand-made run: the model (100 flops: a 60, b 40), with operators linear 90 + conv 10."""
+    return Result("Net", [{"shape": [1, 8], "dtype": "float32"}], ["flops", "activations"], [
+        _row("", "Net", 30, 100, 12, {"linear": 90, "conv": 10}), _row("a", "Linear", 20, 60, 8),
+        _row("b", "Linear", 10, 40, 4)])
+
+
+def _after() -> Result:
+    """The same model changed: a grows to 70, b is gone, c (25) is new, the model's own work is 25; only flops."""
+    return Result("Net2", [{"shape": [1, 8], "dtype": "float32"}], ["flops"], [
+        ModuleRow("", "Net", 45, {"flops": 120}, {"flops": {"linear": 120}}),
+        ModuleRow("a", "Linear", 20, {"flops": 70}), ModuleRow("c", "Conv", 25, {"flops": 25})])
+
+
+# the page's data -------------------------------------------------------------------------------
+def test_data_is_embedded_compactly() -> None:
+    result = _before()
+    data = _embedded(render_html(result))
+    assert data == html_data(result)
+    assert data["modules"] == [["", "Net", True, 30, 100, 12], ["a", "Linear", True, 20, 60, 8],
+                               ["b", "Linear", True, 10, 40, 4]]
+    assert data["operators"] == [["linear", [90, 0], None], ["conv", [10, 0], None]]
+    assert data["inputs"] == ["1x8 float32"]
+    assert data["version"] == modelmeter.__version__ and data["torch"] == torch.__version__
+    assert data["compare"] is None
+
+
+def test_compare_deltas_by_hand() -> None:
+    after, before = _after(), _before()
+    assert module_deltas(after, before) == {
+        "": {"params": 15, "flops": 20}, "a": {"params": 0, "flops": 10},
+        "c": {"params": 25, "flops": 25}, "b": {"params": -10, "flops": -40}}
+    # before measured activations, after did not: no difference can be given
+    assert module_deltas(before, after) == {
+        "": {"params": -15, "flops": -20, "activations": None}, "a": {"params": 0, "flops": -10, "activations": None},
+        "b": {"params": 10, "flops": 40, "activations": None}, "c": {"params": -25, "flops": -25, "activations": None}}
+    data = _embedded(render_html(after, compare=before))
+    assert [row[0] for row in data["modules"]] == ["", "a", "c", "b"]
+    assert data["modules"][3] == ["b", "Linear", True, 0, 0]
+    assert data["compare"]["status"] == ["", "", "+", "-"]
+    assert data["compare"]["deltas"] == [[15, 20], [0, 10], [25, 25], [-10, -40]]
+    assert data["operators"] == [["linear", [120], [30]], ["conv", [0], [-10]]]
+
+
+def test_text_is_escaped() -> None:
+    result = _before()
+    result.model = HOSTILE
+    result.modules[1].name = HOSTILE
+    result.assumptions = [HOSTILE]
+    result.unsupported = {HOSTILE: 2}
+    page = render_html(result)
+    assert page.count("</script>") == 2 and page.count("<script") == 2 and "<!-- &" not in page
+    assert "<title>modelmeter: &lt;/script&gt;" in page
+    data = _embedded(page)
+    assert data["model"] == data["modules"][1][0] == data["assumptions"][0] == data["unsupported"][0][0] == HOSTILE
+
+
+def test_write_html(tmp_path: Path) -> None:
+    path = tmp_path / "report.html"
+    write_html(_before(), path, compare=_after())
+    assert path.read_text(encoding="utf-8") == render_html(_before(), compare=_after())
+    assert os.listdir(tmp_path) == ["report.html"]
+
+
+# in the browser --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def resnet() -> Result:
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None)
+    return modelmeter.analyze(model, torch.randn(1, 3, 64, 64), backward=True, quiet=True).result()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--no-first-run"])
+        yield browser
+        browser.close()
+
+
+class Opened:
+    """A report opened offline; every request, console message and page error it caused is kept."""
+
+    def __init__(self, browser: Browser, path: Path) -> None:
+        self.url = path.as_uri()
+        self.context = browser.new_context(viewport={"width": 1200, "height": 800})
+        self.context.set_offline(True)
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.context.route("**/*", self._route)
+        self.page: Page = self.context.new_page()
+        self.page.set_default_timeout(5000)
+        self.page.on("request", lambda request: self.requests.append(request.url))
+        self.page.on("console", lambda msg: self.errors.append(msg.text) if msg.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("dialog", lambda dialog: self.errors.append(f"dialog {dialog.message}"))
+        self.page.goto(self.url)
+
+    def _route(self, route: Any) -> None:
+        if route.request.url == self.url:
+            route.continue_()
+        else:
+            route.abort()
+
+    def width(self, name: str) -> float:
+        box = self.page.locator(f'#chart rect[data-module="{name}"]').bounding_box()
+        assert box is not None
+        return float(box["width"])
+
+    def rects(self) -> list[str]:
+        return [str(n) for n in self.page.locator("#chart rect").evaluate_all("rs => rs.map(r => r.dataset.module)")]
+
+
+@pytest.fixture
+def opened(browser: Browser, resnet: Result, tmp_path: Path) -> Iterator[Opened]:
+    path = tmp_path / "report.html"
+    write_html(resnet, path)
+    report = Opened(browser, path)
+    yield report
+    assert report.errors == []
+    assert report.requests == [report.url]
+    report.context.close()
+
+
+def _drawn(result: Result, metric: str, depth: int, under: str = "") -> list[str]:
+    """The modules the chart should draw: ``under`` and its descendants up to ``depth`` levels below with a value."""
+    top = result.row(under).depth
+    inside = [row for row in result.modules if row.name == under or row.name.startswith(f"{under}.") or not under]
+    value = (lambda row: row.params) if metric == "params" else (lambda row: row.metrics[metric])
+    return [row.name for row in inside if row.name == under or (row.depth - top <= depth and value(row) > 0)]
+
+
+@needs_browser
+def test_page_loads_offline_without_errors(opened: Opened, resnet: Result, tmp_path: Path) -> None:
+    assert opened.page.locator("#header h1").inner_text() == resnet.model
+    header = opened.page.locator("#header").inner_text()
+    assert "1x3x64x64 float32" in header and f"modelmeter {modelmeter.__version__}" in header
+    assert f"torch {torch.__version__}" in header and "fvcore" in header
+    shot = tmp_path / "report.png"
+    opened.page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+@needs_browser
+def test_one_rect_per_module_up_to_the_depth(opened: Opened, resnet: Result) -> None:
+    assert sorted(opened.rects()) == sorted(_drawn(resnet, "flops", 3))
+    assert len(opened.rects()) == 52
+    for depth in ("1", "4"):
+        opened.page.select_option("#depth", depth)
+        assert sorted(opened.rects()) == sorted(_drawn(resnet, "flops", int(depth)))
+    opened.page.select_option("#metric", "params")
+    assert sorted(opened.rects()) == sorted(_drawn(resnet, "params", 4))
+
+
+@needs_browser
+def test_hover_shows_exact_value_and_share(opened: Opened, resnet: Result) -> None:
+    for name in ("layer3", "layer1.0.conv1"):
+        opened.page.hover(f'#chart rect[data-module="{name}"]')
+        text = opened.page.locator("#tooltip").inner_text()
+        value = resnet.row(name).metrics["flops"]
+        assert f"flops: {value:,}" in text and f"({100 * resnet.share(name, 'flops'):.2f}% of total)" in text
+        assert f"({resnet.row(name).type})" in text
+
+
+@needs_browser
+def test_click_zooms_in_and_out(opened: Opened, resnet: Result) -> None:
+    chart = opened.width("")
+    opened.page.click('#chart rect[data-module="layer2"]')
+    assert opened.width("layer2") == pytest.approx(chart)
+    assert sorted(opened.rects()) == sorted(_drawn(resnet, "flops", 3, under="layer2"))
+    opened.page.click('#chart rect[data-module="layer2.1"]')
+    assert opened.width("layer2.1") == pytest.approx(chart)
+    opened.page.click('#chart rect[data-module="layer2.1"]')  # the top bar: one level out
+    assert opened.width("layer2") == pytest.approx(chart)
+    opened.page.locator("#breadcrumb button").first.click()
+    assert sorted(opened.rects()) == sorted(_drawn(resnet, "flops", 3))
+
+
+@needs_browser
+def test_metric_switch_sizes_by_that_metric(opened: Opened, resnet: Result) -> None:
+    chart = opened.width("")
+    assert opened.width("layer4") / chart == pytest.approx(resnet.share("layer4", "flops"), abs=1e-3)
+    opened.page.select_option("#metric", "params")
+    params = resnet.row("layer4").params / resnet.root.params
+    assert opened.width("layer4") / chart == pytest.approx(params, abs=1e-3)
+    assert abs(params - resnet.share("layer4", "flops")) > 0.3  # the switch did change the width
+    opened.page.select_option("#metric", "backward_flops")
+    assert opened.width("layer4") / chart == pytest.approx(resnet.share("layer4", "backward_flops"), abs=1e-3)
+
+
+def _column(opened: Opened, table: str, index: int) -> list[str]:
+    return [str(t) for t in opened.page.locator(f"#{table} tbody tr").evaluate_all(
+        f"rows => rows.map(r => r.cells[{index}].title || r.cells[{index}].textContent)")]
+
+
+@needs_browser
+def test_tables_sort(opened: Opened, resnet: Result) -> None:
+    assert _column(opened, "modules", 1)[:2] == ["ResNet", "Conv2d"]  # model order first
+    assert len(_column(opened, "modules", 0)) == len(resnet.modules)
+    flops = 3  # module, type, params, flops
+    opened.page.click(f"#modules th >> nth={flops}")
+    values = [int(v.replace(",", "")) for v in _column(opened, "modules", flops)]
+    assert values == sorted((row.metrics["flops"] for row in resnet.modules), reverse=True)
+    opened.page.click(f"#modules th >> nth={flops}")
+    assert [int(v.replace(",", "")) for v in _column(opened, "modules", flops)] == sorted(values)
+    opened.page.click("#modules th >> nth=0")
+    rows = opened.page.locator("#modules tbody tr")
+    names = [str(n) for n in rows.evaluate_all("rs => rs.map(r => r.dataset.module)")]
+    assert names == sorted(row.name for row in resnet.modules)
+    by_op = resnet.root.by_operator
+    ops = {op for metric in resnet.metrics for op in by_op[metric]}
+    opened.page.click("#operators th >> nth=1")
+    opened.page.click("#operators th >> nth=1")  # costliest first already; now ascending
+    assert [int(v.replace(",", "")) for v in _column(opened, "operators", 1)] == sorted(
+        by_op["flops"].get(op, 0) for op in ops)
+
+
+@needs_browser
+def test_compare_page(browser: Browser, tmp_path: Path) -> None:
+    path = tmp_path / "compare.html"
+    write_html(_after(), path, compare=_before())
+    report = Opened(browser, path)
+    page = report.page
+    assert sorted(report.rects()) == ["", "a", "c"]  # b has nothing to draw in this run
+    page.hover('#chart rect[data-module="a"]')
+    text = page.locator("#tooltip").inner_text()
+    assert report.width("a") / report.width("") == pytest.approx(70 / 120, abs=1e-3)  # 25 of the model's own
+    assert "flops: 70  (58.33% of total)" in text and "difference: +10  (16.67% of Net's)" in text
+    page.hover('#chart rect[data-module="c"]')
+    assert "difference: +25  (new: not in Net)" in page.locator("#tooltip").inner_text()
+    red = page.locator('#chart rect[data-module="a"]').get_attribute("fill")
+    assert red is not None and red.startswith("hsl(0,")
+    cells = "r => [...r.cells].map((c, i) => i ? c.title || c.textContent : c.textContent)"
+    rows = {str(r[0]): r[1:] for r in page.locator("#modules tbody tr").evaluate_all(
+        f"rs => rs.map(r => [r.dataset.module, ...({cells})(r)])")}
+    assert rows["b"] == ["bonly in Net", "Linear", "0", "-10", "0", "-40"]
+    assert rows["c"][0] == "cnew" and rows["c"][2] == "25" and rows["c"][5] == "+25"
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
+
+
+@needs_browser
+def test_hostile_names_stay_text(browser: Browser, tmp_path: Path) -> None:
+    result = _before()
+    result.model = result.modules[1].name = HOSTILE
+    result.assumptions = [HOSTILE]
+    path = tmp_path / "hostile.html"
+    write_html(result, path)
+    report = Opened(browser, path)
+    assert report.page.locator("#header h1").inner_text() == HOSTILE
+    assert report.page.locator("#assumptions li").inner_text() == HOSTILE
+    assert report.page.evaluate("window.pwned") is None and report.page.locator("script").count() == 2
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
