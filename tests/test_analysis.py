@@ -487,3 +487,25 @@ def test_analyze_shares_one_run_and_quiet_logs_nothing(caplog: pytest.LogCapture
     assert caplog.records == []
     assert result.unsupported == {"modelmeter_test::blur": 1}  # still reported, just not logged
     assert quiet.activations.trace is quiet.flops.trace
+
+
+def test_meta_models_run_on_meta_tensors_and_fall_back_to_fake_ones() -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    class MetaKernelMissing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not isinstance(x, FakeTensor):  # as an operator without a meta kernel would
+                raise NotImplementedError("no Meta kernel")
+            return self.fc(x)
+
+    with torch.device("meta"):
+        plain, missing = nn.Linear(4, 4), MetaKernelMissing()
+    seen = []
+    plain.register_forward_pre_hook(lambda _, args: seen.append(type(args[0])))
+    assert FlopCountAnalysis(plain, torch.randn(2, 4)).total() == 2 * 16
+    assert seen == [torch.Tensor]  # a plain meta tensor, no FakeTensor conversion
+    assert FlopCountAnalysis(missing, torch.randn(2, 4)).total() == 2 * 16  # retried under FakeTensors

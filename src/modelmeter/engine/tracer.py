@@ -46,8 +46,11 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ``execution``: ``"fake"`` (FakeTensors, no kernels), ``"real"`` (real kernels on the given
     tensors) or ``"auto"`` (fake, falling back to real when the model needs values).
     ``backward``: also run the backward pass of ``loss_fn(output)`` (default: the sum of the output's
-    floating-point tensors), computing the gradients of the parameters and inputs that require grad —
-    with ``torch.autograd.grad``, so no ``.grad`` is written.
+    floating-point tensors), computing the gradients of the parameters and inputs that require grad; the
+    ``.grad`` they held before is put back.
+
+    A model on the meta device runs on meta tensors as they are — PyTorch's meta kernels, no FakeTensor
+    conversion, about twice as fast — and under FakeTensors only if an operator has no meta kernel.
     """
     if execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {execution!r}")
@@ -58,6 +61,12 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     run = _Run(model, args, kwargs, names, backward, loss_fn)
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
+    if model_on_meta:
+        try:
+            return run(fake=True, model_on_meta=True, no_values=True, on_meta=True)
+        except ModelRunError as exc:
+            if not isinstance(exc.__cause__, NotImplementedError):  # the model's own failure: FakeTensors too
+                raise
     try:
         return run(fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
@@ -85,7 +94,7 @@ class _Run:
         self.model, self.args, self.kwargs, self.names = model, args, kwargs, names
         self.backward, self.loss_fn = backward, loss_fn
 
-    def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool) -> Trace:
+    def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False) -> Trace:
         model, names = self.model, self.names
         args, kwargs = map_tensors(_as_leaf, self.args), map_tensors(_as_leaf, self.kwargs)
         recorder = Recorder(names, track_autograd=self.backward)
@@ -93,7 +102,11 @@ class _Run:
         saved = _ModelState(model)
         try:
             with ExitStack() as stack:
-                if fake:
+                if on_meta:  # the model's tensors have no values already: its inputs join it on meta
+                    shadows = recorder.shadows = Shadows()
+                    args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
+                    stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
+                elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                     shadows = recorder.shadows = Shadows()
                     args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta, shadows)
@@ -205,6 +218,19 @@ def _as_leaf(t: torch.Tensor) -> torch.Tensor:
     """An input computed by the caller's own graph, cut from it: the model's gradient work starts at its inputs,
     and a backward pass must not run into (or accumulate gradients in) the caller's graph."""
     return t if t.is_leaf else t.detach().requires_grad_(t.requires_grad)
+
+
+def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
+    """Inputs on the meta device (the values of small ones kept as shadows), as leaves like the originals."""
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return t
+        out = t.detach().to("meta").requires_grad_(t.requires_grad)
+        shadows.seed(out, t)
+        return out
+
+    return map_tensors(convert, tree)
 
 
 def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
