@@ -1,0 +1,409 @@
+"""modelmeter against fvcore, torch.utils.flop_counter and a plain forward pass, in one run on one machine.
+
+    pip install -r benchmarks/requirements.txt   # the comparison packages: the benchmark's, not the library's
+    python benchmarks/compare.py [--quick] [--repeat N] [--json out.json]
+
+Sections (times are medians with min-max over ``--repeat`` runs after one warm-up run; fresh-process
+measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 times):
+
+1. **Real tensors** (random initialisation on the CPU; nothing is downloaded): FLOPs + activations + parameters
+   by module of ResNet-50, ViT-B/16, Swin-T and GPT-2 small. modelmeter is ``analyze(model, x, quiet=True)
+   .result()`` (cache off; execution "auto", i.e. FakeTensors); fvcore is ``FlopCountAnalysis`` +
+   ``ActivationCountAnalysis`` + ``flop_count_table`` (warnings off); FlopCounterMode is
+   ``torch.utils.flop_counter.FlopCounterMode(depth=None)`` around a forward under ``no_grad`` and
+   ``get_flop_counts()`` (FLOPs only: it has no activations); forward is the model under ``no_grad``.
+2. **Meta device**: the same models built and run on "meta". fvcore cannot run there (it traces with
+   ``torch.jit.trace``, which needs real kernels); FlopCounterMode and a plain forward can.
+3. **Llama-2-70B** from its config on meta, 2048 tokens: forward and forward+backward analyses, each in a fresh
+   process: the analysis time, the whole process time, and the peak RSS (``resource.getrusage`` maxrss).
+4. **Per-operator overhead**: a deep stack of tiny Linear+GELU layers on a (1, 8) input:
+   (modelmeter time - plain forward time) / number of events in the trace, in microseconds.
+5. **Cached re-analysis** of ViT-B/16: in-process (the metrics of a second analysis given ``trace=``) and
+   persistent (``cache_dir=`` a new directory, then a second fresh process reading it) against the first analysis.
+
+``torch.set_num_threads(2)`` everywhere. ``--quick`` uses small models and inputs and fewer repeats (a test runs it).
+Times are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+THREADS = 2
+MODELS = ("resnet50", "vit_b_16", "swin_t", "gpt2")
+TOOLS = ("modelmeter", "fvcore", "flop_counter", "forward")
+
+
+# timing ------------------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> dict[str, Any]:
+    """Median, min and max seconds of ``fn`` over ``repeat`` runs after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return summary(times)
+
+
+def summary(times: list[float]) -> dict[str, Any]:
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
+
+
+def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    """Median time of ``a`` over that of ``b`` (None when either did not run)."""
+    if not a or not b or "median_s" not in a or "median_s" not in b:
+        return None
+    return float(a["median_s"] / b["median_s"])
+
+
+# models ------------------------------------------------------------------------------------------------
+
+
+def build(name: str, quick: bool, device: str) -> tuple[nn.Module, torch.Tensor]:
+    """Model ``name`` (random weights, eval mode) and its input, on ``device``."""
+    import torchvision
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        if name == "gpt2":
+            import transformers
+
+            sizes: dict[str, Any] = {"n_layer": 2, "n_embd": 128, "n_head": 4} if quick else {}
+            model: nn.Module = transformers.GPT2LMHeadModel(transformers.GPT2Config(**sizes, use_cache=False))
+            return model.eval(), torch.zeros(1, 32 if quick else 256, dtype=torch.long)
+        if quick:  # the same architectures, a few narrow layers on a small image
+            return quick_models()[name]().eval(), torch.randn(1, 3, 32, 32)
+        model = torchvision.models.get_model(name, weights=None)
+        return model.eval(), torch.randn(1, 3, 224, 224)
+
+
+def quick_models() -> dict[str, Callable[[], nn.Module]]:
+    """Small members of each family for ``--quick``."""
+    from torchvision.models import ResNet, SwinTransformer, VisionTransformer
+    from torchvision.models.resnet import Bottleneck
+
+    return {"resnet50": lambda: ResNet(Bottleneck, [1, 1, 1, 1], width_per_group=16),
+            "vit_b_16": lambda: VisionTransformer(32, 16, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128),
+            "swin_t": lambda: SwinTransformer([4, 4], 24, [1, 1, 1, 1], [1, 1, 1, 1], [4, 4])}
+
+
+def run_modelmeter(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    import modelmeter
+
+    return lambda: modelmeter.analyze(model, x, cache=False, quiet=True).result()
+
+
+def run_fvcore(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    from fvcore.nn import ActivationCountAnalysis, FlopCountAnalysis, flop_count_table
+
+    def go() -> str:
+        with warnings.catch_warnings(), quiet_logger("fvcore"):
+            warnings.simplefilter("ignore")
+            flops = FlopCountAnalysis(model, x).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+            acts = ActivationCountAnalysis(model, x).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+            return str(flop_count_table(flops, activations=acts))
+    return go
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str) -> Iterator[None]:
+    """Errors only from logger ``name`` (fvcore logs uncalled modules even with its warnings off)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def run_flop_counter(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def go() -> Any:
+        with torch.no_grad(), FlopCounterMode(display=False, depth=None) as mode:  # type: ignore[arg-type]
+            model(x)
+        return mode.get_flop_counts()
+    return go
+
+
+def run_forward(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    def go() -> Any:
+        with torch.no_grad():
+            return model(x)
+    return go
+
+
+RUNNERS = {"modelmeter": run_modelmeter, "fvcore": run_fvcore, "flop_counter": run_flop_counter,
+           "forward": run_forward}
+
+
+def compare(device: str, quick: bool, repeat: int) -> dict[str, Any]:
+    """Sections 1 and 2: every tool on every model on ``device``."""
+    rows: dict[str, Any] = {}
+    for name in MODELS:
+        model, x = build(name, quick, device)
+        row: dict[str, Any] = {}
+        for tool in TOOLS:
+            if tool == "fvcore" and device == "meta":
+                row[tool] = {"skipped": "fvcore traces with torch.jit.trace, which cannot run on meta tensors"}
+                continue
+            try:
+                row[tool] = timed(RUNNERS[tool](model, x), repeat)
+            except Exception as exc:  # a peer that cannot run this model is reported, not fatal
+                row[tool] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"}
+        row["ratios"] = {f"modelmeter/{tool}": ratio(row["modelmeter"], row[tool]) for tool in TOOLS[1:]}
+        rows[name] = row
+        print(f"  {device} {name}: " + ", ".join(f"{t} {fmt(row[t])}" for t in TOOLS), file=sys.stderr)
+    return rows
+
+
+# Llama-2-70B in fresh processes ------------------------------------------------------------------------
+
+_LLAMA = textwrap.dedent("""
+    import json, resource, sys, time
+    started = time.perf_counter()
+    import torch, transformers, modelmeter
+    torch.set_num_threads(%d)
+    quick, backward = sys.argv[1] == "1", sys.argv[2] == "1"
+    sizes = (dict(hidden_size=256, intermediate_size=896, num_hidden_layers=2, num_attention_heads=8)
+             if quick else dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                num_attention_heads=64))
+    config = transformers.LlamaConfig(**sizes, num_key_value_heads=8, vocab_size=32000)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    tokens = torch.zeros(1, 128 if quick else 2048, dtype=torch.long, device="meta")
+    built = time.perf_counter()
+    result = modelmeter.analyze(model, tokens, backward=backward, cache=False, quiet=True).result()
+    done = time.perf_counter()
+    print(json.dumps({"analysis_s": done - built, "process_s": done - started,
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+""") % THREADS
+
+
+def fresh(code: str, *args: str) -> dict[str, Any]:
+    """Run ``code`` in a new Python process; its last stdout line, parsed as JSON."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"subprocess failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def llama(quick: bool, repeat: int) -> dict[str, Any]:
+    """Section 3: forward and forward+backward of Llama-2-70B on meta, each run in a fresh process."""
+    out: dict[str, Any] = {}
+    for label, backward in (("forward", "0"), ("forward+backward", "1")):
+        runs = [fresh(_LLAMA, "1" if quick else "0", backward) for _ in range(repeat)]
+        out[label] = {**summary([r["analysis_s"] for r in runs]),
+                      "process": summary([r["process_s"] for r in runs]),
+                      "peak_rss_mb": max(r["rss_mb"] for r in runs)}
+        print(f"  llama {label}: {fmt(out[label])}, {out[label]['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    return out
+
+
+# per-operator overhead ---------------------------------------------------------------------------------
+
+
+def overhead(quick: bool, repeat: int) -> dict[str, Any]:
+    """Section 4: microseconds of engine work per recorded operator event on many tiny layers.
+
+    ``us_per_event`` is (modelmeter time - plain forward time) / events, fixed costs included;
+    ``marginal_us_per_event`` is the slope between this stack and one a fifth as deep (fixed costs cancel).
+    """
+    layers = 50 if quick else 500
+    deep, shallow = (tiny_stack(n, repeat) for n in (layers, layers // 5))
+    per_event = (deep["modelmeter"]["median_s"] - deep["forward"]["median_s"]) / deep["events"] * 1e6
+    extra = [row["modelmeter"]["median_s"] - row["forward"]["median_s"] for row in (deep, shallow)]
+    marginal = (extra[0] - extra[1]) / (deep["events"] - shallow["events"]) * 1e6
+    print(f"  overhead: {per_event:.1f} us/event over {deep['events']} events, marginal {marginal:.1f}",
+          file=sys.stderr)
+    return {**deep, "shallow": shallow, "us_per_event": per_event, "marginal_us_per_event": marginal}
+
+
+def tiny_stack(layers: int, repeat: int) -> dict[str, Any]:
+    """Events and times of modelmeter and of a plain forward on ``layers`` x (Linear(8, 8) + GELU)."""
+    import modelmeter
+
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(layers))).eval()
+    x = torch.randn(1, 8)
+    events = len(modelmeter.analyze(model, x, cache=False, quiet=True).trace.events)
+    return {"layers": layers, "events": events, "modelmeter": timed(run_modelmeter(model, x), repeat),
+            "forward": timed(run_forward(model, x), repeat)}
+
+
+# cached re-analysis ------------------------------------------------------------------------------------
+
+_CACHED = textwrap.dedent("""
+    import json, sys, time
+    import torch, modelmeter, modelmeter.cache
+    sys.path.insert(0, sys.argv[3])
+    torch.set_num_threads(%d)
+    from compare import build
+    model, x = build("vit_b_16", sys.argv[1] == "1", "cpu")
+    start = time.perf_counter()
+    analysis = modelmeter.analyze(model, x, cache_dir=sys.argv[2], quiet=True)
+    analysis.result()
+    print(json.dumps({"analysis_s": time.perf_counter() - start, "from_cache": analysis.from_cache}))
+""") % THREADS
+
+
+def cached(quick: bool, repeat: int) -> dict[str, Any]:
+    """Section 5: re-analysis from a trace in the same process, and from the persistent cache in a new one."""
+    import modelmeter
+    from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, build_result
+
+    model, x = build("vit_b_16", quick, "cpu")
+    trace = modelmeter.analyze(model, x, cache=False, quiet=True).trace
+
+    def again() -> Any:
+        flops = FlopCountAnalysis(model, x, trace=trace).unsupported_ops_warnings(False)
+        flops.uncalled_modules_warnings(False)
+        acts = ActivationCountAnalysis(model, x, trace=trace).unsupported_ops_warnings(False)
+        acts.uncalled_modules_warnings(False)
+        return build_result(model, {"flops": flops, "activations": acts})
+
+    first = timed(run_modelmeter(model, x), repeat)
+    in_process = timed(again, repeat)
+    here = os.path.dirname(os.path.abspath(__file__))
+    cold, warm = [], []
+    for _ in range(repeat):
+        directory = tempfile.mkdtemp(prefix="modelmeter-bench-")
+        try:
+            cold.append(fresh(_CACHED, "1" if quick else "0", directory, here))
+            warm.append(fresh(_CACHED, "1" if quick else "0", directory, here))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    if any(r["from_cache"] for r in cold) or not all(r["from_cache"] for r in warm):
+        raise RuntimeError("the persistent cache was not used as expected")
+    out = {"first": first, "in_process": in_process,
+           "persistent_first": summary([r["analysis_s"] for r in cold]),
+           "persistent_cached": summary([r["analysis_s"] for r in warm])}
+    out["ratios"] = {"first/in_process": ratio(first, in_process),
+                     "persistent_first/persistent_cached": ratio(out["persistent_first"], out["persistent_cached"])}
+    print(f"  cache: {out['ratios']}", file=sys.stderr)
+    return out
+
+
+# report ------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmark."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as lines:
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+    versions = {}
+    for package in ("modelmeter", "fvcore", "torchvision", "transformers"):
+        try:
+            versions[package] = __import__(package).__version__
+        except Exception:  # a missing comparison package is reported in the table
+            versions[package] = "not installed"
+    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+            "torch_threads": THREADS, "python": platform.python_version(), "torch": torch.__version__, **versions,
+            "platform": platform.platform(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat("T", "seconds")}
+
+
+def fmt(cell: dict[str, Any] | None) -> str:
+    """A time cell: median (min-max), or why it is missing."""
+    if not cell:
+        return "-"
+    if "median_s" not in cell:
+        return "n/a: " + (cell.get("skipped") or cell.get("error", ""))
+    return f"{cell['median_s'] * 1e3:.1f} ms ({cell['min_s'] * 1e3:.1f}-{cell['max_s'] * 1e3:.1f})"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The results as markdown tables."""
+    m = report["machine"]
+    lines = [f"## modelmeter benchmark ({'quick' if report['quick'] else 'full'}; {report['repeat']} repeats)", "",
+             f"{m['date']}; {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), "
+             f"torch.set_num_threads({m['torch_threads']}); Python {m['python']}, torch {m['torch']}, "
+             f"modelmeter {m['modelmeter']}, fvcore {m['fvcore']}, torchvision {m['torchvision']}, "
+             f"transformers {m['transformers']}; {m['platform']}.",
+             "Times: median (min-max) after a warm-up run.", ""]
+    for section, title in (("real", "1. By-module FLOPs + activations + parameters, real tensors (CPU)"),
+                           ("meta", "2. The same on the meta device")):
+        lines += [f"### {title}", "",
+                  "| model | modelmeter | fvcore | FlopCounterMode | forward | mm/fvcore | mm/FlopCounterMode "
+                  "| mm/forward |", "|---|---|---|---|---|---|---|---|"]
+        for name, row in report[section].items():
+            r = row["ratios"]
+            lines.append(f"| {name} | " + " | ".join(fmt(row[t]) for t in TOOLS) + " | "
+                         + " | ".join(fmt_ratio(r[f"modelmeter/{t}"]) for t in TOOLS[1:]) + " |")
+        lines.append("")
+    llama_rows = report["llama"]
+    lines += ["### 3. Llama-2-70B from its config on meta, 2048 tokens (fresh process each)" if not report["quick"]
+              else "### 3. Small Llama from its config on meta, 128 tokens (fresh process each; --quick)", "",
+              "| pass | analysis | whole process (imports, build) | peak RSS |", "|---|---|---|---|"]
+    for label, row in llama_rows.items():
+        lines.append(f"| {label} | {fmt(row)} | {fmt(row['process'])} | {row['peak_rss_mb']:.0f} MB |")
+    o = report["overhead"]
+    c = report["cached"]
+    lines += ["", f"### 4. Engine overhead: {o['layers']} x (Linear(8, 8) + GELU) on a (1, 8) input", "",
+              f"modelmeter {fmt(o['modelmeter'])}, forward {fmt(o['forward'])}, {o['events']} events: "
+              f"**{o['us_per_event']:.1f} µs per operator event** (fixed costs included); "
+              f"{o['marginal_us_per_event']:.1f} µs per event marginal (against {o['shallow']['layers']} layers, "
+              f"{o['shallow']['events']} events: modelmeter {fmt(o['shallow']['modelmeter'])}, "
+              f"forward {fmt(o['shallow']['forward'])}).", "",
+              "### 5. Cached re-analysis (ViT-B/16)", "",
+              "| analysis | time | speed-up |", "|---|---|---|",
+              f"| first (in process) | {fmt(c['first'])} | 1x |",
+              f"| again from its trace (in process) | {fmt(c['in_process'])} | "
+              f"{fmt_ratio(c['ratios']['first/in_process'])} |",
+              f"| first, fresh process, empty cache | {fmt(c['persistent_first'])} | 1x |",
+              f"| fresh process, from the cache | {fmt(c['persistent_cached'])} | "
+              f"{fmt_ratio(c['ratios']['persistent_first/persistent_cached'])} |", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small models and inputs, 1 repeat (for tests)")
+    parser.add_argument("--repeat", type=int, help="timed runs per measurement (default 5, 1 with --quick)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args()
+    repeat = args.repeat or (1 if args.quick else 5)
+    torch.set_num_threads(THREADS)
+    report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine()}
+    report["real"] = compare("cpu", args.quick, repeat)
+    report["meta"] = compare("meta", args.quick, repeat)
+    report["llama"] = llama(args.quick, min(repeat, 3))
+    report["overhead"] = overhead(args.quick, max(repeat, 5))  # cheap, and noisy
+    report["cached"] = cached(args.quick, min(repeat, 3))
+    print(markdown(report))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""benchmarks/compare.py: every section is measured and every ratio comes from the times it reports.
+
+Performance itself is never asserted: times depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare.py"
+
+
+def load_compare() -> ModuleType:
+    """benchmarks/compare.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("compare", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timed_warms_up_once_and_summarises_the_timed_runs() -> None:
+    compare = load_compare()
+    calls: list[int] = []
+    row = compare.timed(lambda: calls.append(1), 3)
+    assert len(calls) == 4 and row["runs"] == 3
+    assert 0 <= row["min_s"] <= row["median_s"] <= row["max_s"]
+    assert compare.summary([3.0, 1.0, 2.0]) == {"median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "runs": 3}
+    assert compare.ratio({"median_s": 1.0}, {"median_s": 4.0}) == 0.25
+    assert compare.ratio({"median_s": 1.0}, {"error": "RuntimeError"}) is None
+
+
+def positive(cell: dict[str, Any]) -> bool:
+    return bool(0 < cell["min_s"] <= cell["median_s"] <= cell["max_s"])
+
+
+@pytest.mark.slow
+def test_quick_run_measures_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"machine", "real", "meta", "llama", "overhead", "cached"} <= report.keys()
+    assert report["machine"]["cpu"] and report["machine"]["torch_threads"] == 2
+
+    for section in ("real", "meta"):
+        assert set(report[section]) == {"resnet50", "vit_b_16", "swin_t", "gpt2"}
+        for name, row in report[section].items():
+            assert positive(row["modelmeter"]), (section, name)
+            if section == "real":  # every peer runs every model on real tensors
+                assert all(positive(row[tool]) for tool in ("fvcore", "flop_counter", "forward")), name
+            else:
+                assert "jit" in row["fvcore"]["skipped"]
+            for tool in ("fvcore", "flop_counter", "forward"):
+                expected = row["modelmeter"]["median_s"] / row[tool]["median_s"] if "median_s" in row[tool] else None
+                assert row["ratios"][f"modelmeter/{tool}"] == pytest.approx(expected), (section, name, tool)
+    assert positive(report["meta"]["resnet50"]["flop_counter"]) and positive(report["meta"]["resnet50"]["forward"])
+
+    for label in ("forward", "forward+backward"):
+        llama = report["llama"][label]
+        assert positive(llama) and positive(llama["process"]) and llama["peak_rss_mb"] > 0
+        assert llama["process"]["median_s"] > llama["median_s"]
+
+    overhead = report["overhead"]
+    assert overhead["events"] > overhead["shallow"]["events"] > 0
+    for row in (overhead, overhead["shallow"]):
+        assert positive(row["modelmeter"]) and positive(row["forward"])
+    extra = overhead["modelmeter"]["median_s"] - overhead["forward"]["median_s"]
+    assert overhead["us_per_event"] == pytest.approx(extra / overhead["events"] * 1e6)
+    shallow = overhead["shallow"]["modelmeter"]["median_s"] - overhead["shallow"]["forward"]["median_s"]
+    assert overhead["marginal_us_per_event"] == pytest.approx(
+        (extra - shallow) / (overhead["events"] - overhead["shallow"]["events"]) * 1e6)
+
+    cached = report["cached"]
+    for key in ("first", "in_process", "persistent_first", "persistent_cached"):
+        assert positive(cached[key]), key
+    assert cached["ratios"]["first/in_process"] == pytest.approx(
+        cached["first"]["median_s"] / cached["in_process"]["median_s"])
+    assert cached["ratios"]["persistent_first/persistent_cached"] == pytest.approx(
+        cached["persistent_first"]["median_s"] / cached["persistent_cached"]["median_s"])
+    assert "### 5. Cached re-analysis" in done.stdout
