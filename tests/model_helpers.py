@@ -1,5 +1,5 @@
-"""Small modules the operator tests share: a functional call as a module, and the fused fast-path operators
-of MultiheadAttention and TransformerEncoderLayer called directly."""
+"""Small modules the operator tests share: a functional call as a module, the fused fast-path operators of
+MultiheadAttention and TransformerEncoderLayer called directly, and random convolutions (a hypothesis strategy)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from hypothesis import strategies as st
 from torch import nn
 
 
@@ -49,3 +50,31 @@ class FusedEncoderLayer(nn.Module):
             x.self_attn.out_proj.weight, x.self_attn.out_proj.bias, x.activation_relu_or_gelu == 2, x.norm_first,
             x.norm1.eps, x.norm1.weight, x.norm1.bias, x.norm2.weight, x.norm2.bias, x.linear1.weight,
             x.linear1.bias, x.linear2.weight, x.linear2.bias, None, None)
+
+
+@st.composite
+def conv_modules(draw: st.DrawFn) -> tuple[nn.Module, tuple[int, ...]]:
+    """A convolution of any dimension (plain or transposed; groups, stride, padding, dilation, bias) and an input
+    shape it accepts (batched or not)."""
+    dim = draw(st.integers(1, 3))
+    transposed = draw(st.booleans())
+    groups = draw(st.integers(1, 3))
+    cin, cout = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    ints = st.integers
+    kernel = [draw(ints(1, 3)) for _ in range(dim)]
+    stride = [draw(ints(1, 2)) for _ in range(dim)]
+    dilation = [draw(ints(1, 2)) for _ in range(dim)]
+    span = [d * (k - 1) + 1 for k, d in zip(kernel, dilation, strict=True)]
+    if transposed:
+        padding = [draw(ints(0, (s - 1) // 2)) for s in span]
+        output_padding = [draw(ints(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True)]
+        spatial = [draw(ints(1, 4)) for _ in range(dim)]
+        cls = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dim - 1]
+        module = cls(cin, cout, kernel, stride, padding, output_padding, groups, draw(st.booleans()), dilation)
+    else:
+        padding = [draw(ints(0, 1)) for _ in range(dim)]
+        spatial = [draw(ints(max(1, s - 2 * p), s - 2 * p + 3)) for s, p in zip(span, padding, strict=True)]
+        cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dim - 1]
+        module = cls(cin, cout, kernel, stride, padding, dilation, groups, draw(st.booleans()))
+    batch = [] if draw(st.booleans()) and dim < 3 else [draw(ints(1, 2))]
+    return module, (*batch, cin, *spatial)

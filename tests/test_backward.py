@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
@@ -25,37 +23,7 @@ def flops(model: nn.Module, inputs: Any, **options: Any) -> FlopCountAnalysis:
     return analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
 
 
-# --- the gradient work of a layer: 2x its forward multiply-adds, 1x when the input needs no gradient ----------
-@settings(max_examples=25, deadline=None)
-@given(rows=st.integers(1, 6), fan_in=st.integers(1, 12), fan_out=st.integers(1, 12), bias=st.booleans(),
-       input_grad=st.booleans(), convention=st.sampled_from(["fvcore", "macs"]))
-def test_linear_backward_is_twice_forward_or_once_without_input_grad(
-        rows: int, fan_in: int, fan_out: int, bias: bool, input_grad: bool, convention: str) -> None:
-    layer = nn.Linear(fan_in, fan_out, bias=bias)
-    x = torch.randn(rows, fan_in, requires_grad=input_grad)
-    analysis = flops(layer, x, convention=convention)
-    macs = rows * fan_in * fan_out
-    assert analysis.by_phase() == {"forward": macs, "backward": (2 if input_grad else 1) * macs}
-    assert analysis.total() == sum(analysis.by_phase().values())
-
-
-@settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 2), groups=st.integers(1, 3), cin=st.integers(1, 3), cout=st.integers(1, 3),
-       side=st.integers(3, 7), k=st.integers(1, 3), stride=st.integers(1, 2), input_grad=st.booleans(),
-       transposed=st.booleans())
-def test_conv_backward_is_twice_forward_or_once_without_input_grad(
-        n: int, groups: int, cin: int, cout: int, side: int, k: int, stride: int, input_grad: bool,
-        transposed: bool) -> None:
-    make = nn.ConvTranspose2d if transposed else nn.Conv2d
-    conv = make(cin * groups, cout * groups, k, stride=stride, groups=groups, bias=False)
-    x = torch.randn(n, cin * groups, side, side, requires_grad=input_grad)
-    analysis = flops(conv, x, convention="macs")
-    out = conv(x).shape
-    positions = math.prod((x.shape if transposed else out)[2:])  # a transposed conv works per input position
-    forward = n * conv.weight.numel() * positions
-    assert analysis.by_phase() == {"forward": forward, "backward": (2 if input_grad else 1) * forward}
-
-
+# The 2x / 1x gradient work of linear and convolution layers of every kind: properties in tests/test_products.py.
 def test_frozen_weights_do_no_weight_gradient_work() -> None:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     x = torch.randn(3, 8)

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import modelmeter
-from model_helpers import Fn, FusedEncoderLayer, FusedSelfAttention
+from model_helpers import Fn, FusedEncoderLayer, FusedSelfAttention, conv_modules
 from modelmeter import ActivationCountAnalysis, Args, FlopCountAnalysis, get_shape
 
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -146,32 +146,6 @@ def test_functional_conv() -> None:
     model = Fn(lambda x, w: F.conv2d(x, w, stride=2, groups=2))
     # x (1, 4, 7, 7), w (6, 2, 3, 3): out (1, 6, 3, 3)
     assert flops(model, randn((1, 4, 7, 7), (6, 2, 3, 3))).by_operator() == Counter({"conv": 1 * (6 * 2 * 3 * 3) * 9})
-
-
-@st.composite
-def conv_modules(draw: st.DrawFn) -> tuple[nn.Module, tuple[int, ...]]:
-    dim = draw(st.integers(1, 3))
-    transposed = draw(st.booleans())
-    groups = draw(st.integers(1, 3))
-    cin, cout = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
-    ints = st.integers
-    kernel = [draw(ints(1, 3)) for _ in range(dim)]
-    stride = [draw(ints(1, 2)) for _ in range(dim)]
-    dilation = [draw(ints(1, 2)) for _ in range(dim)]
-    span = [d * (k - 1) + 1 for k, d in zip(kernel, dilation, strict=True)]
-    if transposed:
-        padding = [draw(ints(0, (s - 1) // 2)) for s in span]
-        output_padding = [draw(ints(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True)]
-        spatial = [draw(ints(1, 4)) for _ in range(dim)]
-        cls = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dim - 1]
-        module = cls(cin, cout, kernel, stride, padding, output_padding, groups, draw(st.booleans()), dilation)
-    else:
-        padding = [draw(ints(0, 1)) for _ in range(dim)]
-        spatial = [draw(ints(max(1, s - 2 * p), s - 2 * p + 3)) for s, p in zip(span, padding, strict=True)]
-        cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dim - 1]
-        module = cls(cin, cout, kernel, stride, padding, dilation, groups, draw(st.booleans()))
-    batch = [] if draw(st.booleans()) and dim < 3 else [draw(ints(1, 2))]
-    return module, (*batch, cin, *spatial)
 
 
 @PROPERTY
