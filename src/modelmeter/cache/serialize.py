@@ -10,6 +10,7 @@ one-key object tagged with ``$``::
     {"$c": [re, im]}       complex                 {"$s": [...]}                    set
     {"$z": [...]}          frozenset               {"$d": [[key, value], ...]}      dict (any keys, in order)
     {"$m": [field, ...]}   TensorMeta, fields in ``dataclasses.fields`` order
+    {"$b": [field, ...]}   Storage, likewise
 
 Anything else (a tensor, a module, an arbitrary object) cannot be written: :class:`TypeError`.
 Reading checks the structure and raises :class:`ValueError` on anything unexpected, so a damaged entry is
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
+from ..engine.trace import PHASES, STORAGE_KINDS, OpEvent, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
 FORMAT_VERSION = 1
@@ -36,11 +37,13 @@ FORMAT_VERSION = 1
 _TRACE_FIELDS = tuple(f.name for f in dataclasses.fields(Trace))
 _EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(OpEvent))
 _META_FIELDS = tuple(f.name for f in dataclasses.fields(TensorMeta))
+_STORAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Storage))
 
 
 def schema_signature() -> dict[str, list[str]]:
     """The field names of the trace classes, as written in every entry (and part of the cache key)."""
-    return {"Trace": list(_TRACE_FIELDS), "OpEvent": list(_EVENT_FIELDS), "TensorMeta": list(_META_FIELDS)}
+    return {"Trace": list(_TRACE_FIELDS), "OpEvent": list(_EVENT_FIELDS), "TensorMeta": list(_META_FIELDS),
+            "Storage": list(_STORAGE_FIELDS)}
 
 
 @contextmanager
@@ -72,6 +75,8 @@ def _encode(value: Any) -> Any:
         return [_encode(v) for v in value]
     if kind is TensorMeta:
         return {"$m": [_encode(getattr(value, name)) for name in _META_FIELDS]}
+    if kind is Storage:
+        return {"$b": [getattr(value, name) for name in _STORAGE_FIELDS]}
     if kind is tuple:
         return {"$t": [_encode(v) for v in value]}
     if kind is dict:
@@ -125,6 +130,10 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
         if metas is not None:
             metas[memo_key] = made
         return made
+    if tag == "$b":
+        if len(items) != len(_STORAGE_FIELDS):
+            raise ValueError("a Storage entry has the wrong number of fields")
+        return Storage(**dict(zip(_STORAGE_FIELDS, items, strict=True)))
     if tag == "$t":
         return tuple(items)
     if tag == "$d":
@@ -217,6 +226,12 @@ def _check(trace: Trace) -> None:
     if type(trace.called) is not set or type(trace.assumptions) is not list or type(trace.execution) is not str \
             or type(trace.inputs) is not list or not all(type(t) is TensorMeta for t in trace.inputs):
         raise ValueError("malformed trace fields")
+    n_events = len(trace.events)
+    if type(trace.storages) is not list or not all(
+            type(s) is Storage and type(s.nbytes) is int and s.nbytes >= 0 and s.kind in STORAGE_KINDS
+            and all(type(t) is int and -1 <= t <= n_events for t in (s.born, s.died, s.saved))
+            and type(s.saved_scope) is int and -1 <= s.saved_scope < n_scopes for s in trace.storages):
+        raise ValueError("malformed storages in the trace")
     for i, ev in enumerate(trace.events):
         if (type(ev.op) is not str or ev.level not in ("function", "dispatch")
                 or ev.phase not in PHASES

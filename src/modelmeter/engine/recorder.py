@@ -11,6 +11,7 @@ import types
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
@@ -18,12 +19,15 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
+from .meta_attention import fused_on_meta
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
+from .storages import StorageTracker
 from .trace import Level, OpEvent, Phase, Trace
 from .values import Shadows
 
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
+_NODE_TAG = "modelmeter.origin"  # autograd node metadata: (scope, user-level call or -1) of the call that made it
 
 # Python operators whose aten name differs from the dunder's name.
 _DUNDER = {
@@ -84,12 +88,12 @@ class Recorder:
         self._scope = self._scope_index()
         self._root_scope = self._scope
         self._open: list[int] = []
-        self._node_origins: dict[Any, tuple[int, int]] = {}  # autograd node -> (scope, user-level call or -1)
         self.failed_op: str | None = None
         self._failed_level: str | None = None
         self.placeholders = False
         self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
         self._noted_masks = False
+        self.storages = StorageTracker(lambda: len(self.trace.events))
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self) -> int:
@@ -126,15 +130,18 @@ class Recorder:
         call ``origin`` (an event index, or -1 for a module's own operators).
 
         Calls close inner-first, so a node is tagged by the innermost call (or module) that made it; the
-        walk stops at nodes tagged before, so every node is visited once.
+        walk stops at nodes tagged before, so every node is visited once. The tag lives in the node's own
+        ``metadata``: holding the nodes would keep what they saved alive beyond the real run's lifetimes.
         """
-        scopes = self._node_origins
         pending: list[Any] = [t.grad_fn for t in _tensors(value) if t.grad_fn is not None]
         while pending:
             node = pending.pop()
-            if node is None or node in scopes:
+            if node is None:
                 continue
-            scopes[node] = (scope, origin)
+            metadata = _metadata(node)
+            if _NODE_TAG in metadata:
+                continue
+            metadata[_NODE_TAG] = (scope, origin)
             pending.extend(next_node for next_node, _ in node.next_functions)
 
     def start_backward(self, loss: Any) -> None:
@@ -142,13 +149,31 @@ class Recorder:
         self.tag_nodes(loss, self._root_scope, -1)
         self.phase = "backward"
 
+    def pack_saved(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Autograd's pack hook: note what the forward saves. The alias returned keeps the storage alive as
+        the saved tensor would, without the reference cycle that saving an output by itself makes."""
+        if self.phase == "forward":
+            self.storages.saved(tensor, self._scope)
+        paused, self.paused = self.paused, True
+        try:
+            return tensor.detach()
+        finally:
+            self.paused = paused
+
+    def finish_storages(self) -> None:
+        """The run is over: what lives now outlives it."""
+        if self.storages.open:
+            self.trace.storages = self.storages.close()
+
     def _event_context(self) -> tuple[int, Phase, int]:
         """Scope, phase and origin (the user-level forward call whose autograd node runs, or -1) of an event."""
         if self.phase == "forward":
             return self._scope, "forward", -1
         if self._stack:  # a module runs inside the backward pass: recomputation
             return self._scope, "recompute", -1
-        scope, origin = self._node_origins.get(torch._C._current_autograd_node(), (self._root_scope, -1))
+        node = torch._C._current_autograd_node()
+        scope, origin = _metadata(node).get(_NODE_TAG, (self._root_scope, -1)) if node is not None else \
+            (self._root_scope, -1)
         return scope, "backward", origin
 
     # events ----------------------------------------------------------------------------------
@@ -247,7 +272,9 @@ class FunctionRecorder(TorchFunctionMode):
                 with _pop_mode_temporarily():
                     result = func(*args, **kwargs)
             else:
-                result = func(*args, **kwargs)
+                # on meta tensors, attention runs as the CPU's fused kernel would (meta_attention.py)
+                fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
+                result = func(*args, **kwargs) if fused is None else fused
         except BaseException:
             rec.note_failure(op, "function")
             rec.abandon_function(index, opened)
@@ -267,8 +294,12 @@ class DispatchRecorder(TorchDispatchMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         rec = self.recorder
-        if func.namespace == "prim" or rec.paused:  # device and layout queries are not operators
+        if func.namespace == "prim":  # device and layout queries are not operators
             return func(*args, **kwargs)
+        if rec.paused:  # not the model's work (the default loss), but its memory is the step's
+            result = func(*args, **kwargs)
+            rec.storages.outputs(result, len(rec.trace.events), "other")
+            return result
         shadows = rec.shadows
         try:
             known = shadows.item(args[0]) if shadows is not None and func is _ITEM else None
@@ -286,7 +317,13 @@ class DispatchRecorder(TorchDispatchMode):
         if shadows is not None and not rec.in_attention_call():
             shadows.propagate(func, args, kwargs, result)
         rec.add_dispatch(func, args, kwargs, result)
+        rec.storages.outputs(result, len(rec.trace.events) - 1)
         return result
+
+
+def _metadata(node: Any) -> dict[str, Any]:
+    """An autograd node's metadata: a dict kept by the node itself (its Python wrapper may be made anew)."""
+    return node.metadata
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

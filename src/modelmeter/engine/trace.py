@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Level = Literal["function", "dispatch"]
+# What a storage held: the model's state, the caller's inputs, or what an operator made; "gradient" is a
+# parameter's ``.grad`` left by the backward pass; "other" was made outside the model's operators (the default
+# loss, the RNG state an activation checkpoint keeps).
+StorageKind = Literal["parameter", "buffer", "input", "activation", "gradient", "other"]
+STORAGE_KINDS: tuple[StorageKind, ...] = ("parameter", "buffer", "input", "activation", "gradient", "other")
 # "recompute": forward work run again during the backward pass (activation checkpointing).
 Phase = Literal["forward", "backward", "recompute"]
 PHASES: tuple[Phase, ...] = ("forward", "backward", "recompute")
@@ -75,6 +80,30 @@ class OpEvent:
     origin: int = -1
 
 
+@dataclass(frozen=True)
+class Storage:
+    """One tensor storage of the run: how many bytes it held, and when it lived.
+
+    ``born`` is the index of the event whose output it first was (-1: it existed before the run — a
+    parameter, buffer or input); ``died`` is the number of events recorded when it was freed (it was freed
+    after event ``died - 1`` and before event ``died``), -1 when it outlived the run (outputs, gradients, the
+    model's state). ``saved`` is the number of events recorded when autograd first saved a tensor on it for
+    the backward pass (-1: never), and ``saved_scope`` the module scope that saved it. ``order``, for a
+    gradient, is its parameter's position among the model's parameters that got one (the order an optimizer
+    updates them in). Storages are in order of first sight; views share their base's storage.
+    """
+
+    nbytes: int
+    dtype: str
+    device: str
+    kind: StorageKind
+    born: int = -1
+    died: int = -1
+    saved: int = -1
+    saved_scope: int = -1
+    order: int = -1
+
+
 @dataclass
 class Trace:
     """The record of one model run.
@@ -83,7 +112,9 @@ class Trace:
     first); each event refers to one by index. ``called`` are canonical names of the modules whose
     ``__call__`` ran; ``assumptions`` describe placeholder values used where a meta tensor had none.
     ``inputs`` describe the tensors the model was called with, in argument order. ``backward`` is True
-    when the run included a backward pass (its events have phase ``"backward"`` or ``"recompute"``).
+    when the run included a backward pass (its events have phase ``"backward"`` or ``"recompute"``); a run
+    without one ran under ``torch.no_grad()``, as inference does. ``storages`` is every tensor storage the run
+    touched, with its size and lifetime (see :class:`Storage`): what the memory metrics replay.
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -93,6 +124,7 @@ class Trace:
     execution: str = "fake"
     inputs: list[TensorMeta] = field(default_factory=list)
     backward: bool = False
+    storages: list[Storage] = field(default_factory=list)
 
     def children(self) -> list[list[int]]:
         """Indices of the direct children of every event, plus the roots at position ``-1``."""

@@ -30,6 +30,7 @@ from .inputs import map_tensors, tensors_in
 from .metadata import describe
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
+from .storages import model_state
 from .trace import Trace
 from .values import Shadows
 
@@ -123,14 +124,20 @@ class _Run:
                 for wrapper in _transparent_wrappers(model):
                     stack.enter_context(wrapper)
                 stack.enter_context(_eager_flex_attention())
-                if self.backward:
+                stack.enter_context(_followed_rng_states(recorder))
+                _note_existing_storages(recorder, model, args, kwargs)
+                if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
+                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack_saved, _unpack))
+                else:  # inference: no graph, nothing saved for a backward pass
+                    stack.enter_context(torch.no_grad())
                 stack.enter_context(FunctionRecorder(recorder))
                 stack.enter_context(DispatchRecorder(recorder))
                 try:
                     output = model(*args, **kwargs)
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
+                    recorder.finish_storages()
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:
@@ -165,6 +172,23 @@ class _Run:
         # gradients it leaves on parameters and inputs are dropped again (see _Gradients).
         with _Gradients([*self.model.parameters(), *tensors_in((args, kwargs))]):
             loss.backward()
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    recorder.storages.gradient(param.grad)
+            recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
+
+
+def _note_existing_storages(recorder: Recorder, model: nn.Module, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> None:
+    """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs."""
+    for tensor, kind in model_state(model):
+        recorder.storages.existing(tensor, kind)
+    for tensor in tensors_in((args, kwargs)):
+        recorder.storages.existing(tensor, "input")
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 class _Gradients:
@@ -202,6 +226,24 @@ def _eager_flex_attention() -> Iterator[None]:
         yield
     finally:
         setattr(flex, flag, before)
+
+
+@contextlib.contextmanager
+def _followed_rng_states(recorder: Recorder) -> Iterator[None]:
+    """Follow the CPU RNG states taken while recording (an activation checkpoint keeps one per call to replay
+    dropout): tensors made outside the dispatcher, invisible to the recorders otherwise."""
+    original = torch.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        recorder.storages.outputs(state, len(recorder.trace.events), "other")
+        return state
+
+    torch.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
