@@ -21,6 +21,8 @@ from .engine.trace import OpEvent, TensorMeta, Trace
 from .errors import ModelMeterError, ModelRunError
 from .handles.base import CountInside, Handle, backward_key, get_shape
 from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
+from .memory import MemoryAnalysis
+from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
 from .metrics.parameters import parameter_count
 from .reports import (
     Result,
@@ -37,6 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONVENTIONS",
+    "OPTIMIZERS",
     "ActivationCountAnalysis",
     "Analysis",
     "Args",
@@ -44,10 +47,14 @@ __all__ = [
     "FlopCountAnalysis",
     "Handle",
     "JitModelAnalysis",
+    "MemoryAnalysis",
     "ModelAnalysis",
     "ModelMeterError",
     "ModelRunError",
     "OpEvent",
+    "OptimizerSpec",
+    "Peak",
+    "Point",
     "Result",
     "TensorMeta",
     "Trace",

@@ -21,7 +21,11 @@ from .metrics.counting import AncestorMode, Statistics, count
 from .metrics.parameters import parameter_count
 
 if TYPE_CHECKING:
+    import torch
+
     from .cache import TraceCache
+    from .memory import MemoryAnalysis
+    from .metrics.memory import OptimizerSpec
     from .reports.result import Result
 
 logger = logging.getLogger("modelmeter")
@@ -366,7 +370,9 @@ class Analysis:
 
     ``flops`` and ``activations`` are the fvcore-compatible analyses, sharing the trace; ``parameters`` is
     :func:`parameter_count`; ``result()`` collects them into a :class:`~modelmeter.Result`; ``table()`` is
-    fvcore's ``flop_count_table`` with both columns. Handles and modes of each analysis can be changed as
+    fvcore's ``flop_count_table`` with both columns. With ``memory=True``, ``memory`` is a
+    :class:`~modelmeter.MemoryAnalysis` of the same trace (of a training step when ``backward=True``, with
+    ``optimizer``), and the result has memory columns. Handles and modes of each analysis can be changed as
     usual: they recompute from the trace. ``quiet=True`` logs no unsupported operators or uncalled modules
     and hides warnings the model raises while it runs (the command's choice: it reports them itself).
     """
@@ -374,7 +380,10 @@ class Analysis:
     def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
                  backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
                  cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
+                 state_dtype: str | torch.dtype | None = None, foreach: bool | None = None) -> None:
+        if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
+            raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
         self.inputs = inputs
         self.flops = FlopCountAnalysis(model, inputs, convention=convention, dense_attention=dense_attention,
@@ -386,6 +395,13 @@ class Analysis:
         self.activations = ActivationCountAnalysis(model, inputs, execution=execution, trace=trace)
         # Activation handles count only a few operators, and uncalled modules are the flops' to report.
         self.activations.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        self.memory: MemoryAnalysis | None = None
+        if memory:
+            from .memory import MemoryAnalysis
+
+            self.memory = MemoryAnalysis(model, inputs, training=backward, optimizer=optimizer,
+                                         state_dtype=state_dtype, foreach=foreach, loss_fn=loss_fn,
+                                         execution=execution, trace=trace)
 
     @property
     def trace(self) -> Trace:
@@ -405,7 +421,10 @@ class Analysis:
     @property
     def metrics(self) -> dict[str, ModelAnalysis]:
         """Metric name -> analysis, in report order."""
-        return {"flops": self.flops, "activations": self.activations}
+        found: dict[str, ModelAnalysis] = {"flops": self.flops, "activations": self.activations}
+        if self.memory is not None:
+            found["activation_bytes"] = self.memory
+        return found
 
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed."""
@@ -415,7 +434,7 @@ class Analysis:
         """The structured :class:`~modelmeter.Result` (modules x metrics x operators)."""
         from .reports.result import build_result
 
-        return build_result(self.model, self.metrics, name=name)
+        return build_result(self.model, self.metrics, name=name, memory=self.memory)
 
     def table(self, max_depth: int = 3, show_param_shapes: bool = True) -> str:
         """fvcore's ``flop_count_table`` with parameters, flops and activations."""
@@ -431,7 +450,8 @@ class Analysis:
 def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
             backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
             cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
-            quiet: bool = False) -> Analysis:
+            quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
+            state_dtype: str | torch.dtype | None = None, foreach: bool | None = None) -> Analysis:
     """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
 
     Example::
@@ -443,7 +463,9 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
     :class:`FlopCountAnalysis`; ``execution``: ``"auto"``, ``"fake"`` or ``"real"``. ``cache=True``
     keeps the trace on disk (in ``get_cache_dir(cache_dir)/traces``; a ``cache_dir`` alone turns it on too);
     off by default. The model runs when ``analyze`` is called, so a failure surfaces here. ``quiet=True``
-    keeps the log and the model's own warnings silent.
+    keeps the log and the model's own warnings silent. ``memory=True`` adds the memory analysis (inference, or
+    a training step with ``backward=True`` and an ``optimizer``; see :class:`~modelmeter.MemoryAnalysis`).
     """
     return Analysis(model, inputs, convention=convention, dense_attention=dense_attention, backward=backward,
-                    loss_fn=loss_fn, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet)
+                    loss_fn=loss_fn, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet,
+                    memory=memory, optimizer=optimizer, state_dtype=state_dtype, foreach=foreach)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable
+from typing import Any
 
 from ..handles.conventions import CONVENTIONS, get_convention
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
-from .result import ModuleRow, Result
+from .result import BYTE_METRICS, ModuleRow, Result
 
-__all__ = ["FORMATS", "format_size", "render"]
+__all__ = ["FORMATS", "format_bytes", "format_size", "render"]
 
 FORMATS: tuple[str, ...] = ("table", "markdown", "json", "csv", "tree")
 
@@ -32,6 +33,20 @@ def render(result: Result, fmt: str = "table", depth: int = 3) -> str:
 def convention_note(name: str) -> str:
     """``"macs (multiply-adds of ...)"``: a convention's name with what it counts."""
     return f"{name} ({get_convention(name).description})" if name in CONVENTIONS else name
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in binary units with three significant figures: ``1536 -> "1.5KiB"``, ``225699420 -> "215MiB"``."""
+    for scale, suffix in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.3g}{suffix}" if abs(value) < 999.5 else f"{value:.0f}{suffix}"
+    return f"{int(n)}B"
+
+
+def format_metric(metric: str, value: float) -> str:
+    """A metric's value as the reports print it: bytes in binary units, counts as fvcore does."""
+    return format_bytes(value) if metric in BYTE_METRICS else format_size(value)
 
 
 # table and markdown ----------------------------------------------------------------------------
@@ -56,7 +71,7 @@ def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Ali
                 continue
             value = row.metrics.get(metric, 0)
             share = value / totals[metric] if totals[metric] else 0.0
-            line += [format_size(value), f"{100 * share:.1f}%"]
+            line += [format_metric(metric, value), f"{100 * share:.1f}%"]
         cells.append(line)
     return headers, aligns, cells
 
@@ -71,8 +86,22 @@ def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -
         ops = sorted(result.unsupported.items(), key=lambda item: (-item[1], item[0]))
         lines.append("Unsupported operators (not counted): "
                      + ", ".join(f"{code(op)} ({n} call{'s' if n != 1 else ''})" for op, n in ops))
+    if result.memory:
+        lines.append(memory_note(result.memory))
     lines += [f"Assumption: {text}" for text in result.assumptions]
     return lines
+
+
+def memory_note(memory: dict[str, Any]) -> str:
+    """One line on the peak: how much, where, and what it was made of."""
+    kinds = memory.get("by_kind") or {}
+    parts = ", ".join(f"{kind.replace('_', ' ')} {format_bytes(n)}" for kind, n in kinds.items() if n)
+    where = f"{memory.get('phase')} of {memory.get('module') or 'the model'} at {memory.get('operator')}"
+    step = "training step" if memory.get("training") else "inference"
+    optimizer = memory.get("optimizer")
+    if isinstance(optimizer, dict):
+        step += f" with {optimizer['name']}"
+    return f"Peak memory ({step}): {format_bytes(memory['peak'])} during the {where} ({parts})"
 
 
 def _table(result: Result, depth: int) -> str:
@@ -134,7 +163,7 @@ def _tree(result: Result, depth: int) -> str:
         if row.params or any(values) or not row.called:
             stats = [f"#params: {format_size(row.params)}"]
             for metric, value in zip(result.metrics, values, strict=True):
-                stats.append(f"#{metric}: {format_size(value) if row.called else 'N/A'}")
+                stats.append(f"#{metric}: {format_metric(metric, value) if row.called else 'N/A'}")
             lines.append(", ".join(stats))
         children = [(child.name.rsplit(".", 1)[-1], block(child)) for child in kids.get(row.name, [])]
         return annotated_repr(row.type, lines, children)

@@ -9,14 +9,20 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..analysis import ModelAnalysis
 from ..metrics.parameters import parameter_count
 
+if TYPE_CHECKING:
+    from ..memory import MemoryAnalysis
+
 SCHEMA_VERSION = 1
+# Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
+BYTE_METRICS = frozenset({"activation_bytes", "saved_bytes", "peak_memory"})
+NOT_ADDITIVE = frozenset({"peak_memory"})
 
 
 @dataclass
@@ -24,8 +30,10 @@ class ModuleRow:
     """One module: its canonical name (``""`` is the model), class, parameters and metric values.
 
     ``metrics`` maps a metric name (``"flops"``, ``"activations"``; after a backward pass also
-    ``"forward_flops"``, ``"backward_flops"`` and, with activation checkpointing, ``"recompute_flops"``)
-    to the module's total; ``by_operator`` maps the same names to per-operator values.
+    ``"forward_flops"``, ``"backward_flops"`` and, with activation checkpointing, ``"recompute_flops"``; with
+    the memory analysis ``"activation_bytes"``, ``"peak_memory"`` — the most bytes live while the module ran —
+    and for a training step ``"saved_bytes"``) to the module's total; ``by_operator`` maps the same names to
+    per-operator values (none for ``peak_memory``).
     ``called`` is False for a module that never ran (its metrics are then 0).
     """
 
@@ -47,7 +55,9 @@ class Result:
     """What a model costs, by module and operator, for one set of inputs.
 
     ``convention`` is the FLOP counting convention; ``dtypes`` maps each metric to the model's total by the
-    dtype the work was done in (``{"flops": {"bfloat16": ...}}``).
+    dtype the work was done in (``{"flops": {"bfloat16": ...}}``). ``memory`` summarises the memory analysis
+    when there was one: ``peak`` bytes, where it happened (``phase``, ``module``, ``operator``), the live
+    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``.
     """
 
     model: str
@@ -59,6 +69,7 @@ class Result:
     unsupported: dict[str, int] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
     dtypes: dict[str, dict[str, float]] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -104,11 +115,13 @@ class Result:
         return cls.from_dict(json.loads(text))
 
 
-def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: str | None = None) -> Result:
+def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: str | None = None,
+                 memory: MemoryAnalysis | None = None) -> Result:
     """Collect ``analyses`` (metric name -> analysis of ``model``, ideally sharing one trace) into a Result.
 
     Rows follow the model's module order (canonical names only); parameters come from
-    ``parameter_count``, so shared parameters count once.
+    ``parameter_count``, so shared parameters count once. ``memory`` adds the saved-for-backward bytes and
+    module peaks of a :class:`~modelmeter.MemoryAnalysis` and its summary.
     """
     if not analyses:
         raise ValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
@@ -121,7 +134,12 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
         if len(phases) > 1:
             for phase in phases:
                 per_metric[f"{phase}_{metric}"] = analysis.by_module_and_operator(phase)
-    metrics = list(per_metric)
+    peaks: Counter[str] = Counter()
+    if memory is not None:
+        if memory.training:
+            per_metric["saved_bytes"] = memory.saved_by_module_and_operator()
+        peaks = memory.module_peaks()
+    metrics = list(per_metric) + (["peak_memory"] if memory is not None else [])
     uncalled = first.uncalled_modules()
     rows = []
     for module_name in next(iter(per_metric.values())):
@@ -130,8 +148,9 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
             name=module_name,
             type=type(module).__name__,
             params=params.get(module_name, 0),
-            metrics={metric: sum(per_metric[metric][module_name].values()) for metric in metrics},
-            by_operator={metric: dict(per_metric[metric][module_name]) for metric in metrics},
+            metrics={metric: sum(per_metric[metric][module_name].values()) if metric in per_metric
+                     else peaks.get(module_name, 0) for metric in metrics},
+            by_operator={metric: dict(per_metric[metric][module_name]) for metric in per_metric},
             called=module_name not in uncalled,
         ))
     trace = first.trace
@@ -145,4 +164,15 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
         unsupported=dict(first.unsupported_ops()),
         assumptions=list(trace.assumptions),
         dtypes={metric: dict(analysis.by_dtype()) for metric, analysis in analyses.items()},
+        memory=_memory_summary(memory) if memory is not None else {},
     )
+
+
+def _memory_summary(memory: MemoryAnalysis) -> dict[str, Any]:
+    top = memory.peak_info()
+    spec = memory.optimizer
+    return {"peak": top.bytes, "phase": top.at.phase, "module": top.at.module, "operator": top.at.operator,
+            "by_kind": dict(top.by_kind), "training": memory.training,
+            "optimizer": None if spec is None else {"name": spec.name, "state_dtype": spec.state_dtype,
+                                                    "foreach": spec.foreach},
+            "saved_bytes": memory.saved_for_backward()}

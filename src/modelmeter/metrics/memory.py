@@ -1,0 +1,269 @@
+"""Memory over a trace: live bytes event by event, the peak, what was saved for backward, what each module made.
+
+Pure functions of the trace's storage records (:class:`~modelmeter.engine.trace.Storage`) and, for a
+training step, of an :class:`OptimizerSpec`: changing the optimizer or its state dtype recomputes without
+running the model. Live bytes during event ``i`` are the bytes of every storage born at or before ``i`` and
+not yet freed (a storage freed after event ``i - 1`` no longer counts); storages of the model's state and
+inputs are live throughout.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from ..engine.naming import ModuleNames
+from ..engine.trace import Storage, Trace
+from .counting import _Ancestors
+
+OPTIMIZER_PHASE = "optimizer"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What an optimizer keeps, and what its ``step()`` allocates for a while, per parameter with a gradient.
+
+    ``states``: state tensors the size of the parameter (momentum buffer: 1; Adam's two moments: 2);
+    ``scalars``: bytes of 0-d state tensors per parameter (Adam's float32 ``step``). The temporaries of one
+    ``step()``, as torch's implementations allocate them: the per-parameter loop (the CPU default) holds
+    ``temporaries`` parameter-sized tensors for parameter ``i`` while ``carried`` of parameter ``i - 1`` are
+    still bound to a loop variable; the multi-tensor ``foreach`` implementation (the CUDA default) holds
+    ``foreach_temporaries`` copies of every parameter at once; ``overhead``: bytes of the 0-d tensors a
+    Python-number operand becomes. ``state_dtype``: the dtype of the states when not the parameter's.
+    """
+
+    name: str
+    states: int
+    scalars: int = 0
+    temporaries: int = 0
+    carried: int = 0
+    foreach_temporaries: int = 0
+    overhead: int = 0
+    foreach: bool = False
+    state_dtype: str | None = None
+
+
+# torch.optim's SGD and Adam(W) in their default settings (no weight decay for Adam, no amsgrad, no nesterov),
+# as measured against the CPU allocator with torch 2.14 (tests/test_memory.py): the loop Adam holds sqrt(v)
+# and its quotient for one parameter while the previous parameter's denominator is still bound; foreach Adam
+# keeps the list of sqrt(v); every Python-number operand costs a float64 and a float32 0-d tensor (12 bytes).
+OPTIMIZERS: dict[str, OptimizerSpec] = {
+    "sgd": OptimizerSpec("sgd", states=0),
+    "momentum": OptimizerSpec("momentum", states=1, overhead=12),
+    "adam": OptimizerSpec("adam", states=2, scalars=4, temporaries=2, carried=1, foreach_temporaries=1, overhead=12),
+    "adamw": OptimizerSpec("adamw", states=2, scalars=4, temporaries=2, carried=1, foreach_temporaries=1,
+                           overhead=12),
+}
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
+             "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1}
+
+
+def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
+                   foreach: bool | None = None) -> OptimizerSpec:
+    """The spec of a torch optimizer by name (``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"``)."""
+    if isinstance(name, OptimizerSpec):
+        spec = name
+    else:
+        key = str(name).lower()
+        if key not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (or an OptimizerSpec); "
+                             f"got {name!r}")
+        spec = OPTIMIZERS[key]
+    if state_dtype is not None:
+        state_dtype = str(state_dtype).removeprefix("torch.")
+        if state_dtype not in _ITEMSIZE:
+            raise ValueError(f"state_dtype must be a floating-point dtype such as 'float32'; got {state_dtype!r}")
+    return replace(spec, foreach=spec.foreach if foreach is None else foreach,
+                   state_dtype=state_dtype or spec.state_dtype)
+
+
+@dataclass(frozen=True)
+class Point:
+    """Live bytes during one event of the run (``event`` -1: before it; ``len(trace.events)``: the
+    optimizer's step)."""
+
+    event: int
+    phase: str
+    module: str
+    operator: str
+    live: int
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The most bytes live at once, where it happened, and what they were (by storage kind, plus
+    ``"optimizer_state"`` and ``"optimizer_temporary"``)."""
+
+    bytes: int
+    at: Point
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def _itemsize(dtype: str) -> int:
+    return _ITEMSIZE.get(dtype, 4)
+
+
+def _in_state_dtype(gradient: Storage, spec: OptimizerSpec) -> int:
+    """Bytes of one parameter-sized tensor in the state dtype (a gradient has its parameter's size and dtype)."""
+    if spec.state_dtype is None:
+        return gradient.nbytes
+    return gradient.nbytes // _itemsize(gradient.dtype) * _itemsize(spec.state_dtype)
+
+
+def optimizer_bytes(trace: Trace, spec: OptimizerSpec) -> tuple[int, int]:
+    """(persistent state, most temporary bytes of one ``step()``) for the parameters that got a gradient, in
+    the optimizer's order (the model's parameter order)."""
+    gradients = sorted((s for s in trace.storages if s.kind == "gradient"), key=lambda s: s.order)
+    sizes = [_in_state_dtype(s, spec) for s in gradients]
+    state = sum(spec.states * size + spec.scalars for size in sizes)
+    if not sizes:
+        return state, 0
+    if spec.foreach:
+        held = spec.foreach_temporaries * sum(sizes)
+    else:
+        previous = [0, *sizes[:-1]]
+        held = max(spec.temporaries * size + spec.carried * prior for size, prior in zip(sizes, previous, strict=True))
+    return state, held + spec.overhead
+
+
+class MemoryModel:
+    """Live bytes of one trace, event by event, with module and operator names resolved once."""
+
+    def __init__(self, trace: Trace, names: ModuleNames) -> None:
+        self.trace = trace
+        self.names = names
+        events = trace.events
+        allocated = [0] * (len(events) + 1)
+        self.resident = 0
+        for s in trace.storages:
+            if s.born < 0:
+                self.resident += s.nbytes
+            else:
+                allocated[s.born] += s.nbytes
+            if s.died >= 0:
+                allocated[s.died] -= s.nbytes
+        live, running = [], self.resident
+        for delta in allocated[:-1]:
+            running += delta
+            live.append(running)
+        self.live = live  # bytes live during each event
+        self.at_end = running + allocated[-1]  # after the last event: outputs, gradients, the model's state
+        self._ancestors = _Ancestors(trace, "owner")
+
+    def module(self, event: int) -> str:
+        stack = self.trace.scopes[self.trace.events[event].scope]
+        return stack[-1] if stack else ""
+
+    def operator(self, event: int) -> str:
+        """The user-level call an event belongs to (its outermost enclosing event); in the backward pass, the
+        forward call whose gradient it computes (``"conv2d backward"``) when one is known."""
+        events = self.trace.events
+        while events[event].parent >= 0:
+            event = events[event].parent
+        ev = events[event]
+        if ev.phase == "backward" and ev.origin >= 0:
+            return f"{events[ev.origin].op.split('::', 1)[-1]} backward"
+        return ev.op.split("::", 1)[-1]
+
+    def point(self, event: int) -> Point:
+        ev = self.trace.events[event]
+        return Point(event, ev.phase, self.module(event), self.operator(event), self.live[event])
+
+    def modules_of(self, scope: int) -> set[str]:
+        return self._ancestors(scope)
+
+    def live_by_kind(self, event: int) -> dict[str, int]:
+        """What was live during ``event`` (or at the end, for ``len(trace.events)``), by storage kind."""
+        out: Counter[str] = Counter()
+        for s in self.trace.storages:
+            if s.born <= event and (s.died < 0 or s.died > event):
+                out[s.kind] += s.nbytes
+        return dict(out)
+
+
+def timeline(model: MemoryModel, spec: OptimizerSpec | None = None) -> list[Point]:
+    """Live bytes during every dispatched operator, in run order, plus the optimizer's step when ``spec``
+    is given (the optimizer's state is live throughout a training step)."""
+    trace = model.trace
+    state, temporary = optimizer_bytes(trace, spec) if spec is not None else (0, 0)
+    points = [Point(i, ev.phase, model.module(i), model.operator(i), model.live[i] + state)
+              for i, ev in enumerate(trace.events) if ev.level == "dispatch"]
+    if spec is not None:
+        points.append(Point(len(trace.events), OPTIMIZER_PHASE, "", f"{spec.name}.step",
+                            model.at_end + state + temporary))
+    return points
+
+
+def peak(model: MemoryModel, spec: OptimizerSpec | None = None) -> Peak:
+    """The highest point of the timeline (the first, when several are equal) and its make-up."""
+    points = timeline(model, spec)
+    if not points:
+        start = Point(-1, "forward", "", "", model.resident)
+        return Peak(model.resident, start, model.live_by_kind(-1))
+    top = max(points, key=lambda p: p.live)
+    by_kind = model.live_by_kind(top.event)
+    if spec is not None:
+        state, temporary = optimizer_bytes(model.trace, spec)
+        by_kind["optimizer_state"] = state
+        if top.phase == OPTIMIZER_PHASE:
+            by_kind["optimizer_temporary"] = temporary
+    return Peak(top.live, top, {k: v for k, v in by_kind.items() if v})
+
+
+def module_peaks(model: MemoryModel, spec: OptimizerSpec | None = None) -> Counter[str]:
+    """Per module: the most bytes live while one of its operators ran (forward, backward or recompute); for the
+    model (``""``), its peak."""
+    state = optimizer_bytes(model.trace, spec)[0] if spec is not None else 0
+    by_scope: dict[int, int] = {}
+    for i, ev in enumerate(model.trace.events):
+        if ev.level == "dispatch" and model.live[i] > by_scope.get(ev.scope, -1):
+            by_scope[ev.scope] = model.live[i]
+    out: Counter[str] = Counter()
+    for scope, live in by_scope.items():
+        for module in model.modules_of(scope):
+            out[module] = max(out[module], live + state)
+    out[""] = peak(model, spec).bytes  # the model's: also before and after its operators (the optimizer's step)
+    return out
+
+
+def _forward_allocations(model: MemoryModel) -> Iterator[tuple[Storage, int]]:
+    """The storages the forward pass's operators allocated, with the event that did."""
+    events = model.trace.events
+    for s in model.trace.storages:
+        if 0 <= s.born < len(events) and s.kind == "activation" and events[s.born].phase == "forward":
+            yield s, s.born
+
+
+def activation_bytes(model: MemoryModel) -> dict[str, Counter[str]]:
+    """Per module, by operator: bytes of the storages the forward pass allocated (outputs of operators;
+    views and in-place results allocate nothing)."""
+    out: dict[str, Counter[str]] = {}
+    for s, event in _forward_allocations(model):
+        op = model.operator(event)
+        for module in model.modules_of(model.trace.events[event].scope):
+            out.setdefault(module, Counter())[op] += s.nbytes
+    return out
+
+
+def activation_dtypes(model: MemoryModel) -> dict[str, Counter[str]]:
+    """Per module: the bytes its forward pass allocated, by dtype."""
+    out: dict[str, Counter[str]] = {}
+    for s, event in _forward_allocations(model):
+        for module in model.modules_of(model.trace.events[event].scope):
+            out.setdefault(module, Counter())[s.dtype] += s.nbytes
+    return out
+
+
+def saved_bytes(model: MemoryModel) -> dict[str, Counter[str]]:
+    """Per module, by the operator that made it: bytes of the storages the forward pass saved for the
+    backward pass that it allocated itself (each storage once, views and shared storages included; the
+    parameters, buffers and inputs autograd also saves cost nothing extra and are left out)."""
+    out: dict[str, Counter[str]] = {}
+    for s in model.trace.storages:
+        if s.saved >= 0 and s.kind == "activation":
+            op = model.operator(s.born) if s.born < len(model.trace.events) else "loss"
+            for module in model.modules_of(s.saved_scope):
+                out.setdefault(module, Counter())[op] += s.nbytes
+    return out
