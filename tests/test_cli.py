@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -17,9 +18,11 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from modelmeter import ActivationCountAnalysis, FlopCountAnalysis
-from modelmeter.cli import main
+from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, cli
+from modelmeter.cli import largest_fitting, main
 from modelmeter.models import parse_overrides
 from modelmeter.reports import FORMATS
 from modelmeter.zoo import get_model
@@ -305,3 +308,125 @@ def test_html_report_and_compare(capsys: pytest.CaptureFixture[str], tmp_path: A
     (tmp_path / "bad.json").write_text("{}")
     _, err = run(capsys, "resnet18", "--html", str(page), "--compare", str(tmp_path / "bad.json"), code=2)
     assert "not a saved analysis" in err
+
+
+# --- memory -------------------------------------------------------------------------------------------
+def library_memory(spec: str, batch: int | None = None, **options: Any) -> Any:
+    """The library's MemoryAnalysis of a built-in model on its default inputs (the command's numbers' oracle)."""
+    from modelmeter import MemoryAnalysis
+    from modelmeter.models import load_model
+
+    loaded = load_model(spec, (), device="meta")
+    return MemoryAnalysis(loaded.model, loaded.inputs(batch=batch, seq_len=16), **options)
+
+
+def test_memory_and_optimizer_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.reports.render import format_bytes
+
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--memory", "--depth", "0")
+    inference = library_memory("gpt2_tiny").peak()
+    header = out.splitlines()[0]
+    assert header.startswith("gpt2_tiny on input 1x16 (fake run, forward, fvcore convention, ")
+    assert header.endswith(f" s, peak memory {format_bytes(inference)})")
+    assert "#activation_bytes" in out and "#peak_memory" in out and "#saved_bytes" not in out
+    assert "Peak memory (inference): " in out
+    data = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--optimizer", "adamw", "--state-dtype", "bfloat16",
+                    "--foreach")
+    step = library_memory("gpt2_tiny", training=True, optimizer="adamw", state_dtype="bfloat16", foreach=True)
+    assert data["memory"]["optimizer"] == {"name": "adamw", "state_dtype": "bfloat16", "foreach": True}
+    assert data["memory"]["training"] and data["memory"]["peak"] == step.peak()
+    assert data["memory"]["saved_bytes"] == step.saved_for_backward() > 0
+    assert "saved_bytes" in data["metrics"] and "backward_flops" in data["metrics"]  # --optimizer: a training step
+    plain = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--memory", "--backward")
+    assert plain["memory"]["optimizer"] is None and plain["memory"]["peak"] < step.peak()
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--optimizer", "sgd", "--depth", "0")
+    assert "forward + backward + sgd step" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--state-dtype", "bfloat16"], "--state-dtype describes the optimizer's step: add --optimizer"),
+    (["--foreach", "--state-dtype", "float16"], "--state-dtype and --foreach describe the optimizer's step"),
+    (["--optimizer", "lion"], "invalid choice: 'lion'"),
+    (["--budget", "saved_bytes=1M"], "add --backward (or --optimizer)"),
+    (["--fit", "1GiB", "--batch", "2"], "--fit searches the batch size: drop --batch/--input/--sweep"),
+    (["--fit", "1GiB", "--sweep", "batch=1,2"], "--fit searches the batch size"),
+    (["--fit", "1GiB", "--budget", "flops=1G"], "--fit analyses many batches"),
+    (["--fit", "lots"], "not a quantity: 'lots'"),
+    (["--fit", "0.5"], "a memory size must be at least one byte"),
+    (["--fit", "1GiB", "--format", "tree"], "--fit prints the batches it tried"),
+])
+def test_memory_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    _, err = run(capsys, "resnet18", "--resolution", "32", *argv, code=2)
+    assert message in err
+
+
+def test_a_memory_budget_turns_the_memory_analysis_on(capsys: pytest.CaptureFixture[str]) -> None:
+    peak = library_memory("gpt2_tiny").peak()
+    run(capsys, "gpt2_tiny", "--seq-len", "16", "--budget", f"peak_memory={peak}")
+    _, err = run(capsys, "gpt2_tiny", "--seq-len", "16", "--budget", f"peak_memory={peak - 1024}", code=1)
+    assert "peak_memory: " in err and f"({peak:,} bytes) is over the budget of " in err and "by 1KiB" in err
+    saved = library_memory("gpt2_tiny", training=True).saved_for_backward()
+    _, err = run(capsys, "gpt2_tiny", "--seq-len", "16", "--backward", "--budget", f"saved_bytes={saved - 1}", code=1)
+    assert "saved_bytes: " in err and f"({saved:,} bytes)" in err and "by 1B" in err
+
+
+def test_sweep_with_memory_has_a_peak_column(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.reports.render import format_bytes
+
+    argv = ["gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,3", "--memory", "--jobs", "1"]
+    peaks = [library_memory("gpt2_tiny", batch=b).peak() for b in (1, 3)]
+    out, _ = run(capsys, *argv)
+    lines = out.splitlines()
+    assert lines[1].split() == ["batch", "#params", "flops", "activations", "peak", "memory", "flops", "ratio"]
+    assert [line.split()[4] for line in lines[2:4]] == [format_bytes(p) for p in peaks]
+    assert f"peak memory grows {peaks[1] / peaks[0]:.2f}x from batch 1 to 3" in out
+    rows = list(csv.DictReader(io.StringIO(run(capsys, *argv, "--format", "csv")[0])))
+    assert [int(r["peak_memory"]) for r in rows] == peaks and rows[1]["flops_ratio"] == "3"
+    data = run_json(capsys, *argv)
+    assert [r["peak_memory"] for r in data["rows"]] == peaks
+    assert "| peak memory |" in run(capsys, *argv, "--format", "markdown")[0]
+    assert "peak" not in run(capsys, *argv[:-3], "--jobs", "1")[0]  # no --memory, no column
+
+
+# --- the largest batch that fits ----------------------------------------------------------------------
+@given(threshold=st.integers(0, 5000), cap=st.integers(1, 6000))
+def test_largest_fitting_doubles_then_bisects(threshold: int, cap: int) -> None:
+    tried: list[int] = []
+
+    def fits(n: int) -> bool:
+        tried.append(n)
+        return n <= threshold
+
+    assert largest_fitting(fits, cap) == min(threshold, cap)
+    assert len(tried) == len(set(tried)) and all(1 <= n <= cap for n in tried)
+    assert len(tried) <= 2 * max(1, math.ceil(math.log2(cap))) + 1
+
+
+def test_fit_finds_the_largest_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.reports.render import format_bytes
+
+    peaks = {b: library_memory("gpt2_tiny", batch=b, training=True, optimizer="adam").peak() for b in (1, 5, 6)}
+    limit = (peaks[5] + peaks[6]) // 2  # batch 5 fits, 6 does not
+    argv = ["gpt2_tiny", "--seq-len", "16", "--optimizer", "adam", "--fit", str(limit)]
+    data = run_json(capsys, *argv)
+    assert [t["batch"] for t in data["tried"]] == [1, 2, 4, 5, 6, 8]  # doubling 1, 2, 4, 8; then 6, 5
+    assert [t["fits"] for t in data["tried"]] == [True] * 4 + [False] * 2
+    assert (data["largest"], data["peak"], data["next"]) == (5, peaks[5], {"batch": 6, "peak": peaks[6]})
+    assert data["limit"] == limit and data["step"] == "training step with adam" and not data["capped"]
+    out, err = run(capsys, *argv)
+    assert out.splitlines()[-1] == (f"largest batch that fits in {format_bytes(limit)}: 5 (peak "
+                                    f"{format_bytes(peaks[5])}; batch 6 needs {format_bytes(peaks[6])})")
+    assert out.splitlines()[1].split() == ["batch", "peak", "fits"] and "fit: batch 8: peak" in err
+    _, err = run(capsys, "gpt2_tiny", "--seq-len", "16", "--optimizer", "adam", "--fit", str(peaks[1] - 1), code=1)
+    assert err.splitlines()[0].startswith(f"fit: batch 1: peak {format_bytes(peaks[1])} (")
+    assert err.splitlines()[1:] == [f"modelmeter: batch 1 does not fit in {format_bytes(peaks[1] - 1)}: its training "
+                                    f"step with adam peaks at {format_bytes(peaks[1])} ({peaks[1]:,} bytes)"]
+
+
+def test_fit_stops_at_its_cap(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "FIT_CAP", 4)
+    data = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", "1TiB")
+    assert [t["batch"] for t in data["tried"]] == [1, 2, 4] and data["capped"] and data["next"] is None
+    assert data["step"] == "inference"
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", "1TiB")
+    assert out.splitlines()[-1].endswith("the search stops at batch 4, larger ones were not tried")

@@ -24,6 +24,7 @@ from modelmeter.guard import (
     parse_budget,
     parse_quantity,
 )
+from modelmeter.reports.render import format_bytes
 
 MODEL_FILE = textwrap.dedent("""
     import torch
@@ -187,7 +188,7 @@ def test_command_budget_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[s
     cli(capsys, "m.py:build", "--budget", "flops=2K,params=1M")
     _, err = cli(capsys, "m.py:build", "--budget", "flops=1K,params=100", code=1)
     assert "over budget: m.py:build: flops: 1.28K" in err and "params: 0.676K" in err
-    cli(capsys, "m.py:build", "--budget", "peak_memory=2GiB", code=2)
+    cli(capsys, "m.py:build", "--budget", "peak_memory=2GiB")  # turns the memory analysis on; well under
     cli(capsys, "m.py:build", "--budget", "flops=lots", code=2)
     cli(capsys, "m.py:build", "--format", "json", "--output", "a.json")
     cli(capsys, "m.py:build", "extra=2", "--format", "json", "--output", "b.json")
@@ -198,3 +199,43 @@ def test_command_budget_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[s
                        "change": 2 * 2 * 32 * 32}
     cli(capsys, "diff", "a.json", code=2)
     cli(capsys, "diff", "a.json", "missing.json", code=2)
+
+
+# --- memory budgets -----------------------------------------------------------------------------------------
+def test_memory_budgets_in_binary_units_with_a_hint() -> None:
+    result = analyze(mlp(), torch.randn(2, 16), quiet=True).result()
+    with pytest.raises(ValueError, match=r"memory analysis: --memory; analyze\(\.\.\., memory=True\)\)"):
+        check_budget(result, {"activation_bytes": 1})
+    with pytest.raises(ValueError, match="--memory, and --backward for saved_bytes"):
+        check_budget(result, {"saved_bytes": 1, "peak_memory": 1})
+    # activations: 2x32 (linear) + 2x32 (relu, not in place) + 2x4 (linear) = 136 float32 = 544 bytes
+    memory = analyze(mlp(), torch.randn(2, 16), quiet=True, memory=True).result()
+    assert memory.total("activation_bytes") == 544
+    over = check_budget(memory, parse_budget("activation_bytes=500,flops=1K"))
+    assert [str(o) for o in over] == [
+        "activation_bytes: 544B (544 bytes) is over the budget of 500B by 44B (+8.8%)",
+        "flops: 1.28K (1,280) is over the budget of 1K by 0.28K (+28.0%)"]
+
+
+def test_peak_memory_budget_is_the_runs_peak_even_in_the_optimizers_step() -> None:
+    result = analyze(mlp(), torch.randn(2, 16), quiet=True, memory=True, backward=True, optimizer="adamw",
+                     foreach=True).result()
+    assert result.memory["phase"] == "optimizer"  # the step's temporaries: outside every module
+    peak = result.memory["peak"]
+    assert check_budget(result, {"peak_memory": peak}) == []
+    (over,) = check_budget(result, {"peak_memory": peak - 2048})
+    assert (over.value, str(over).split(" is over")[0]) == (peak, f"peak_memory: {format_bytes(peak)} ({peak:,} bytes)")
+    assert str(over).endswith(f"by 2KiB (+{100 * 2048 / (peak - 2048):.1f}%)")
+
+
+def test_command_keeps_the_memory_options_in_the_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.py").write_text(MODEL_FILE)
+    cli(capsys, "m.py:build", "--optimizer", "adamw", "--state-dtype", "bfloat16", "--foreach",
+        "--save-baseline", "costs.json")
+    entry = BaselineFile.load("costs.json").entries["m.py:build"]
+    assert entry.spec[-6:] == ["--memory", "--optimizer", "adamw", "--state-dtype", "bfloat16", "--foreach"]
+    assert "--backward" in entry.spec and entry.total("peak_memory") > 0
+    out, _ = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1")
+    assert "m.py:build: within its baseline" in out

@@ -302,3 +302,62 @@ def test_hostile_names_stay_text(browser: Browser, tmp_path: Path) -> None:
     assert report.page.evaluate("window.pwned") is None and report.page.locator("script").count() == 2
     assert report.errors == [] and report.requests == [report.url]
     report.context.close()
+
+
+# memory: bytes in binary units, a peak that does not add up -----------------------------------
+def _memory_result() -> Result:
+    """A hand-made training step: activation bytes by operator (a 2KiB + b 1KiB = the model's 3KiB) and each
+    module's peak, which does not add up (a 5MiB and b 4MiB under a model peak of 5MiB)."""
+    def row(name: str, type_: str, params: int, flops: int, acts: int, peak: int,
+            ops: dict[str, dict[str, float]]) -> ModuleRow:
+        return ModuleRow(name, type_, params, {"flops": flops, "activation_bytes": acts, "peak_memory": peak}, ops)
+
+    memory = {"peak": 5 * 2**20, "phase": "backward", "module": "a", "operator": "linear backward",
+              "by_kind": {"parameter": 120, "activation": 3072}, "training": True, "optimizer": None,
+              "saved_bytes": 2048}
+    return Result("Net", [{"shape": [1, 8], "dtype": "float32"}], ["flops", "activation_bytes", "peak_memory"], [
+        row("", "Net", 30, 100, 3072, 5 * 2**20, {"flops": {"linear": 100},
+                                                  "activation_bytes": {"linear": 2048, "relu": 1024}}),
+        row("a", "Linear", 20, 60, 2048, 5 * 2**20, {"flops": {"linear": 60}, "activation_bytes": {"linear": 2048}}),
+        row("b", "Linear", 10, 40, 1024, 4 * 2**20, {"flops": {"linear": 40}, "activation_bytes": {"relu": 1024}})],
+        memory=memory)
+
+
+def test_memory_data_by_hand() -> None:
+    data = _embedded(render_html(_memory_result()))
+    assert data["byte_metrics"] == ["activation_bytes", "peak_memory"]
+    assert data["chart_metrics"] == ["params", "flops", "activation_bytes"]  # no peak_memory: children would not fit
+    assert data["operator_metrics"] == ["flops", "activation_bytes"]  # a peak has no operators
+    assert data["operators"] == [["linear", [100, 2048], None], ["relu", [0, 1024], None]]
+    assert data["memory"] == "Peak memory (training step): 5MiB during the backward of a at linear backward " \
+                             "(parameter 120B, activation 3KiB)"
+    assert data["modules"][2] == ["b", "Linear", True, 10, 40, 1024, 4 * 2**20]
+    before = _memory_result()
+    before.root.by_operator["activation_bytes"] = {"linear": 1024}
+    after = _embedded(render_html(_memory_result(), compare=before))
+    assert after["operators"] == [["linear", [100, 2048], [0, 1024]], ["relu", [0, 1024], [0, 1024]]]
+    assert _embedded(render_html(_before()))["memory"] is None
+
+
+@needs_browser
+def test_memory_page_in_binary_units(browser: Browser, tmp_path: Path) -> None:
+    from modelmeter.reports.render import format_bytes
+
+    path = tmp_path / "memory.html"
+    write_html(_memory_result(), path)
+    report = Opened(browser, path)
+    page = report.page
+    options = [str(v) for v in page.locator("#metric option").evaluate_all("os => os.map(o => o.value)")]
+    assert options == ["params", "flops", "activation_bytes"]
+    assert "Peak memory (training step): 5MiB during the backward of a" in page.locator("#header").inner_text()
+    page.select_option("#metric", "activation_bytes")
+    assert report.width("a") / report.width("") == pytest.approx(2048 / 3072, abs=1e-3)
+    page.hover('#chart rect[data-module="a"]')
+    assert "activation_bytes: 2,048 bytes = 2KiB  (66.67% of total)" in page.locator("#tooltip").inner_text()
+    peak = page.locator('#modules tbody tr[data-module="b"] td').nth(5)
+    assert (peak.inner_text(), peak.get_attribute("title")) == ("4MiB", "4,194,304 bytes")
+    assert len(page.locator("#operators thead th").all()) == 3  # operator, flops, activation_bytes
+    values = [0, 1, 1023, 1024, 1536, 10_000, 225_699_420, 3 * 2**30 + 2**29, 7 * 2**40, -1536]
+    assert page.evaluate(f"{values}.map(bytes)") == [format_bytes(v) for v in values]
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()

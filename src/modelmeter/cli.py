@@ -4,7 +4,9 @@
 a zoo name (``modelmeter list``), ``torchvision:NAME``, ``timm:NAME``, ``transformers:CONFIG [key=value ...]``,
 ``path/file.py:factory`` or ``package.module:factory`` (see :mod:`modelmeter.models`). Models are built on
 the meta device and run on FakeTensors: no weights, no kernels, nothing downloaded. ``--sweep`` shows how
-the cost grows with the resolution, batch or sequence length. Traces are cached on disk (``--no-cache`` to
+the cost grows with the resolution, batch or sequence length. ``--memory`` predicts the memory of inference
+or, with ``--backward`` / ``--optimizer``, of a training step; ``--fit 24GiB`` finds the largest batch that
+fits (docs/memory.md). Traces are cached on disk (``--no-cache`` to
 skip, ``--cache-dir`` to choose where; ``modelmeter cache info`` / ``modelmeter cache clear``).
 
 Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the model failed to build or run.
@@ -30,11 +32,13 @@ from .cache.store import SIZE_ENV
 from .engine.tracer import Execution
 from .errors import ModelMeterError
 from .handles.conventions import CONVENTIONS
+from .metrics.memory import OPTIMIZERS
 from .models import LoadedModel, ModelSpecError, load_model, one_line
-from .reports.render import FORMATS, format_size, render
-from .reports.result import Result
+from .reports.render import FORMATS, format_bytes, format_size, render
+from .reports.result import BYTE_METRICS, Result
 
 DTYPES = ("float32", "float16", "bfloat16")
+FIT_CAP = 1 << 20  # --fit tries no batch larger than this
 SWEEP_AXES = {"resolution": "resolution", "batch": "batch", "seq-len": "seq_len", "seq_len": "seq_len"}
 _INPUT_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
                  "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
@@ -161,6 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
                        help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
     guard.add_argument("--name", metavar="NAME", help="the baseline entry's name (default: MODEL and key=value)")
+    memory = parser.add_argument_group("memory (docs/memory.md)")
+    memory.add_argument("--memory", action="store_true",
+                        help="also predict memory: the peak (how much, where, of what), activation bytes and each "
+                             "module's peak; with --backward, of a training step (and the bytes saved for backward)")
+    memory.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
+                        help="a training step with this torch.optim optimizer: its state and the temporaries of "
+                             "its step() (implies --memory --backward)")
+    memory.add_argument("--state-dtype", choices=DTYPES,
+                        help="dtype of the optimizer's state (default: the parameters' dtype)")
+    memory.add_argument("--foreach", action="store_true", default=None,
+                        help="model the multi-tensor optimizer step, the CUDA default (default: one parameter at "
+                             "a time, the CPU default)")
+    memory.add_argument("--fit", type=_memory_size, metavar="SIZE",
+                        help="the largest batch whose predicted peak fits in SIZE, e.g. 24GiB: batches doubled "
+                             "from 1, then bisected (implies --memory)")
     return parser
 
 
@@ -171,6 +190,18 @@ def _budget(text: str) -> dict[str, float]:
         return parse_budget(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _memory_size(text: str) -> float:
+    from .guard import parse_quantity
+
+    try:
+        value = parse_quantity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a memory size must be at least one byte, got {text!r}")
+    return value
 
 
 def _tolerance(text: str) -> float:
@@ -201,11 +232,16 @@ class Job:
     dense_attention: bool = False
     cache: bool = True
     cache_dir: str | None = None
+    memory: bool = False
+    optimizer: str | None = None
+    state_dtype: str | None = None
+    foreach: bool | None = None
 
 
 def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
-    """Build and run the model once (or read its trace from the cache); the structured Result (flops and
-    activations), the model, seconds, and whether the trace came from the cache."""
+    """Build and run the model once (or read its trace from the cache); the structured Result (flops,
+    activations and, with ``job.memory``, memory), the model, seconds, and whether the trace came from the
+    cache."""
     from .analysis import analyze
 
     device = "cpu" if job.execution == "real" else "meta"
@@ -220,7 +256,8 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
     try:
         analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
                            backward=job.backward, execution=job.execution, cache=job.cache,
-                           cache_dir=job.cache_dir if job.cache else None, quiet=True)
+                           cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
+                           optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach)
     except TypeError as exc:  # the inputs do not fit the model's forward()
         raise ModelSpecError(str(exc)) from None
     result = analysis.result(name=loaded.name)
@@ -244,7 +281,7 @@ def sweep_point(job: Job) -> dict[str, Any]:
     """The sweep's worker (top level, so spawned processes can import it): one row."""
     return _worker_row(job, lambda result, seconds: {
         "params": result.root.params, "flops": result.total("flops"), "activations": result.total("activations"),
-        "seconds": seconds, "execution": result.execution})
+        "peak_memory": result.memory.get("peak"), "seconds": seconds, "execution": result.execution})
 
 
 # --- the command -----------------------------------------------------------------------------------------
@@ -264,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.model is None and args.check_baseline:
             return _check_all(args)
         job = _job(args)
+        if args.fit is not None:
+            return _run_fit(args, job)
         if args.sweep:
             return _run_sweep(args, job)
         return _run_one(args, job)
@@ -288,10 +327,32 @@ def _job(args: argparse.Namespace) -> Job:
     if args.sweep and (args.budget or args.save_baseline or args.check_baseline or args.html):
         raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
                              "per run")
+    _check_memory_options(args)
+    backward = args.backward or args.optimizer is not None
+    memory = (args.memory or args.optimizer is not None or args.fit is not None
+              or any(metric in BYTE_METRICS for metric in args.budget or {}))
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
-               convention=args.convention, backward=args.backward, dense_attention=args.dense_attention,
-               cache=args.cache, cache_dir=args.cache_dir, **given)
+               convention=args.convention, backward=backward, dense_attention=args.dense_attention,
+               cache=args.cache, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
+               state_dtype=args.state_dtype, foreach=args.foreach, **given)
+
+
+def _check_memory_options(args: argparse.Namespace) -> None:
+    """Usage errors of the memory options: optimizer settings without an optimizer, saved bytes without a
+    backward pass, --fit with what fixes or varies the batch, or with what reports one run."""
+    loose = [flag for flag, value in (("--state-dtype", args.state_dtype), ("--foreach", args.foreach)) if value]
+    if loose and args.optimizer is None:
+        raise ModelSpecError(f"{' and '.join(loose)} describe{'s' if len(loose) == 1 else ''} the optimizer's "
+                             f"step: add --optimizer {{{','.join(OPTIMIZERS)}}}")
+    if "saved_bytes" in (args.budget or {}) and not (args.backward or args.optimizer):
+        raise ModelSpecError("--budget saved_bytes=...: the bytes saved for the backward pass exist in a training "
+                             "step: add --backward (or --optimizer)")
+    if args.fit is not None and (args.input or args.batch or args.sweep):
+        raise ModelSpecError("--fit searches the batch size: drop --batch/--input/--sweep")
+    if args.fit is not None and (args.budget or args.save_baseline or args.check_baseline or args.html):
+        raise ModelSpecError("--fit analyses many batches: use --budget / --save-baseline / --check-baseline / "
+                             "--html on one run (--batch N)")
 
 
 def _run_one(args: argparse.Namespace, job: Job) -> int:
@@ -301,8 +362,10 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
         inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
         source = ", from the cache" if cached else ""
         passes = "forward + backward" if job.backward else "forward"
+        passes += f" + {job.optimizer} step" if job.optimizer else ""
+        peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
         text = (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
-                f"{result.convention} convention, {seconds:.2f} s)\n{text}")
+                f"{result.convention} convention, {seconds:.2f} s{peak})\n{text}")
     _emit(text, args.output)
     if args.html:
         _write_html(args, result)
@@ -365,6 +428,8 @@ def _job_argv(job: Job) -> list[str]:
         argv += ["--dtype", str(job.dtype).removeprefix("torch.")]
     argv += ["--convention", job.convention, "--execution", job.execution]
     argv += ["--backward"] * job.backward + ["--dense-attention"] * job.dense_attention
+    argv += ["--memory"] * job.memory + (["--optimizer", job.optimizer] if job.optimizer else [])
+    argv += (["--state-dtype", job.state_dtype] if job.state_dtype else []) + ["--foreach"] * bool(job.foreach)
     return argv
 
 
@@ -536,44 +601,146 @@ def _in_parallel(work: Callable[[Job], dict[str, Any]], jobs: dict[K, Job], work
 def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:
     label = axis.replace("_", "-")
     base = rows[0]["flops"]
-    ratios = [r["flops"] / base if base else math.nan for r in rows]
+    for row in rows:
+        row["flops_ratio"] = row["flops"] / base if base else math.nan
+    # (table header, key, table cell); a memory run adds its peak
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("#params", "params", format_size), ("flops", "flops", format_size),
+        ("activations", "activations", format_size)]
+    if job.memory:
+        columns.append(("peak memory", "peak_memory", format_bytes))
+    columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
         return json.dumps({"model": " ".join([job.spec, *job.overrides]), "axis": label,
                            "execution": rows[0]["execution"],
-                           "rows": [{label: v, "params": r["params"], "flops": r["flops"],
-                                     "activations": r["activations"], "flops_ratio": ratio}
-                                    for v, r, ratio in zip(values, rows, ratios, strict=True)]}, indent=2)
+                           "rows": [{label: v, **{key: r[key] for _, key, _ in columns}}
+                                    for v, r in zip(values, rows, strict=True)]}, indent=2)
     if fmt == "csv":
-        lines = [f"{label},params,flops,activations,flops_ratio"]
-        lines += [f"{v},{r['params']},{r['flops']},{r['activations']},{ratio:.6g}"
-                  for v, r, ratio in zip(values, rows, ratios, strict=True)]
+        lines = [",".join([label, *(key for _, key, _ in columns)])]
+        lines += [",".join([str(v), *(f"{r[key]:.6g}" if key == "flops_ratio" else str(r[key])
+                                      for _, key, _ in columns)])
+                  for v, r in zip(values, rows, strict=True)]
         return "\n".join(lines)
-    size = format_size
-    header = [label, "#params", "flops", "activations", "flops ratio"]
-    table = [[str(v), size(r["params"]), size(r["flops"]), size(r["activations"]), f"{ratio:.2f}x"]
-             for v, r, ratio in zip(values, rows, ratios, strict=True)]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---", *["---:"] * 4]) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in table]
-    else:
-        widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
-        lines = [f"{' '.join([job.spec, *job.overrides])}: sweep of {label} ({rows[0]['execution']} run)"]
-        lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                  for row in [header, *table]]
-    growth = _growth(label, values, [r["flops"] for r in rows])
-    if growth:
-        lines += ["", growth]
+    header = [label, *(title for title, _, _ in columns)]
+    table = [[str(v), *(cell(r[key]) for _, key, cell in columns)] for v, r in zip(values, rows, strict=True)]
+    lines = _text_table(header, table, fmt, f"{' '.join([job.spec, *job.overrides])}: sweep of {label} "
+                                            f"({rows[0]['execution']} run)")
+    growth = [_growth("flops", label, values, [r["flops"] for r in rows])]
+    if job.memory:
+        growth.append(_growth("peak memory", label, values, [r["peak_memory"] for r in rows]))
+    if any(growth):
+        lines += ["", *filter(None, growth)]
     return "\n".join(lines)
 
 
-def _growth(label: str, values: list[int], flops: list[float]) -> str:
+def _text_table(header: list[str], table: list[list[str]], fmt: str, title: str) -> list[str]:
+    """Lines of a markdown table, or of a terminal table under ``title``: the first column left-aligned."""
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---", *["---:"] * (len(header) - 1)]) + "|"]
+        return lines + ["| " + " | ".join(row) + " |" for row in table]
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    return [title, *("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                     for row in [header, *table])]
+
+
+def _growth(what: str, label: str, values: list[int], amounts: list[float]) -> str:
     """``flops grow 2.94x from resolution 224 to 384, about resolution^2.00`` (first to last value)."""
-    if len(values) < 2 or values[0] == values[-1] or not flops[0] or not flops[-1]:
+    if len(values) < 2 or values[0] == values[-1] or not amounts[0] or not amounts[-1]:
         return ""
-    ratio = flops[-1] / flops[0]
+    ratio = amounts[-1] / amounts[0]
     exponent = math.log(ratio) / math.log(values[-1] / values[0])
-    return f"flops grow {ratio:.2f}x from {label} {values[0]} to {values[-1]}, about {label}^{exponent:.2f}"
+    verb = "grow" if what.endswith("s") else "grows"
+    return f"{what} {verb} {ratio:.2f}x from {label} {values[0]} to {values[-1]}, about {label}^{exponent:.2f}"
+
+
+# --- the largest batch that fits -----------------------------------------------------------------------
+def largest_fitting(fits: Callable[[int], bool], cap: int) -> int:
+    """The largest ``n`` in 1..``cap`` with ``fits(n)``, for a ``fits`` true up to some size and false above:
+    doubling from 1 until one does not fit (or ``cap`` is reached), then bisection. 0 when 1 does not fit."""
+    if not fits(1):
+        return 0
+    low, high = 1, 0  # low fits; high (once found) does not
+    while not high:
+        if low >= cap:
+            return cap
+        trial = min(2 * low, cap)
+        if fits(trial):
+            low = trial
+        else:
+            high = trial
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+class _DoesNotFit(ModelMeterError):
+    """Batch 1 is already over the --fit size (exit 1)."""
+
+
+def _run_fit(args: argparse.Namespace, job: Job) -> int:
+    """``--fit SIZE``: one analysis per batch tried; the batches tried, and the largest whose peak <= SIZE."""
+    if args.format == "tree":
+        raise ModelSpecError("--fit prints the batches it tried: use --format table, markdown, csv or json")
+    limit = int(args.fit)  # peaks are whole bytes
+    peaks: dict[int, int] = {}
+    memory: dict[str, Any] = {}
+
+    def fits(batch: int) -> bool:
+        result, _, seconds, _ = analyse(replace(job, batch=batch))
+        memory.update(result.memory)
+        peaks[batch] = int(result.memory["peak"])
+        print(f"fit: batch {batch}: peak {format_bytes(peaks[batch])} ({seconds:.1f} s)", file=sys.stderr)
+        return peaks[batch] <= limit
+
+    largest = largest_fitting(fits, FIT_CAP)
+    step = _step_phrase(memory)
+    if not largest:
+        raise _DoesNotFit(f"batch 1 does not fit in {format_bytes(limit)}: its {step} peaks at "
+                          f"{format_bytes(peaks[1])} ({peaks[1]:,} bytes)")
+    _emit(_fit_report(job, limit, step, peaks, largest, args.format), args.output)
+    return 0
+
+
+def _step_phrase(memory: dict[str, Any]) -> str:
+    """``"inference"``, ``"training step"`` or ``"training step with adamw (bfloat16 state, foreach)"``."""
+    if not memory.get("training"):
+        return "inference"
+    optimizer = memory.get("optimizer")
+    if not optimizer:
+        return "training step"
+    details = [f"{optimizer['state_dtype']} state" if optimizer.get("state_dtype") else "",
+               "foreach" if optimizer.get("foreach") else ""]
+    notes = ", ".join(filter(None, details))
+    return f"training step with {optimizer['name']}" + (f" ({notes})" if notes else "")
+
+
+def _fit_report(job: Job, limit: int, step: str, peaks: dict[int, int], largest: int, fmt: str) -> str:
+    tried = sorted(peaks)
+    above = largest + 1 if largest + 1 in peaks else None
+    model = " ".join([job.spec, *job.overrides])
+    if fmt == "json":
+        return json.dumps({"model": model, "limit": limit, "step": step,
+                           "tried": [{"batch": b, "peak": peaks[b], "fits": peaks[b] <= limit} for b in tried],
+                           "largest": largest, "peak": peaks[largest],
+                           "next": None if above is None else {"batch": above, "peak": peaks[above]},
+                           "capped": above is None}, indent=2)
+    if fmt == "csv":
+        return "\n".join(["batch,peak,fits", *(f"{b},{peaks[b]},{peaks[b] <= limit}" for b in tried)])
+    table = [[str(b), format_bytes(peaks[b]), "yes" if peaks[b] <= limit else "no"] for b in tried]
+    lines = _text_table(["batch", "peak", "fits"], table, fmt,
+                        f"{model}: the largest batch in {format_bytes(limit)} ({step})")
+    if above is None:
+        final = (f"batch {largest} fits in {format_bytes(limit)} (peak {format_bytes(peaks[largest])}): the search "
+                 f"stops at batch {FIT_CAP}, larger ones were not tried")
+    else:
+        final = (f"largest batch that fits in {format_bytes(limit)}: {largest} (peak {format_bytes(peaks[largest])}; "
+                 f"batch {above} needs {format_bytes(peaks[above])})")
+    return "\n".join([*lines, "", final])
 
 
 class _Progress:

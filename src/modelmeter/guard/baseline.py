@@ -24,7 +24,7 @@ import torch
 from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
-from ..reports.fvcore_tables import format_size
+from ..reports.render import format_metric
 from ..reports.result import Result
 
 FORMAT = "modelmeter-baseline"
@@ -74,7 +74,8 @@ class Change:
     def __str__(self) -> str:
         where = f"module {self.module!r}" if self.module else "the model"
         share = f"{100 * self.relative:+.1f}%" if self.before else "new"
-        return (f"{where}: {self.metric} {format_size(self.before)} -> {format_size(self.after)} "
+        return (f"{where}: {self.metric} {format_metric(self.metric, self.before)} -> "
+                f"{format_metric(self.metric, self.after)} "
                 f"({self.after - self.before:+,.0f}, {share})")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..reports.fvcore_tables import format_size
-from ..reports.result import Result
+from ..reports.render import format_metric
+from ..reports.result import BYTE_METRICS, Result
 
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
@@ -51,12 +51,14 @@ class Over:
     def __str__(self) -> str:
         excess = self.value - self.limit
         share = f" (+{100 * excess / self.limit:.1f}%)" if self.limit else ""
-        return (f"{self.metric}: {format_size(self.value)} ({self.value:,.0f}) is over the budget of "
-                f"{format_size(self.limit)} by {format_size(excess)}{share}")
+        unit = " bytes" if self.metric in BYTE_METRICS else ""
+        value, limit, by = (format_metric(self.metric, amount) for amount in (self.value, self.limit, excess))
+        return f"{self.metric}: {value} ({self.value:,.0f}{unit}) is over the budget of {limit} by {by}{share}"
 
 
 def metric_values(result: Result) -> dict[str, float]:
-    """The model's totals by metric name: every metric of the result, and ``params``."""
+    """The model's totals by metric name: every metric of the result, and ``params`` (the model's
+    ``peak_memory`` is the run's peak)."""
     return {"params": float(result.root.params), **{m: float(result.total(m)) for m in result.metrics}}
 
 
@@ -65,9 +67,17 @@ def check_budget(result: Result, budget: Budget) -> list[Over]:
     values = metric_values(result)
     unknown = [m for m in budget if m not in values]
     if unknown:
-        hint = " (phase metrics need --backward)" if any(m.endswith("_flops") for m in unknown) else \
-            " (memory metrics come with the memory analysis, which is not available yet)" \
-            if any("memory" in m for m in unknown) else ""
-        raise ValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{hint}; "
+        raise ValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{_hint(unknown)}; "
                          f"known: {', '.join(sorted(values))}")
     return [Over(m, values[m], limit) for m, limit in budget.items() if values[m] > limit]
+
+
+def _hint(unknown: list[str]) -> str:
+    """What would add the ``unknown`` metrics: a backward pass, the memory analysis."""
+    if any(m.endswith("_flops") for m in unknown):
+        return " (phase metrics need --backward)"
+    if any(m in BYTE_METRICS for m in unknown):
+        saved = ", and --backward for saved_bytes" if "saved_bytes" in unknown else ""
+        return (f" (memory metrics come with the memory analysis: --memory{saved}; "
+                f"analyze(..., memory=True{', backward=True' if saved else ''}))")
+    return ""

@@ -2,7 +2,9 @@
 
 Everything is inlined (styles, a small hand-written script, the data as JSON), so the file opens offline and
 makes no requests; a Content-Security-Policy forbids any. With ``compare`` (a second Result, e.g. before/after a
-change) each module and operator also carries its difference, value - compare's value.
+change) each module and operator also carries its difference, value - compare's value. Byte metrics (memory) show
+in binary units; a metric that does not add up over a module's children (``peak_memory``) is a table column but
+cannot size the chart.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 import torch
 
 from ..io.atomic import atomic_write
-from .render import convention_note
-from .result import Result
+from .render import convention_note, memory_note
+from .result import BYTE_METRICS, NOT_ADDITIVE, Result
 
 __all__ = ["html_data", "module_deltas", "render_html", "write_html"]
 
@@ -53,19 +55,26 @@ def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float 
     return deltas
 
 
+def _operator_metrics(result: Result) -> list[str]:
+    """The metrics that split by operator: all but the not-additive ones (a module's peak)."""
+    return [metric for metric in result.metrics if metric not in NOT_ADDITIVE]
+
+
 def _operators(result: Result, compare: Result | None) -> list[list[Any]]:
-    """``[op, [value per metric], [delta per metric] or None]``, the model's totals by operator, costliest first."""
+    """``[op, [value per metric], [delta per metric] or None]``, the model's totals by operator, costliest first,
+    for the :func:`_operator_metrics`."""
     by_op = result.root.by_operator
     before = compare.root.by_operator if compare is not None else {}
-    ops = {op for metric in result.metrics for op in [*by_op.get(metric, {}), *before.get(metric, {})]}
-    first = by_op.get(result.metrics[0], {}) if result.metrics else {}
+    metrics = _operator_metrics(result)
+    ops = {op for metric in metrics for op in [*by_op.get(metric, {}), *before.get(metric, {})]}
+    first = by_op.get(metrics[0], {}) if metrics else {}
     rows = []
     for op in sorted(ops, key=lambda op: (-first.get(op, 0), op)):  # the costliest first
-        values = [by_op.get(metric, {}).get(op, 0) for metric in result.metrics]
+        values = [by_op.get(metric, {}).get(op, 0) for metric in metrics]
         deltas = None
         if compare is not None:
-            deltas = [value - before[metric].get(op, 0) if metric in compare.metrics else None
-                      for metric, value in zip(result.metrics, values, strict=True)]
+            deltas = [value - before.get(metric, {}).get(op, 0) if metric in compare.metrics else None
+                      for metric, value in zip(metrics, values, strict=True)]
         rows.append([op, values, deltas])
     return rows
 
@@ -75,7 +84,9 @@ def html_data(result: Result, compare: Result | None = None) -> dict[str, Any]:
 
     ``modules`` rows are ``[name, type, called, params, value per metric]``; with ``compare``, modules only it
     has follow (zero values, ``status`` ``"-"``; ``"+"`` marks modules only ``result`` has) and ``deltas`` holds
-    ``[params delta, delta per metric]`` per row.
+    ``[params delta, delta per metric]`` per row. ``byte_metrics`` are shown in binary units, ``chart_metrics``
+    (params and the additive metrics) can size the chart, ``operators`` rows hold the ``operator_metrics``;
+    ``memory`` is the peak's summary line (or None).
     """
     rows: list[list[Any]] = [
         [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
@@ -88,6 +99,10 @@ def html_data(result: Result, compare: Result | None = None) -> dict[str, Any]:
         "version": _version(),
         "torch": torch.__version__,
         "metrics": result.metrics,
+        "byte_metrics": [metric for metric in result.metrics if metric in BYTE_METRICS],
+        "chart_metrics": ["params", *(metric for metric in result.metrics if metric not in NOT_ADDITIVE)],
+        "operator_metrics": _operator_metrics(result),
+        "memory": memory_note(result.memory) if result.memory else None,
         "modules": rows,
         "operators": _operators(result, compare),
         "unsupported": sorted(result.unsupported.items(), key=lambda item: (-item[1], item[0])),
@@ -233,6 +248,19 @@ function exact(x) {
   return Number.isInteger(x) ? x.toLocaleString("en-US") : x.toLocaleString("en-US", {maximumFractionDigits: 6});
 }
 function signed(x, f) { return (x > 0 ? "+" : "") + f(x); }
+const BYTES = new Set(D.byte_metrics);
+const BINARY = [[2 ** 40, "TiB"], [2 ** 30, "GiB"], [2 ** 20, "MiB"], [2 ** 10, "KiB"]];
+function bytes(x) {  // as reports.render.format_bytes: binary units, three significant figures
+  for (const [scale, suffix] of BINARY) {
+    if (Math.abs(x) >= scale) {
+      const v = x / scale;
+      return (Math.abs(v) < 999.5 ? Number(v.toPrecision(3)) : Math.round(v)) + suffix;
+    }
+  }
+  return Math.trunc(x) + "B";
+}
+function short(k, x) { return BYTES.has(k) ? bytes(x) : size(x); }
+function full(k, x) { return BYTES.has(k) ? exact(x) + " bytes" : exact(x); }
 function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
 function label(m) { return m.name === "" ? D.model : m.name; }
 
@@ -243,6 +271,7 @@ function label(m) { return m.name === "" ? D.model : m.name; }
   const dl = el("dl");
   const rows = [["inputs", D.inputs.join(", ") || "none"], ["convention", D.convention], ["execution", D.execution],
                 ["versions", "modelmeter " + D.version + ", torch " + D.torch]];
+  if (D.memory) rows.push(["memory", D.memory]);
   if (C) rows.push(["compared with", C.model + " (" + (C.inputs.join(", ") || "no inputs") +
                     "): differences are this run's value minus that run's"]);
   for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
@@ -268,8 +297,8 @@ function label(m) { return m.name === "" ? D.model : m.name; }
 
 // icicle chart -----------------------------------------------------------------------------------
 const metricSel = document.getElementById("metric"), depthSel = document.getElementById("depth");
-KEYS.forEach(k => metricSel.append(el("option", {value: k}, k)));
-metricSel.value = D.metrics.includes("flops") ? "flops" : KEYS[KEYS.length > 1 ? 1 : 0];
+D.chart_metrics.forEach(k => metricSel.append(el("option", {value: k}, k)));
+metricSel.value = D.metrics.includes("flops") ? "flops" : D.chart_metrics[D.chart_metrics.length > 1 ? 1 : 0];
 const maxDepth = Math.max(...mods.map(m => m.depth));
 for (let d = 1; d <= Math.max(maxDepth, 1); d++) depthSel.append(el("option", {value: d}, d));
 depthSel.value = String(Math.min(3, Math.max(maxDepth, 1)));
@@ -301,7 +330,7 @@ function draw() {
     chart.append(rect);
     const last = m.name.slice(m.name.lastIndexOf(".") + 1);
     const name = level === 0 ? label(m) : /^\d+$/.test(last) ? last + ": " + m.type : last;
-    const text = name + " " + size(m.v[metric]);
+    const text = name + " " + short(metric, m.v[metric]);
     if (w > 30) {
       const t = svgEl("text", {x: x + 4, y: level * ROW + 17});
       const fits = Math.max(1, Math.floor((w - 8) / 6.5) - 1);
@@ -335,7 +364,8 @@ function draw() {
 
 function describe(m, metric) {
   const total = root.v[metric];
-  const lines = [label(m) + "  (" + m.type + ")", metric + ": " + exact(m.v[metric]) + "  (" + pct(m.v[metric], total) +
+  const value = BYTES.has(metric) ? full(metric, m.v[metric]) + " = " + bytes(m.v[metric]) : exact(m.v[metric]);
+  const lines = [label(m) + "  (" + m.type + ")", metric + ": " + value + "  (" + pct(m.v[metric], total) +
                  " of total)"];
   if (!m.called) lines.push("not called as a module: N/A");
   if (C) {
@@ -343,7 +373,7 @@ function describe(m, metric) {
     const rel = m.status === "+" ? "new: not in " + C.model
       : before ? pct(d, before) + " of " + C.model + "'s" : C.model + " had 0";
     lines.push(d === null ? "difference: not measured in " + C.model
-      : "difference: " + signed(d, exact) + "  (" + rel + ")");
+      : "difference: " + signed(d, x => full(metric, x)) + "  (" + rel + ")");
   }
   return lines.join("\n");
 }
@@ -370,14 +400,14 @@ depthSel.addEventListener("change", draw);
 window.addEventListener("resize", draw);
 
 // sortable tables --------------------------------------------------------------------------------
-function cell(value, kind) {
+function cell(value, kind, metric) {
   if (kind === "delta") {
     if (value === null) return el("td", {}, "–");
     const cls = value > 0 ? "up" : value < 0 ? "down" : "";
-    return el("td", {class: cls, title: signed(value, exact)}, signed(value, size));
+    return el("td", {class: cls, title: signed(value, x => full(metric, x))}, signed(value, x => short(metric, x)));
   }
   if (value === null) return el("td", {}, "N/A");
-  return el("td", {title: exact(value)}, size(value));
+  return el("td", {title: full(metric, value)}, short(metric, value));
 }
 function table(id, columns, rows) {
   // columns: [title, kind]; rows: {key: sort keys per column, cells: td per column}
@@ -423,8 +453,8 @@ function table(id, columns, rows) {
     const key = [m.name, m.type], cells = [nameCell, el("td", {}, m.type)];
     KEYS.forEach(k => {
       const v = k === "params" || m.called ? m.v[k] : null;
-      key.push(v); cells.push(cell(v, "value"));
-      if (C) { key.push(m.d[k]); cells.push(cell(m.d[k], "delta")); }
+      key.push(v); cells.push(cell(v, "value", k));
+      if (C) { key.push(m.d[k]); cells.push(cell(m.d[k], "delta", k)); }
     });
     return {key, cells};
   });
@@ -433,12 +463,13 @@ function table(id, columns, rows) {
 })();
 (function operatorsTable() {
   const cols = [["operator", "text"]];
-  D.metrics.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
+  D.operator_metrics.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
   const rows = D.operators.map(([op, values, deltas]) => {
     const key = [op], cells = [el("td", {}, op)];
     values.forEach((v, j) => {
-      key.push(v); cells.push(cell(v, "value"));
-      if (C) { key.push(deltas[j]); cells.push(cell(deltas[j], "delta")); }
+      const k = D.operator_metrics[j];
+      key.push(v); cells.push(cell(v, "value", k));
+      if (C) { key.push(deltas[j]); cells.push(cell(deltas[j], "delta", k)); }
     });
     return {key, cells};
   });
