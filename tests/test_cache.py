@@ -358,9 +358,13 @@ def test_an_unusable_cache_never_fails_the_analysis(tmp_path: Path, caplog: pyte
 
 
 def test_runs_that_fell_back_to_real_kernels_are_not_stored(cache_env: Path) -> None:
-    class NeedsValues(nn.Module):
+    class NeedsValues(nn.Module):  # reads a value that depends on a weight (inputs' own values are known)
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))
+
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x[: int(x.sum().item() > 0) + 1] * 2
+            return x[: int((x.sum() * self.scale).item() > 0) + 1] * 2
 
     model = watched(NeedsValues())
     analysis = analyze(model, torch.ones(3, 2), cache=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -12,18 +14,44 @@ from .trace import TensorMeta
 _PLAIN = (int, float, bool, str, type(None), complex)
 
 
+_meta_device = "meta"  # the device meta tensors are recorded as: a CPU model runs on meta stand-ins
+
+
+@contextmanager
+def meta_stands_for(device: str) -> Iterator[None]:
+    """Record meta tensors as tensors of ``device`` (the device of the model they stand in for)."""
+    global _meta_device
+    before, _meta_device = _meta_device, device
+    try:
+        yield
+    finally:
+        _meta_device = before
+
+
+def recorded_device() -> str:
+    """The device meta tensors stand for in the current run (``"meta"`` for a model built on meta)."""
+    return _meta_device
+
+
+def device_name(tensor: torch.Tensor) -> str:
+    """The device a recorded tensor is on, as the trace names it."""
+    return _meta_device if tensor.is_meta else str(tensor.device)
+
+
 def describe(value: Any) -> Any:
     """Metadata of one argument: tensors become :class:`TensorMeta`, containers are walked."""
     if isinstance(value, torch.Tensor):
         return TensorMeta(tuple(int(s) for s in value.shape), str(value.dtype).removeprefix("torch."),
-                          str(value.device))
+                          device_name(value))
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, (list, tuple)):
         return [describe(v) for v in value]
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return value.node.hint if hasattr(value.node, "hint") else str(value)
-    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+    if isinstance(value, torch.device):
+        return _meta_device if value.type == "meta" else str(value)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
         return str(value)
     unpack = getattr(value, "unpack", None) if isinstance(value, torch.ScriptObject) else None
     if unpack is not None:  # packed quantized weights: described by their weight

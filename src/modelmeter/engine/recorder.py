@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
-from .meta_attention import fused_on_meta
+from .meta_kernels import fast_meta_kernel, fused_on_meta
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .storages import StorageTracker
@@ -272,7 +272,7 @@ class FunctionRecorder(TorchFunctionMode):
                 with _pop_mode_temporarily():
                     result = func(*args, **kwargs)
             else:
-                # on meta tensors, attention runs as the CPU's fused kernel would (meta_attention.py)
+                # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
                 fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
                 result = func(*args, **kwargs) if fused is None else fused
         except BaseException:
@@ -310,7 +310,7 @@ class DispatchRecorder(TorchDispatchMode):
             elif func is _GROUPED_MM and args[0].dtype == torch.float32 and _without_values(args[0]):
                 result = _grouped_mm_in_float32(func, args, kwargs)
             else:
-                result = func(*args, **kwargs)
+                result = (fast_meta_kernel(func, args) or func)(*args, **kwargs)
         except BaseException:
             rec.note_failure(dispatch_op_name(func), "dispatch")
             raise

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .metadata import device_name
 from .trace import Storage, StorageKind
 
 
@@ -44,7 +45,7 @@ class StorageTracker:
             return known[0]
         index = len(self._fields)
         self._fields.append({"nbytes": storage.nbytes(), "dtype": str(tensor.dtype).removeprefix("torch."),
-                             "device": str(tensor.device), "kind": kind, "born": born, "died": -1, "saved": -1,
+                             "device": device_name(tensor), "kind": kind, "born": born, "died": -1, "saved": -1,
                              "saved_scope": -1, "order": -1})
         self._live[key] = (index, weakref.ref(storage, self._finalizer(key, index)))
         return index

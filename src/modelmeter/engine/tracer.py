@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import (
 
 from ..errors import ModelRunError
 from .inputs import map_tensors, tensors_in
-from .metadata import describe
+from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
 from .storages import model_state
@@ -69,6 +69,13 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         except ModelRunError as exc:
             if not isinstance(exc.__cause__, NotImplementedError):  # the model's own failure: FakeTensors too
                 raise
+    elif _on_cpu(model, args, kwargs):
+        # A CPU model runs on meta stand-ins, several times cheaper than FakeTensors; whatever that cannot do
+        # (values it does not know, code that mixes in CPU tensors, a missing meta kernel) runs under FakeTensors.
+        try:
+            return run(fake=True, model_on_meta=False, no_values=False, on_meta=True)
+        except ModelRunError:
+            pass
     try:
         return run(fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
@@ -88,6 +95,13 @@ def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
+def _on_cpu(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace)."""
+    tensors = [*_state_tensors(model), *tensors_in((args, kwargs))]
+    return all(t.device.type == "cpu" and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
+               and not t.is_quantized for t in tensors)
+
+
 class _Run:
     """One recorded run of the model (forward, and backward when asked), fake or real."""
 
@@ -104,10 +118,14 @@ class _Run:
         saved = _ModelState(model)
         try:
             with ExitStack() as stack:
-                if on_meta:  # the model's tensors have no values already: its inputs join it on meta
+                if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
-                    stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
+                    if model_on_meta:
+                        stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
+                    else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
+                        stack.enter_context(_SwappedState(model, _MetaStandIn(shadows)))
+                        stack.enter_context(meta_stands_for("cpu"))
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                     shadows = recorder.shadows = Shadows()
@@ -317,6 +335,22 @@ class _Faker:
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(fake, tensor)
         return fake
+
+
+class _MetaStandIn:
+    """A CPU tensor's meta stand-in (same shape, strides, dtype and ``requires_grad``); a buffer or tensor
+    attribute keeps its values as a shadow, as with FakeTensors."""
+
+    def __init__(self, shadows: Shadows) -> None:
+        self.shadows = shadows
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        if tensor.requires_grad:
+            meta.requires_grad_(True)
+        if not isinstance(tensor, nn.Parameter):
+            self.shadows.seed(meta, tensor)
+        return meta
 
 
 class _SwappedState:

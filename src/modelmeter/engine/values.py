@@ -10,6 +10,7 @@ real kernels. A tensor gets a shadow only when every tensor it was computed from
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,8 +45,8 @@ class Shadows:
         if not outputs:
             return
         known = self._values
-        inputs = _tensors((args, kwargs))
-        if not all(t in known for t in inputs) or any(t.numel() > LIMIT for t in outputs):
+        # stops at the first tensor without values: most operators read an activation or a parameter first
+        if not all(t in known for t in _each_tensor((args, kwargs))) or any(t.numel() > LIMIT for t in outputs):
             if func._schema.is_mutable:  # an in-place update by unknown values: the old values are wrong now
                 for t in outputs:
                     known.pop(t, None)
@@ -66,14 +67,20 @@ class Shadows:
         return None if values is None else values.item()
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def _each_tensor(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in nested arguments, lazily, in order."""
     if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _each_tensor(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _each_tensor(v)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return list(_each_tensor(value))
 
 
 def _real(value: Any, known: Any) -> Any:

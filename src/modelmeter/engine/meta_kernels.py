@@ -1,0 +1,162 @@
+"""Operators on meta tensors run closer to a real device, or faster, than PyTorch's meta kernels do.
+
+**Attention.** On the meta device PyTorch has no fused attention kernel to choose, so ``F.scaled_dot_product_attention``
+falls back to the math path: it materialises the (L, S) scores and, in training, saves them. Every real
+device runs a fused kernel where it can (the CPU's flash kernel, FlashAttention or memory-efficient attention
+on CUDA), which keeps only the output and the log-sum-exp. A meta run therefore takes the path a CPU run
+takes — the same conditions, the same preparation of the mask, the CPU flash kernel's meta implementation —
+so a model without weights needs the memory its CPU run needs (and FLOPs are counted from the call either way).
+
+**Direct kernels.** Many of PyTorch's meta kernels are Python decompositions run operator by operator on
+meta tensors: ``native_batch_norm`` takes over a millisecond per call (most of a ResNet's analysis),
+``native_layer_norm``, ``addmm``, ``gelu`` and ``roll`` hundreds of microseconds. Their outputs' metadata —
+shape, strides, dtype — follow simple rules, so for the arguments where the rule is known (dense layouts, no
+broadcasting or type promotion) the outputs are made directly: with the meta kernel's metadata, or, when the
+meta tensors stand in for a CPU model's, with the CPU kernel's (normalisation statistics in the input's dtype,
+none for batch norm in eval mode). ``tests/test_meta_kernels.py`` compares both on every case.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+from .metadata import recorded_device
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def fused_on_meta(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                  scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor | None:
+    """The output of the fused kernel a CPU run would choose for these meta tensors, or None when the CPU too
+    would run the math path (dropout, a strided last dimension, head sizes that differ between query, key and
+    value, flash attention switched off: the conditions of torch's CPU kernel choice)."""
+    tensors = (query, key, value)
+    if not (all(t.is_meta and t.dtype in _FLOATS and t.dim() in (3, 4) and t.stride(-1) == 1 for t in tensors)
+            and dropout_p == 0.0 and torch.backends.cuda.flash_sdp_enabled()
+            and query.dtype == key.dtype == value.dtype and query.dim() == key.dim() == value.dim()
+            and query.size(-1) == key.size(-1) == value.size(-1) and query.size(0) == key.size(0) == value.size(0)
+            and query.size(-2) > 0 and key.size(-2) > 0
+            and (enable_gqa or query.size(-3) == key.size(-3))):
+        return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # as the CPU path converts it: 0 / -inf
+        attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device),
+                                torch.scalar_tensor(-math.inf, dtype=query.dtype, device=query.device))
+    batched = query.dim() == 4
+    if not batched:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    output = _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return output if batched else output.squeeze(0)
+
+
+
+
+# --- direct meta kernels ---------------------------------------------------------------------------------------
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Normalisation statistics: in the input's dtype on the CPU, in the computation dtype on meta."""
+    if recorded_device() == "cpu" or dtype not in (torch.float16, torch.bfloat16):
+        return dtype
+    return torch.float32
+
+
+def _batch_norm(input: torch.Tensor, weight: object, bias: object, running_mean: object, running_var: object,
+                training: bool, *_: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # the CPU kernel keeps no statistics in eval mode; the meta kernel returns them always
+    channels = input.shape[1] if training or recorded_device() != "cpu" else 0
+    stats = _stats_dtype(input.dtype)
+    return (torch.empty_like(input), torch.empty((channels,), dtype=stats, device=input.device),
+            torch.empty((channels,), dtype=stats, device=input.device))
+
+
+def _layer_norm(input: torch.Tensor, normalized_shape: list[int], *_: object
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    axis = input.dim() - len(normalized_shape)
+    stats_shape = (*input.shape[:axis], *([1] * len(normalized_shape)))
+    stats = _stats_dtype(input.dtype)
+    return (torch.empty(input.shape, dtype=input.dtype, device=input.device),
+            torch.empty(stats_shape, dtype=stats, device=input.device),
+            torch.empty(stats_shape, dtype=stats, device=input.device))
+
+
+def _addmm(bias: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    return torch.empty((m1.shape[0], m2.shape[1]), dtype=m1.dtype, device=m1.device)
+
+
+def _like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _contiguous_like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _plain_meta(value: object) -> bool:
+    return type(value) is torch.Tensor and value.is_meta
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Non-overlapping and dense: ``empty_like`` gives it the strides an element-wise kernel's output has."""
+    return bool(is_non_overlapping_and_dense_or_false(x))
+
+
+def _batch_norm_fits(args: tuple[Any, ...]) -> bool:
+    x = args[0]
+    return _plain_meta(x) and x.dim() > 1 and _dense(x) and all(a is None or _plain_meta(a) for a in args[1:5])
+
+
+def _layer_norm_fits(args: tuple[Any, ...]) -> bool:
+    x, shape = args[0], args[1]
+    return (_plain_meta(x) and 0 < len(shape) <= x.dim() and tuple(x.shape[x.dim() - len(shape):]) == tuple(shape)
+            and all(a is None or _plain_meta(a) for a in args[2:4]))
+
+
+def _addmm_fits(args: tuple[Any, ...]) -> bool:
+    bias, m1, m2 = args[:3]
+    return (all(_plain_meta(t) for t in (bias, m1, m2)) and m1.dim() == m2.dim() == 2 and m1.shape[1] == m2.shape[0]
+            and bias.dtype == m1.dtype == m2.dtype and bias.dim() <= 2
+            and torch.broadcast_shapes(bias.shape, (m1.shape[0], m2.shape[1])) == (m1.shape[0], m2.shape[1]))
+
+
+def _unary_fits(args: tuple[Any, ...]) -> bool:
+    return _plain_meta(args[0]) and args[0].is_floating_point() and _dense(args[0])
+
+
+def _same_operands(args: tuple[Any, ...]) -> bool:
+    """Two tensors of one shape, dtype and layout (no broadcasting, no type promotion)."""
+    a, b = args[0], args[1]
+    return (_plain_meta(a) and _plain_meta(b) and a.shape == b.shape and a.dtype == b.dtype
+            and a.stride() == b.stride() and _dense(a))
+
+
+def _roll_fits(args: tuple[Any, ...]) -> bool:
+    """A contiguous output; a 4-D or 5-D input keeps a channels-last layout (not made here)."""
+    return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
+
+
+_aten = torch.ops.aten
+# operator -> (when the direct kernel applies, the direct kernel); checked against torch's kernels in
+# tests/test_meta_kernels.py
+_DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]] = {
+    _aten.native_batch_norm.default: (_batch_norm_fits, _batch_norm),
+    _aten.native_layer_norm.default: (_layer_norm_fits, _layer_norm),
+    _aten.addmm.default: (_addmm_fits, _addmm),
+    _aten.gelu.default: (_unary_fits, _like),
+    _aten.add.Tensor: (_same_operands, _like),
+    _aten.sub.Tensor: (_same_operands, _like),
+    _aten.mul.Tensor: (_same_operands, _like),
+    _aten.roll.default: (_roll_fits, _contiguous_like),
+}
+
+
+def fast_meta_kernel(func: object, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+    """A direct implementation of ``func`` for these arguments when its meta kernel is slow, else None."""
+    entry = _DIRECT.get(func)
+    if entry is None or not entry[0](args):
+        return None
+    return entry[1]

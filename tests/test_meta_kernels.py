@@ -1,0 +1,127 @@
+"""The direct meta kernels give exactly the metadata PyTorch's own meta kernels give."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from modelmeter.engine.meta_kernels import fast_meta_kernel
+from modelmeter.engine.metadata import meta_stands_for
+
+BATCH_NORM = torch.ops.aten.native_batch_norm.default
+
+
+def _layouts(shape: tuple[int, ...]) -> list[torch.memory_format]:
+    return [torch.contiguous_format, *({4: [torch.channels_last], 5: [torch.channels_last_3d]}.get(len(shape), []))]
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5), (2, 3, 2, 4, 5), (1, 1, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_batch_norm_matches_the_meta_kernel(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    channels = shape[1]
+    for layout, training, affine, tracked in itertools.product(_layouts(shape), (False, True), (False, True),
+                                                               (False, True)):
+        x = torch.empty(shape, dtype=dtype, device="meta").contiguous(memory_format=layout)
+        weight = torch.empty(channels, dtype=dtype, device="meta") if affine else None
+        bias = torch.empty(channels, dtype=dtype, device="meta") if affine else None
+        stats = [torch.empty(channels, dtype=dtype, device="meta") for _ in range(2)] if tracked else [None, None]
+        if (not training and not tracked) or (training and x.numel() == channels):
+            continue  # eval needs running statistics; F.batch_norm refuses to train on one value per channel
+        args = (x, weight, bias, *stats, training, 0.1, 1e-5)
+        fast = fast_meta_kernel(BATCH_NORM, args)
+        assert fast is not None
+        expected, got = BATCH_NORM(*args), fast(*args)
+        for e, g in zip(expected, got, strict=True):
+            assert (e.shape, e.stride(), e.dtype, e.device) == (g.shape, g.stride(), g.dtype, g.device), \
+                (shape, dtype, layout, training, affine, tracked)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_standing_for_cpu_matches_the_cpu_kernel(dtype: torch.dtype) -> None:
+    for training, layout in itertools.product((False, True), (torch.contiguous_format, torch.channels_last)):
+        x = torch.randn(2, 3, 4, 5, dtype=dtype).contiguous(memory_format=layout)
+        stats = [torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)]
+        expected = BATCH_NORM(x, None, None, *stats, training, 0.1, 1e-5)
+        args = (x.to("meta"), None, None, *(s.to("meta") for s in stats), training, 0.1, 1e-5)
+        fast = fast_meta_kernel(BATCH_NORM, args)
+        assert fast is not None
+        with meta_stands_for("cpu"):
+            got = fast(*args)
+        for e, g in zip(expected, got, strict=True):
+            assert (e.shape, e.stride(), e.dtype) == (g.shape, g.stride(), g.dtype), (training, layout)
+
+
+def test_batch_norm_keeps_the_slow_path_where_not_verified() -> None:
+    strided = torch.empty(2, 6, 4, 4, device="meta")[:, ::2]  # not dense
+    assert fast_meta_kernel(BATCH_NORM, (strided, None, None, None, None, True, 0.1, 1e-5)) is None
+    fake_cpu = torch.empty(2, 3, 4, 4)  # a real tensor: its own kernel
+    assert fast_meta_kernel(BATCH_NORM, (fake_cpu, None, None, None, None, True, 0.1, 1e-5)) is None
+    assert fast_meta_kernel(torch.ops.aten.relu.default, (torch.empty(2, device="meta"),)) is None
+
+
+def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
+    """(name, operator, CPU arguments, keyword arguments) for every direct kernel but batch norm."""
+    aten = torch.ops.aten
+    cases: list[tuple[str, object, tuple[object, ...], dict[str, object]]] = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(2, 5, 8, dtype=dtype)
+        for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1)),
+                         ("channels_last", torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last))):
+            cases += [(f"gelu {label} {dtype}", aten.gelu.default, (t,), {}),
+                      (f"gelu tanh {label} {dtype}", aten.gelu.default, (t,), {"approximate": "tanh"}),
+                      (f"add {label} {dtype}", aten.add.Tensor, (t, t.clone()), {"alpha": 2}),
+                      (f"sub {label} {dtype}", aten.sub.Tensor, (t, t.clone()), {}),
+                      (f"mul {label} {dtype}", aten.mul.Tensor, (t, t.clone()), {})]
+            if label != "channels_last":  # roll keeps a channels-last layout: left to torch's kernel
+                cases += [(f"roll {label} {dtype}", aten.roll.default, (t, [1, 2], [0, 1]), {}),
+                          (f"roll flat {label} {dtype}", aten.roll.default, (t, [3]), {})]
+        w, b = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+        for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1))):
+            cases += [(f"layer_norm {label} {dtype}", aten.native_layer_norm.default, (t, [8], w, b, 1e-5), {}),
+                      (f"layer_norm 2d {label} {dtype}", aten.native_layer_norm.default, (t, list(t.shape[1:]), None,
+                                                                                          None, 1e-5), {})]
+        m1, m2 = torch.randn(6, 4, dtype=dtype), torch.randn(4, 3, dtype=dtype)
+        for label, bias in (("vector", torch.randn(3, dtype=dtype)), ("matrix", torch.randn(6, 3, dtype=dtype)),
+                            ("row", torch.randn(1, 3, dtype=dtype))):
+            cases += [(f"addmm {label} {dtype}", aten.addmm.default, (bias, m1, m2), {}),
+                      (f"addmm {label} m2.T {dtype}", aten.addmm.default, (bias, m1, m2.t().contiguous().t()), {}),
+                      (f"addmm {label} m1.T {dtype}", aten.addmm.default, (bias, m1.t().contiguous().t(), m2),
+                       {"beta": 0.5})]
+    return cases
+
+
+def _metadata(result: object) -> list[tuple[object, ...]]:
+    outputs = result if isinstance(result, (tuple, list)) else (result,)
+    return [(tuple(t.shape), t.stride(), t.dtype) for t in outputs]
+
+
+def _to_meta(value: object) -> object:
+    return value.to("meta") if isinstance(value, torch.Tensor) else value  # keeps strides
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name,op,args,kwargs", CASES, ids=[c[0] for c in CASES])
+def test_direct_kernels_match_torch_on_meta_and_on_the_cpu(name: str, op: object, args: tuple[object, ...],
+                                                          kwargs: dict[str, object]) -> None:
+    meta_args = tuple(_to_meta(a) for a in args)
+    fast = fast_meta_kernel(op, meta_args)
+    assert fast is not None, name
+    assert _metadata(fast(*meta_args, **kwargs)) == _metadata(op(*meta_args, **kwargs))  # type: ignore[operator]
+    with meta_stands_for("cpu"):
+        assert _metadata(fast(*meta_args, **kwargs)) == _metadata(op(*args, **kwargs))  # type: ignore[operator]
+
+
+def test_direct_kernels_decline_what_they_do_not_know() -> None:
+    aten = torch.ops.aten
+    a, row = torch.empty(4, 3, device="meta"), torch.empty(1, 3, device="meta")
+    assert fast_meta_kernel(aten.add.Tensor, (a, row)) is None  # broadcasting
+    assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
+    assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
+    assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
+    assert fast_meta_kernel(aten.native_layer_norm.default, (a, [4], None, None, 1e-5)) is None
+    channels_last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
+    assert fast_meta_kernel(aten.roll.default, (channels_last, [1])) is None
