@@ -8,7 +8,7 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
 
 1. **Real tensors** (random initialisation on the CPU; nothing is downloaded): FLOPs + activations + parameters
    by module of ResNet-50, ViT-B/16, Swin-T and GPT-2 small. modelmeter is ``analyze(model, x, quiet=True)
-   .result()`` (cache off; execution "auto", i.e. FakeTensors); fvcore is ``FlopCountAnalysis`` +
+   .result()`` (cache off; execution "auto": meta stand-ins for these CPU models); fvcore is ``FlopCountAnalysis`` +
    ``ActivationCountAnalysis`` + ``flop_count_table`` (warnings off); FlopCounterMode is
    ``torch.utils.flop_counter.FlopCounterMode(depth=None)`` around a forward under ``no_grad`` and
    ``get_flop_counts()`` (FLOPs only: it has no activations); forward is the model under ``no_grad``.

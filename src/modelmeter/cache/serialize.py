@@ -20,15 +20,14 @@ detected rather than returned.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import gzip
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
+from .._gc import no_gc
 from ..engine.trace import PHASES, STORAGE_KINDS, OpEvent, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
@@ -44,22 +43,6 @@ def schema_signature() -> dict[str, list[str]]:
     """The field names of the trace classes, as written in every entry (and part of the cache key)."""
     return {"Trace": list(_TRACE_FIELDS), "OpEvent": list(_EVENT_FIELDS), "TensorMeta": list(_META_FIELDS),
             "Storage": list(_STORAGE_FIELDS)}
-
-
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while many small acyclic objects are made or walked.
-
-    Decoding a trace allocates tens of thousands of lists and tuples; in a process holding a large heap
-    (torch, a model) each collection they trigger walks that heap, which makes decoding several times slower.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # encoding ------------------------------------------------------------------------------------------

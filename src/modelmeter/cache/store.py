@@ -21,9 +21,10 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from .._gc import no_gc
 from ..engine.trace import Trace
 from ..io.atomic import atomic_write, is_temp_file
-from .serialize import no_gc, parse, trace_from_parsed, trace_to_dict
+from .serialize import parse, trace_from_parsed, trace_to_dict
 
 logger = logging.getLogger("modelmeter.cache")
 

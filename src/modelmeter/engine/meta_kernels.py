@@ -70,7 +70,7 @@ def _batch_norm(input: torch.Tensor, weight: object, bias: object, running_mean:
     # the CPU kernel keeps no statistics in eval mode; the meta kernel returns them always
     channels = input.shape[1] if training or recorded_device() != "cpu" else 0
     stats = _stats_dtype(input.dtype)
-    return (torch.empty_like(input), torch.empty((channels,), dtype=stats, device=input.device),
+    return (_like(input), torch.empty((channels,), dtype=stats, device=input.device),
             torch.empty((channels,), dtype=stats, device=input.device))
 
 
@@ -89,7 +89,8 @@ def _addmm(bias: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, *_: object, *
 
 
 def _like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
-    return torch.empty_like(x)
+    """``empty_like(x)`` of a dense ``x``: the same strides (``empty_like`` itself runs in Python on meta)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
 
 
 def _contiguous_like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
@@ -97,12 +98,13 @@ def _contiguous_like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
 
 
 def _plain_meta(value: object) -> bool:
-    return type(value) is torch.Tensor and value.is_meta
+    """A meta tensor or parameter (no FakeTensor, no other subclass)."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.is_meta  # type: ignore[attr-defined]
 
 
 def _dense(x: torch.Tensor) -> bool:
     """Non-overlapping and dense: ``empty_like`` gives it the strides an element-wise kernel's output has."""
-    return bool(is_non_overlapping_and_dense_or_false(x))
+    return x.is_contiguous() or bool(is_non_overlapping_and_dense_or_false(x))
 
 
 def _batch_norm_fits(args: tuple[Any, ...]) -> bool:
@@ -118,9 +120,11 @@ def _layer_norm_fits(args: tuple[Any, ...]) -> bool:
 
 def _addmm_fits(args: tuple[Any, ...]) -> bool:
     bias, m1, m2 = args[:3]
-    return (all(_plain_meta(t) for t in (bias, m1, m2)) and m1.dim() == m2.dim() == 2 and m1.shape[1] == m2.shape[0]
-            and bias.dtype == m1.dtype == m2.dtype and bias.dim() <= 2
-            and torch.broadcast_shapes(bias.shape, (m1.shape[0], m2.shape[1])) == (m1.shape[0], m2.shape[1]))
+    if not (_plain_meta(bias) and _plain_meta(m1) and _plain_meta(m2) and m1.dim() == m2.dim() == 2
+            and m1.shape[1] == m2.shape[0] and bias.dtype == m1.dtype == m2.dtype):
+        return False
+    rows, columns = m1.shape[0], m2.shape[1]  # a bias that broadcasts to the product's shape
+    return tuple(bias.shape) in ((columns,), (1, columns), (rows, columns), (rows, 1), (1, 1), (1,), ())
 
 
 def _unary_fits(args: tuple[Any, ...]) -> bool:

@@ -38,11 +38,26 @@ def device_name(tensor: torch.Tensor) -> str:
     return _meta_device if tensor.is_meta else str(tensor.device)
 
 
+def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
+    """A tensor's :class:`TensorMeta`; equal descriptions are one (immutable) object, made once."""
+    key = (tuple(tensor.shape), tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
+    found = _METAS.get(key)
+    if found is None:
+        if len(_METAS) > _METAS_LIMIT:
+            _METAS.clear()
+        shape = tuple(int(s) for s in tensor.shape)  # plain ints, also where torch hands out SymInts
+        found = _METAS[key] = TensorMeta(shape, str(tensor.dtype).removeprefix("torch."), str(key[2]))
+    return found
+
+
+_METAS: dict[tuple[Any, ...], TensorMeta] = {}
+_METAS_LIMIT = 1 << 16
+
+
 def describe(value: Any) -> Any:
     """Metadata of one argument: tensors become :class:`TensorMeta`, containers are walked."""
     if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(int(s) for s in value.shape), str(value.dtype).removeprefix("torch."),
-                          device_name(value))
+        return tensor_meta(value)
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, (list, tuple)):
@@ -72,14 +87,24 @@ def flat_outputs(value: Any) -> list[Any]:
 def place_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """``args`` and ``kwargs`` as one positional list in schema order, defaults filled in."""
     placed = [describe(a) for a in args]
-    for argument in schema.arguments[len(args):]:
-        if argument.name in kwargs:
-            placed.append(describe(kwargs[argument.name]))
-        elif argument.has_default_value():
-            placed.append(describe(argument.default_value))
-        else:
-            placed.append(None)
+    for name, default in _trailing(schema, len(args)):
+        placed.append(describe(kwargs[name]) if name in kwargs else default)
     return placed
+
+
+_TRAILING: dict[tuple[int, int], tuple[torch.FunctionSchema, tuple[tuple[str, Any], ...]]] = {}
+
+
+def _trailing(schema: torch.FunctionSchema, given: int) -> tuple[tuple[str, Any], ...]:
+    """(name, described default or None) of a schema's arguments after the first ``given``: worked out once
+    per schema and count (the entry keeps its schema, so an ``id`` is never taken for another's)."""
+    key = (id(schema), given)
+    found = _TRAILING.get(key)
+    if found is None or found[0] is not schema:
+        found = _TRAILING[key] = (schema, tuple(
+            (a.name, describe(a.default_value) if a.has_default_value() else None)
+            for a in schema.arguments[given:]))
+    return found[1]
 
 
 @cache
@@ -114,7 +139,14 @@ def bind_by_name(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     Returns the positional list and whatever keyword arguments no schema could place (for calls
     with no aten counterpart, such as ``F.interpolate``).
     """
-    for schema in _overloads(name):
-        if _binds(schema, args, kwargs):
-            return place_arguments(schema, args, kwargs), {}
+    key = (name, len(args), tuple(kwargs))
+    schema = _BOUND.get(key, _UNKNOWN)
+    if schema is _UNKNOWN:  # which overload binds depends on the count of arguments and the keywords only
+        schema = _BOUND[key] = next((c for c in _overloads(name) if _binds(c, args, kwargs)), None)
+    if schema is not None:
+        return place_arguments(schema, args, kwargs), {}
     return [describe(a) for a in args], {k: describe(v) for k, v in kwargs.items()}
+
+
+_UNKNOWN: Any = object()
+_BOUND: dict[tuple[str, int, tuple[str, ...]], torch.FunctionSchema | None] = {}

@@ -7,6 +7,7 @@ event refers to the stack it ran under.
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Any
 
@@ -50,7 +51,19 @@ _NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.
 
 
 def function_op_name(func: Any) -> str | None:
-    """The aten-style name of a user-level call, or None for calls that are not operators."""
+    """The aten-style name of a user-level call, or None for calls that are not operators (remembered per
+    function: the same few are called again and again)."""
+    try:
+        return _FUNCTION_NAMES[func]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    name = _function_op_name(func)
+    with contextlib.suppress(TypeError):
+        _FUNCTION_NAMES[func] = name
+    return name
+
+
+def _function_op_name(func: Any) -> str | None:
     if isinstance(func, torch._ops.OpOverloadPacket):  # torch.ops.quantized.linear(...): its own namespace
         return str(func._qualified_op_name)
     name = getattr(func, "__name__", None)
@@ -64,8 +77,15 @@ def function_op_name(func: Any) -> str | None:
 
 
 def dispatch_op_name(func: torch._ops.OpOverload) -> str:
-    ns, _, rest = func.name().partition("::")
-    return f"{ns}::{rest.split('.')[0]}"
+    name = _DISPATCH_NAMES.get(func)
+    if name is None:
+        ns, _, rest = func.name().partition("::")
+        name = _DISPATCH_NAMES[func] = f"{ns}::{rest.split('.')[0]}"
+    return name
+
+
+_FUNCTION_NAMES: dict[Any, str | None] = {}
+_DISPATCH_NAMES: dict[Any, str] = {}
 
 
 class Recorder:

@@ -80,7 +80,7 @@ class OpEvent:
     origin: int = -1
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Storage:
     """One tensor storage of the run: how many bytes it held, and when it lived.
 
@@ -90,7 +90,8 @@ class Storage:
     model's state). ``saved`` is the number of events recorded when autograd first saved a tensor on it for
     the backward pass (-1: never), and ``saved_scope`` the module scope that saved it. ``order``, for a
     gradient, is its parameter's position among the model's parameters that got one (the order an optimizer
-    updates them in). Storages are in order of first sight; views share their base's storage.
+    updates them in). Storages are in order of first sight; views share their base's storage. The recorder
+    fills a record in while the run goes on; metrics only read it.
     """
 
     nbytes: int

@@ -1,8 +1,9 @@
 """Run a model once under the recorders and return its :class:`Trace`.
 
-By default the run is fake: parameters, buffers and inputs are replaced by FakeTensors (tensors
-with metadata and no storage), so no kernel runs and no memory is used for values. A model built
-on the meta device stays there. When a model needs real values (``.item()`` on a real tensor,
+By default the run is fake: parameters, buffers and inputs are replaced by tensors with metadata and no
+storage, so no kernel runs and no memory is used for values — meta stand-ins for a CPU model (recorded as
+the CPU tensors they stand for), FakeTensors where the meta run cannot finish. A model built on the meta
+device stays there. When a model needs real values (``.item()`` on a real tensor,
 data-dependent shapes) the run falls back to real kernels; on the meta device documented
 placeholder values are assumed instead, and each assumption is recorded in the trace.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from typing import Any, Literal
 
@@ -25,12 +26,12 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 
+from .._gc import no_gc
 from ..errors import ModelRunError
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
-from .storages import model_state
 from .trace import Trace
 from .values import Shadows
 
@@ -45,22 +46,31 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                  execution: Execution = "auto", *, backward: bool = False, loss_fn: LossFn | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operator call.
 
-    ``execution``: ``"fake"`` (FakeTensors, no kernels), ``"real"`` (real kernels on the given
+    ``execution``: ``"fake"`` (no kernels: meta stand-ins or FakeTensors), ``"real"`` (real kernels on the given
     tensors) or ``"auto"`` (fake, falling back to real when the model needs values).
     ``backward``: also run the backward pass of ``loss_fn(output)`` (default: the sum of the output's
     floating-point tensors), computing the gradients of the parameters and inputs that require grad; the
     ``.grad`` they held before is put back.
 
     A model on the meta device runs on meta tensors as they are — PyTorch's meta kernels, no FakeTensor
-    conversion, about twice as fast — and under FakeTensors only if an operator has no meta kernel.
+    conversion, about twice as fast — and under FakeTensors only if an operator has no meta kernel. A CPU model
+    runs on meta stand-ins first. The garbage collector is paused during the run: storages are freed by
+    reference counts alone, where the model's code drops them.
     """
     if execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {execution!r}")
+    with no_gc():
+        return _record(model, args, kwargs, names, execution, backward, loss_fn)
+
+
+def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
+            execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    model_on_meta = any(t.is_meta for t in _state_tensors(model))
+    parts = _Parts(model)
+    model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
-    run = _Run(model, args, kwargs, names, backward, loss_fn)
+    run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     if model_on_meta:
@@ -69,7 +79,7 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         except ModelRunError as exc:
             if not isinstance(exc.__cause__, NotImplementedError):  # the model's own failure: FakeTensors too
                 raise
-    elif _on_cpu(model, args, kwargs):
+    elif _on_cpu(parts, args, kwargs):
         # A CPU model runs on meta stand-ins, several times cheaper than FakeTensors; whatever that cannot do
         # (values it does not know, code that mixes in CPU tensors, a missing meta kernel) runs under FakeTensors.
         try:
@@ -91,13 +101,36 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return trace
 
 
-def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
-    return [*model.parameters(), *model.buffers()]
+class _Parts:
+    """The model's modules, walked once per analysis (``model.parameters()`` walks them again each time, which
+    adds up for models of thousands of modules); its parameters and buffers as they are when asked — the
+    stand-ins during a run."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = list(model.modules())
+
+    def parameters(self) -> list[torch.Tensor]:
+        return _unique(p for m in self.modules for p in m._parameters.values())
+
+    def buffers(self) -> list[torch.Tensor]:
+        return _unique(b for m in self.modules for b in m._buffers.values())
+
+    def state(self) -> list[torch.Tensor]:
+        return [*self.parameters(), *self.buffers()]
 
 
-def _on_cpu(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
+    """Each tensor once (by identity), in order, without the Nones."""
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        if t is not None:
+            seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _on_cpu(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace)."""
-    tensors = [*_state_tensors(model), *tensors_in((args, kwargs))]
+    tensors = [*parts.state(), *tensors_in((args, kwargs))]
     return all(t.device.type == "cpu" and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
                and not t.is_quantized for t in tensors)
 
@@ -105,45 +138,45 @@ def _on_cpu(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 class _Run:
     """One recorded run of the model (forward, and backward when asked), fake or real."""
 
-    def __init__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
-                 backward: bool, loss_fn: LossFn | None) -> None:
-        self.model, self.args, self.kwargs, self.names = model, args, kwargs, names
+    def __init__(self, model: nn.Module, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 names: ModuleNames, backward: bool, loss_fn: LossFn | None) -> None:
+        self.model, self.parts, self.args, self.kwargs, self.names = model, parts, args, kwargs, names
         self.backward, self.loss_fn = backward, loss_fn
 
     def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False) -> Trace:
-        model, names = self.model, self.names
+        model, parts, names = self.model, self.parts, self.names
         args, kwargs = map_tensors(_as_leaf, self.args), map_tensors(_as_leaf, self.kwargs)
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
-        saved = _ModelState(model)
+        saved = _ModelState(parts)
         try:
             with ExitStack() as stack:
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
                     if model_on_meta:
-                        stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
+                        stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                     else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
-                        stack.enter_context(_SwappedState(model, _MetaStandIn(shadows)))
+                        stack.enter_context(_SwappedState(parts, _MetaStandIn(shadows)))
                         stack.enter_context(meta_stands_for("cpu"))
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                     shadows = recorder.shadows = Shadows()
-                    args, kwargs = _fake_inputs(model, args, kwargs, fake_mode, model_on_meta, shadows)
-                    stack.enter_context(_SwappedState(model, _Faker(fake_mode, shadows)))
+                    args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows)
+                    stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows)))
                 else:
-                    _reject_meta_inputs_for_real_model(model, args, kwargs)
-                    stack.enter_context(_SwappedState(model, torch.Tensor.clone, keep_parameters=True))
+                    _reject_meta_inputs_for_real_model(parts, args, kwargs)
+                    stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                 stack.enter_context(_ModuleHooks(recorder))
                 stack.enter_context(warnings.catch_warnings())
                 # Our global hooks are meant; the compiled wrapper is bypassed anyway.
                 warnings.filterwarnings("ignore",
                                         message=r"Using `torch.compile\(module\)` when there are global hooks")
-                for wrapper in _transparent_wrappers(model):
+                for wrapper in _transparent_wrappers(parts):
                     stack.enter_context(wrapper)
                 stack.enter_context(_eager_flex_attention())
                 stack.enter_context(_followed_rng_states(recorder))
-                _note_existing_storages(recorder, model, args, kwargs)
+                _note_existing_storages(recorder, parts, args, kwargs)
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
                     stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack_saved, _unpack))
@@ -188,19 +221,21 @@ class _Run:
         recorder.start_backward(loss)
         # backward() rather than autograd.grad(): a re-entrant activation checkpoint accepts nothing else. The
         # gradients it leaves on parameters and inputs are dropped again (see _Gradients).
-        with _Gradients([*self.model.parameters(), *tensors_in((args, kwargs))]):
+        with _Gradients([*self.parts.parameters(), *tensors_in((args, kwargs))]):
             loss.backward()
-            for param in self.model.parameters():
+            for param in self.parts.parameters():
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
             recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
 
 
-def _note_existing_storages(recorder: Recorder, model: nn.Module, args: tuple[Any, ...],
+def _note_existing_storages(recorder: Recorder, parts: _Parts, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> None:
     """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs."""
-    for tensor, kind in model_state(model):
-        recorder.storages.existing(tensor, kind)
+    for tensor in parts.parameters():
+        recorder.storages.existing(tensor, "parameter")
+    for tensor in parts.buffers():
+        recorder.storages.existing(tensor, "buffer")
     for tensor in tensors_in((args, kwargs)):
         recorder.storages.existing(tensor, "input")
 
@@ -294,11 +329,11 @@ def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
     return map_tensors(convert, tree)
 
 
-def _fake_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
+def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
                  model_on_meta: bool, shadows: Shadows) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Inputs as FakeTensors (their values kept as shadows when small); meta inputs of a real model, and any
     input of a meta model, move to its device."""
-    state = _state_tensors(model)
+    state = parts.state()
     target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
 
     def convert(t: torch.Tensor) -> torch.Tensor:
@@ -362,22 +397,20 @@ class _SwappedState:
     the stand-ins.
     """
 
-    def __init__(self, model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor], keep_parameters: bool = False):
-        self.model = model
+    def __init__(self, parts: _Parts, make: Callable[[torch.Tensor], torch.Tensor], keep_parameters: bool = False):
+        self.parts = parts
         self.make = make
         self.keep_parameters = keep_parameters
         self.saved: list[tuple[dict[str, Any], str, Any]] = []
 
     def __enter__(self) -> _SwappedState:
         made: dict[int, torch.Tensor] = {}
-        for module in self.model.modules():
+        for module in self.parts.modules:
             tables: list[dict[str, Any]] = [module._buffers, module.__dict__]
             if not self.keep_parameters:
                 tables.insert(0, module._parameters)
             for table in tables:
-                for name, tensor in list(table.items()):
-                    if not isinstance(tensor, torch.Tensor):
-                        continue
+                for name, tensor in [(k, v) for k, v in table.items() if isinstance(v, torch.Tensor)]:
                     self.saved.append((table, name, tensor))
                     if id(tensor) not in made:
                         made[id(tensor)] = self.make(tensor)
@@ -389,9 +422,9 @@ class _SwappedState:
             table[name] = tensor
 
 
-def _reject_meta_inputs_for_real_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     has_meta_input = any(t.is_meta for t in tensors_in((args, kwargs)))
-    if has_meta_input and not all(t.is_meta for t in _state_tensors(model)):
+    if has_meta_input and not all(t.is_meta for t in parts.state()):
         raise ValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
                          "cannot run a model whose parameters hold values on meta inputs")
 
@@ -400,9 +433,9 @@ class _ModelState:
     """Training flags, ``requires_grad`` and ``.grad`` of every module and parameter, restored afterwards
     (a re-entrant activation checkpoint calls ``torch.autograd.backward``, which accumulates ``.grad``)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.training = [(m, m.training) for m in model.modules()]
-        self.params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+    def __init__(self, parts: _Parts) -> None:
+        self.training = [(m, m.training) for m in parts.modules]
+        self.params = [(p, p.requires_grad, p.grad) for p in parts.parameters()]
 
     def restore(self) -> None:
         for module, flag in self.training:
@@ -452,9 +485,9 @@ class _Transparent:
         del self.wrapper.forward
 
 
-def _transparent_wrappers(model: nn.Module) -> list[_Transparent]:
+def _transparent_wrappers(parts: _Parts) -> list[_Transparent]:
     found = []
-    for module in model.modules():
+    for module in parts.modules:
         if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             found.append(_Transparent(module, "module"))
         elif type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):

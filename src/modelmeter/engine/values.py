@@ -15,51 +15,54 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.weak import WeakIdKeyDictionary
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
+_VALUES = "_modelmeter_values"  # the attribute of a fake tensor that holds its values
 
 
 class Shadows:
-    """Fake tensor -> a real tensor with its values (on the CPU), for the tensors whose values are known."""
+    """Fake tensor -> a real tensor with its values (on the CPU), for the tensors whose values are known.
 
-    def __init__(self) -> None:
-        self._values: Any = WeakIdKeyDictionary()
+    The values hang on the fake tensor itself (an attribute of the run's own stand-ins and outputs, never of the
+    caller's tensors): they live exactly as long as it, and finding out that a tensor has none — the question
+    asked of every operand of every operator — is one attribute lookup.
+    """
 
     def seed(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """``fake`` stands for the real tensor ``real`` (an input, a buffer): its values are known."""
         if real.is_meta or real.numel() > LIMIT or isinstance(real, torch._subclasses.FakeTensor):
             return
         with _disable_current_modes(), torch.no_grad():
-            self._values[fake] = real.detach().to(_CPU, copy=True)
+            setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         """The values of ``tensor`` when known."""
-        return self._values.get(tensor) if isinstance(tensor, torch.Tensor) else None
+        return getattr(tensor, _VALUES, None) if isinstance(tensor, torch.Tensor) else None
 
     def propagate(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
                   result: Any) -> None:
         """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise."""
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not func._schema.is_mutable:
+            return  # the common case, decided at once: the first operand (an activation, a weight) has no values
         outputs = _tensors(result)
         if not outputs:
             return
-        known = self._values
         # stops at the first tensor without values: most operators read an activation or a parameter first
-        if not all(t in known for t in _each_tensor((args, kwargs))) or any(t.numel() > LIMIT for t in outputs):
+        if not all(hasattr(t, _VALUES) for t in _each_tensor((args, kwargs))) \
+                or any(t.numel() > LIMIT for t in outputs):
             if func._schema.is_mutable:  # an in-place update by unknown values: the old values are wrong now
-                for t in outputs:
-                    known.pop(t, None)
+                _forget(outputs)
             return
         try:
             with _disable_current_modes(), torch.no_grad():
-                values = func(*_real(args, known), **_real(kwargs, known))
+                values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
-            for t in outputs:
-                known.pop(t, None)
+            _forget(outputs)
             return
         for fake, real in zip(outputs, _tensors(values), strict=False):
-            known[fake] = real
+            setattr(fake, _VALUES, real)
 
     def item(self, tensor: torch.Tensor) -> Any:
         """``tensor.item()`` from its values, or None when they are unknown."""
@@ -83,16 +86,21 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return list(_each_tensor(value))
 
 
-def _real(value: Any, known: Any) -> Any:
+def _forget(tensors: list[torch.Tensor]) -> None:
+    for t in tensors:
+        t.__dict__.pop(_VALUES, None)
+
+
+def _real(value: Any) -> Any:
     """Arguments with fake tensors replaced by their values and devices by the CPU."""
     if isinstance(value, torch.Tensor):
-        return known[value]
+        return getattr(value, _VALUES)
     if isinstance(value, torch.device):
         return _CPU
     if isinstance(value, tuple):
-        return tuple(_real(v, known) for v in value)
+        return tuple(_real(v) for v in value)
     if isinstance(value, list):
-        return [_real(v, known) for v in value]
+        return [_real(v) for v in value]
     if isinstance(value, dict):
-        return {k: _real(v, known) for k, v in value.items()}
+        return {k: _real(v) for k, v in value.items()}
     return value

@@ -133,10 +133,15 @@ class _Tally:
             into.update(value)
             return
         table = self.by_phase[event.phase]
-        total = sum(value.values())
+        items = list(value.items())
+        total = sum(v for _, v in items)
         dtype = work_dtype(event)
         for module in modules:
-            table.setdefault(module, Counter()).update(value)
+            counter = table.get(module)
+            if counter is None:
+                counter = table[module] = Counter()
+            for key, count in items:  # Counter.update, without its per-call Mapping check
+                counter[key] = counter.get(key, 0) + count
             self.dtypes.setdefault(module, Counter())[dtype] += total
 
     def totals(self) -> dict[str, Counter[str]]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from .._gc import no_gc
 from ..analysis import ModelAnalysis
 from ..metrics.parameters import parameter_count
 
@@ -125,15 +126,22 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
     """
     if not analyses:
         raise ValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
+    with no_gc():
+        return _build(model, analyses, name, memory)
+
+
+def _build(model: nn.Module, analyses: dict[str, ModelAnalysis], name: str | None,
+           memory: MemoryAnalysis | None) -> Result:
     first = next(iter(analyses.values()))
     params = parameter_count(model)
     per_metric: dict[str, dict[str, Counter[str]]] = {}
     for metric, analysis in analyses.items():  # after a backward pass, each metric is followed by its phases
-        per_metric[metric] = analysis.by_module_and_operator()
+        stats = analysis._analyze()  # the analysis's own tables, read here without copies
+        per_metric[metric] = stats.counts
         phases = analysis.phases()
         if len(phases) > 1:
             for phase in phases:
-                per_metric[f"{phase}_{metric}"] = analysis.by_module_and_operator(phase)
+                per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
     peaks: Counter[str] = Counter()
     if memory is not None:
         if memory.training:
@@ -141,16 +149,18 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
         peaks = memory.module_peaks()
     metrics = list(per_metric) + (["peak_memory"] if memory is not None else [])
     uncalled = first.uncalled_modules()
+    modules = dict(model.named_modules())  # each module under its first path: its canonical name
+    empty: Counter[str] = Counter()
     rows = []
-    for module_name in next(iter(per_metric.values())):
-        module = model.get_submodule(module_name) if module_name else model
+    for module_name in first._names.canonical:
+        tables = {metric: table.get(module_name, empty) for metric, table in per_metric.items()}
         rows.append(ModuleRow(
             name=module_name,
-            type=type(module).__name__,
+            type=type(modules[module_name]).__name__,
             params=params.get(module_name, 0),
-            metrics={metric: sum(per_metric[metric][module_name].values()) if metric in per_metric
-                     else peaks.get(module_name, 0) for metric in metrics},
-            by_operator={metric: dict(per_metric[metric][module_name]) for metric in per_metric},
+            metrics={metric: sum(tables[metric].values()) if metric in tables else peaks.get(module_name, 0)
+                     for metric in metrics},
+            by_operator={metric: dict(table) for metric, table in tables.items()},
             called=module_name not in uncalled,
         ))
     trace = first.trace
