@@ -32,6 +32,7 @@ logger = logging.getLogger("modelmeter")
 T = TypeVar("T", bound="ModelAnalysis")
 
 _NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
+_NONE: Counter[str] = Counter()  # what a module without counts has (read only, never handed out)
 
 
 class ModelAnalysis:
@@ -87,22 +88,20 @@ class ModelAnalysis:
     def total(self, module_name: str = "") -> int:
         """The count of ``module_name`` (the whole model by default)."""
         stats = self._analyze()
-        return sum(stats.counts[self.canonical_module_name(module_name)].values())
+        return sum(stats.counts.get(self.canonical_module_name(module_name), _NONE).values())
 
     def by_operator(self, module_name: str = "") -> Counter[str]:
         """Counts of one module by operator (a copy)."""
-        return Counter(self._analyze().counts[self.canonical_module_name(module_name)])
+        return Counter(self._analyze().counts.get(self.canonical_module_name(module_name), _NONE))
 
     def by_module_and_operator(self, phase: str | None = None) -> dict[str, Counter[str]]:
         """Counts by canonical module name, then by operator (copies); of one phase only when ``phase`` is
         given (``"forward"``, ``"backward"``, ``"recompute"``)."""
         stats = self._analyze()
-        if phase is None:
-            return {name: Counter(c) for name, c in stats.counts.items()}
-        if phase not in PHASES:
+        if phase is not None and phase not in PHASES:
             raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
-        table = stats.by_phase.get(phase, {})
-        return {name: Counter(table.get(name, Counter())) for name in stats.counts}
+        table = stats.counts if phase is None else stats.by_phase.get(phase, {})
+        return {name: Counter(table.get(name, _NONE)) for name in self._names.canonical}
 
     def phases(self) -> list[str]:
         """The phases this analysis counts that the recorded run has events of, in run order."""
@@ -111,7 +110,8 @@ class ModelAnalysis:
 
     def by_module(self) -> Counter[str]:
         """Total count of every canonical module name, in model order."""
-        return Counter({name: sum(c.values()) for name, c in self._analyze().counts.items()})
+        counts = self._analyze().counts
+        return Counter({name: sum(counts.get(name, _NONE).values()) for name in self._names.canonical})
 
     def by_phase(self, module_name: str = "") -> dict[str, int]:
         """The count of ``module_name`` split by phase: ``{"forward": n, "backward": n}`` (backward is 0
@@ -139,7 +139,7 @@ class ModelAnalysis:
 
     def unsupported_ops(self, module_name: str = "") -> Counter[str]:
         """Operators no handle counted, with how often each ran inside ``module_name``."""
-        return Counter(self._analyze().unsupported[self.canonical_module_name(module_name)])
+        return Counter(self._analyze().unsupported.get(self.canonical_module_name(module_name), _NONE))
 
     def uncalled_modules(self) -> set[str]:
         """Canonical names of the modules that never ran (called neither directly nor via a child)."""

@@ -127,11 +127,7 @@ class MemoryAnalysis(ModelAnalysis):
     def _analyze(self) -> Statistics:
         if self._stats is None:
             model = self._model_memory()
-            counts: dict[str, Counter[str]] = {name: Counter() for name in self._names.canonical}
-            for name, table in activation_bytes(model).items():
-                counts.setdefault(name, Counter()).update(table)
-            dtypes = activation_dtypes(model)
-            unsupported: dict[str, Counter[str]] = {name: Counter() for name in counts}
+            counts = activation_bytes(model)
             uncalled = _Ancestors(self.trace, "owner").uncalled(self._names)
-            self._stats = Statistics(counts, {"forward": counts}, dtypes, unsupported, uncalled)
+            self._stats = Statistics(counts, {"forward": counts}, activation_dtypes(model), {}, uncalled)
         return self._stats

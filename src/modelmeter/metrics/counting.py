@@ -24,7 +24,8 @@ HandleTable = Mapping[str, "Handle | CountInside | None"]
 @dataclass
 class Statistics:
     """Per canonical module name: counts by operator (all phases, and per phase), by the dtype the work was
-    done in, the unsupported operators, and the uncalled modules."""
+    done in, the unsupported operators, and the uncalled modules. A module with nothing to count is absent
+    from the tables (read them with ``.get``)."""
 
     counts: dict[str, Counter[str]]
     by_phase: dict[str, dict[str, Counter[str]]]
@@ -51,8 +52,8 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     a handle cost ``elementwise`` (free when it is None). Each count is also kept under the event's phase
     and under the dtype the work was done in (see :func:`work_dtype`).
     """
-    tally = _Tally(names, {p: {} for p in phases})
-    unsupported: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
+    tally = _Tally({p: {} for p in phases})
+    unsupported: dict[str, Counter[str]] = {}
     ancestors = _Ancestors(trace, ancestor_mode)
     children = trace.children()
     events = trace.events
@@ -68,7 +69,7 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
                 if event.origin not in covered:
                     covered.add(event.origin)
                     tally.add(event, ancestors(event.scope),
-                              _as_counter(origin.op, whole(origin.inputs, origin.outputs)), into)
+                              _as_items(origin.op, whole(origin.inputs, origin.outputs)), into)
                 return
         handle = handles.get(event.op, _MISSING)
         if handle is None:
@@ -79,7 +80,7 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
             inside: Counter[str] = Counter()
             for child in children[index]:
                 visit(child, None, inside)
-            tally.add(event, ancestors(event.scope), Counter({handle.key: sum(inside.values())}), into)
+            tally.add(event, ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
             return
         if handle is _MISSING:
             if event.level == "function":
@@ -99,7 +100,7 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
                 return
             else:
                 return
-        tally.add(event, ancestors(event.scope), _as_counter(event.op, handle(event.inputs, event.outputs)), into)
+        tally.add(event, ancestors(event.scope), _as_items(event.op, handle(event.inputs, event.outputs)), into)
 
     for root in children[-1]:
         if events[root].phase in tally.by_phase:
@@ -123,32 +124,44 @@ def work_dtype(event: OpEvent) -> str:
 class _Tally:
     """Counts by phase, module and operator, and by module and dtype."""
 
-    def __init__(self, names: ModuleNames, by_phase: dict[str, dict[str, Counter[str]]]) -> None:
-        self.names = names
+    def __init__(self, by_phase: dict[str, dict[str, Counter[str]]]) -> None:
         self.by_phase = by_phase
-        self.dtypes: dict[str, Counter[str]] = {name: Counter() for name in names.canonical}
+        self.dtypes: dict[str, Counter[str]] = {}
 
-    def add(self, event: OpEvent, modules: set[str], value: Counter[str], into: Counter[str] | None) -> None:
+    def add(self, event: OpEvent, modules: set[str], items: list[tuple[str, Any]], into: Counter[str] | None
+            ) -> None:
+        """Add ``items`` ((operator key, count) pairs) to every module of ``modules``, or into ``into``."""
         if into is not None:
-            into.update(value)
+            for key, count in items:
+                into[key] += count
             return
         table = self.by_phase[event.phase]
-        items = list(value.items())
         total = sum(v for _, v in items)
         dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)
             if counter is None:
                 counter = table[module] = Counter()
-            for key, count in items:  # Counter.update, without its per-call Mapping check
+            for key, count in items:
                 counter[key] = counter.get(key, 0) + count
-            self.dtypes.setdefault(module, Counter())[dtype] += total
+            dtypes = self.dtypes.get(module)
+            if dtypes is None:
+                dtypes = self.dtypes[module] = Counter()
+            dtypes[dtype] = dtypes.get(dtype, 0) + total
 
     def totals(self) -> dict[str, Counter[str]]:
-        out: dict[str, Counter[str]] = {name: Counter() for name in self.names.canonical}
-        for table in self.by_phase.values():
+        """Counts of all phases together, per module that has any (one phase's table is its own total)."""
+        tables = [table for table in self.by_phase.values() if table]
+        if len(tables) == 1:
+            return tables[0]
+        out: dict[str, Counter[str]] = {}
+        for table in tables:
             for module, counter in table.items():
-                out.setdefault(module, Counter()).update(counter)
+                total = out.get(module)
+                if total is None:
+                    out[module] = Counter(counter)
+                else:
+                    total.update(counter)
         return out
 
 
@@ -158,13 +171,24 @@ def _integer_only(outputs: list[Any]) -> bool:
     return bool(tensors) and not any(t.is_floating_point for t in tensors)
 
 
-def _as_counter(op: str, value: Any) -> Counter[str]:
+def _as_items(op: str, value: Any) -> list[tuple[str, Any]]:
+    """A handle's value as (operator key, count) pairs, each count checked."""
     if isinstance(value, Counter):
         for v in value.values():
             _check_number(op, v)
-        return value
+        return list(value.items())
     _check_number(op, value)
-    return Counter({op.split("::", 1)[-1]: value})
+    return [(_short_name(op), value)]
+
+
+def _short_name(op: str) -> str:
+    name = _SHORT.get(op)
+    if name is None:
+        name = _SHORT[op] = op.split("::", 1)[-1]
+    return name
+
+
+_SHORT: dict[str, str] = {}
 
 
 def _check_number(op: str, value: Any) -> None:
