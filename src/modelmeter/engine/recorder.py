@@ -310,6 +310,13 @@ class DispatchRecorder(TorchDispatchMode):
         super().__init__()
         self.recorder = recorder
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No guard against torch.compile around each operator: a recorded run is eager (compiled wrappers are
+        made transparent), and the guard costs microseconds per operator — and a second to import
+        ``torch._dynamo`` on its first use in a process."""
+        return False
+
     def __torch_dispatch__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}

@@ -439,7 +439,8 @@ class _ModelState:
 
     def restore(self) -> None:
         for module, flag in self.training:
-            module.training = flag
+            if module.training is not flag:  # Module.__setattr__ is slow, and almost never needed here
+                module.training = flag
         for param, flag, grad in self.params:
             if param.requires_grad != flag:
                 param.requires_grad_(flag)
