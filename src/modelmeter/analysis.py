@@ -74,7 +74,7 @@ class ModelAnalysis:
         self._cache = cache
         self._cache_dir = cache_dir
         self._trace_was_cached = False
-        self._names = ModuleNames(model)
+        self._module_names: ModuleNames | None = None  # made on first use; analyses of one Analysis share them
         self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)
         self._elementwise: Handle | None = None
         self._trace: Trace | None = trace
@@ -83,6 +83,12 @@ class ModelAnalysis:
         self._warn_unsupported = True
         self._warn_uncalled = True
         self._tracer_warnings = "no_tracer_warning"
+
+    @property
+    def _names(self) -> ModuleNames:
+        if self._module_names is None:
+            self._module_names = ModuleNames(self._model)
+        return self._module_names
 
     # results ---------------------------------------------------------------------------------
     def total(self, module_name: str = "") -> int:
@@ -393,6 +399,7 @@ class Analysis:
             self.flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
         trace = self.flops.trace
         self.activations = ActivationCountAnalysis(model, inputs, execution=execution, trace=trace)
+        self.activations._module_names = self.flops._names  # one model, one walk of its modules
         # Activation handles count only a few operators, and uncalled modules are the flops' to report.
         self.activations.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
         self.memory: MemoryAnalysis | None = None
@@ -402,6 +409,7 @@ class Analysis:
             self.memory = MemoryAnalysis(model, inputs, training=backward, optimizer=optimizer,
                                          state_dtype=state_dtype, foreach=foreach, loss_fn=loss_fn,
                                          execution=execution, trace=trace)
+            self.memory._module_names = self.flops._names
 
     @property
     def trace(self) -> Trace:

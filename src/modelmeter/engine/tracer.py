@@ -388,6 +388,10 @@ class _MetaStandIn:
         return meta
 
 
+# The attributes every nn.Module has (flags, tables, hook dictionaries): never a tensor to stand in for.
+_MODULE_KEYS = frozenset(nn.Module().__dict__)
+
+
 class _SwappedState:
     """Replace every parameter, buffer and plain tensor attribute by a stand-in for the run, and put
     the originals back.
@@ -406,11 +410,13 @@ class _SwappedState:
     def __enter__(self) -> _SwappedState:
         made: dict[int, torch.Tensor] = {}
         for module in self.parts.modules:
-            tables: list[dict[str, Any]] = [module._buffers, module.__dict__]
+            attributes = sorted(module.__dict__.keys() - _MODULE_KEYS)  # the few a module class adds
+            tables: list[tuple[dict[str, Any], Any]] = [(module._buffers, module._buffers.keys()),
+                                                        (module.__dict__, attributes)]
             if not self.keep_parameters:
-                tables.insert(0, module._parameters)
-            for table in tables:
-                for name, tensor in [(k, v) for k, v in table.items() if isinstance(v, torch.Tensor)]:
+                tables.insert(0, (module._parameters, module._parameters.keys()))
+            for table, keys in tables:
+                for name, tensor in [(k, table[k]) for k in keys if isinstance(table[k], torch.Tensor)]:
                     self.saved.append((table, name, tensor))
                     if id(tensor) not in made:
                         made[id(tensor)] = self.make(tensor)
