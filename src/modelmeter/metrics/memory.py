@@ -74,7 +74,8 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
     if state_dtype is not None:
         state_dtype = str(state_dtype).removeprefix("torch.")
         if state_dtype not in _ITEMSIZE:
-            raise ValueError(f"state_dtype must be a floating-point dtype such as 'float32'; got {state_dtype!r}")
+            raise ValueError(f"state_dtype must be one of {', '.join(_ITEMSIZE)} (8-bit types for 8-bit optimizer "
+                             f"states); got {state_dtype!r}")
     return replace(spec, foreach=spec.foreach if foreach is None else foreach,
                    state_dtype=state_dtype or spec.state_dtype)
 
