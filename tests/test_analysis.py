@@ -15,6 +15,7 @@ from modelmeter import (
     Args,
     FlopCountAnalysis,
     ModelRunError,
+    TensorMeta,
     activation_count,
     flop_count,
     parameter_count,
@@ -509,3 +510,23 @@ def test_meta_models_run_on_meta_tensors_and_fall_back_to_fake_ones() -> None:
     assert FlopCountAnalysis(plain, torch.randn(2, 4)).total() == 2 * 16
     assert seen == [torch.Tensor]  # a plain meta tensor, no FakeTensor conversion
     assert FlopCountAnalysis(missing, torch.randn(2, 4)).total() == 2 * 16  # retried under FakeTensors
+
+
+def test_a_cpu_model_the_meta_run_cannot_finish_runs_on_fake_tensors() -> None:
+    """A model that mixes in a CPU tensor of its own cannot run on meta stand-ins (meta and CPU operands do not
+    mix): it is recorded on FakeTensors instead, with the same counts as a real run and no assumption."""
+
+    class OwnOffsets(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + torch.ones(8, 8)  # a CPU tensor made in forward, not an input or a buffer
+
+    model, x = OwnOffsets(), torch.randn(8, 8)
+    fake = FlopCountAnalysis(model, x)
+    real = FlopCountAnalysis(model, x, execution="real")
+    assert fake.trace.execution == "fake" and fake.assumptions() == []
+    assert fake.by_module_and_operator() == real.by_module_and_operator()
+    assert all(m.device == "cpu" for e in fake.trace.events for m in e.outputs if isinstance(m, TensorMeta))

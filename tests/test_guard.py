@@ -151,10 +151,16 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[
     return out, err
 
 
-def test_command_saves_checks_and_names_what_grew(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding ``m.py`` (MODEL_FILE), so ``m.py:build`` names the model."""
     monkeypatch.chdir(tmp_path)
     Path("m.py").write_text(MODEL_FILE)
+    return tmp_path
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_command_saves_checks_and_names_what_grew(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "m.py:build", "--save-baseline", "costs.json")
     cli(capsys, "resnet18", "--resolution", "32", "--save-baseline", "costs.json")
     assert set(BaselineFile.load("costs.json").entries) == {"m.py:build", "resnet18"}
@@ -171,20 +177,16 @@ def test_command_saves_checks_and_names_what_grew(tmp_path: Path, capsys: pytest
     assert "m.py:build: within its baseline" in out and "resnet18: within its baseline" in out
 
 
-def test_command_check_all_fails_when_one_model_grew(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    Path("m.py").write_text(MODEL_FILE)
+@pytest.mark.usefixtures("model_dir")
+def test_command_check_all_fails_when_one_model_grew(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "m.py:build", "--save-baseline", "costs.json")
     Path("m.py").write_text(MODEL_FILE.replace("range(int(extra))", "range(int(extra) + 1)"))
     out, _ = cli(capsys, "--check-baseline", "costs.json", "--tolerance", "1%", "--jobs", "1", code=1)
     assert "m.py:build: over its baseline (tolerance 1.00%)" in out and "module '2'" in out
 
 
-def test_command_budget_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    Path("m.py").write_text(MODEL_FILE)
+@pytest.mark.usefixtures("model_dir")
+def test_command_budget_and_diff(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "m.py:build", "--budget", "flops=2K,params=1M")
     _, err = cli(capsys, "m.py:build", "--budget", "flops=1K,params=100", code=1)
     assert "over budget: m.py:build: flops: 1.28K" in err and "params: 0.676K" in err
@@ -228,10 +230,8 @@ def test_peak_memory_budget_is_the_runs_peak_even_in_the_optimizers_step() -> No
     assert str(over).endswith(f"by 2KiB (+{100 * 2048 / (peak - 2048):.1f}%)")
 
 
-def test_command_keeps_the_memory_options_in_the_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    Path("m.py").write_text(MODEL_FILE)
+@pytest.mark.usefixtures("model_dir")
+def test_command_keeps_the_memory_options_in_the_baseline(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "m.py:build", "--optimizer", "adamw", "--state-dtype", "bfloat16", "--foreach",
         "--save-baseline", "costs.json")
     entry = BaselineFile.load("costs.json").entries["m.py:build"]

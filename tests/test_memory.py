@@ -314,3 +314,13 @@ def test_real_models_within_tolerance_of_the_allocator(name: str) -> None:
             assert abs(meta - predicted) <= 1e-4 * predicted, (name, batch, training, meta, predicted)
             for p in model.parameters():
                 p.grad = None
+
+
+@pytest.mark.parametrize("training,optimizer", [(False, None), (True, None), (True, "sgd"), (True, "adamw")])
+def test_the_peak_is_the_highest_point_of_the_timeline(training: bool, optimizer: str | None) -> None:
+    model = CheckpointedMLP(True)
+    mem = MemoryAnalysis(model, torch.randn(8, 16), training=training, optimizer=optimizer)
+    points = mem.timeline()
+    first_highest = max(points, key=lambda p: p.live)  # max() keeps the first of equal points
+    assert mem.peak_info().at == first_highest and mem.peak() == first_highest.live
+    assert mem.module_peaks()[""] == mem.peak()

@@ -168,9 +168,10 @@ class MemoryModel:
             return f"{events[ev.origin].op.split('::', 1)[-1]} backward"
         return ev.op.split("::", 1)[-1]
 
-    def point(self, event: int) -> Point:
+    def point(self, event: int, extra: int = 0) -> Point:
+        """The point of ``event``, with ``extra`` bytes live besides the run's (the optimizer's state)."""
         ev = self.trace.events[event]
-        return Point(event, ev.phase, self.module(event), self.operator(event), self.live[event])
+        return Point(event, ev.phase, self.module(event), self.operator(event), self.live[event] + extra)
 
     def modules_of(self, scope: int) -> set[str]:
         return self._ancestors(scope)
@@ -187,30 +188,39 @@ class MemoryModel:
 def timeline(model: MemoryModel, spec: OptimizerSpec | None = None) -> list[Point]:
     """Live bytes during every dispatched operator, in run order, plus the optimizer's step when ``spec``
     is given (the optimizer's state is live throughout a training step)."""
-    trace = model.trace
-    state, temporary = optimizer_bytes(trace, spec) if spec is not None else (0, 0)
-    points = [Point(i, ev.phase, model.module(i), model.operator(i), model.live[i] + state)
-              for i, ev in enumerate(trace.events) if ev.level == "dispatch"]
+    state, temporary = optimizer_bytes(model.trace, spec) if spec is not None else (0, 0)
+    points = [model.point(i, state) for i in _dispatched(model)]
     if spec is not None:
-        points.append(Point(len(trace.events), OPTIMIZER_PHASE, "", f"{spec.name}.step",
-                            model.at_end + state + temporary))
+        points.append(_step(model, spec, state + temporary))
     return points
 
 
 def peak(model: MemoryModel, spec: OptimizerSpec | None = None) -> Peak:
-    """The highest point of the timeline (the first, when several are equal) and its make-up."""
-    points = timeline(model, spec)
-    if not points:
-        start = Point(-1, "forward", "", "", model.resident)
-        return Peak(model.resident, start, model.live_by_kind(-1))
-    top = max(points, key=lambda p: p.live)
+    """The highest point of the timeline (the first, when several are equal) and its make-up; found without
+    building the timeline."""
+    state, temporary = optimizer_bytes(model.trace, spec) if spec is not None else (0, 0)
+    busiest = max(_dispatched(model), key=model.live.__getitem__, default=None)
+    if spec is not None and (busiest is None or model.at_end + temporary > model.live[busiest]):
+        top = _step(model, spec, state + temporary)
+    elif busiest is not None:
+        top = model.point(busiest, state)
+    else:
+        top = Point(-1, "forward", "", "", model.resident)
     by_kind = model.live_by_kind(top.event)
     if spec is not None:
-        state, temporary = optimizer_bytes(model.trace, spec)
         by_kind["optimizer_state"] = state
         if top.phase == OPTIMIZER_PHASE:
             by_kind["optimizer_temporary"] = temporary
     return Peak(top.live, top, {k: v for k, v in by_kind.items() if v})
+
+
+def _dispatched(model: MemoryModel) -> list[int]:
+    return [i for i, ev in enumerate(model.trace.events) if ev.level == "dispatch"]
+
+
+def _step(model: MemoryModel, spec: OptimizerSpec, extra: int) -> Point:
+    """The optimizer's step, after the last event: what outlives the run, plus ``extra`` bytes."""
+    return Point(len(model.trace.events), OPTIMIZER_PHASE, "", f"{spec.name}.step", model.at_end + extra)
 
 
 def module_peaks(model: MemoryModel, spec: OptimizerSpec | None = None) -> Counter[str]:
