@@ -224,6 +224,29 @@ def test_parameter_count_counts_shared_parameters_once() -> None:
     assert shared[""] == 90200 and shared["conv2"] == 100 and "conv2.weight" not in shared
 
 
+def _parameter_count_by_definition(model: nn.Module) -> dict[str, int]:
+    """fvcore's definition: every prefix of every name ``named_parameters()`` yields, in its order."""
+    counts: dict[str, int] = {}
+    for name, param in model.named_parameters():
+        parts = name.split(".")
+        for key in ["", *(".".join(parts[:i]) for i in range(1, len(parts) + 1))]:
+            counts[key] = counts.get(key, 0) + param.numel()
+    return counts
+
+
+def test_parameter_count_is_named_parameters_by_prefix_in_its_order() -> None:
+    shared = nn.Linear(3, 4)
+    tied = nn.Linear(4, 4)
+    tied.weight = shared.weight  # a parameter shared by two modules: under its first name
+    model = nn.Sequential(shared, nn.Sequential(shared, tied, nn.ReLU()), nn.ModuleDict({"z": nn.Linear(0, 2)}))
+    model.register_parameter("own", nn.Parameter(torch.ones(5)))
+    model[1].register_parameter("empty", None)
+    counts = parameter_count(model)
+    expected = _parameter_count_by_definition(model)
+    assert list(counts.items()) == list(expected.items())
+    assert counts["1.1"] == 4 and "1.0" not in counts and counts["2.z.bias"] == 2 and counts["own"] == 5
+
+
 class KwargsModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -27,10 +27,12 @@ class ModuleNames:
         self.by_id: dict[int, str] = {}
         self.aliases: dict[str, str] = {}
         self.canonical: list[str] = []
+        self.modules: dict[str, nn.Module] = {}  # canonical name -> module, in ``named_modules()`` order
         for name, module in named_modules_with_dup(model):
             canonical = self.by_id.setdefault(id(module), name)
             if canonical == name:
                 self.canonical.append(name)
+                self.modules[name] = module
             self.aliases[name] = canonical
             if "/" in name:
                 self.aliases.setdefault(name.rsplit("/", 1)[1], canonical)

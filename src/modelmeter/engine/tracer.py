@@ -409,18 +409,23 @@ class _SwappedState:
 
     def __enter__(self) -> _SwappedState:
         made: dict[int, torch.Tensor] = {}
+        saved, make, swap_parameters = self.saved, self.make, not self.keep_parameters
         for module in self.parts.modules:
-            attributes = sorted(module.__dict__.keys() - _MODULE_KEYS)  # the few a module class adds
-            tables: list[tuple[dict[str, Any], Any]] = [(module._buffers, module._buffers.keys()),
-                                                        (module.__dict__, attributes)]
-            if not self.keep_parameters:
-                tables.insert(0, (module._parameters, module._parameters.keys()))
-            for table, keys in tables:
-                for name, tensor in [(k, table[k]) for k in keys if isinstance(table[k], torch.Tensor)]:
-                    self.saved.append((table, name, tensor))
-                    if id(tensor) not in made:
-                        made[id(tensor)] = self.make(tensor)
-                    table[name] = made[id(tensor)]
+            attributes = module.__dict__
+            tables: list[dict[str, Any]] = \
+                [module._parameters, module._buffers] if swap_parameters else [module._buffers]
+            for table in tables:
+                for name, tensor in table.items():
+                    if tensor is not None:
+                        saved.append((table, name, tensor))
+            for name in attributes.keys() - _MODULE_KEYS:  # the few a module class adds
+                if isinstance(attributes[name], torch.Tensor):
+                    saved.append((attributes, name, attributes[name]))
+        for table, name, tensor in saved:
+            stand_in = made.get(id(tensor))
+            if stand_in is None:
+                stand_in = made[id(tensor)] = make(tensor)
+            table[name] = stand_in
         return self
 
     def __exit__(self, *_: Any) -> None:

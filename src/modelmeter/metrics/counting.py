@@ -25,11 +25,11 @@ HandleTable = Mapping[str, "Handle | CountInside | None"]
 class Statistics:
     """Per canonical module name: counts by operator (all phases, and per phase), by the dtype the work was
     done in, the unsupported operators, and the uncalled modules. A module with nothing to count is absent
-    from the tables (read them with ``.get``)."""
+    from the tables (read them with ``.get``); the count tables are plain dicts (made by the thousand)."""
 
-    counts: dict[str, Counter[str]]
-    by_phase: dict[str, dict[str, Counter[str]]]
-    dtypes: dict[str, Counter[str]]
+    counts: Mapping[str, Mapping[str, Any]]
+    by_phase: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    dtypes: Mapping[str, Mapping[str, Any]]
     unsupported: dict[str, Counter[str]]
     uncalled: set[str]
 
@@ -124,44 +124,45 @@ def work_dtype(event: OpEvent) -> str:
 class _Tally:
     """Counts by phase, module and operator, and by module and dtype."""
 
-    def __init__(self, by_phase: dict[str, dict[str, Counter[str]]]) -> None:
+    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]]) -> None:
         self.by_phase = by_phase
-        self.dtypes: dict[str, Counter[str]] = {}
+        self.dtypes: dict[str, dict[str, Any]] = {}
 
-    def add(self, event: OpEvent, modules: set[str], items: list[tuple[str, Any]], into: Counter[str] | None
-            ) -> None:
+    def add(self, event: OpEvent, modules: Collection[str], items: list[tuple[str, Any]],
+            into: Counter[str] | None) -> None:
         """Add ``items`` ((operator key, count) pairs) to every module of ``modules``, or into ``into``."""
         if into is not None:
             for key, count in items:
                 into[key] += count
             return
-        table = self.by_phase[event.phase]
-        total = sum(v for _, v in items)
+        table, dtypes = self.by_phase[event.phase], self.dtypes
+        total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
         dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)
             if counter is None:
-                counter = table[module] = Counter()
+                counter = table[module] = {}
             for key, count in items:
                 counter[key] = counter.get(key, 0) + count
-            dtypes = self.dtypes.get(module)
-            if dtypes is None:
-                dtypes = self.dtypes[module] = Counter()
-            dtypes[dtype] = dtypes.get(dtype, 0) + total
+            by_dtype = dtypes.get(module)
+            if by_dtype is None:
+                by_dtype = dtypes[module] = {}
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + total
 
-    def totals(self) -> dict[str, Counter[str]]:
+    def totals(self) -> dict[str, dict[str, Any]]:
         """Counts of all phases together, per module that has any (one phase's table is its own total)."""
         tables = [table for table in self.by_phase.values() if table]
         if len(tables) == 1:
             return tables[0]
-        out: dict[str, Counter[str]] = {}
+        out: dict[str, dict[str, Any]] = {}
         for table in tables:
             for module, counter in table.items():
                 total = out.get(module)
                 if total is None:
-                    out[module] = Counter(counter)
+                    out[module] = dict(counter)
                 else:
-                    total.update(counter)
+                    for key, count in counter.items():
+                        total[key] = total.get(key, 0) + count
         return out
 
 
@@ -204,13 +205,13 @@ class _Ancestors:
     def __init__(self, trace: Trace, mode: AncestorMode) -> None:
         self.trace = trace
         self.mode = mode
-        self.cache: dict[int, set[str]] = {}
+        self.cache: dict[int, frozenset[str]] = {}
 
-    def __call__(self, scope: int) -> set[str]:
+    def __call__(self, scope: int) -> frozenset[str]:
         found = self.cache.get(scope)
         if found is None:
             stack = self.trace.scopes[scope]
-            found = {"", *stack} if self.mode == "caller" else _prefixes(stack[-1] if stack else "")
+            found = frozenset(("", *stack)) if self.mode == "caller" else _prefixes(stack[-1] if stack else "")
             self.cache[scope] = found
         return found
 
@@ -218,14 +219,21 @@ class _Ancestors:
         seen = set(self.trace.called)
         if self.mode == "owner":
             for name in self.trace.called:
-                seen |= _prefixes(name)
+                seen.update(_prefixes(name))
         return set(names.canonical) - seen
 
 
-def _prefixes(name: str) -> set[str]:
-    """``"a.b.c"`` -> ``{"", "a", "a.b", "a.b.c"}``."""
-    out = {""}
-    parts = name.split(".") if name else []
-    for i in range(1, len(parts) + 1):
-        out.add(".".join(parts[:i]))
-    return out
+def _prefixes(name: str) -> frozenset[str]:
+    """``"a.b.c"`` -> ``{"", "a", "a.b", "a.b.c"}`` (remembered: the same names come back run after run)."""
+    found = _PREFIXES.get(name)
+    if found is None:
+        if len(_PREFIXES) > _PREFIXES_LIMIT:
+            _PREFIXES.clear()
+        parent = _prefixes(name.rpartition(".")[0]) if "." in name else _ROOT
+        found = _PREFIXES[name] = parent | {name}
+    return found
+
+
+_ROOT = frozenset({""})
+_PREFIXES: dict[str, frozenset[str]] = {"": _ROOT}
+_PREFIXES_LIMIT = 1 << 17

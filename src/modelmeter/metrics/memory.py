@@ -173,7 +173,7 @@ class MemoryModel:
         ev = self.trace.events[event]
         return Point(event, ev.phase, self.module(event), self.operator(event), self.live[event] + extra)
 
-    def modules_of(self, scope: int) -> set[str]:
+    def modules_of(self, scope: int) -> frozenset[str]:
         return self._ancestors(scope)
 
     def live_by_kind(self, event: int) -> dict[str, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from torch import nn
 
 from .._gc import no_gc
 from ..analysis import ModelAnalysis
-from ..metrics.parameters import parameter_count
+from ..metrics.parameters import count_by_prefix
 
 if TYPE_CHECKING:
     from ..memory import MemoryAnalysis
@@ -133,8 +134,9 @@ def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: 
 def _build(model: nn.Module, analyses: dict[str, ModelAnalysis], name: str | None,
            memory: MemoryAnalysis | None) -> Result:
     first = next(iter(analyses.values()))
-    params = parameter_count(model)
-    per_metric: dict[str, dict[str, Counter[str]]] = {}
+    names = first._names
+    params = count_by_prefix(names.modules.items())  # parameter_count(model), from the names already walked
+    per_metric: dict[str, Mapping[str, Mapping[str, Any]]] = {}
     for metric, analysis in analyses.items():  # after a backward pass, each metric is followed by its phases
         stats = analysis._analyze()  # the analysis's own tables, read here without copies
         per_metric[metric] = stats.counts
@@ -149,20 +151,15 @@ def _build(model: nn.Module, analyses: dict[str, ModelAnalysis], name: str | Non
         peaks = memory.module_peaks()
     metrics = list(per_metric) + (["peak_memory"] if memory is not None else [])
     uncalled = first.uncalled_modules()
-    modules = dict(model.named_modules())  # each module under its first path: its canonical name
-    empty: Counter[str] = Counter()
+    empty: dict[str, Any] = {}
     rows = []
-    for module_name in first._names.canonical:
-        tables = {metric: table.get(module_name, empty) for metric, table in per_metric.items()}
-        rows.append(ModuleRow(
-            name=module_name,
-            type=type(modules[module_name]).__name__,
-            params=params.get(module_name, 0),
-            metrics={metric: sum(tables[metric].values()) if metric in tables else peaks.get(module_name, 0)
-                     for metric in metrics},
-            by_operator={metric: dict(table) for metric, table in tables.items()},
-            called=module_name not in uncalled,
-        ))
+    for module_name, module in names.modules.items():
+        by_operator = {metric: dict(table.get(module_name, empty)) for metric, table in per_metric.items()}
+        values = {metric: sum(ops.values()) for metric, ops in by_operator.items()}
+        if memory is not None:
+            values["peak_memory"] = peaks.get(module_name, 0)
+        rows.append(ModuleRow(module_name, type(module).__name__, params.get(module_name, 0), values, by_operator,
+                              module_name not in uncalled))
     trace = first.trace
     return Result(
         model=name or type(model).__name__,
