@@ -6,6 +6,9 @@ allocator (tests/memory_oracle.py: torch.profiler's allocation events, replayed 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +51,16 @@ def test_inference_peak_by_hand() -> None:
     assert mem.saved_for_backward() == 0
     live = [p.live for p in mem.timeline()]
     assert max(live) == mem.peak() and live[-1] == resident + 3 * 2 * F32 + 3 * 8 * F32
+
+
+def test_first_analysis_of_a_process_sees_the_same_lifetimes() -> None:
+    """PyTorch's first meta ReLU imports torch._dynamo, whose module code keeps frames in a reference cycle (with the
+    model's tensors in them): in a fresh process the peak must still be the hand-computed one."""
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); from test_memory import mlp; "
+            "from modelmeter import MemoryAnalysis; print(MemoryAnalysis(mlp(), torch.randn(3, 4)).peak())")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                          timeout=300, check=True)
+    assert int(done.stdout.split()[-1]) == 280 + 2 * 3 * 8 * F32 == MemoryAnalysis(mlp(), torch.randn(3, 4)).peak()
 
 
 def test_views_and_in_place_allocate_nothing() -> None:

@@ -8,6 +8,8 @@ event refers to the stack it ran under.
 from __future__ import annotations
 
 import contextlib
+import gc
+import sys
 import types
 from typing import Any
 
@@ -114,6 +116,7 @@ class Recorder:
         self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
         self._noted_masks = False
         self.storages = StorageTracker(lambda: len(self.trace.events))
+        self.modules_loaded = len(sys.modules)
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self) -> int:
@@ -179,6 +182,15 @@ class Recorder:
             return tensor.detach()
         finally:
             self.paused = paused
+
+    def after_import(self) -> None:
+        """An operator imported modules (PyTorch's first call of some kernels imports ``torch._dynamo``). Module code
+        that keeps its own frame (``inspect.currentframe()`` in a local) makes a reference cycle holding the whole
+        call stack of the import — the model's tensors in its frames among it — which only the cyclic collector,
+        paused while recording, would free: collected now, so tensors die where the model drops them, the first
+        run of a process as every other."""
+        gc.collect()
+        self.modules_loaded = len(sys.modules)
 
     def finish_storages(self) -> None:
         """The run is over: what lives now outlives it."""
@@ -341,6 +353,8 @@ class DispatchRecorder(TorchDispatchMode):
         except BaseException:
             rec.note_failure(dispatch_op_name(func), "dispatch")
             raise
+        if len(sys.modules) != rec.modules_loaded:
+            rec.after_import()
         if shadows is not None and not rec.in_attention_call():
             shadows.propagate(func, args, kwargs, result)
         rec.add_dispatch(func, args, kwargs, result)

@@ -11,6 +11,7 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
@@ -67,7 +68,7 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
             execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    parts = _Parts(model)
+    parts = _Parts(names)
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
@@ -102,21 +103,22 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
 
 
 class _Parts:
-    """The model's modules, walked once per analysis (``model.parameters()`` walks them again each time, which
-    adds up for models of thousands of modules); its parameters and buffers as they are when asked — the
-    stand-ins during a run."""
+    """The model's modules (the ones ``names`` walked), its parameters and buffers as they were before the run,
+    and — while a run swaps them (:class:`_SwappedState`) — their stand-ins."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.modules = list(model.modules())
-
-    def parameters(self) -> list[torch.Tensor]:
-        return _unique(p for m in self.modules for p in m._parameters.values())
-
-    def buffers(self) -> list[torch.Tensor]:
-        return _unique(b for m in self.modules for b in m._buffers.values())
+    def __init__(self, names: ModuleNames) -> None:
+        self.modules = list(names.modules.values())
+        self.parameters = _unique(p for m in self.modules for p in m._parameters.values())
+        self.buffers = _unique(b for m in self.modules for b in m._buffers.values())
+        self.stand_ins: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, during a run
 
     def state(self) -> list[torch.Tensor]:
-        return [*self.parameters(), *self.buffers()]
+        return [*self.parameters, *self.buffers]
+
+    def running(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``tensors`` as the running model holds them: their stand-ins where they have one."""
+        stand_ins = self.stand_ins
+        return [stand_ins.get(id(t), t) for t in tensors]
 
 
 def _unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
@@ -221,9 +223,10 @@ class _Run:
         recorder.start_backward(loss)
         # backward() rather than autograd.grad(): a re-entrant activation checkpoint accepts nothing else. The
         # gradients it leaves on parameters and inputs are dropped again (see _Gradients).
-        with _Gradients([*self.parts.parameters(), *tensors_in((args, kwargs))]):
+        parameters = self.parts.running(self.parts.parameters)
+        with _Gradients([*parameters, *tensors_in((args, kwargs))]):
             loss.backward()
-            for param in self.parts.parameters():
+            for param in parameters:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
             recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
@@ -232,9 +235,9 @@ class _Run:
 def _note_existing_storages(recorder: Recorder, parts: _Parts, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> None:
     """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs."""
-    for tensor in parts.parameters():
+    for tensor in parts.running(parts.parameters):
         recorder.storages.existing(tensor, "parameter")
-    for tensor in parts.buffers():
+    for tensor in parts.running(parts.buffers):
         recorder.storages.existing(tensor, "buffer")
     for tensor in tensors_in((args, kwargs)):
         recorder.storages.existing(tensor, "input")
@@ -263,12 +266,11 @@ class _Gradients:
 @contextlib.contextmanager
 def _eager_flex_attention() -> Iterator[None]:
     """Run ``flex_attention`` as its plain higher-order operator while recording (torch otherwise compiles a
-    wrapper around it, which would not run under the recorders); the recorder counts the call as a whole."""
-    try:
-        from torch.nn.attention import flex_attention as flex
-    except ImportError:  # an older torch without flex_attention
-        yield
-        return
+    wrapper around it, which would not run under the recorders); the recorder counts the call as a whole.
+
+    Only where the module is imported already (a model that calls ``flex_attention`` has imported it): importing
+    it pulls in ``torch._dynamo``, sympy and triton, seconds in a fresh process."""
+    flex = sys.modules.get("torch.nn.attention.flex_attention")
     flag = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
     before = getattr(flex, flag, None)
     if before is None:
@@ -380,9 +382,11 @@ class _MetaStandIn:
         self.shadows = shadows
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-        if tensor.requires_grad:
-            meta.requires_grad_(True)
+        if tensor.is_contiguous():  # the common case, and the quicker call
+            meta = torch.empty_like(tensor, device="meta", requires_grad=tensor.requires_grad)
+        else:
+            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+            meta.requires_grad_(tensor.requires_grad)
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(meta, tensor)
         return meta
@@ -426,11 +430,13 @@ class _SwappedState:
             if stand_in is None:
                 stand_in = made[id(tensor)] = make(tensor)
             table[name] = stand_in
+        self.parts.stand_ins = made
         return self
 
     def __exit__(self, *_: Any) -> None:
         for table, name, tensor in reversed(self.saved):
             table[name] = tensor
+        self.parts.stand_ins = {}
 
 
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -446,7 +452,7 @@ class _ModelState:
 
     def __init__(self, parts: _Parts) -> None:
         self.training = [(m, m.training) for m in parts.modules]
-        self.params = [(p, p.requires_grad, p.grad) for p in parts.parameters()]
+        self.params = [(p, p.requires_grad, p.grad) for p in parts.parameters]
 
     def restore(self) -> None:
         for module, flag in self.training:
