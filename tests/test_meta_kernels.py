@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -58,7 +59,21 @@ def test_batch_norm_keeps_the_slow_path_where_not_verified() -> None:
     assert fast_meta_kernel(BATCH_NORM, (strided, None, None, None, None, True, 0.1, 1e-5)) is None
     fake_cpu = torch.empty(2, 3, 4, 4)  # a real tensor: its own kernel
     assert fast_meta_kernel(BATCH_NORM, (fake_cpu, None, None, None, None, True, 0.1, 1e-5)) is None
-    assert fast_meta_kernel(torch.ops.aten.relu.default, (torch.empty(2, device="meta"),)) is None
+    assert fast_meta_kernel(torch.ops.aten.cumsum.default, (torch.empty(2, device="meta"), 0)) is None
+
+
+_aten = torch.ops.aten
+# element-wise operators with a direct kernel, and the scalars they are called with
+UNARY: list[tuple[Any, tuple[object, ...]]] = [
+    *((op, ()) for op in (_aten.relu.default, _aten.silu.default, _aten.sigmoid.default, _aten.tanh.default,
+                          _aten.neg.default, _aten.exp.default, _aten.log.default, _aten.sqrt.default,
+                          _aten.rsqrt.default, _aten.reciprocal.default, _aten.abs.default, _aten.sin.default,
+                          _aten.cos.default, _aten.erf.default, _aten.hardswish.default, _aten.hardsigmoid.default,
+                          _aten.mish.default)),
+    (_aten.hardtanh.default, (-2.0, 2.0)), (_aten.leaky_relu.default, (0.1,)), (_aten.elu.default, (1.0,)),
+    (_aten.softplus.default, (1, 20)), (_aten.pow.Tensor_Scalar, (2,)), (_aten.pow.Tensor_Scalar, (0.5,)),
+    (_aten.clamp.default, (-1.0, 1.0)),
+]
 
 
 def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
@@ -69,7 +84,9 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
         x = torch.randn(2, 5, 8, dtype=dtype)
         for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1)),
                          ("channels_last", torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last))):
-            cases += [(f"gelu {label} {dtype}", aten.gelu.default, (t,), {}),
+            cases += [(f"{op.__name__} {label} {dtype}", op, (t, *scalars), {}) for op, scalars in UNARY]
+            cases += [(f"div {label} {dtype}", aten.div.Tensor, (t, t.clone()), {}),
+                      (f"gelu {label} {dtype}", aten.gelu.default, (t,), {}),
                       (f"gelu tanh {label} {dtype}", aten.gelu.default, (t,), {"approximate": "tanh"}),
                       (f"add {label} {dtype}", aten.add.Tensor, (t, t.clone()), {"alpha": 2}),
                       (f"sub {label} {dtype}", aten.sub.Tensor, (t, t.clone()), {}),
@@ -121,6 +138,10 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.add.Tensor, (a, row)) is None  # broadcasting
     assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
     assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
+    integers = torch.empty(4, 3, dtype=torch.long, device="meta")
+    assert fast_meta_kernel(aten.relu.default, (integers,)) is None  # only floating point is verified
+    assert fast_meta_kernel(aten.div.Tensor, (integers, integers)) is None  # a true division makes floats
+    assert fast_meta_kernel(aten.pow.Tensor_Scalar, (a, 2j)) is None  # a complex scalar makes complex numbers
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
     assert fast_meta_kernel(aten.native_layer_norm.default, (a, [4], None, None, 1e-5)) is None
     channels_last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)

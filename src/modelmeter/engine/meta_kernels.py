@@ -131,11 +131,21 @@ def _unary_fits(args: tuple[Any, ...]) -> bool:
     return _plain_meta(args[0]) and args[0].is_floating_point() and _dense(args[0])
 
 
+def _with_scalars_fits(args: tuple[Any, ...]) -> bool:
+    """A dense floating-point tensor and real numbers (the scalars of ``hardtanh``, ``pow``, ``leaky_relu``)."""
+    return _unary_fits(args) and all(type(a) in (int, float, bool) for a in args[1:])
+
+
 def _same_operands(args: tuple[Any, ...]) -> bool:
     """Two tensors of one shape, dtype and layout (no broadcasting, no type promotion)."""
     a, b = args[0], args[1]
     return (_plain_meta(a) and _plain_meta(b) and a.shape == b.shape and a.dtype == b.dtype
             and a.stride() == b.stride() and _dense(a))
+
+
+def _same_float_operands(args: tuple[Any, ...]) -> bool:
+    """As :func:`_same_operands`, of a floating-point dtype (a true division of integers makes floats)."""
+    return _same_operands(args) and args[0].is_floating_point()
 
 
 def _roll_fits(args: tuple[Any, ...]) -> bool:
@@ -150,17 +160,30 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.native_batch_norm.default: (_batch_norm_fits, _batch_norm),
     _aten.native_layer_norm.default: (_layer_norm_fits, _layer_norm),
     _aten.addmm.default: (_addmm_fits, _addmm),
-    _aten.gelu.default: (_unary_fits, _like),
+    **{op: (_unary_fits, _like) for op in (
+        _aten.gelu.default, _aten.relu.default, _aten.silu.default, _aten.sigmoid.default, _aten.tanh.default,
+        _aten.neg.default, _aten.exp.default, _aten.log.default, _aten.sqrt.default, _aten.rsqrt.default,
+        _aten.reciprocal.default, _aten.abs.default, _aten.sin.default, _aten.cos.default, _aten.erf.default,
+        _aten.hardswish.default, _aten.hardsigmoid.default, _aten.mish.default)},
+    **{op: (_with_scalars_fits, _like) for op in (
+        _aten.hardtanh.default, _aten.leaky_relu.default, _aten.elu.default, _aten.softplus.default,
+        _aten.pow.Tensor_Scalar, _aten.clamp.default)},
     _aten.add.Tensor: (_same_operands, _like),
     _aten.sub.Tensor: (_same_operands, _like),
     _aten.mul.Tensor: (_same_operands, _like),
+    _aten.div.Tensor: (_same_float_operands, _like),
     _aten.roll.default: (_roll_fits, _contiguous_like),
 }
 
 
 def fast_meta_kernel(func: object, args: tuple[Any, ...]) -> Callable[..., Any] | None:
     """A direct implementation of ``func`` for these arguments when its meta kernel is slow, else None."""
-    entry = _DIRECT.get(func)
+    entry = direct_kernel(func)
     if entry is None or not entry[0](args):
         return None
     return entry[1]
+
+
+def direct_kernel(func: object) -> tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None:
+    """(test of the arguments, direct implementation) for an operator that has one, else None."""
+    return _DIRECT.get(func)

@@ -133,16 +133,17 @@ def _optional(argument: Any) -> bool:
     return "Optional" in str(argument.type) or str(argument.type).endswith("?")
 
 
-def bind_by_name(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Place a user-level call's arguments by the schema of the aten operator of the same name.
+def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Place the arguments of a user-level call of ``op`` (``"aten::linear"``) by the schema of that aten operator.
 
     Returns the positional list and whatever keyword arguments no schema could place (for calls
     with no aten counterpart, such as ``F.interpolate``).
     """
-    key = (name, len(args), tuple(kwargs))
+    key = (op, len(args), tuple(kwargs))
     schema = _BOUND.get(key, _UNKNOWN)
     if schema is _UNKNOWN:  # which overload binds depends on the count of arguments and the keywords only
-        schema = _BOUND[key] = next((c for c in _overloads(name) if _binds(c, args, kwargs)), None)
+        schema = _BOUND[key] = next((c for c in _overloads(op.removeprefix("aten::")) if _binds(c, args, kwargs)),
+                                    None)
     if schema is not None:
         return place_arguments(schema, args, kwargs), {}
     return [describe(a) for a in args], {k: describe(v) for k, v in kwargs.items()}

@@ -11,7 +11,8 @@ import contextlib
 import gc
 import sys
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
-from .meta_kernels import fast_meta_kernel, fused_on_meta
+from .meta_kernels import direct_kernel, fused_on_meta
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .storages import StorageTracker
@@ -53,19 +54,7 @@ _NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.
 
 
 def function_op_name(func: Any) -> str | None:
-    """The aten-style name of a user-level call, or None for calls that are not operators (remembered per
-    function: the same few are called again and again)."""
-    try:
-        return _FUNCTION_NAMES[func]
-    except (KeyError, TypeError):  # not seen yet, or not hashable
-        pass
-    name = _function_op_name(func)
-    with contextlib.suppress(TypeError):
-        _FUNCTION_NAMES[func] = name
-    return name
-
-
-def _function_op_name(func: Any) -> str | None:
+    """The aten-style name of a user-level call, or None for calls that are not operators."""
     if isinstance(func, torch._ops.OpOverloadPacket):  # torch.ops.quantized.linear(...): its own namespace
         return str(func._qualified_op_name)
     name = getattr(func, "__name__", None)
@@ -79,15 +68,9 @@ def _function_op_name(func: Any) -> str | None:
 
 
 def dispatch_op_name(func: torch._ops.OpOverload) -> str:
-    name = _DISPATCH_NAMES.get(func)
-    if name is None:
-        ns, _, rest = func.name().partition("::")
-        name = _DISPATCH_NAMES[func] = f"{ns}::{rest.split('.')[0]}"
-    return name
-
-
-_FUNCTION_NAMES: dict[Any, str | None] = {}
-_DISPATCH_NAMES: dict[Any, str] = {}
+    """``aten::addmm`` for ``aten.addmm.default``: the operator without its overload."""
+    ns, _, rest = func.name().partition("::")
+    return f"{ns}::{rest.split('.')[0]}"
 
 
 class Recorder:
@@ -105,11 +88,14 @@ class Recorder:
         self.phase: Phase = phase
         self.track_autograd = track_autograd
         self.paused = False
-        self._stack: list[str] = []
+        self._stack: list[str] = []  # the names of the modules running, outermost first
+        self._outer_scopes: list[int] = []  # the scope each of them was entered from
         self._scope_ids: dict[tuple[str, ...], int] = {}
-        self._scope = self._scope_index()
+        self._entered: dict[tuple[int, str], int] = {}  # (scope, module entered) -> the scope inside it
+        self._scope = self._scope_index(())
         self._root_scope = self._scope
         self._open: list[int] = []
+        self._attention_calls = 0  # open events of attention calls
         self.failed_op: str | None = None
         self._failed_level: str | None = None
         self.placeholders = False
@@ -119,12 +105,11 @@ class Recorder:
         self.modules_loaded = len(sys.modules)
 
     # module scopes ---------------------------------------------------------------------------
-    def _scope_index(self) -> int:
-        key = tuple(self._stack)
-        index = self._scope_ids.get(key)
+    def _scope_index(self, stack: tuple[str, ...]) -> int:
+        index = self._scope_ids.get(stack)
         if index is None:
-            index = self._scope_ids[key] = len(self.trace.scopes)
-            self.trace.scopes.append(key)
+            index = self._scope_ids[stack] = len(self.trace.scopes)
+            self.trace.scopes.append(stack)
         return index
 
     def enter_module(self, module: nn.Module, *_: Any) -> None:
@@ -132,8 +117,13 @@ class Recorder:
         if name is None:
             return
         self._stack.append(name)
+        self._outer_scopes.append(self._scope)
         self.trace.called.add(name)
-        self._scope = self._scope_index()
+        key = (self._scope, name)
+        scope = self._entered.get(key)
+        if scope is None:
+            scope = self._entered[key] = self._scope_index((*self.trace.scopes[self._scope], name))
+        self._scope = scope
 
     def exit_module(self, module: nn.Module, _args: Any = None, output: Any = None) -> None:
         name = self.names.by_id.get(id(module))
@@ -143,9 +133,9 @@ class Recorder:
             self.tag_nodes(output, self._scope, -1)
         # Pop back to this module's entry (robust when an inner call raised).
         while self._stack:
+            self._scope = self._outer_scopes.pop()
             if self._stack.pop() == name:
                 break
-        self._scope = self._scope_index()
 
     # autograd ----------------------------------------------------------------------------------
     def tag_nodes(self, value: Any, scope: int, origin: int) -> None:
@@ -222,10 +212,14 @@ class Recorder:
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
                               origin))
         self._open.append(len(events) - 1)
+        if op in ATTENTION_CALLS:
+            self._attention_calls += 1
         return len(events) - 1, True
 
     def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        inputs, extra = bind_by_name(op.removeprefix("aten::"), args, kwargs)
+        inputs, extra = bind_by_name(op, args, kwargs)
+        if op not in ATTENTION_CALLS:
+            return inputs, extra
         values = self.shadows.get if self.shadows is not None else None
         if not summarize_mask(op, inputs, args, kwargs, values) and not self._noted_masks:
             self._noted_masks = True
@@ -241,7 +235,7 @@ class Recorder:
         events = self.trace.events
         if not opened:
             return
-        self._open.pop()
+        self._pop_open(index)
         if index == len(events) - 1 and not operator:
             events.pop()
             return
@@ -252,19 +246,22 @@ class Recorder:
     def in_attention_call(self) -> bool:
         """True inside an attention call: its mask was read at the call, nothing inside needs values (and the
         masks a math kernel builds for itself are large)."""
-        events = self.trace.events
-        return any(events[i].op in ATTENTION_CALLS for i in self._open)
+        return self._attention_calls > 0
 
     def abandon_function(self, index: int, opened: bool) -> None:
         if opened and self._open and self._open[-1] == index:
-            self._open.pop()
+            self._pop_open(index)
 
-    def add_dispatch(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
+    def _pop_open(self, index: int) -> None:
+        self._open.pop()
+        if self.trace.events[index].op in ATTENTION_CALLS:
+            self._attention_calls -= 1
+
+    def add_dispatch(self, op: str, schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any],
                      result: Any) -> None:
         scope, phase, origin = self._event_context()
-        self.trace.events.append(OpEvent(dispatch_op_name(func), "dispatch", self._open[-1] if self._open else -1,
-                                         scope, phase, place_arguments(func._schema, args, kwargs),
-                                         flat_outputs(result), origin=origin))
+        self.trace.events.append(OpEvent(op, "dispatch", self._open[-1] if self._open else -1, scope, phase,
+                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin))
 
     def note_failure(self, op: str, level: Level) -> None:
         """Remember where the model failed: the innermost user-level call, else the aten operator."""
@@ -284,16 +281,15 @@ class FunctionRecorder(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         rec = self.recorder
-        op = None if isinstance(func, torch._ops.OpOverload) or rec.paused else function_op_name(func)
-        if op is None:
+        call = _function_call(func)
+        if call is None or rec.paused:
             return func(*args, **kwargs)
+        op, python_function, higher_order = call
         index, opened = rec.open_function(op, args, kwargs)
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
-        reenter = _redispatch is not None and isinstance(func, types.FunctionType) and func not in self._active
-        higher_order = isinstance(func, torch._ops.HigherOrderOperator)
         try:
-            if reenter and _redispatch is not None:
+            if python_function and func not in self._active and _redispatch is not None:
                 self._active.append(func)
                 try:
                     with self:
@@ -315,6 +311,24 @@ class FunctionRecorder(TorchFunctionMode):
         return result
 
 
+def _function_call(func: Any) -> tuple[str, bool, bool] | None:
+    """(operator name, a Python function, a higher-order operator) of a user-level call, or None for calls that
+    are not operators; remembered per function (the same few are called again and again)."""
+    try:
+        return _FUNCTION_CALLS[func]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    op = None if isinstance(func, torch._ops.OpOverload) else function_op_name(func)
+    call = None if op is None else \
+        (op, isinstance(func, types.FunctionType), isinstance(func, torch._ops.HigherOrderOperator))
+    with contextlib.suppress(TypeError):
+        _FUNCTION_CALLS[func] = call
+    return call
+
+
+_FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+
+
 class DispatchRecorder(TorchDispatchMode):
     """Sees every aten operator that reaches the dispatcher, and records its metadata."""
 
@@ -333,7 +347,8 @@ class DispatchRecorder(TorchDispatchMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         rec = self.recorder
-        if func.namespace == "prim":  # device and layout queries are not operators
+        operator = _OPERATORS.get(func) or _operator(func)
+        if operator.prim:  # device and layout queries are not operators
             return func(*args, **kwargs)
         if rec.paused:  # not the model's work (the default loss), but its memory is the step's
             result = func(*args, **kwargs)
@@ -348,18 +363,38 @@ class DispatchRecorder(TorchDispatchMode):
                 result = _PLACEHOLDERS[func](rec, args)
             elif func is _GROUPED_MM and args[0].dtype == torch.float32 and _without_values(args[0]):
                 result = _grouped_mm_in_float32(func, args, kwargs)
+            elif operator.direct is not None and operator.direct[0](args):
+                result = operator.direct[1](*args, **kwargs)
             else:
-                result = (fast_meta_kernel(func, args) or func)(*args, **kwargs)
+                result = func(*args, **kwargs)
         except BaseException:
-            rec.note_failure(dispatch_op_name(func), "dispatch")
+            rec.note_failure(operator.name, "dispatch")
             raise
         if len(sys.modules) != rec.modules_loaded:
             rec.after_import()
         if shadows is not None and not rec.in_attention_call():
             shadows.propagate(func, args, kwargs, result)
-        rec.add_dispatch(func, args, kwargs, result)
+        rec.add_dispatch(operator.name, operator.schema, args, kwargs, result)
         rec.storages.outputs(result, len(rec.trace.events) - 1)
         return result
+
+
+class _Operator(NamedTuple):
+    """What the dispatch recorder needs of an aten operator, worked out once per operator."""
+
+    name: str
+    schema: torch.FunctionSchema
+    prim: bool
+    direct: tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None
+
+
+def _operator(func: torch._ops.OpOverload) -> _Operator:
+    found = _OPERATORS[func] = _Operator(dispatch_op_name(func), func._schema, func.namespace == "prim",
+                                         direct_kernel(func))
+    return found
+
+
+_OPERATORS: dict[Any, _Operator] = {}
 
 
 def _metadata(node: Any) -> dict[str, Any]:

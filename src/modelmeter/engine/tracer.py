@@ -103,13 +103,30 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
 
 
 class _Parts:
-    """The model's modules (the ones ``names`` walked), its parameters and buffers as they were before the run,
-    and — while a run swaps them (:class:`_SwappedState`) — their stand-ins."""
+    """The model's modules (the ones ``names`` walked) and the tensors they hold — parameters, buffers and plain
+    tensor attributes, as they were before the run (one walk) — and, while a run swaps them
+    (:class:`_SwappedState`), their stand-ins."""
 
     def __init__(self, names: ModuleNames) -> None:
         self.modules = list(names.modules.values())
-        self.parameters = _unique(p for m in self.modules for p in m._parameters.values())
-        self.buffers = _unique(b for m in self.modules for b in m._buffers.values())
+        self.held_parameters: list[_Held] = []
+        self.held_others: list[_Held] = []  # buffers, then tensor attributes, module by module
+        buffers: list[torch.Tensor] = []
+        self.wrappers: list[_Transparent] = []
+        for module in self.modules:
+            parameters, buffer_table = module._parameters, module._buffers
+            self.held_parameters += [(parameters, name, t) for name, t in parameters.items() if t is not None]
+            held: list[_Held] = [(buffer_table, name, t) for name, t in buffer_table.items() if t is not None]
+            buffers += [t for _, _, t in held]
+            attributes = module.__dict__
+            held += [(attributes, name, attributes[name]) for name in attributes.keys() - _MODULE_KEYS
+                     if isinstance(attributes[name], torch.Tensor)]  # the few a module class adds
+            self.held_others += held
+            wrapped = _wrapped_attribute(module)
+            if wrapped is not None:
+                self.wrappers.append(_Transparent(module, wrapped))
+        self.parameters = _unique(t for _, _, t in self.held_parameters)
+        self.buffers = _unique(buffers)
         self.stand_ins: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, during a run
 
     def state(self) -> list[torch.Tensor]:
@@ -121,19 +138,18 @@ class _Parts:
         return [stand_ins.get(id(t), t) for t in tensors]
 
 
-def _unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
-    """Each tensor once (by identity), in order, without the Nones."""
-    seen: dict[int, torch.Tensor] = {}
-    for t in tensors:
-        if t is not None:
-            seen.setdefault(id(t), t)
-    return list(seen.values())
+_Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
+
+
+def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor once (by identity), in order."""
+    return list({id(t): t for t in tensors}.values())
 
 
 def _on_cpu(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace)."""
     tensors = [*parts.state(), *tensors_in((args, kwargs))]
-    return all(t.device.type == "cpu" and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
+    return all(t.is_cpu and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
                and not t.is_quantized for t in tensors)
 
 
@@ -174,7 +190,7 @@ class _Run:
                 # Our global hooks are meant; the compiled wrapper is bypassed anyway.
                 warnings.filterwarnings("ignore",
                                         message=r"Using `torch.compile\(module\)` when there are global hooks")
-                for wrapper in _transparent_wrappers(parts):
+                for wrapper in parts.wrappers:
                     stack.enter_context(wrapper)
                 stack.enter_context(_eager_flex_attention())
                 stack.enter_context(_followed_rng_states(recorder))
@@ -413,19 +429,10 @@ class _SwappedState:
 
     def __enter__(self) -> _SwappedState:
         made: dict[int, torch.Tensor] = {}
-        saved, make, swap_parameters = self.saved, self.make, not self.keep_parameters
-        for module in self.parts.modules:
-            attributes = module.__dict__
-            tables: list[dict[str, Any]] = \
-                [module._parameters, module._buffers] if swap_parameters else [module._buffers]
-            for table in tables:
-                for name, tensor in table.items():
-                    if tensor is not None:
-                        saved.append((table, name, tensor))
-            for name in attributes.keys() - _MODULE_KEYS:  # the few a module class adds
-                if isinstance(attributes[name], torch.Tensor):
-                    saved.append((attributes, name, attributes[name]))
-        for table, name, tensor in saved:
+        make = self.make
+        self.saved = self.parts.held_others if self.keep_parameters else \
+            [*self.parts.held_parameters, *self.parts.held_others]
+        for table, name, tensor in self.saved:
             stand_in = made.get(id(tensor))
             if stand_in is None:
                 stand_in = made[id(tensor)] = make(tensor)
@@ -503,14 +510,13 @@ class _Transparent:
         del self.wrapper.forward
 
 
-def _transparent_wrappers(parts: _Parts) -> list[_Transparent]:
-    found = []
-    for module in parts.modules:
-        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            found.append(_Transparent(module, "module"))
-        elif type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
-            found.append(_Transparent(module, "_orig_mod"))
-    return found
+def _wrapped_attribute(module: nn.Module) -> str | None:
+    """The attribute under which a wrapper (DataParallel, DDP, a ``torch.compile`` wrapper) keeps its module."""
+    if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        return "module"
+    if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+        return "_orig_mod"
+    return None
 
 
 def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, exc: Exception) -> ModelRunError:
