@@ -111,7 +111,8 @@ class ModelAnalysis:
 
     def phases(self) -> list[str]:
         """The phases this analysis counts that the recorded run has events of, in run order."""
-        present = {event.phase for event in self.trace.events}
+        trace = self.trace
+        present = {event.phase for event in trace.events} if trace.backward else {"forward"} if trace.events else set()
         return [phase for phase in self._phases if phase in present]
 
     def by_module(self) -> Counter[str]:

@@ -38,6 +38,17 @@ def device_name(tensor: torch.Tensor) -> str:
     return _meta_device if tensor.is_meta else str(tensor.device)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
     """A tensor's :class:`TensorMeta`; equal descriptions are one (immutable) object, made once."""
     key = (tuple(tensor.shape), tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
@@ -46,7 +57,7 @@ def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
         if len(_METAS) > _METAS_LIMIT:
             _METAS.clear()
         shape = tuple(int(s) for s in tensor.shape)  # plain ints, also where torch hands out SymInts
-        found = _METAS[key] = TensorMeta(shape, str(tensor.dtype).removeprefix("torch."), str(key[2]))
+        found = _METAS[key] = TensorMeta(shape, dtype_name(tensor.dtype), str(key[2]))
     return found
 
 

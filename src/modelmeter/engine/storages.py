@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .metadata import device_name
+from .metadata import device_name, dtype_name
 from .trace import Storage, StorageKind
 
 
@@ -31,6 +31,7 @@ class StorageTracker:
         self._refs: dict[Any, int] = {}  # weak reference -> id(storage object)
         self.open = True
         self._gradients = 0
+        self._on_free = self._freed  # one bound method for every weak reference
 
     def _record(self, tensor: torch.Tensor, kind: StorageKind, born: int) -> Storage | None:
         """The record of ``tensor``'s storage, made now (born at ``born``) when it is new."""
@@ -43,10 +44,9 @@ class StorageTracker:
         if record is not None:
             record.nbytes = max(record.nbytes, storage.nbytes())  # resize_ grew it
             return record
-        record = self._live[key] = Storage(storage.nbytes(), str(tensor.dtype).removeprefix("torch."),
-                                           device_name(tensor), kind, born)
+        record = self._live[key] = Storage(storage.nbytes(), dtype_name(tensor.dtype), device_name(tensor), kind, born)
         self.records.append(record)
-        self._refs[weakref.ref(storage, self._freed)] = key
+        self._refs[weakref.ref(storage, self._on_free)] = key
         return record
 
     def _freed(self, ref: Any) -> None:

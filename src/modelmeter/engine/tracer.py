@@ -115,13 +115,15 @@ class _Parts:
         self.wrappers: list[_Transparent] = []
         for module in self.modules:
             parameters, buffer_table = module._parameters, module._buffers
-            self.held_parameters += [(parameters, name, t) for name, t in parameters.items() if t is not None]
-            held: list[_Held] = [(buffer_table, name, t) for name, t in buffer_table.items() if t is not None]
-            buffers += [t for _, _, t in held]
+            if parameters:
+                self.held_parameters += [(parameters, name, t) for name, t in parameters.items() if t is not None]
+            if buffer_table:
+                held = [(buffer_table, name, t) for name, t in buffer_table.items() if t is not None]
+                buffers += [t for _, _, t in held]
+                self.held_others += held
             attributes = module.__dict__
-            held += [(attributes, name, attributes[name]) for name in attributes.keys() - _MODULE_KEYS
-                     if isinstance(attributes[name], torch.Tensor)]  # the few a module class adds
-            self.held_others += held
+            self.held_others += [(attributes, name, attributes[name]) for name in attributes.keys() - _MODULE_KEYS
+                                 if isinstance(attributes[name], torch.Tensor)]  # the few a module class adds
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
@@ -512,11 +514,18 @@ class _Transparent:
 
 def _wrapped_attribute(module: nn.Module) -> str | None:
     """The attribute under which a wrapper (DataParallel, DDP, a ``torch.compile`` wrapper) keeps its module."""
+    if type(module) in _PLAIN_CLASSES:
+        return None
     if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         return "module"
     if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
         return "_orig_mod"
+    if len(_PLAIN_CLASSES) < 4096:
+        _PLAIN_CLASSES.add(type(module))
     return None
+
+
+_PLAIN_CLASSES: set[type] = set()  # module classes that are no wrapper
 
 
 def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, exc: Exception) -> ModelRunError:

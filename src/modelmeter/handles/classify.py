@@ -108,6 +108,7 @@ def _tagged_pointwise(op: str) -> bool:
     return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
 
 
+@cache
 def is_free(op: str) -> bool:
     """True for operators that cost nothing and are never reported."""
     short = _short(op)

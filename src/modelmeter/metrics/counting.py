@@ -193,6 +193,8 @@ _SHORT: dict[str, str] = {}
 
 
 def _check_number(op: str, value: Any) -> None:
+    if type(value) is int or type(value) is float:  # what handles return: decided without the ABC check
+        return
     itemsize = getattr(getattr(value, "dtype", None), "itemsize", 8)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or itemsize < 8:
         raise ValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
