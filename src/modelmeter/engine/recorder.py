@@ -179,7 +179,7 @@ class Recorder:
         call stack of the import — the model's tensors in its frames among it — which only the cyclic collector,
         paused while recording, would free: collected now, so tensors die where the model drops them, the first
         run of a process as every other."""
-        gc.collect()
+        gc.collect(0)  # the young generation: nothing is collected while recording, so the cycle is young
         self.modules_loaded = len(sys.modules)
 
     def finish_storages(self) -> None:
