@@ -85,6 +85,9 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
         for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1)),
                          ("channels_last", torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last))):
             cases += [(f"{op.__name__} {label} {dtype}", op, (t, *scalars), {}) for op, scalars in UNARY]
+            cases += [(f"{op.__name__} by {number!r} {label} {dtype}", op, (t, number), {})
+                      for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+                      for number in (2, 0.5)]
             cases += [(f"div {label} {dtype}", aten.div.Tensor, (t, t.clone()), {}),
                       (f"gelu {label} {dtype}", aten.gelu.default, (t,), {}),
                       (f"gelu tanh {label} {dtype}", aten.gelu.default, (t,), {"approximate": "tanh"}),
@@ -142,6 +145,10 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.relu.default, (integers,)) is None  # only floating point is verified
     assert fast_meta_kernel(aten.div.Tensor, (integers, integers)) is None  # a true division makes floats
     assert fast_meta_kernel(aten.pow.Tensor_Scalar, (a, 2j)) is None  # a complex scalar makes complex numbers
+    assert fast_meta_kernel(aten.mul.Tensor, (a, 2j)) is None
+    assert fast_meta_kernel(aten.sub.Tensor, (a, True)) is None  # torch refuses to subtract a bool
+    assert fast_meta_kernel(aten.div.Tensor, (integers, 2)) is None  # integers divided make floats
+    assert fast_meta_kernel(aten.add.Tensor, (integers, 0.5)) is None  # an integer tensor and a float: promoted
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
     assert fast_meta_kernel(aten.native_layer_norm.default, (a, [4], None, None, 1e-5)) is None
     channels_last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)

@@ -148,6 +148,16 @@ def _same_float_operands(args: tuple[Any, ...]) -> bool:
     return _same_operands(args) and args[0].is_floating_point()
 
 
+def _binary_fits(args: tuple[Any, ...]) -> bool:
+    """Two tensors as :func:`_same_operands`, or a dense floating-point tensor and a real number (``0.5 * x``: the
+    number changes neither the dtype nor the layout; a bool is left to torch, which refuses to subtract one)."""
+    return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_operands(args)
+
+
+def _division_fits(args: tuple[Any, ...]) -> bool:
+    return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_float_operands(args)
+
+
 def _roll_fits(args: tuple[Any, ...]) -> bool:
     """A contiguous output; a 4-D or 5-D input keeps a channels-last layout (not made here)."""
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
@@ -168,10 +178,10 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     **{op: (_with_scalars_fits, _like) for op in (
         _aten.hardtanh.default, _aten.leaky_relu.default, _aten.elu.default, _aten.softplus.default,
         _aten.pow.Tensor_Scalar, _aten.clamp.default)},
-    _aten.add.Tensor: (_same_operands, _like),
-    _aten.sub.Tensor: (_same_operands, _like),
-    _aten.mul.Tensor: (_same_operands, _like),
-    _aten.div.Tensor: (_same_float_operands, _like),
+    _aten.add.Tensor: (_binary_fits, _like),
+    _aten.sub.Tensor: (_binary_fits, _like),
+    _aten.mul.Tensor: (_binary_fits, _like),
+    _aten.div.Tensor: (_division_fits, _like),
     _aten.roll.default: (_roll_fits, _contiguous_like),
 }
 
