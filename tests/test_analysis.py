@@ -350,6 +350,29 @@ def test_model_is_unchanged_when_analysis_raises() -> None:
         _assert_same_state(before, _state(model))
 
 
+class CachesAMask(nn.Module):
+    """Keeps a tensor it makes on its first call, as models caching masks or positions do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "mask"):
+            self.mask = x.new_ones(4)
+        return self.fc(x) * self.mask
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_attributes_a_forward_adds_during_the_analysis_are_removed(execution: str) -> None:
+    model = CachesAMask()
+    flops = FlopCountAnalysis(model, torch.randn(2, 4), execution=execution)  # type: ignore[arg-type]
+    assert flops.by_operator() == Counter({"linear": 2 * 4 * 4})
+    assert "mask" not in vars(model)  # a stand-in left there would break the model's next real call
+    assert model(torch.randn(2, 4)).shape == (2, 4)
+    assert vars(model)["mask"].device.type == "cpu"
+
+
 class DataDependent(nn.Module):
     def __init__(self) -> None:
         super().__init__()

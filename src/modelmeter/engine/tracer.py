@@ -457,16 +457,22 @@ def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwa
 
 class _ModelState:
     """Training flags, ``requires_grad`` and ``.grad`` of every module and parameter, restored afterwards
-    (a re-entrant activation checkpoint calls ``torch.autograd.backward``, which accumulates ``.grad``)."""
+    (a re-entrant activation checkpoint calls ``torch.autograd.backward``, which accumulates ``.grad``); attributes
+    a module's forward added during the run (a cached mask made with ``x.new_ones``: a stand-in the model's next
+    real call would trip over) are removed again."""
 
     def __init__(self, parts: _Parts) -> None:
-        self.training = [(m, m.training) for m in parts.modules]
+        self.training = [(m, m.training, len(m.__dict__)) for m in parts.modules]
         self.params = [(p, p.requires_grad, p.grad) for p in parts.parameters]
 
     def restore(self) -> None:
-        for module, flag in self.training:
+        for module, flag, size in self.training:
             if module.training is not flag:  # Module.__setattr__ is slow, and almost never needed here
                 module.training = flag
+            attributes = module.__dict__
+            if len(attributes) > size:  # a dict keeps insertion order: what the run added comes last
+                for name in list(attributes)[size:]:
+                    del attributes[name]
         for param, flag, grad in self.params:
             if param.requires_grad != flag:
                 param.requires_grad_(flag)
