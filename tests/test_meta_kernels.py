@@ -83,7 +83,8 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = torch.randn(2, 5, 8, dtype=dtype)
         for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1)),
-                         ("channels_last", torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last))):
+                         ("channels_last", torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last)),
+                         ("size-1 dims", torch.randn(1, 3, 1, 5, dtype=dtype))):
             cases += [(f"{op.__name__} {label} {dtype}", op, (t, *scalars), {}) for op, scalars in UNARY]
             cases += [(f"{op.__name__} by {number!r} {label} {dtype}", op, (t, number), {})
                       for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
@@ -147,6 +148,11 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.pow.Tensor_Scalar, (a, 2j)) is None  # a complex scalar makes complex numbers
     assert fast_meta_kernel(aten.mul.Tensor, (a, 2j)) is None
     assert fast_meta_kernel(aten.sub.Tensor, (a, True)) is None  # torch refuses to subtract a bool
+    # a size-1 dimension with a stride of its own: torch's kernels disagree on the output's stride there
+    for odd in (torch.empty(8, 1, device="meta").t(), torch.empty_strided((1, 8), (7, 1), device="meta")):
+        assert fast_meta_kernel(aten.relu.default, (odd,)) is None
+        assert fast_meta_kernel(aten.mul.Tensor, (odd, 0.5)) is None
+        assert fast_meta_kernel(aten.add.Tensor, (odd, odd)) is None
     assert fast_meta_kernel(aten.div.Tensor, (integers, 2)) is None  # integers divided make floats
     assert fast_meta_kernel(aten.add.Tensor, (integers, 0.5)) is None  # an integer tensor and a float: promoted
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch._prims_common import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
 
 from .metadata import recorded_device
 
@@ -109,6 +109,15 @@ def _dense(x: torch.Tensor) -> bool:
     return x.is_contiguous() or bool(is_non_overlapping_and_dense_or_false(x))
 
 
+def _elementwise_dense(x: torch.Tensor) -> bool:
+    """Dense, as :func:`_dense`; with a size-1 dimension only in the contiguous layout's own strides. (Where a size-1
+    dimension has another stride, torch's element-wise kernels disagree on the output's stride there — meta with CPU,
+    ``relu`` with ``mul`` — so those are left to them.)"""
+    if 1 in x.shape:
+        return x.stride() == make_contiguous_strides_for(x.shape)
+    return _dense(x)
+
+
 def _batch_norm_fits(args: tuple[Any, ...]) -> bool:
     x = args[0]
     return _plain_meta(x) and x.dim() > 1 and _dense(x) and all(a is None or _plain_meta(a) for a in args[1:5])
@@ -130,7 +139,7 @@ def _addmm_fits(args: tuple[Any, ...]) -> bool:
 
 
 def _unary_fits(args: tuple[Any, ...]) -> bool:
-    return _plain_meta(args[0]) and args[0].is_floating_point() and _dense(args[0])
+    return _plain_meta(args[0]) and args[0].is_floating_point() and _elementwise_dense(args[0])
 
 
 def _with_scalars_fits(args: tuple[Any, ...]) -> bool:
@@ -142,7 +151,7 @@ def _same_operands(args: tuple[Any, ...]) -> bool:
     """Two tensors of one shape, dtype and layout (no broadcasting, no type promotion)."""
     a, b = args[0], args[1]
     return (_plain_meta(a) and _plain_meta(b) and a.shape == b.shape and a.dtype == b.dtype
-            and a.stride() == b.stride() and _dense(a))
+            and a.stride() == b.stride() and _elementwise_dense(a))
 
 
 def _same_float_operands(args: tuple[Any, ...]) -> bool:
