@@ -17,7 +17,8 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
 3. **Llama-2-70B** from its config on meta, 2048 tokens: forward and forward+backward analyses, each in a fresh
    process: the analysis time, the whole process time, and the peak RSS (``resource.getrusage`` maxrss).
 4. **Per-operator overhead**: a deep stack of tiny Linear+GELU layers on a (1, 8) input:
-   (modelmeter time - plain forward time) / number of events in the trace, in microseconds.
+   (modelmeter time - plain forward time) / number of events in the trace, in microseconds; the two are timed in
+   turn (15 runs each by default), so a drift of the machine's speed falls on both.
 5. **Cached re-analysis** of ViT-B/16: in-process (the metrics of a second analysis given ``trace=``) and
    persistent (``cache_dir=`` a new directory, then a second fresh process reading it) against the first analysis.
 
@@ -65,6 +66,20 @@ def timed(fn: Callable[[], Any], repeat: int) -> dict[str, Any]:
         fn()
         times.append(time.perf_counter() - start)
     return summary(times)
+
+
+def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, dict[str, Any]]:
+    """As :func:`timed` for each of ``fns``, their runs taken in turn (a, b, a, b, ...): on a machine whose speed
+    drifts, a difference of their medians is then not a difference of two moments."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: summary(values) for name, values in times.items()}
 
 
 def summary(times: list[float]) -> dict[str, Any]:
@@ -250,8 +265,8 @@ def tiny_stack(layers: int, repeat: int) -> dict[str, Any]:
     model = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(layers))).eval()
     x = torch.randn(1, 8)
     events = len(modelmeter.analyze(model, x, cache=False, quiet=True).trace.events)
-    return {"layers": layers, "events": events, "modelmeter": timed(run_modelmeter(model, x), repeat),
-            "forward": timed(run_forward(model, x), repeat)}
+    times = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x)}, repeat)
+    return {"layers": layers, "events": events, **times}
 
 
 # cached re-analysis ------------------------------------------------------------------------------------
@@ -396,7 +411,7 @@ def main() -> int:
     report["real"] = compare("cpu", args.quick, repeat)
     report["meta"] = compare("meta", args.quick, repeat)
     report["llama"] = llama(args.quick, min(repeat, 3))
-    report["overhead"] = overhead(args.quick, max(repeat, 5))  # cheap, and noisy
+    report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))  # cheap, and the noisiest: more runs
     report["cached"] = cached(args.quick, min(repeat, 3))
     print(markdown(report))
     if args.json:
