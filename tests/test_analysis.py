@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from pathlib import Path
@@ -371,6 +372,39 @@ def test_attributes_a_forward_adds_during_the_analysis_are_removed(execution: st
     assert "mask" not in vars(model)  # a stand-in left there would break the model's next real call
     assert model(torch.randn(2, 4)).shape == (2, 4)
     assert vars(model)["mask"].device.type == "cpu"
+
+
+class Fallible(nn.Module):
+    """Runs a layer, then raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc(x)
+        raise ValueError("no")
+
+
+class CatchesAFailure(nn.Module):
+    """Calls a child that raises, catches it, and goes on with work of its own and of a sibling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fallible = Fallible()
+        self.after = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with contextlib.suppress(ValueError):
+            self.fallible(x)
+        return self.after(x) @ torch.ones(2, 3)
+
+
+def test_module_scopes_are_right_after_a_child_raised_and_was_caught() -> None:
+    flops = FlopCountAnalysis(CatchesAFailure(), torch.randn(2, 4))
+    # by hand: fc 2*4*4, after 2*4*2, the model's own matmul 2*2*3
+    assert flops.by_module() == Counter({"": 32 + 16 + 12, "fallible": 32, "fallible.fc": 32, "after": 16})
+    assert flops.by_operator("") == Counter({"linear": 48, "matmul": 12})
 
 
 class DataDependent(nn.Module):
