@@ -4,6 +4,7 @@ odd contents, full disks and bad names (issue 16, section 5)."""
 from __future__ import annotations
 
 import builtins
+import copyreg
 import errno
 import io
 import logging
@@ -175,6 +176,9 @@ def _hostile_builders() -> dict[str, Callable[[pathlib.Path, pathlib.Path], None
                 info.size = len(payload)
                 tar.addfile(info, io.BytesIO(payload))
 
+    def torchscript(path: pathlib.Path, sentinel: pathlib.Path) -> None:
+        torch.jit.save(torch.jit.script(nn.Linear(2, 2)), str(path))  # code, not weights
+
     def unsupported_opcode(path: pathlib.Path, sentinel: pathlib.Path) -> None:
         # well-formed, no import at all, but in opcodes (protocol 4 framing) the weights-only loader refuses
         path.write_bytes(pickle.dumps({"model": {}, "iteration": 1}, protocol=4))
@@ -199,6 +203,7 @@ def _hostile_builders() -> dict[str, Callable[[pathlib.Path, pathlib.Path], None
             stack_global_in_zip,
             extension_code,
             legacy_tar,
+            torchscript,
             unsupported_opcode,
         )
     }
@@ -636,6 +641,14 @@ def test_other_write_errors_name_the_file(tmp_path: pathlib.Path, monkeypatch: p
         ckpt.save("model")
     assert info.value.reason == "write" and "no space" not in str(info.value)
 
+    def over_quota(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(torch, "save", over_quota)
+    with pytest.raises(CheckpointError, match=r"model\.pth: no space left \(disk quota exceeded\)"):
+        ckpt.save("model")
+    assert os.listdir(tmp_path) == []
+
 
 def test_full_disk_during_a_sharded_save(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = helpers.TinyNet()
@@ -679,3 +692,31 @@ def test_names_checked_by_periodic_checkpointer(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="'last_checkpoint' is the file that names the newest checkpoint"):
         Checkpointer(nn.Linear(2, 2), str(tmp_path), sharded=True).save("last_checkpoint")
     assert os.listdir(tmp_path) == []
+
+
+def test_random_and_truncated_bytes_are_never_unsafe(tmp_path: pathlib.Path) -> None:
+    """Bytes that start like an import by chance (a STACK_GLOBAL or EXT opcode byte, 'c' + junk) stay corrupt."""
+    path = tmp_path / "x.pth"
+    samples = [random.Random(seed).randbytes(random.Random(seed).randint(0, 2000)) for seed in range(400)]
+    state = {"model": nn.Linear(3, 3).state_dict(), "iteration": 3, "rng": np.random.get_state()}
+    for legacy in (False, True):
+        buffer = io.BytesIO()
+        torch.save(state, buffer, _use_new_zipfile_serialization=not legacy)
+        data = buffer.getvalue()
+        samples += [data[:n] for n in range(0, len(data) - 1, 11)]
+    for data in samples:
+        path.write_bytes(data)
+        with pytest.raises(CheckpointError) as info:
+            Checkpointer(nn.Linear(3, 3)).load(str(path))
+        assert info.value.reason == "corrupt", (data[:40], str(info.value))
+
+
+def test_registered_copyreg_extension_is_named(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = 0x7ABC
+    monkeypatch.setitem(copyreg._extension_registry, ("posix", "system"), code)  # type: ignore[attr-defined]
+    monkeypatch.setitem(copyreg._inverted_registry, code, ("posix", "system"))  # type: ignore[attr-defined]
+    path = tmp_path / "ext.pth"
+    path.write_bytes(_raw_pickle(b"\x83" + code.to_bytes(2, "little") + b"X\x02\x00\x00\x00id\x85R"))
+    with pytest.raises(CheckpointError, match=r"imports posix\.system \(copyreg extension code 31420\)") as info:
+        Checkpointer(nn.Linear(2, 2)).load(str(path))
+    assert info.value.reason == "unsafe"

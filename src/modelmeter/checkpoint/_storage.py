@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import functools
 import json
 import os
@@ -106,29 +107,36 @@ def _global_name(module: str, name: str) -> str:
     return f"{module}.{name}"
 
 
+def _extension_registry() -> dict[int, tuple[str, str]]:
+    """copyreg's code -> (module, name) table that the EXT opcodes look up (``copyreg.add_extension``)."""
+    return getattr(copyreg, "_inverted_registry", {})
+
+
 def _scan_pickle(stream: IO[bytes], allowed: frozenset[str] | None) -> tuple[str | None, bool]:
     """Disassemble one pickle: (the first import the weights-only loader refuses, whether it parsed up to STOP).
 
-    Imports are GLOBAL / INST (checked against ``allowed``), and STACK_GLOBAL and the copyreg extension codes
-    (EXT1/2/4), which torch's unpickler never resolves.
+    Imports are GLOBAL / INST and STACK_GLOBAL of a dotted module and name not in ``allowed`` (torch's unpickler
+    never resolves STACK_GLOBAL at all), and copyreg extension codes (EXT1/2/4) registered in this process. An
+    unregistered code or a STACK_GLOBAL without names imports nothing; they count only if the rest is well-formed.
     """
-    strings: list[str] = []  # the last strings pushed: STACK_GLOBAL takes its module and name from them
+    strings: list[str] = []  # the last two strings pushed: STACK_GLOBAL takes its module and name from them
     try:
         for opcode, arg, _ in pickletools.genops(stream):
+            target = None
             if opcode.name in ("GLOBAL", "INST"):
                 module, _, name = str(arg).partition(" ")
                 if not (_DOTTED_NAME.match(module) and _DOTTED_NAME.match(name)):
                     return None, False  # random bytes that happen to start like an import
-                full = _global_name(module, name)
-                if allowed is not None and full not in allowed:
-                    return f"it imports {full}, which is not an allowed global", True
-            elif opcode.name == "STACK_GLOBAL":
-                target = ".".join(strings[-2:]) or "a global"
-                return f"it imports {target} (STACK_GLOBAL), which the weights-only loader never allows", True
-            elif opcode.name in ("EXT1", "EXT2", "EXT4"):
-                return f"it imports the object registered under copyreg extension code {arg}", True
+                target = _global_name(module, name)
+            elif opcode.name == "STACK_GLOBAL" and len(strings) == 2 and all(map(_DOTTED_NAME.match, strings)):
+                target = _global_name(*strings)
+            elif opcode.name in ("EXT1", "EXT2", "EXT4") and arg in _extension_registry():
+                module, name = _extension_registry()[arg]
+                return f"it imports {module}.{name} (copyreg extension code {arg})", True
             elif isinstance(arg, str):
                 strings = [*strings[-1:], arg]
+            if target is not None and allowed is not None and target not in allowed:
+                return f"it imports {target}, which is not an allowed global", True
     except Exception:  # genops raises ValueError, UnicodeDecodeError, struct.error, ... on bytes that are no pickle
         return None, False
     return None, True

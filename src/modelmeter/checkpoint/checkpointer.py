@@ -138,7 +138,7 @@ def _write_error(path: str, exc: BaseException) -> CheckpointError:
     os_errors = [e for e in exception_chain(exc) if isinstance(e, OSError)]
     no_space = next((e for e in os_errors if _is_no_space(e)), None)
     if no_space is not None:
-        cause = f"no space left on device ({no_space.strerror or no_space})"
+        cause = "no space left on device" if no_space.errno == errno.ENOSPC else "no space left (disk quota exceeded)"
     else:
         first = os_errors[0] if os_errors else exc
         cause = (first.strerror if isinstance(first, OSError) else None) or f"{type(first).__name__}: {first}"
