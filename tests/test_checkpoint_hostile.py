@@ -591,6 +591,16 @@ def test_sharded_checkpoint_odd_and_hostile_contents(tmp_path: pathlib.Path) -> 
         load(tmp_path / "outside")
     assert info.value.reason == "corrupt"
 
+    # .metadata or extra.pth as symlinks that lead out of the checkpoint directory
+    for name in (".metadata", "extra.pth"):
+        save(tmp_path / name)
+        linked = tmp_path / name / "s" / name
+        linked.unlink()
+        linked.symlink_to(tmp_path / "good" / "s" / name)
+        with pytest.raises(CheckpointError, match="symlink that leads out") as info:
+            load(tmp_path / name)
+        assert info.value.reason == "unsafe" and info.value.path == str(linked)
+
 
 # --- a full disk, and names that are no file name -----------------------------------------------------------------
 

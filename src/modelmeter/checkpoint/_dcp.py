@@ -98,6 +98,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 def _read_metadata_file(path: str, weights_only: bool) -> Any:
     if not os.path.isfile(path):
         raise missing_error(path)
+    if not is_inside(os.path.dirname(path), os.path.basename(path)):
+        raise unsafe_error(path, "it is a symlink that leads out of the checkpoint directory")
     try:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load() if weights_only else pickle.load(f)

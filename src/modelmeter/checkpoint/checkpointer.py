@@ -33,7 +33,15 @@ from ._keys import (
     unwrap_model,
     unwrap_state_dict,
 )
-from ._storage import exception_chain, first_line, is_inside, load_safetensors, safetensors_bytes, torch_load
+from ._storage import (
+    exception_chain,
+    first_line,
+    is_inside,
+    load_safetensors,
+    safetensors_bytes,
+    torch_load,
+    unsafe_error,
+)
 from .errors import CheckpointError
 
 __all__ = ["Checkpointer", "PeriodicCheckpointer"]
@@ -630,6 +638,8 @@ class Checkpointer:
         from ._dcp import load_sharded
 
         extra_file = os.path.join(local, _SHARDED_EXTRA)
+        if os.path.lexists(extra_file) and not is_inside(local, _SHARDED_EXTRA):
+            raise unsafe_error(extra_file, "it is a symlink that leads out of the checkpoint directory")
         extra = self._load_file(extra_file) if os.path.isfile(extra_file) else {}
         info = extra.pop(_MARKER, None) or {}
         saved = info.get("optimizers", []) if isinstance(info, dict) else None
