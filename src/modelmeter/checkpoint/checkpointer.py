@@ -191,7 +191,11 @@ def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[
         valid_id = save_id is None or isinstance(save_id, str)
         if isinstance(weights, str) and _name_problem(weights) is None and valid_id and isinstance(extra, dict):
             return weights, save_id, extra
-    raise CheckpointError(f"Checkpoint file {file} holds a malformed safetensors marker", file, "corrupt")
+    raise CheckpointError(
+        f"Checkpoint file {file} holds a malformed safetensors marker (or the marker of another kind of checkpoint)",
+        file,
+        "corrupt",
+    )
 
 
 def _numeric_array(value: object) -> bool:
