@@ -15,6 +15,7 @@ import random
 import subprocess
 import tarfile
 import zipfile
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -451,6 +452,12 @@ def _good_state() -> dict[str, torch.Tensor]:
     return dict(helpers.TinyNet().state_dict())
 
 
+def _with_metadata(metadata: Any) -> OrderedDict[str, torch.Tensor]:
+    state = OrderedDict(_good_state())
+    state._metadata = metadata  # type: ignore[attr-defined]
+    return state
+
+
 ODD: dict[str, tuple[Any, str, str]] = {
     # name: (saved object, expected reason, a phrase of the message)
     "model_is_int": ({"model": 5}, "corrupt", "'model' is a int where a state dict belongs"),
@@ -460,6 +467,8 @@ ODD: dict[str, tuple[Any, str, str]] = {
     "list_for_tensor": ({"model": {**_good_state(), "fc2.bias": [1.0, 2.0]}}, "corrupt", "'fc2.bias' is a list"),
     "none_for_tensor": ({"model": {"fc1.weight": None}}, "corrupt", "'fc1.weight' is a NoneType"),
     "numpy_strings": ({"model": {"fc1.bias": np.array(["a"] * 8)}}, "corrupt", "'fc1.bias' is a ndarray"),
+    "metadata_not_a_dict": ({"model": _with_metadata(5)}, "corrupt", "malformed _metadata"),
+    "metadata_values": ({"model": _with_metadata({"": 5, "fc1": {}})}, "corrupt", "malformed _metadata"),
     "int_keys": ({"model": {0: torch.zeros(8, 4)}}, "corrupt", "has a int key 0"),
     "bare_int_keys": ({0: torch.zeros(8, 4)}, "corrupt", "has a int key 0"),
     "no_model_key": ({"iteration": 3}, "incompatible", "no 'model' key"),

@@ -208,6 +208,13 @@ def _numeric_array(value: object) -> bool:
     return isinstance(value, (np.number, np.bool_))
 
 
+def _valid_metadata(metadata: object) -> bool:
+    """torch's per-module ``_metadata`` of a state dict: absent, or module path -> dict (e.g. ``{"version": 1}``)."""
+    if metadata is None:
+        return True
+    return isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in metadata.items())
+
+
 def _model_state_dict(checkpoint: dict[str, Any], file: str) -> dict[str, Any]:
     """``checkpoint.pop("model")`` once it is known to be a state dict: string keys, tensor (or numeric numpy)
     values except ``*_extra_state`` entries, which a module's ``set_extra_state`` receives as saved."""
@@ -223,7 +230,7 @@ def _model_state_dict(checkpoint: dict[str, Any], file: str) -> dict[str, Any]:
     elif not all(isinstance(k, str) for k in state):
         bad = next(k for k in state if not isinstance(k, str))
         problem = f"the model state dict has a {type(bad).__name__} key {bad!r} where names are strings"
-    elif not isinstance(getattr(state, "_metadata", None), (dict, type(None))):
+    elif not _valid_metadata(getattr(state, "_metadata", None)):
         problem = "the model state dict carries malformed _metadata"
     else:
         for key, value in state.items():
