@@ -237,6 +237,15 @@ def is_inside(root: str, relative: str) -> bool:
     return target != base and os.path.commonpath([base, target]) == base
 
 
+def _is_uncompressed_tar(path: str) -> bool:
+    """What torch.load tries first: a plain (uncompressed) tar archive, torch's oldest checkpoint format."""
+    try:
+        with tarfile.open(path, mode="r:"):
+            return True
+    except (tarfile.TarError, OSError):
+        return False
+
+
 def _refusal_detail(source: str | IO[bytes], exc: BaseException) -> str | None:
     """Why ``source`` is unsafe to unpickle, or ``None`` if the failure means a truncated or corrupt file.
 
@@ -244,7 +253,7 @@ def _refusal_detail(source: str | IO[bytes], exc: BaseException) -> str | None:
     its pickles are well-formed and torch's weights-only unpickler refused one of them. A legacy ``.tar`` checkpoint
     is unsafe too: torch reads that format only with the full unpickler.
     """
-    if isinstance(source, str) and tarfile.is_tarfile(source):
+    if isinstance(source, str) and _is_uncompressed_tar(source):
         return "it is in torch's legacy .tar format, which only the full unpickler reads"
     detail, well_formed = _scan_checkpoint(source)
     if detail is not None:
