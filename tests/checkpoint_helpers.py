@@ -104,8 +104,20 @@ def kill_loop(save_dir: str, trials: int, seed: int, fmt: str) -> dict[str, Any]
         temp_files = now
         iteration, _ = _check(save_dir)
         iterations.append(iteration)
+    # Under load a child may die after every save but before its retention step, so leftovers pile up; one save
+    # that runs to completion must bring them down to max_to_keep.
+    model = KillNet()
+    checkpointer = Checkpointer(model, save_dir, format=fmt)
+    final = int(checkpointer.resume_or_load("", resume=True)["iteration"]) + 1
+    model.fill(float(final))
+    PeriodicCheckpointer(checkpointer, period=1, max_to_keep=2, file_prefix="model").step(final)
     checkpoints = sorted(n for n in os.listdir(save_dir) if n.endswith(".pth"))
-    return {"iterations": iterations, "checkpoints": checkpoints, "interrupted_writes": interrupted}
+    return {
+        "iterations": iterations,
+        "checkpoints": checkpoints,
+        "interrupted_writes": interrupted,
+        "final_iteration": final,
+    }
 
 
 # --- 2-rank gloo workers ------------------------------------------------------------------------------------------

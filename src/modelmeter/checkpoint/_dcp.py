@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from ._storage import corrupt_error, missing_error, safe_globals, unsafe_error
+from ._storage import corrupt_error, exception_chain, is_inside, missing_error, torch_load_bytes, unsafe_error
 from .errors import CheckpointError
 
 __all__ = ["METADATA_FILE", "is_dcp_checkpoint", "load_sharded", "read_tensor_shapes", "save_sharded"]
@@ -84,31 +84,37 @@ def _allowed_metadata_global(module: str, name: str) -> bool:
     return (module, name) == ("collections", "OrderedDict")
 
 
+class _RefusedGlobal(pickle.UnpicklingError):
+    """Raised by our metadata unpickler (never by a broken file): the pickle imports something not allowed."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if _allowed_metadata_global(module, name):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+        raise _RefusedGlobal(f"it imports {module}.{name}, which is not a DCP metadata class")
 
 
 def _read_metadata_file(path: str, weights_only: bool) -> Any:
     if not os.path.isfile(path):
         raise missing_error(path)
+    if not is_inside(os.path.dirname(path), os.path.basename(path)):
+        raise unsafe_error(path, "it is a symlink that leads out of the checkpoint directory")
     try:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load() if weights_only else pickle.load(f)
-    except pickle.UnpicklingError as exc:
-        if weights_only and str(exc).startswith("Unsupported global"):
-            raise unsafe_error(path, str(exc)) from None
-        raise corrupt_error(path, exc) from exc
+    except _RefusedGlobal as exc:
+        raise unsafe_error(path, str(exc)) from None
     except Exception as exc:
         raise corrupt_error(path, exc) from exc
     if not isinstance(metadata, _dcp_metadata.Metadata):
         raise corrupt_error(path, TypeError(f"expected DCP Metadata, found {type(metadata).__name__}"))
-    for info in (metadata.storage_data or {}).values():
+    root = os.path.realpath(os.path.dirname(path))
+    storage_data = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    for info in storage_data.values():
         relative = str(getattr(info, "relative_path", ""))
-        if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
-            raise corrupt_error(path, ValueError(f"storage file {relative!r} lies outside the checkpoint"))
+        if not is_inside(root, relative):
+            raise unsafe_error(path, f"it names the storage file {relative!r}, which lies outside the checkpoint")
     return metadata
 
 
@@ -138,11 +144,7 @@ class _SafePlanner(_default_planner.DefaultLoadPlanner):
         self._checkpoint = checkpoint
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        try:
-            with safe_globals():
-                obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise unsafe_error(self._checkpoint, str(exc).splitlines()[0]) from None
+        obj = torch_load_bytes(value, self._checkpoint)
         if self.flatten_state_dict:
             _default_planner.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
@@ -203,17 +205,25 @@ def load_sharded(
     try:
         with _single_process_ok():
             dcp.load(state, checkpoint_id=directory, storage_reader=reader, planner=planner, no_dist=_no_dist())
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        if "Refused to load checkpoint" in str(exc):  # our refusal, wrapped by DCP's collective error handling
-            raise unsafe_error(directory, "a non-tensor value is not allowed under weights_only=True") from None
+    except (Exception, dcp.CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        # Our own refusal (an unsafe value, a storage file outside the checkpoint), as DCP collected it.
+        own = next((e for e in exception_chain(exc) if isinstance(e, CheckpointError)), None)
+        if own is not None:
+            raise own from None
         raise CheckpointError(
             f"Sharded checkpoint {directory} could not be loaded ({type(exc).__name__}: {str(exc).strip()[:500]})",
             directory,
             "corrupt",
         ) from exc
-    set_model_state_dict(model, state[_MODEL], options=StateDictOptions(strict=False))
-    for key, optimizer in optimizers.items():
-        set_optimizer_state_dict(model, optimizer, state[_OPTIM_PREFIX + key])
+    try:
+        set_model_state_dict(model, state[_MODEL], options=StateDictOptions(strict=False))
+        for key, optimizer in optimizers.items():
+            set_optimizer_state_dict(model, optimizer, state[_OPTIM_PREFIX + key])
+    except Exception as exc:
+        raise CheckpointError(
+            f"Sharded checkpoint {directory} was read but does not fit the model or optimizer "
+            f"({type(exc).__name__}: {str(exc).strip()[:500]})",
+            directory,
+            "incompatible",
+        ) from exc
     return missing, unexpected, incorrect

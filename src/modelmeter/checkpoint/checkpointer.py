@@ -9,6 +9,7 @@ into a ``<name>/`` directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -32,7 +33,15 @@ from ._keys import (
     unwrap_model,
     unwrap_state_dict,
 )
-from ._storage import load_safetensors, safetensors_bytes, torch_load
+from ._storage import (
+    exception_chain,
+    first_line,
+    is_inside,
+    load_safetensors,
+    safetensors_bytes,
+    torch_load,
+    unsafe_error,
+)
 from .errors import CheckpointError
 
 __all__ = ["Checkpointer", "PeriodicCheckpointer"]
@@ -91,6 +100,78 @@ def _is_dcp_checkpoint(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, _DCP_METADATA))
 
 
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a checkpoint directly inside ``save_dir`` (and read back unchanged from
+    ``last_checkpoint``), or ``None``."""
+    if not name.strip():
+        return "is empty"
+    if name != name.strip():
+        return "starts or ends with whitespace"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character (NUL, newline, ...)"
+    if name in (".", ".."):
+        return "is a relative path"
+    if "/" in name or "\\" in name or os.path.isabs(name):
+        return "is a path; checkpoints are files directly in save_dir"
+    if name.startswith("."):
+        return "starts with '.' (hidden names are the checkpointer's temporary files)"
+    return None
+
+
+def _check_name(name: object, what: str = "Checkpoint name") -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a str, got {type(name).__name__}")
+    problem = _name_problem(name)
+    if problem is not None:
+        raise ValueError(f"{what} {name!r} {problem}")
+
+
+def _positive_int(value: object, what: str) -> int:
+    """``value`` as an int if it is a whole number >= 1 (numpy integers and 1000.0 from a config are fine)."""
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        number = 0
+    if isinstance(value, (bool, str, bytes)) or number != value or number < 1:
+        raise ValueError(f"{what} must be a positive whole number, got {value!r}")
+    return number
+
+
+def _is_no_space(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _write_error(path: str, exc: BaseException) -> CheckpointError:
+    """A failed save as one line naming the file; "no space left on device" when that is the cause."""
+    os_errors = [e for e in exception_chain(exc) if isinstance(e, OSError)]
+    no_space = next((e for e in os_errors if _is_no_space(e)), None)
+    if no_space is not None:
+        cause = "no space left on device" if no_space.errno == errno.ENOSPC else "no space left (disk quota exceeded)"
+    else:
+        first = os_errors[0] if os_errors else exc
+        cause = (first.strerror if isinstance(first, OSError) else None) or f"{type(first).__name__}: {first}"
+    return CheckpointError(
+        f"Could not save checkpoint {path}: {cause}. Nothing partial was left behind; the previous checkpoint "
+        f"and {LAST_CHECKPOINT} are as they were.",
+        path,
+        "write",
+    )
+
+
+@contextlib.contextmanager
+def _writing(path: str) -> Iterator[None]:
+    """Turn OS errors of a save (also inside DCP's collective report of them) into a CheckpointError naming
+    ``path``."""
+    try:
+        yield
+    except (CheckpointError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if not any(isinstance(e, OSError) for e in exception_chain(exc)):
+            raise
+        raise _write_error(path, exc) from exc
+
+
 def _remove_checkpoint(path: str) -> None:
     """Delete one checkpoint: a ``<name>/`` directory, or ``<name>.pth`` and its ``<name>.safetensors``."""
     if os.path.isdir(path):
@@ -101,6 +182,82 @@ def _remove_checkpoint(path: str) -> None:
     if path.endswith(".pth"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path[: -len(".pth")] + ".safetensors")
+
+
+def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[str, Any]]:
+    """(weights file name, save id, non-tensor model state) of a ``.pth`` written with ``format="safetensors"``."""
+    if isinstance(info, dict) and info.get("format") == "safetensors":
+        weights, save_id, extra = info.get("weights"), info.get("save_id"), info.get("model_extra") or {}
+        valid_id = save_id is None or isinstance(save_id, str)
+        if isinstance(weights, str) and _name_problem(weights) is None and valid_id and isinstance(extra, dict):
+            return weights, save_id, extra
+    raise CheckpointError(
+        f"Checkpoint file {file} holds a malformed safetensors marker (or the marker of another kind of checkpoint)",
+        file,
+        "corrupt",
+    )
+
+
+def _numeric_array(value: object) -> bool:
+    """A numpy array or scalar that converts to a tensor (numbers or booleans; not strings or objects)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return False
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "biufc"
+    return isinstance(value, (np.number, np.bool_))
+
+
+def _valid_metadata(metadata: object) -> bool:
+    """torch's per-module ``_metadata`` of a state dict: absent, or module path -> dict (e.g. ``{"version": 1}``)."""
+    if metadata is None:
+        return True
+    return isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in metadata.items())
+
+
+def _model_state_dict(checkpoint: dict[str, Any], file: str) -> dict[str, Any]:
+    """``checkpoint.pop("model")`` once it is known to be a state dict: string keys, tensor (or numeric numpy)
+    values except ``*_extra_state`` entries, which a module's ``set_extra_state`` receives as saved."""
+    if "model" not in checkpoint:
+        found = ", ".join(repr(k) for k in list(checkpoint)[:8]) or "nothing"
+        raise CheckpointError(
+            f"Checkpoint {file} holds no model state (no 'model' key; it holds {found})", file, "incompatible"
+        )
+    state = checkpoint.pop("model")
+    problem = None
+    if not isinstance(state, dict):
+        problem = f"'model' is a {type(state).__name__} where a state dict belongs"
+    elif not all(isinstance(k, str) for k in state):
+        bad = next(k for k in state if not isinstance(k, str))
+        problem = f"the model state dict has a {type(bad).__name__} key {bad!r} where names are strings"
+    elif not _valid_metadata(getattr(state, "_metadata", None)):
+        problem = "the model state dict carries malformed _metadata"
+    else:
+        for key, value in state.items():
+            if not (isinstance(value, torch.Tensor) or _numeric_array(value) or key.endswith("_extra_state")):
+                problem = f"model state {key!r} is a {type(value).__name__} where a tensor belongs"
+                break
+    if problem is not None:
+        raise CheckpointError(f"Checkpoint {file} is not a valid checkpoint: {problem}", file, "corrupt")
+    return state
+
+
+def _tensor_kind(t: torch.Tensor) -> str:
+    if t.is_nested:
+        return "nested"
+    if t.is_quantized:
+        return "quantized"
+    if t.is_meta:
+        return "meta (holds no data)"
+    return str(t.layout).removeprefix("torch.")
+
+
+def _tensor_kind_mismatch(model_tensor: torch.Tensor, saved: torch.Tensor) -> str | None:
+    """Why ``saved`` cannot be copied into ``model_tensor`` whatever its shape (sparse, quantized, nested, meta)."""
+    want, got = _tensor_kind(model_tensor), _tensor_kind(saved)
+    if want == got or (want.startswith("meta") and got == "strided"):
+        return None
+    return f"is a {got} tensor where the model holds a {want} one"
 
 
 class Checkpointer:
@@ -165,6 +322,7 @@ class Checkpointer:
         written by rank 0 only and every rank waits for it; sharded ones are written by all ranks.
         The write is atomic: a crash at any moment leaves the previous checkpoint and ``last_checkpoint`` valid.
         """
+        _check_name(name)
         fmt = self._check_format(format if format is not None else self.format)
         if self._is_sharded():
             self._save_sharded(name, kwargs)
@@ -180,9 +338,6 @@ class Checkpointer:
     def _save_plain(self, name: str, fmt: str, kwargs: dict[str, Any]) -> None:
         basename = f"{name}.pth"
         save_file = os.path.join(self.save_dir, basename)
-        if os.path.basename(save_file) != basename:
-            raise ValueError(f"Checkpoint name {name!r} must not contain a path separator")
-        os.makedirs(self.save_dir, exist_ok=True)
         model_state = unwrap_state_dict(self.model, self.model.state_dict())
         data: dict[str, Any] = {}
         weights_file = os.path.join(self.save_dir, f"{name}.safetensors")
@@ -203,47 +358,68 @@ class Checkpointer:
             data[key] = obj.state_dict()
         data.update(kwargs)
         self.logger.info(f"Saving checkpoint to {save_file}")
-        if fmt == "safetensors":
-            blob = safetensors_bytes(tensors, save_id)
-            atomic_write(weights_file, lambda f: f.write(blob))
-        atomic_write(save_file, lambda f: torch.save(data, f))
-        if fmt != "safetensors" and os.path.exists(weights_file):
-            # A stale weights file from an earlier save of the same name in the other format.
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(weights_file)
-        self.tag_last_checkpoint(basename)
+        with _writing(save_file):
+            os.makedirs(self.save_dir, exist_ok=True)
+            if fmt == "safetensors":
+                self._write_pair(weights_file, safetensors_bytes(tensors, save_id), save_file, data)
+            else:
+                atomic_write(save_file, lambda f: torch.save(data, f))
+                # A stale weights file from an earlier save of the same name in the other format.
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(weights_file)
+            self.tag_last_checkpoint(basename)
         remove_stale_temp_files(self.save_dir)
+
+    @staticmethod
+    def _write_pair(weights_file: str, blob: bytes, save_file: str, data: dict[str, Any]) -> None:
+        """Weights first, then the ``.pth`` that names them; a weights file new to this save goes if the ``.pth``
+        cannot be written (one left from an earlier save of the name stays; its save id shows the mismatch)."""
+        new_name = not os.path.exists(weights_file)
+        atomic_write(weights_file, lambda f: f.write(blob))
+        try:
+            atomic_write(save_file, lambda f: torch.save(data, f))
+        except BaseException:
+            if new_name:
+                with contextlib.suppress(OSError):
+                    os.remove(weights_file)
+            raise
 
     def _save_sharded(self, name: str, kwargs: dict[str, Any]) -> None:
         from ._dcp import save_sharded
 
+        if name == LAST_CHECKPOINT:
+            raise ValueError(f"Checkpoint name {name!r} is the file that names the newest checkpoint")
         if not self.save_dir or not self.save_to_disk:
             return
-        if os.path.basename(os.path.join(self.save_dir, name)) != name:
-            raise ValueError(f"Checkpoint name {name!r} must not contain a path separator")
         _, rank, _ = _dist_state()
         final = os.path.join(self.save_dir, name)
         partial = os.path.join(self.save_dir, f".{name}.partial")
         if rank == 0:
-            os.makedirs(self.save_dir, exist_ok=True)
-            shutil.rmtree(partial, ignore_errors=True)
-            os.makedirs(partial)
+            with _writing(final):
+                os.makedirs(self.save_dir, exist_ok=True)
+                shutil.rmtree(partial, ignore_errors=True)
+                os.makedirs(partial)
             self.logger.info(f"Saving checkpoint to {final}")
         _barrier()
         optimizers = {k: v for k, v in self.checkpointables.items() if isinstance(v, torch.optim.Optimizer)}
+        done = False
         try:
-            save_sharded(partial, self.model, optimizers)
-            if rank == 0:
-                data: dict[str, Any] = {_MARKER: {"format": "dcp", "optimizers": list(optimizers)}}
-                for key, obj in self.checkpointables.items():
-                    if key not in optimizers:
-                        data[key] = obj.state_dict()
-                data.update(kwargs)
-                atomic_write(os.path.join(partial, _SHARDED_EXTRA), lambda f: torch.save(data, f))
-                self._replace_dir(partial, final)
-                self.tag_last_checkpoint(name)
+            with _writing(final):
+                save_sharded(partial, self.model, optimizers)
+                if rank == 0:
+                    data: dict[str, Any] = {_MARKER: {"format": "dcp", "optimizers": list(optimizers)}}
+                    for key, obj in self.checkpointables.items():
+                        if key not in optimizers:
+                            data[key] = obj.state_dict()
+                    data.update(kwargs)
+                    atomic_write(os.path.join(partial, _SHARDED_EXTRA), lambda f: torch.save(data, f))
+                    self._replace_dir(partial, final)
+                    self.tag_last_checkpoint(name)
+            done = True
         finally:
             _barrier()
+            if rank == 0 and not done:
+                shutil.rmtree(partial, ignore_errors=True)  # the shards written so far (a full disk stays full)
 
     @staticmethod
     def _replace_dir(src: str, dst: str) -> None:
@@ -258,6 +434,7 @@ class Checkpointer:
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """Atomically write ``last_filename_basename`` (no newline) to ``<save_dir>/last_checkpoint``."""
+        _check_name(last_filename_basename, "last_checkpoint entry")
         os.makedirs(self.save_dir or ".", exist_ok=True)
         data = last_filename_basename.encode("utf-8")
         atomic_write(os.path.join(self.save_dir, LAST_CHECKPOINT), lambda f: f.write(data))
@@ -269,13 +446,41 @@ class Checkpointer:
         return os.path.exists(os.path.join(self.save_dir, LAST_CHECKPOINT))
 
     def get_checkpoint_file(self) -> str:
-        """The checkpoint ``last_checkpoint`` names, joined with ``save_dir``; ``""`` if there is none."""
+        """The checkpoint ``last_checkpoint`` names, joined with ``save_dir``; ``""`` if there is none.
+
+        Raises :class:`CheckpointError` if ``last_checkpoint`` cannot be read or is empty (``reason="corrupt"``),
+        or names anything but a file or directory inside ``save_dir`` — a path, ``..``, an absolute path, a
+        symlink that leads out (``reason="unsafe"``).
+        """
+        pointer = os.path.join(self.save_dir, LAST_CHECKPOINT)
         try:
-            with open(os.path.join(self.save_dir, LAST_CHECKPOINT)) as f:
-                last_saved = f.read().strip()
-        except OSError:
+            with open(pointer, "rb") as f:
+                raw = f.read(4096)
+        except FileNotFoundError:
             return ""
-        return os.path.join(self.save_dir, last_saved)
+        except OSError as exc:
+            raise CheckpointError(f"{pointer} cannot be read ({exc.strerror or exc})", pointer, "corrupt") from exc
+        try:
+            last_saved = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            last_saved = ""
+        if not last_saved or any(ord(c) < 32 for c in last_saved):
+            raise CheckpointError(f"{pointer} does not name a checkpoint (it holds {raw[:80]!r})", pointer, "corrupt")
+        path = os.path.join(self.save_dir, last_saved)
+        problem = _name_problem(last_saved)
+        if problem is not None:
+            raise self._outside_error(path, f"{pointer} names {last_saved!r}, which {problem}")
+        if not is_inside(self.save_dir, last_saved):
+            raise self._outside_error(path, f"{pointer} names a symlink that leads out of the directory")
+        return path
+
+    def _outside_error(self, path: str, why: str) -> CheckpointError:
+        return CheckpointError(
+            f"Refused to load {path}: {why}. Resuming loads only checkpoints inside {self.save_dir or '.'}; "
+            "nothing was loaded (check who wrote these files).",
+            path,
+            "unsafe",
+        )
 
     def get_all_checkpoint_files(self) -> list[str]:
         """Every ``*.pth`` file in ``save_dir``, plus sharded ``<name>/`` checkpoint directories."""
@@ -302,8 +507,9 @@ class Checkpointer:
         """
         if not (resume and self.has_checkpoint()):
             return self.load(path, checkpointables=[])
-        last = self.get_checkpoint_file()
+        last = os.path.join(self.save_dir, LAST_CHECKPOINT)  # named in errors until it names a checkpoint
         try:
+            last = self.get_checkpoint_file()
             return self.load(last)
         except CheckpointError as exc:
             if exc.reason == "unsafe":
@@ -314,6 +520,8 @@ class Checkpointer:
             f"falling back to the newest checkpoint in {self.save_dir} that loads."
         )
         for candidate in self._fallback_candidates(exclude=last):
+            if not is_inside(self.save_dir, os.path.basename(candidate)):
+                raise self._outside_error(candidate, "it is a symlink that leads out of the directory")
             try:
                 result = self.load(candidate)
             except CheckpointError as exc:
@@ -353,24 +561,41 @@ class Checkpointer:
         if not path:
             self.logger.info("No checkpoint found. Initializing model from scratch")
             return {}
+        keys = list(self.checkpointables) if checkpointables is None else list(checkpointables)
+        unknown = [k for k in keys if k not in self.checkpointables]
+        if unknown:
+            raise KeyError(
+                f"load(checkpointables=...) names {unknown}, which are not registered with this Checkpointer"
+            )
         self.logger.info(f"[Checkpointer] Loading from {path} ...")
         self._load_weights_only = self.weights_only if weights_only is None else weights_only
         try:
             local = self._local_path(path)
             if _is_dcp_checkpoint(local):
-                return self._load_sharded(path, local, checkpointables)
+                return self._load_sharded(path, local, keys)
             checkpoint = self._read_checkpoint(path, local)
-            incompatible = self._load_model(checkpoint)
+            incompatible = self._load_model(checkpoint, file=local)
             if incompatible is not None:
                 self._log_incompatible_keys(incompatible)
-            for key in self.checkpointables if checkpointables is None else checkpointables:
+            for key in keys:
                 if key in checkpoint:
                     self.logger.info(f"Loading {key} from {path} ...")
-                    obj = self.checkpointables[key]
-                    obj.load_state_dict(checkpoint.pop(key))
+                    self._load_checkpointable(key, checkpoint.pop(key), local)
             return checkpoint
         finally:
             self._load_weights_only = self.weights_only
+
+    def _load_checkpointable(self, key: str, state: Any, file: str) -> None:
+        obj = self.checkpointables[key]
+        try:
+            obj.load_state_dict(state)
+        except Exception as exc:
+            raise CheckpointError(
+                f"Checkpoint {file}: the saved {key!r} state cannot be loaded into the {type(obj).__name__} "
+                f"({type(exc).__name__}: {first_line(exc)})",
+                file,
+                "incompatible",
+            ) from exc
 
     def _local_path(self, path: str) -> str:
         if not _is_url(path):
@@ -406,30 +631,34 @@ class Checkpointer:
             path, local = path[: -len(".safetensors")] + ".pth", companion
         checkpoint = self._load_file(local)
         info = checkpoint.pop(_MARKER, None)
-        if isinstance(info, dict) and info.get("format") == "safetensors":
-            weights_name = str(info.get("weights", ""))
-            if os.path.basename(weights_name) != weights_name or not weights_name:
-                raise CheckpointError(f"Checkpoint file {local} names an invalid weights file", local, "corrupt")
+        if info is not None:
+            weights_name, save_id, model_extra = _safetensors_marker(info, local)
             if _is_url(path):
                 weights_local = self._local_path(path.rsplit("/", 1)[0] + "/" + weights_name)
             else:
                 weights_local = os.path.join(os.path.dirname(local), weights_name)
-            model_state: dict[str, Any] = OrderedDict(load_safetensors(weights_local, info.get("save_id")))
-            model_state.update(info.get("model_extra") or {})
+            model_state: dict[str, Any] = OrderedDict(load_safetensors(weights_local, save_id))
+            model_state.update(model_extra)
             checkpoint = {"model": model_state, **checkpoint}
         elif "model" not in checkpoint and checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
             self.logger.info(f"{path} holds a bare state dict; loading it as the model state")
             checkpoint = {"model": checkpoint}
         return checkpoint
 
-    def _load_sharded(self, path: str, local: str, checkpointables: list[str] | None) -> dict[str, Any]:
+    def _load_sharded(self, path: str, local: str, keys: list[str]) -> dict[str, Any]:
         from ._dcp import load_sharded
 
         extra_file = os.path.join(local, _SHARDED_EXTRA)
+        if os.path.lexists(extra_file) and not is_inside(local, _SHARDED_EXTRA):
+            raise unsafe_error(extra_file, "it is a symlink that leads out of the checkpoint directory")
         extra = self._load_file(extra_file) if os.path.isfile(extra_file) else {}
         info = extra.pop(_MARKER, None) or {}
-        saved_optimizers = set(info.get("optimizers", []))
-        keys = list(self.checkpointables) if checkpointables is None else list(checkpointables)
+        saved = info.get("optimizers", []) if isinstance(info, dict) else None
+        if not isinstance(saved, list) or not all(isinstance(k, str) for k in saved):
+            raise CheckpointError(
+                f"Checkpoint file {extra_file} holds a malformed sharded-checkpoint marker", extra_file, "corrupt"
+            )
+        saved_optimizers = set(saved)
         optimizers = {
             k: self.checkpointables[k]
             for k in keys
@@ -444,14 +673,17 @@ class Checkpointer:
         for key in keys:
             if key in extra:
                 self.logger.info(f"Loading {key} from {path} ...")
-                self.checkpointables[key].load_state_dict(extra.pop(key))
+                self._load_checkpointable(key, extra.pop(key), extra_file)
         return extra
 
-    def _load_model(self, checkpoint: dict[str, Any]) -> _IncompatibleKeys:
-        """Load ``checkpoint.pop("model")`` into the model, skipping tensors whose shapes differ."""
-        if "model" not in checkpoint:
-            raise CheckpointError("The checkpoint holds no model state (no 'model' key)", "", "incompatible")
-        checkpoint_state_dict = checkpoint.pop("model")
+    def _load_model(self, checkpoint: dict[str, Any], file: str = "") -> _IncompatibleKeys:
+        """Load ``checkpoint.pop("model")`` into the model, skipping tensors whose shapes differ.
+
+        The whole state is checked before anything is copied: content that cannot be a state dict of tensors
+        (``reason="corrupt"``) or tensors of another kind than the model's (``reason="incompatible"``) raise a
+        :class:`CheckpointError` naming ``file`` and leave the model unchanged.
+        """
+        checkpoint_state_dict = _model_state_dict(checkpoint, file)
         self._convert_ndarray_to_tensor(checkpoint_state_dict)
         # Checkpoints written from a DataParallel / DDP model by other code carry a uniform "module." prefix.
         strip_prefix_if_present(checkpoint_state_dict, "module.")
@@ -475,13 +707,26 @@ class Checkpointer:
                 continue  # lazy modules take whatever shape the checkpoint has
             if not isinstance(model_param, torch.Tensor) or not isinstance(ckpt_param, torch.Tensor):
                 continue
+            mismatch = _tensor_kind_mismatch(model_param, ckpt_param)
+            if mismatch is not None:
+                raise CheckpointError(
+                    f"Checkpoint {file}: model state {key!r} {mismatch}; nothing was loaded", file, "incompatible"
+                )
             shape_model, shape_checkpoint = tuple(model_param.shape), tuple(ckpt_param.shape)
             if shape_model != shape_checkpoint:
                 if self._is_quantization_observer(key):
                     continue  # per-channel observers resize themselves
                 incorrect_shapes.append((key, shape_checkpoint, shape_model))
                 checkpoint_state_dict.pop(key)
-        incompatible = self.model.load_state_dict(checkpoint_state_dict, strict=False)
+        try:
+            incompatible = self.model.load_state_dict(checkpoint_state_dict, strict=False)
+        except Exception as exc:  # e.g. a module's set_extra_state refusing its saved extra state
+            raise CheckpointError(
+                f"Checkpoint {file}: the model state cannot be loaded into the model "
+                f"({type(exc).__name__}: {first_line(exc)})",
+                file,
+                "incompatible",
+            ) from exc
         return _IncompatibleKeys(
             missing_keys=list(incompatible.missing_keys),
             unexpected_keys=list(incompatible.unexpected_keys),
@@ -576,10 +821,11 @@ class PeriodicCheckpointer:
         file_prefix: str = "model",
     ) -> None:
         self.checkpointer = checkpointer
-        self.period = int(period)
+        self.period = _positive_int(period, "period")
         self.max_iter = max_iter
         if max_to_keep is not None and max_to_keep <= 0:
             raise ValueError(f"max_to_keep must be positive, got {max_to_keep}")
+        _check_name(file_prefix, "file_prefix")
         self.max_to_keep = max_to_keep
         self.recent_checkpoints: list[str] = []
         self.file_prefix = file_prefix
@@ -634,7 +880,10 @@ class PeriodicCheckpointer:
             to_delete = self.recent_checkpoints.pop(0)
             if not self.checkpointer._is_writer():
                 continue
-            protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
+            try:
+                protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
+            except CheckpointError:
+                protected = os.devnull  # last_checkpoint does not name a checkpoint in save_dir: nothing to spare
             stem = os.path.basename(to_delete)
             for suffix in (".pth", ".safetensors"):
                 stem = stem.removesuffix(suffix)
