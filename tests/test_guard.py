@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from modelmeter.errors import ModelMeterError
 from modelmeter.guard import (
     BaselineFile,
     BaselineMismatch,
+    assert_cost,
     check_budget,
     compare,
     diff,
@@ -239,3 +241,88 @@ def test_command_keeps_the_memory_options_in_the_baseline(capsys: pytest.Capture
     assert "--backward" in entry.spec and entry.total("peak_memory") > 0
     out, _ = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1")
     assert "m.py:build: within its baseline" in out
+
+
+# --- nothing fools a guard: tolerances and budgets ------------------------------------------------------------
+@pytest.mark.parametrize("tolerance", ["nan", "NaN%", "inf", "-inf", "1e400%", "-1", "-0.5%", "1e999"])
+def test_a_tolerance_that_is_not_finite_or_is_negative_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                   tolerance: str) -> None:
+    _, err = cli(capsys, "resnet18", "--check-baseline", "costs.json", f"--tolerance={tolerance}", code=2)
+    assert f"argument --tolerance: not a tolerance: '{tolerance}' (a finite number >= 0" in err
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_a_nan_tolerance_never_passes_a_model_that_grew(capsys: pytest.CaptureFixture[str]) -> None:
+    """The oracle: the model grew by a hand-counted 2·32·32 = 2048 FLOPs (+160%), its last Linear from 2·32·4
+    to 2·32·32 FLOPs (+700%): below 700% the check fails, above it passes; NaN (false in every comparison)
+    is refused instead of passing."""
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    grown = ("m.py:build", "extra=1", "--name", "m.py:build", "--check-baseline", "costs.json")
+    _, err = cli(capsys, *grown, "--tolerance", "699%", code=1)
+    assert "module '2': flops 0.256K -> 2.048K (+1,792, +700.0%)" in err and "the model" not in err
+    _, err = cli(capsys, *grown, "--tolerance", "159%", code=1)
+    assert "the model: flops 1.28K -> 3.328K (+2,048, +160.0%)" in err
+    cli(capsys, *grown, "--tolerance", "701%")
+    cli(capsys, *grown, "--tolerance", "nan", code=2)
+
+
+@pytest.mark.parametrize("tolerance", [math.nan, math.inf, -0.01, -math.inf])
+def test_compare_and_assert_cost_refuse_a_bad_tolerance_naming_it(tmp_path: Path, tolerance: float) -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+        compare("mlp", entry(mlp(), x), entry(mlp(extra=1), x), tolerance)
+    path = tmp_path / "costs.json"
+    assert_cost(mlp(), x, path, update=True)
+    with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+        assert_cost(mlp(extra=1), x, path, tolerance=tolerance)
+
+
+@pytest.mark.parametrize("tolerance", ["1%", None, True, [0.1]])
+def test_a_tolerance_that_is_not_a_number_is_a_type_error(tmp_path: Path, tolerance: object) -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(TypeError, match="tolerance must be a number"):
+        compare("mlp", entry(mlp(), x), entry(mlp(), x), tolerance)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tolerance must be a number"):
+        assert_cost(mlp(), x, tmp_path / "costs.json", tolerance=tolerance)  # type: ignore[arg-type]
+
+
+def test_compare_refuses_entries_holding_nan_or_negative_costs() -> None:
+    x = torch.randn(2, 16)
+    before, after = entry(mlp(), x), entry(mlp(extra=1), x)
+    before.modules[""]["flops"] = math.nan  # NaN < anything is false: the growth would pass unseen
+    with pytest.raises(ValueError, match="the baseline: module '': flops must be a finite number, got nan"):
+        compare("mlp", before, after)
+    before.modules[""]["flops"] = -1
+    with pytest.raises(ValueError, match="flops cannot be negative"):
+        compare("mlp", before, after)
+
+
+@pytest.mark.parametrize(("budget", "message"), [
+    ("flops=1e400", "the budget of flops: out of range: '1e400' is over 1e+30"),
+    ("flops=1e99999999", "the budget of flops: out of range"),  # at once: no 10**99999999 is computed
+    ("flops=2e30", "out of range: '2e30' is over 1e+30"),
+    ("params=9999999999999999P", "the budget of params: out of range"),
+    ("flops=nan", "the budget of flops: not a quantity: 'nan'"),
+    ("flops=inf", "not a quantity: 'inf'"),
+    ("flops=-1G", "not a quantity: '-1G'"),
+    ("flops=1G,flops=2G", "the budget names 'flops' twice"),
+])
+def test_a_budget_out_of_range_is_one_clear_line(capsys: pytest.CaptureFixture[str], budget: str,
+                                                 message: str) -> None:
+    _, err = cli(capsys, "resnet18", "--budget", budget, code=2)
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("limit", "error", "message"), [
+    (math.nan, ValueError, r"budget\['flops'\] must be a finite number, got nan"),
+    (math.inf, ValueError, r"budget\['flops'\] must be a finite number, got inf"),
+    (-1, ValueError, r"budget\['flops'\] cannot be negative"),
+    (10**400, ValueError, r"budget\['flops'\] is out of range: \(an integer of 1329 bits\)"),
+    ("4G", TypeError, r"budget\['flops'\] must be a number, got str '4G'"),
+    (True, TypeError, r"budget\['flops'\] must be a number, got bool"),
+])
+def test_check_budget_refuses_limits_that_would_pass_everything(limit: object, error: type[Exception],
+                                                                message: str) -> None:
+    result = analyze(mlp(), torch.randn(2, 16), quiet=True).result()
+    with pytest.raises(error, match=message):
+        check_budget(result, {"flops": limit})  # type: ignore[dict-item]
