@@ -183,7 +183,9 @@ def _parse_entry(data: Any, what: str) -> Entry:
         raise GuardFileError(f"{what}: spec must be a list of command-line arguments (strings)")
     modules = _field(data, "modules", dict, what)
     for module, metrics in modules.items():
-        _field(modules, module, dict, f"{what}: modules")
+        if not isinstance(metrics, dict):
+            raise GuardFileError(f"{what}: module {module!r} must be an object of metric -> value, got "
+                                 f"{_kind(metrics)}")
         try:
             _check_costs(module, metrics, what)
         except (TypeError, ValueError) as exc:

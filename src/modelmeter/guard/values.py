@@ -50,9 +50,14 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     where = repr(os.fspath(path))
     try:
         size = os.stat(path).st_size
-        if size > MAX_FILE_BYTES:
-            raise GuardFileError(f"{where} is {size:,} bytes: too large for a baseline or saved analysis "
-                                 f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise GuardFileError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if size > MAX_FILE_BYTES:
+        raise GuardFileError(f"{where} is {size:,} bytes: too large for a baseline or saved analysis "
+                             f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
+    try:
         with open(path, encoding="utf-8") as f:
             return json.load(f, parse_constant=_refuse_constant)
     except FileNotFoundError:
@@ -74,6 +79,6 @@ def _refuse_constant(name: str) -> Any:
 def shorten(value: object, limit: int = 40) -> str:
     """``repr(value)``, at most ``limit`` characters, for an error message."""
     if isinstance(value, int) and value.bit_length() > 128:  # repr() refuses ints of over 4300 digits
-        return f"(an integer of {value.bit_length()} bits)"
+        return f"(an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits)"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
