@@ -379,6 +379,7 @@ BROKEN_BASELINES: list[tuple[str, Callable[[Data], None] | str, str]] = [
     ("spec string", _set([*ENTRY, "spec"], "m.py:build"), "spec must be a list, got str 'm.py:build'"),
     ("spec numbers", _set([*ENTRY, "spec"], [1, 2]), "spec must be a list of command-line arguments (strings)"),
     ("top-level list", _set(["models"], None), "models must be an object, got null"),
+    ("escape in a name", _set([*ENTRY, "modules", "\x1b[2J"], {}), "a module's name is not a printable name"),
     ("schema", _set(["schema_version"], 99), "has baseline schema 99; this modelmeter reads 1"),
     ("not JSON", "{", "is not valid JSON: Expecting property name"),
     ("deep nesting", "[" * 200_000, "is nested too deeply"),
@@ -447,6 +448,7 @@ BROKEN_RESULTS: list[tuple[str, Callable[[Data], None], str]] = [
     ("huge", _set([*RESULT_ROW, "params"], 10**31), "module '': params is out of range"),
     ("modules dict", _set(["modules"], {}), "modules must be a list of module rows"),
     ("row string", _set(RESULT_ROW, "x"), "modules[0] is not a module row (name, params, metrics)"),
+    ("escape in a name", _set([*RESULT_ROW, "name"], "\x1b]0;x\x07"), "modules[0]'s name is not a printable name"),
     ("no name", _drop(*RESULT_ROW, "name"), "modules[0] is not a module row"),  # type: ignore[arg-type]
 ]
 

@@ -26,7 +26,7 @@ from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
 from ..reports.render import format_metric
 from ..reports.result import Result
-from .values import MAX_AMOUNT, GuardFileError, check_amount, check_tolerance, read_json, shorten
+from .values import MAX_AMOUNT, GuardFileError, check_amount, check_name, check_tolerance, read_json, shorten
 
 FORMAT = "modelmeter-baseline"
 SCHEMA_VERSION = 1
@@ -183,6 +183,7 @@ def _parse_entry(data: Any, what: str) -> Entry:
         raise GuardFileError(f"{what}: spec must be a list of command-line arguments (strings)")
     modules = _field(data, "modules", dict, what)
     for module, metrics in modules.items():
+        check_name(module, f"{what}: a module's name")
         if not isinstance(metrics, dict):
             raise GuardFileError(f"{what}: module {module!r} must be an object of metric -> value, got "
                                  f"{_kind(metrics)}")
@@ -252,6 +253,8 @@ class BaselineFile:
             raise GuardFileError(f"{where} has baseline schema {data.get('schema_version')!r}; this modelmeter "
                                  f"reads {SCHEMA_VERSION}")
         models = _field(data, "models", dict, where)
+        for name in models:
+            check_name(name, f"{where}: an entry's name")
         return cls({name: _parse_entry(value, f"{where}: the entry {name!r}") for name, value in models.items()})
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from ..reports.fvcore_tables import format_size
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
-from .values import GuardFileError, check_amount, read_json
+from .values import GuardFileError, check_amount, check_name, read_json
 
 Costs = dict[str, dict[str, float]]  # "model/module" or "module" -> metric -> value
 
@@ -40,6 +40,7 @@ def _result_costs(rows: Any, where: str) -> Costs:
     for i, row in enumerate(rows):
         if not (isinstance(row, dict) and isinstance(row.get("name"), str) and isinstance(row.get("metrics"), dict)):
             raise GuardFileError(f"{where}: modules[{i}] is not a module row (name, params, metrics)")
+        check_name(row["name"], f"{where}: modules[{i}]'s name")
         values = {"params": row.get("params", 0), **row["metrics"]}
         try:
             for metric, value in values.items():

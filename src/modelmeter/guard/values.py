@@ -44,6 +44,13 @@ def check_tolerance(value: object, what: str = "tolerance") -> float:
     return float(value)
 
 
+def check_name(name: str, what: str) -> None:
+    """Names read from a file are printed: no control characters (an escape sequence could rewrite what the
+    terminal shows), at most 1000 characters."""
+    if not name.isprintable() or len(name) > 1000:
+        raise GuardFileError(f"{what} is not a printable name of at most 1000 characters: {shorten(name)}")
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON in ``path``, at most :data:`MAX_FILE_BYTES`; NaN and Infinity (which Python's json reads) are
     refused. :class:`GuardFileError` naming the file for anything else, FileNotFoundError passes through."""
