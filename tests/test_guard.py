@@ -520,6 +520,7 @@ HOSTILE_SPECS: list[tuple[list[str], str]] = [
     (["m.py:build", "--", "--output"], "holds the option '--'"),
     (["resnet18", "--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
     (["resnet18", "--batch"], "--batch needs a value"),
+    (["m.py:build", "--dtype", "--output", "x=1"], "--dtype needs a value"),
     (["resnet18", "--convention", "evil"], "argument --convention: invalid choice: 'evil'"),
     (["resnet18", "--input", "1x3x32x32", "--batch", "2"], "--input fixes the input shapes"),
     (["torchvision:resnet18", "weights='DEFAULT'"], "torchvision option weights='DEFAULT' is not allowed in a "
@@ -579,7 +580,7 @@ def test_a_baseline_may_name_files_and_modules_of_its_own_project(capsys: pytest
 def test_check_all_refuses_options_it_would_ignore(capsys: pytest.CaptureFixture[str], project: Path) -> None:
     cli(capsys, "m.py:build", "--save-baseline", "costs.json")
     for extra in (["--budget", "flops=1"], ["--save-baseline", "other.json"], ["--batch", "4"],
-                  ["--convention", "macs"], ["--name", "x"], ["--backward"]):
+                  ["--convention", "macs"], ["--name", "x"], ["--backward"], ["--format", "json"]):
         _, err = cli(capsys, "--check-baseline", "costs.json", *extra, code=2)
         assert f"{extra[0]}: a check of every model of costs.json runs each entry as it was saved" in err
     assert not Path("other.json").exists()

@@ -523,6 +523,7 @@ def _check_all(args: argparse.Namespace) -> int:
 
     ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
     ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
+    ignored += ["--format"] * (args.format != "table")  # the reports are text
     if ignored:
         raise ModelSpecError(f"{', '.join(ignored)}: a check of every model of {args.check_baseline} runs each "
                              "entry as it was saved; name a MODEL to check one model with other options")
@@ -544,21 +545,20 @@ def _check_all(args: argparse.Namespace) -> int:
              for name, outcome in outcomes.items()]
     print(f"modelmeter: checked {len(codes)} model{'s' * (len(codes) != 1)} of {args.check_baseline}: "
           f"{codes.count(0)} within the baseline, {codes.count(1)} over it or failed, {codes.count(2)} not "
-          "comparable", file=sys.stderr)
+          "comparable or refused", file=sys.stderr)
     return max(codes)
 
 
 def _report_check(name: str, expected: Entry, outcome: dict[str, Any], tolerance: float) -> int:
     """Print the comparison of one entry of a check of every model; its exit status."""
-    from .guard import Entry, compare
+    from .guard import BaselineMismatch, Entry, compare
 
     if "error" in outcome:
         print(f"modelmeter: {name}: {outcome['error']}", file=sys.stderr)
         return int(outcome["code"])
     try:
-        with _usage_errors():
-            comparison = compare(name, expected, Entry(**outcome["entry"]), tolerance)
-    except ModelSpecError as exc:
+        comparison = compare(name, expected, Entry(**outcome["entry"]), tolerance)
+    except BaselineMismatch as exc:
         print(f"modelmeter: {exc}", file=sys.stderr)
         return 2
     print(comparison.report())

@@ -81,7 +81,8 @@ def _positional(tokens: list[str], what: str) -> list[str]:
     tokens_left = iter(tokens)
     for token in tokens_left:
         if token in SPEC_OPTIONS:
-            if next(tokens_left, None) is None:
+            value = next(tokens_left, None)
+            if value is None or value.startswith("-"):  # no value of these options starts with "-"
                 raise ModelSpecError(f"{what}: {token} needs a value")
         elif token.startswith("-"):
             if token not in SPEC_FLAGS:
