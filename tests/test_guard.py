@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from modelmeter import analyze
-from modelmeter.cli import Job, analyse, main
+from modelmeter.cli import Job, _job_argv, analyse, build_parser, main
+from modelmeter.cli import _job as cli_job
 from modelmeter.errors import ModelMeterError
 from modelmeter.guard import (
     BaselineFile,
@@ -30,6 +31,7 @@ from modelmeter.guard import (
     parse_budget,
     parse_quantity,
 )
+from modelmeter.guard.specs import check_spec
 from modelmeter.guard.values import MAX_FILE_BYTES, GuardFileError
 from modelmeter.reports.render import format_bytes
 
@@ -652,6 +654,13 @@ def test_model_code_that_exits_fails_the_guard(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.usefixtures("exits_dir")
+def test_a_sweep_fails_when_the_model_exits_while_it_is_probed(capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep with workers builds the model once in the command's process first (to fail fast)."""
+    _, err = cli(capsys, "exits.py:build_exits", "--sweep", "batch=1,2", "--jobs", "2", code=1)
+    one_line_error(err, "modelmeter: exits.py:build_exits: the model's code called sys.exit(0)")
+
+
+@pytest.mark.usefixtures("exits_dir")
 def test_check_all_checks_every_model_after_one_exits(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "m.py:build", "--save-baseline", "costs.json")
     data = json.loads(Path("costs.json").read_text())
@@ -717,3 +726,17 @@ def test_a_failed_check_never_overwrites_the_baseline(capsys: pytest.CaptureFixt
     assert "did not save" in err and not Path("new.json").exists()
     cli(capsys, *both, "--tolerance", "800%")  # growth accepted: now it is saved
     assert BaselineFile.load("costs.json").entries["m.py:build"].total("flops") == 3328
+
+
+@pytest.mark.parametrize("job", [
+    Job("m.py:build", ("extra=1",), shapes=(((2, 16), torch.float32), ((3,), None)), dtype=torch.float16,
+        execution="real", convention="macs", backward=True, dense_attention=True, memory=True, optimizer="adamw",
+        state_dtype="bfloat16", foreach=True),
+    Job("resnet18", batch=2, resolution=32, execution="fake"),
+    Job("gpt2_tiny", seq_len=16, convention="flops"),
+])
+def test_every_spec_the_command_writes_is_accepted_and_runs_the_same_job(project: Path, job: Job) -> None:
+    """The allowed options are exactly those _job_argv writes: a saved spec parses back to the job it came from."""
+    argv = _job_argv(job)
+    parsed = check_spec(argv, "entry", project / "costs.json", build_parser())
+    assert cli_job(parsed) == job

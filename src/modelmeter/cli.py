@@ -647,7 +647,8 @@ def _run_sweep(args: argparse.Namespace, job: Job) -> int:
     workers = min(args.jobs or os.cpu_count() or 1, len(values))
     if workers > 1:  # fail fast, before starting processes, on a spec or an axis that does not fit the model
         probe = replace(job, **{axis: values[0]})
-        loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
+        with _model_code(probe.spec):
+            loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
         loaded.inputs(batch=probe.batch, resolution=probe.resolution, seq_len=probe.seq_len)
         del loaded, probe
     rows = _in_parallel(sweep_point, dict(zip(values, jobs, strict=True)), workers,
