@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 from modelmeter import analyze
-from modelmeter.cli import main
+from modelmeter.cli import Job, _job_argv, analyse, build_parser, main
+from modelmeter.cli import _job as cli_job
 from modelmeter.errors import ModelMeterError
 from modelmeter.guard import (
     BaselineFile,
     BaselineMismatch,
+    CostAssertionError,
+    assert_cost,
     check_budget,
     compare,
     diff,
@@ -24,6 +31,8 @@ from modelmeter.guard import (
     parse_budget,
     parse_quantity,
 )
+from modelmeter.guard.specs import check_spec
+from modelmeter.guard.values import MAX_FILE_BYTES, GuardFileError
 from modelmeter.reports.render import format_bytes
 
 MODEL_FILE = textwrap.dedent("""
@@ -239,3 +248,495 @@ def test_command_keeps_the_memory_options_in_the_baseline(capsys: pytest.Capture
     assert "--backward" in entry.spec and entry.total("peak_memory") > 0
     out, _ = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1")
     assert "m.py:build: within its baseline" in out
+
+
+# --- nothing fools a guard: tolerances and budgets ------------------------------------------------------------
+@pytest.mark.parametrize("tolerance", ["nan", "NaN%", "inf", "-inf", "1e400%", "-1", "-0.5%", "1e999"])
+def test_a_tolerance_that_is_not_finite_or_is_negative_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                   tolerance: str) -> None:
+    _, err = cli(capsys, "resnet18", "--check-baseline", "costs.json", f"--tolerance={tolerance}", code=2)
+    assert f"argument --tolerance: not a tolerance: '{tolerance}' (a finite number >= 0" in err
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_a_nan_tolerance_never_passes_a_model_that_grew(capsys: pytest.CaptureFixture[str]) -> None:
+    """The oracle: the model grew by a hand-counted 2·32·32 = 2048 FLOPs (+160%), its last Linear from 2·32·4
+    to 2·32·32 FLOPs (+700%): below 700% the check fails, above it passes; NaN (false in every comparison)
+    is refused instead of passing."""
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    grown = ("m.py:build", "extra=1", "--name", "m.py:build", "--check-baseline", "costs.json")
+    _, err = cli(capsys, *grown, "--tolerance", "699%", code=1)
+    assert "module '2': flops 0.256K -> 2.048K (+1,792, +700.0%)" in err and "the model" not in err
+    _, err = cli(capsys, *grown, "--tolerance", "159%", code=1)
+    assert "the model: flops 1.28K -> 3.328K (+2,048, +160.0%)" in err
+    cli(capsys, *grown, "--tolerance", "701%")
+    cli(capsys, *grown, "--tolerance", "nan", code=2)
+
+
+@pytest.mark.parametrize("tolerance", [math.nan, math.inf, -0.01, -math.inf])
+def test_compare_and_assert_cost_refuse_a_bad_tolerance_naming_it(tmp_path: Path, tolerance: float) -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+        compare("mlp", entry(mlp(), x), entry(mlp(extra=1), x), tolerance)
+    path = tmp_path / "costs.json"
+    assert_cost(mlp(), x, path, update=True)
+    with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+        assert_cost(mlp(extra=1), x, path, tolerance=tolerance)
+
+
+@pytest.mark.parametrize("tolerance", ["1%", None, True, [0.1]])
+def test_a_tolerance_that_is_not_a_number_is_a_type_error(tmp_path: Path, tolerance: object) -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(TypeError, match="tolerance must be a number"):
+        compare("mlp", entry(mlp(), x), entry(mlp(), x), tolerance)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tolerance must be a number"):
+        assert_cost(mlp(), x, tmp_path / "costs.json", tolerance=tolerance)  # type: ignore[arg-type]
+
+
+def test_compare_refuses_entries_holding_nan_or_negative_costs() -> None:
+    x = torch.randn(2, 16)
+    before, after = entry(mlp(), x), entry(mlp(extra=1), x)
+    before.modules[""]["flops"] = math.nan  # NaN < anything is false: the growth would pass unseen
+    with pytest.raises(ValueError, match="the baseline: module '': flops must be a finite number, got nan"):
+        compare("mlp", before, after)
+    before.modules[""]["flops"] = -1
+    with pytest.raises(ValueError, match="flops cannot be negative"):
+        compare("mlp", before, after)
+
+
+@pytest.mark.parametrize(("budget", "message"), [
+    ("flops=1e400", "the budget of flops: out of range: '1e400' is over 1e+30"),
+    ("flops=1e99999999", "the budget of flops: out of range"),  # at once: no 10**99999999 is computed
+    ("flops=2e30", "out of range: '2e30' is over 1e+30"),
+    ("params=9999999999999999P", "the budget of params: out of range"),
+    ("flops=nan", "the budget of flops: not a quantity: 'nan'"),
+    ("flops=inf", "not a quantity: 'inf'"),
+    ("flops=-1G", "not a quantity: '-1G'"),
+    ("flops=1G,flops=2G", "the budget names 'flops' twice"),
+])
+def test_a_budget_out_of_range_is_one_clear_line(capsys: pytest.CaptureFixture[str], budget: str,
+                                                 message: str) -> None:
+    _, err = cli(capsys, "resnet18", "--budget", budget, code=2)
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("limit", "error", "message"), [
+    (math.nan, ValueError, r"budget\['flops'\] must be a finite number, got nan"),
+    (math.inf, ValueError, r"budget\['flops'\] must be a finite number, got inf"),
+    (-1, ValueError, r"budget\['flops'\] cannot be negative"),
+    (10**400, ValueError, r"budget\['flops'\] is out of range: \(an integer of about 401 digits\)"),
+    ("4G", TypeError, r"budget\['flops'\] must be a number, got str '4G'"),
+    (True, TypeError, r"budget\['flops'\] must be a number, got bool"),
+])
+def test_check_budget_refuses_limits_that_would_pass_everything(limit: object, error: type[Exception],
+                                                                message: str) -> None:
+    result = analyze(mlp(), torch.randn(2, 16), quiet=True).result()
+    with pytest.raises(error, match=message):
+        check_budget(result, {"flops": limit})  # type: ignore[dict-item]
+
+
+# --- nothing fools a guard: broken baselines and diff inputs --------------------------------------------------
+Data = dict[str, Any]
+
+
+def _set(path: list[str | int], value: object) -> Callable[[Data], None]:
+    def change(data: Data) -> None:
+        *parents, last = path
+        for key in parents:
+            data = data[key]  # type: ignore[index]
+        data[last] = value  # type: ignore[index]
+    return change
+
+
+def _drop(*path: str) -> Callable[[Data], None]:
+    def change(data: Data) -> None:
+        *parents, last = path
+        for key in parents:
+            data = data[key]
+        del data[last]
+    return change
+
+
+ENTRY = ["models", "m.py:build"]
+FLOPS = [*ENTRY, "modules", "", "flops"]
+BROKEN_BASELINES: list[tuple[str, Callable[[Data], None] | str, str]] = [
+    ("string", _set(FLOPS, "1.28K"), "module '': flops must be a number, got str '1.28K'"),
+    ("null", _set(FLOPS, None), "module '': flops must be a number, got NoneType None"),
+    ("bool", _set(FLOPS, True), "module '': flops must be a number, got bool True"),
+    ("huge int", _set(FLOPS, 10**40), "flops is out of range: (an integer of about 41 digits) is over 1e+30"),
+    ("negative", _set(FLOPS, -1280), "module '': flops cannot be negative, got -1280"),
+    ("1e400", '"flops": 1e400', "module '': flops must be a finite number, got inf"),
+    ("NaN", '"flops": NaN', "is not valid JSON: NaN is not a number a cost can have"),
+    ("Infinity", '"flops": -Infinity', "is not valid JSON: -Infinity is not a number a cost can have"),
+    ("4301 digits", '"flops": ' + "9" * 4301, "is not valid JSON: Exceeds the limit (4300 digits)"),
+    ("models list", _set(["models"], []), "models must be an object, got a list"),
+    ("entry list", _set(ENTRY, [1, 2]), "the entry 'm.py:build' is a list, not an object"),
+    ("no modules", _drop(*ENTRY, "modules"), "the entry 'm.py:build' lacks modules"),
+    ("unknown field", _set([*ENTRY, "extra"], 1), "the entry 'm.py:build' has unknown fields: extra"),
+    ("module list", _set([*ENTRY, "modules", "0"], [1]), "module '0' must be an object of metric -> value, got a "
+                                                          "list"),
+    ("inputs string", _set([*ENTRY, "inputs"], "2x16"), "inputs must be a list, got str '2x16'"),
+    ("input shape", _set([*ENTRY, "inputs", 0, "shape"], [2, -16]), "inputs[0] is not {\"shape\": [sizes]"),
+    ("backward string", _set([*ENTRY, "backward"], "no"), "backward must be true or false, got str 'no'"),
+    ("spec string", _set([*ENTRY, "spec"], "m.py:build"), "spec must be a list, got str 'm.py:build'"),
+    ("spec numbers", _set([*ENTRY, "spec"], [1, 2]), "spec must be a list of command-line arguments (strings)"),
+    ("top-level list", _set(["models"], None), "models must be an object, got null"),
+    ("escape in a name", _set([*ENTRY, "modules", "\x1b[2J"], {}), "a module's name is not a printable name"),
+    ("schema", _set(["schema_version"], 99), "has baseline schema 99; this modelmeter reads 1"),
+    ("not JSON", "{", "is not valid JSON: Expecting property name"),
+    ("deep nesting", "[" * 200_000, "is nested too deeply"),
+    ("not UTF-8", "\udcff", "is not a text file (not UTF-8)"),
+]
+
+
+def _break(path: Path, how: Callable[[Data], None] | str) -> None:
+    """Apply ``how`` to the baseline in ``path``: a change of its data, or a text replacing ``"flops": 1280``
+    (or the whole file, for text that is not JSON)."""
+    text = path.read_text()
+    if callable(how):
+        data = json.loads(text)
+        how(data)
+        path.write_text(json.dumps(data))
+    elif how == "\udcff":
+        path.write_bytes(b"\xff\xfe{}")
+    elif how.startswith('"flops"'):
+        path.write_text(text.replace('"flops": 1280', how, 1))
+    else:
+        path.write_text(how)
+
+
+def one_line_error(err: str, message: str) -> None:
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("modelmeter: ") and "Traceback" not in err
+
+
+@pytest.mark.usefixtures("model_dir")
+@pytest.mark.parametrize(("label", "how", "message"), BROKEN_BASELINES, ids=[b[0] for b in BROKEN_BASELINES])
+def test_a_broken_baseline_is_one_clear_line_in_every_command(capsys: pytest.CaptureFixture[str], label: str,
+                                                              how: Callable[[Data], None] | str,
+                                                              message: str) -> None:
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    _break(Path("costs.json"), how)
+    broken = Path("costs.json").read_bytes()
+    for argv in (["m.py:build", "--check-baseline", "costs.json"], ["--check-baseline", "costs.json"],
+                 ["diff", "costs.json", "costs.json"], ["m.py:build", "--save-baseline", "costs.json"]):
+        _, err = cli(capsys, *argv, code=2)
+        one_line_error(err, message)
+        assert "costs.json" in err
+    assert Path("costs.json").read_bytes() == broken  # --save-baseline did not replace what it could not read
+    with pytest.raises(GuardFileError, match=re.escape(message)):
+        BaselineFile.load("costs.json")
+    with pytest.raises(GuardFileError, match=re.escape(message)):
+        load_costs("costs.json")
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_a_huge_file_or_a_directory_is_refused_without_reading_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with open("huge.json", "wb") as f:  # sparse: 65 MiB that take no disk
+        f.truncate(MAX_FILE_BYTES + 2**20)
+    Path("folder.json").mkdir()
+    for name, message in (("huge.json", "'huge.json' is 68,157,440 bytes: too large for a baseline or saved "
+                                        "analysis (at most 64 MiB)"),
+                          ("folder.json", "cannot read 'folder.json': Is a directory")):
+        for argv in (["m.py:build", "--check-baseline", name], ["--check-baseline", name], ["diff", name, name]):
+            one_line_error(cli(capsys, *argv, code=2)[1], message)
+
+
+RESULT_ROW = ["modules", 0]
+BROKEN_RESULTS: list[tuple[str, Callable[[Data], None], str]] = [
+    ("string", _set([*RESULT_ROW, "metrics", "flops"], "1K"), "module '': flops must be a number, got str '1K'"),
+    ("null", _set([*RESULT_ROW, "metrics", "flops"], None), "module '': flops must be a number, got NoneType"),
+    ("negative", _set([*RESULT_ROW, "params"], -3), "module '': params cannot be negative, got -3"),
+    ("huge", _set([*RESULT_ROW, "params"], 10**31), "module '': params is out of range"),
+    ("modules dict", _set(["modules"], {}), "modules must be a list of module rows"),
+    ("row string", _set(RESULT_ROW, "x"), "modules[0] is not a module row (name, params, metrics)"),
+    ("escape in a name", _set([*RESULT_ROW, "name"], "\x1b]0;x\x07"), "modules[0]'s name is not a printable name"),
+    ("no name", _drop(*RESULT_ROW, "name"), "modules[0] is not a module row"),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.usefixtures("model_dir")
+@pytest.mark.parametrize(("label", "how", "message"), BROKEN_RESULTS, ids=[b[0] for b in BROKEN_RESULTS])
+def test_a_broken_saved_analysis_is_one_clear_line_in_diff(capsys: pytest.CaptureFixture[str], label: str,
+                                                           how: Callable[[Data], None], message: str) -> None:
+    cli(capsys, "m.py:build", "--format", "json", "--output", "a.json")
+    _break(Path("a.json"), how)
+    one_line_error(cli(capsys, "diff", "a.json", "a.json", code=2)[1], message)
+    with pytest.raises(GuardFileError, match=re.escape(message)):
+        load_costs("a.json")
+
+
+# --- nothing fools a guard: a baseline names only its own project's models -----------------------------------
+EVIL = textwrap.dedent("""
+    import pathlib
+
+    pathlib.Path({sentinel!r}).touch()  # on import
+
+    def build():
+        pathlib.Path({sentinel!r}).touch()
+""")
+HELPERS = "import os\nfrom subprocess import run\n\nsystem = os.system\n"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp/project`` (the working directory) with ``m.py``, ``helpers.py`` (which imports ``run`` and
+    ``system``) and ``link.py`` (a link to ``tmp/evil.py``); outside it ``tmp/evil.py`` and the importable
+    module ``tmp/outside/evil_outside.py``, both of which touch ``tmp/PWNED`` when imported or built."""
+    root = tmp_path / "project"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    (root / "m.py").write_text(MODEL_FILE)
+    (root / "helpers.py").write_text(HELPERS)
+    evil = EVIL.format(sentinel=str(tmp_path / "PWNED"))
+    (tmp_path / "evil.py").write_text(evil)
+    (root / "link.py").symlink_to(tmp_path / "evil.py")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "evil_outside.py").write_text(evil)
+    monkeypatch.syspath_prepend(str(tmp_path / "outside"))
+    return root
+
+
+SENTINEL = "{sentinel}"
+HOSTILE_SPECS: list[tuple[list[str], str]] = [
+    (["os:system", "command='touch {sentinel}'"], "the module 'os' is not in the baseline's project directory"),
+    (["subprocess:run", "args=['touch', '{sentinel}']"], "the module 'subprocess' is not in the baseline's"),
+    (["builtins:exec", "source='open(\"{sentinel}\", \"w\")'"], "the module 'builtins' is not in the baseline's"),
+    (["evil_outside:build"], "the module 'evil_outside' is not in the baseline's project directory"),
+    (["../evil.py:build"], "../evil.py is outside the baseline's project directory"),
+    (["{tmp}/evil.py:build"], "/evil.py is an absolute path"),
+    (["~/evil.py:build"], "~/evil.py is an absolute path"),
+    (["link.py:build"], "link.py is outside the baseline's project directory"),
+    (["helpers.py:run", "args=['touch', '{sentinel}']"], "helpers.py:run: a baseline may only call a function or "
+                                                         "class defined in helpers.py itself"),
+    (["helpers.py:system", "command='touch {sentinel}'"], "defined in helpers.py itself"),
+    (["resnet18; touch {sentinel}"], "'resnet18; touch {sentinel}' is not a built-in model"),
+    (["$(touch {sentinel})"], "is not a built-in model"),
+    (["m.py:build && touch {sentinel}"], "the factory must be a Python name, got 'build && touch {sentinel}'"),
+    (["m.py:build", "--output", "/etc/x"], "holds the option '--output', which a baseline may not hold"),
+    (["m.py:build", "--save-baseline", "costs.json"], "holds the option '--save-baseline'"),
+    (["m.py:build", "--check-baseline", "costs.json"], "holds the option '--check-baseline'"),
+    (["m.py:build", "--out", "/etc/x"], "holds the option '--out'"),
+    (["m.py:build", "-o", "/etc/x"], "holds the option '-o'"),
+    (["m.py:build", "--html=/etc/x"], "holds the option '--html=/etc/x'"),
+    (["m.py:build", "--", "--output"], "holds the option '--'"),
+    (["resnet18", "--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
+    (["resnet18", "--batch"], "--batch needs a value"),
+    (["m.py:build", "--dtype", "--output", "x=1"], "--dtype needs a value"),
+    (["resnet18", "--convention", "evil"], "argument --convention: invalid choice: 'evil'"),
+    (["resnet18", "--input", "1x3x32x32", "--batch", "2"], "--input fixes the input shapes"),
+    (["torchvision:resnet18", "weights='DEFAULT'"], "torchvision option weights='DEFAULT' is not allowed in a "
+                                                    "baseline: it may load weights, checkpoints or code"),
+    (["timm:resnet18", "pretrained=True"], "timm option pretrained=True is not allowed"),
+    (["timm:resnet18,checkpoint_path='/etc/passwd'"], "timm option checkpoint_path='/etc/passwd' is not allowed"),
+    (["transformers:LlamaConfig", "auto_map={{'AutoModel': 'x.M'}}"], "transformers option auto_map="),
+    (["transformers:LlamaConfig", "attn_implementation='kernels-community/x'"], "option attn_implementation="),
+    (["torchvision:resnet18;touch"], "'torchvision:resnet18;touch' does not name a torchvision model"),
+    (["--backward"], "its spec names no model"),
+    (["cache"], "'cache' is not a built-in model"),  # the command's sub-commands are not models
+    (["diff", "a.json", "b.json"], "expected key=value, got 'a.json'"),
+    (["m.py:build", "key"], "expected key=value, got 'key'"),
+    (["m.py:build", "x=" + "1" * 1000], "its spec is too long to be one the command wrote"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), HOSTILE_SPECS, ids=[" ".join(s)[:40] for s, _ in HOSTILE_SPECS])
+def test_a_baseline_cannot_make_the_command_call_what_it_likes(capsys: pytest.CaptureFixture[str], project: Path,
+                                                               spec: list[str], message: str) -> None:
+    """Every entry is checked before any model is built: the hostile entry is refused with exit 2, naming it,
+    and nothing it names ran (the sentinel file does not exist)."""
+    tmp = project.parent
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    data = json.loads(Path("costs.json").read_text())
+    hostile = [token.format(sentinel=tmp / "PWNED", tmp=tmp) for token in spec]
+    data["models"]["hostile"] = {**data["models"]["m.py:build"], "spec": hostile}
+    Path("costs.json").write_text(json.dumps(data))
+    _, err = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1", code=2)
+    assert message.format(sentinel=tmp / "PWNED") in err
+    assert "hostile" in err and "Traceback" not in err
+    assert not (tmp / "PWNED").exists()
+
+
+def test_a_baseline_may_name_files_and_modules_of_its_own_project(capsys: pytest.CaptureFixture[str],
+                                                                   project: Path) -> None:
+    """A file in a folder below the baseline and a package of the project's own are run again and pass; the
+    same entries in a baseline kept in a folder next to them are outside its project and refused."""
+    package = f"guardpkg_{project.parent.name.replace('-', '_')}"  # one per test: imports are cached in-process
+    (project / "models").mkdir()
+    (project / "models" / "net.py").write_text(MODEL_FILE)
+    (project / package).mkdir()
+    (project / package / "__init__.py").write_text("")
+    (project / package / "nets.py").write_text(MODEL_FILE)
+    for spec in ("models/net.py:build", f"{package}.nets:build", "m.py:build"):
+        cli(capsys, spec, "--save-baseline", "costs.json")
+    out, err = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1")
+    assert out.count("within its baseline") == 3
+    assert "modelmeter: checked 3 models of costs.json: 3 within the baseline, 0 over it or failed" in err
+    Path("baselines").mkdir()
+    Path("costs.json").rename("baselines/costs.json")
+    _, err = cli(capsys, "--check-baseline", "baselines/costs.json", "--jobs", "1", code=2)
+    assert f"the baseline entry '{package}.nets:build': the module '{package}.nets' is not in the baseline's " \
+           "project directory" in err  # the first entry in the file's order
+
+
+def test_check_all_refuses_options_it_would_ignore(capsys: pytest.CaptureFixture[str], project: Path) -> None:
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    for extra in (["--budget", "flops=1"], ["--save-baseline", "other.json"], ["--batch", "4"],
+                  ["--convention", "macs"], ["--name", "x"], ["--backward"], ["--format", "json"]):
+        _, err = cli(capsys, "--check-baseline", "costs.json", *extra, code=2)
+        assert f"{extra[0]}: a check of every model of costs.json runs each entry as it was saved" in err
+    assert not Path("other.json").exists()
+
+
+# --- nothing fools a guard: model code that exits, a check that fails ----------------------------------------
+EXITS = textwrap.dedent("""
+    import os
+    import sys
+
+    import torch
+    from torch import nn
+
+
+    class Custom(BaseException):
+        pass
+
+
+    class Exits(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.linear = nn.Linear(16, 4)
+            self.how = how
+
+        def forward(self, x):
+            if self.how == "exit":
+                sys.exit(0)
+            raise Custom("not an Exception")
+
+
+    def build_exits():
+        sys.exit(0)
+
+
+    def build_says():
+        sys.exit("done")
+
+
+    def forward_exits():
+        return Exits("exit"), torch.randn(2, 16)
+
+
+    def forward_raises():
+        return Exits("custom"), torch.randn(2, 16)
+
+
+    def dies():
+        os._exit(0)
+""")
+
+
+@pytest.fixture
+def exits_dir(model_dir: Path) -> Path:
+    Path("exits.py").write_text(EXITS)
+    return model_dir
+
+
+@pytest.mark.usefixtures("exits_dir")
+@pytest.mark.parametrize(("spec", "how"), [
+    ("exits.py:build_exits", "called sys.exit(0)"), ("exits.py:build_says", "called sys.exit('done')"),
+    ("exits.py:forward_exits", "called sys.exit(0)"), ("exits.py:forward_raises", "raised Custom"),
+])
+def test_model_code_that_exits_fails_the_guard(capsys: pytest.CaptureFixture[str], spec: str, how: str) -> None:
+    """Before, sys.exit(0) in build() or forward() ended the command with exit status 0 and no output."""
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    for guard in (["--budget", "flops=1G"], ["--name", "m.py:build", "--check-baseline", "costs.json"]):
+        _, err = cli(capsys, spec, *guard, code=1)
+        one_line_error(err, f"modelmeter: {spec}: the model's code {how} before its analysis finished")
+
+
+@pytest.mark.usefixtures("exits_dir")
+def test_a_sweep_fails_when_the_model_exits_while_it_is_probed(capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep with workers builds the model once in the command's process first (to fail fast)."""
+    _, err = cli(capsys, "exits.py:build_exits", "--sweep", "batch=1,2", "--jobs", "2", code=1)
+    one_line_error(err, "modelmeter: exits.py:build_exits: the model's code called sys.exit(0)")
+
+
+@pytest.mark.usefixtures("exits_dir")
+def test_check_all_checks_every_model_after_one_exits(capsys: pytest.CaptureFixture[str]) -> None:
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    data = json.loads(Path("costs.json").read_text())
+    for name in ("a_exits", "b_raises"):
+        spec = "exits.py:forward_exits" if name == "a_exits" else "exits.py:forward_raises"
+        data["models"][name] = {**data["models"]["m.py:build"], "spec": [spec]}
+    Path("costs.json").write_text(json.dumps(data))
+    out, err = cli(capsys, "--check-baseline", "costs.json", "--jobs", "1", code=1)
+    assert "m.py:build: within its baseline" in out
+    assert "modelmeter: a_exits: exits.py:forward_exits: the model's code called sys.exit(0)" in err
+    assert "modelmeter: b_raises: exits.py:forward_raises: the model's code raised Custom" in err
+    assert "checked 3 models of costs.json: 1 within the baseline, 2 over it or failed" in err
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("exits_dir")
+def test_check_all_in_worker_processes_fails_when_a_worker_exits_or_dies(capsys: pytest.CaptureFixture[str]) -> None:
+    """sys.exit in a worker process used to reach the parent through the future and end it with status 0;
+    os._exit kills the worker (nothing can catch it): the pool breaks, which is a failure too."""
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    data = json.loads(Path("costs.json").read_text())
+    data["models"]["exits"] = {**data["models"]["m.py:build"], "spec": ["exits.py:forward_exits"]}
+    Path("costs.json").write_text(json.dumps(data))
+    _, err = cli(capsys, "--check-baseline", "costs.json", "--jobs", "2", code=1)
+    assert "modelmeter: exits: exits.py:forward_exits: the model's code called sys.exit(0)" in err
+    data["models"]["dies"] = {**data["models"]["m.py:build"], "spec": ["exits.py:dies"]}
+    Path("costs.json").write_text(json.dumps(data))
+    _, err = cli(capsys, "--check-baseline", "costs.json", "--jobs", "2", code=1)
+    assert "modelmeter: dies: its worker process died before the analysis finished (the model's code called " \
+           "os._exit" in err
+
+
+@pytest.mark.usefixtures("exits_dir")
+def test_keyboard_interrupt_is_not_taken_for_a_model_failure() -> None:
+    Path("ctrl_c.py").write_text("def build():\n    raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        analyse(Job("ctrl_c.py:build"))
+
+
+def test_assert_cost_fails_when_forward_calls_sys_exit(tmp_path: Path) -> None:
+    class Exits(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise SystemExit(0)
+
+    assert_cost(mlp(), torch.randn(2, 16), tmp_path / "costs.json", name="m", update=True)
+    with pytest.raises(CostAssertionError, match=r"m: the model's code called sys.exit\(0\) before its analysis"):
+        assert_cost(Exits(), torch.randn(2, 16), tmp_path / "costs.json", name="m")
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_a_failed_check_never_overwrites_the_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    """Check first, save only when every check of the run passed. Hand count of the grown MLP (one more
+    Linear(32, 32) on 2 samples): 2·16·32 + 2·32·32 + 2·32·4 = 3328 FLOPs."""
+    cli(capsys, "m.py:build", "--save-baseline", "costs.json")
+    saved = Path("costs.json").read_bytes()
+    Path("m.py").write_text(MODEL_FILE.replace("range(int(extra))", "range(int(extra) + 1)"))
+    both = ("m.py:build", "--check-baseline", "costs.json", "--save-baseline", "costs.json")
+    _, err = cli(capsys, *both, code=1)
+    assert "grew   the model: flops 1.28K -> 3.328K" in err
+    assert "modelmeter: did not save the baseline of m.py:build in costs.json: a check failed" in err
+    assert Path("costs.json").read_bytes() == saved
+    _, err = cli(capsys, "m.py:build", "--budget", "flops=3K", "--save-baseline", "new.json", code=1)
+    assert "did not save" in err and not Path("new.json").exists()
+    cli(capsys, *both, "--tolerance", "800%")  # growth accepted: now it is saved
+    assert BaselineFile.load("costs.json").entries["m.py:build"].total("flops") == 3328
+
+
+@pytest.mark.parametrize("job", [
+    Job("m.py:build", ("extra=1",), shapes=(((2, 16), torch.float32), ((3,), None)), dtype=torch.float16,
+        execution="real", convention="macs", backward=True, dense_attention=True, memory=True, optimizer="adamw",
+        state_dtype="bfloat16", foreach=True),
+    Job("resnet18", batch=2, resolution=32, execution="fake"),
+    Job("gpt2_tiny", seq_len=16, convention="flops"),
+])
+def test_every_spec_the_command_writes_is_accepted_and_runs_the_same_job(project: Path, job: Job) -> None:
+    """The allowed options are exactly those _job_argv writes: a saved spec parses back to the job it came from."""
+    argv = _job_argv(job)
+    parsed = check_spec(argv, "entry", project / "costs.json", build_parser())
+    assert cli_job(parsed) == job

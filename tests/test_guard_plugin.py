@@ -215,3 +215,35 @@ def test_plugin_reports_growth_tolerance_and_mismatch(warm: None, pytester: pyte
                                  "FAILED tests/test_costs.py::test_over_tolerance - Failed: no_bias: over*",
                                  "FAILED tests/test_costs.py::test_other_input_shape - Failed: MLP: the*"])
     assert "During handling" not in out
+
+
+def test_plugin_never_passes_a_nan_tolerance_a_model_that_exits_or_a_broken_baseline(
+        warm: None, pytester: pytest.Pytester) -> None:
+    baselines = pytester.path / "tests" / "costs.json"
+    assert_cost(MLP(), x(), baselines, update=True)
+    (pytester.path / "tests" / "broken.json").write_text(
+        baselines.read_text().replace('"flops": 96', '"flops": NaN', 1))
+    write_tests(pytester, """
+        import sys
+
+
+        class Exits(MLP):
+            def forward(self, x):
+                sys.exit(0)
+
+
+        def test_nan_tolerance(assert_cost):
+            assert_cost(MLP(extra=1), torch.randn(2, 4), "costs.json", tolerance=float("nan"))
+
+        def test_exits(assert_cost):
+            assert_cost(Exits(), torch.randn(2, 4), "costs.json", name="MLP")
+
+        def test_broken(assert_cost):
+            assert_cost(MLP(), torch.randn(2, 4), "broken.json")
+        """)
+    result = run(pytester)
+    result.assert_outcomes(failed=3)
+    out = result.stdout.str()
+    assert "ValueError: tolerance must be a finite number >= 0 (a fraction: 0.01 is 1%), got nan" in out
+    assert "\nMLP: the model's code called sys.exit(0) before its analysis finished\n" in out
+    assert "broken.json' is not valid JSON: NaN is not a number a cost can have\n" in out

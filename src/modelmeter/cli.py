@@ -15,27 +15,33 @@ Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import math
 import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import torch
 
 from .cache.store import SIZE_ENV
 from .engine.tracer import Execution
-from .errors import ModelMeterError
+from .errors import ModelExitError, ModelMeterError
 from .handles.conventions import CONVENTIONS
 from .metrics.memory import OPTIMIZERS
 from .models import LoadedModel, ModelSpecError, load_model, one_line
 from .reports.render import FORMATS, format_bytes, format_size, render
 from .reports.result import BYTE_METRICS, Result
+
+if TYPE_CHECKING:
+    from .guard import Entry
 
 DTYPES = ("float32", "float16", "bfloat16")
 FIT_CAP = 1 << 20  # --fit tries no batch larger than this
@@ -205,13 +211,14 @@ def _memory_size(text: str) -> float:
 
 
 def _tolerance(text: str) -> float:
+    """``1%`` or ``0.01``: a finite fraction >= 0 (``nan`` would make every comparison pass)."""
+    from .guard.values import check_tolerance
+
     try:
-        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+        return check_tolerance(float(text[:-1]) / 100 if text.strip().endswith("%") else float(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a tolerance: {text!r} (e.g. 1% or 0.01)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a tolerance cannot be negative: {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(f"not a tolerance: {text!r} (a finite number >= 0, e.g. 1% or 0.01)") \
+            from None
 
 
 # --- one analysis (also the sweep's worker) --------------------------------------------------------------
@@ -236,16 +243,40 @@ class Job:
     optimizer: str | None = None
     state_dtype: str | None = None
     foreach: bool | None = None
+    project: str | None = None  # set for a model named by a baseline file: what it may call is confined to this
 
 
 def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
     """Build and run the model once (or read its trace from the cache); the structured Result (flops,
     activations and, with ``job.memory``, memory), the model, seconds, and whether the trace came from the
-    cache."""
+    cache. Model code that calls ``sys.exit`` is a :class:`ModelExitError`."""
+    with _model_code(job.spec):
+        return _analyse(job)
+
+
+@contextlib.contextmanager
+def _model_code(what: str) -> Iterator[None]:
+    """SystemExit (``sys.exit``) and the other BaseExceptions that are neither Exceptions nor KeyboardInterrupt,
+    raised by the model's code, end the analysis as a failure naming the model (exit 1), never as a quiet exit
+    (os._exit cannot be caught: docs/guard.md)."""
+    try:
+        yield
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise ModelExitError(what, exc) from None
+
+
+def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
     from .analysis import analyze
 
     device = "cpu" if job.execution == "real" else "meta"
-    loaded = load_model(job.spec, job.overrides, device=device, resolution=job.resolution)
+    check = None
+    if job.project is not None:
+        from .guard.specs import check_factory
+
+        check = functools.partial(check_factory, spec=job.spec, project=job.project)
+    loaded = load_model(job.spec, job.overrides, device=device, resolution=job.resolution, factory_check=check)
     if job.dtype is not None:
         loaded.model.to(job.dtype)
     if job.shapes:
@@ -356,6 +387,7 @@ def _check_memory_options(args: argparse.Namespace) -> None:
 
 
 def _run_one(args: argparse.Namespace, job: Job) -> int:
+    expected = _baseline_entry(args, job)  # a missing or broken baseline fails before the model runs
     result, _, seconds, cached = analyse(job)
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):
@@ -369,7 +401,7 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     _emit(text, args.output)
     if args.html:
         _write_html(args, result)
-    return _guard(args, job, result)
+    return _guard(args, job, result, expected)
 
 
 def _write_html(args: argparse.Namespace, result: Result) -> None:
@@ -387,12 +419,44 @@ def _write_html(args: argparse.Namespace, result: Result) -> None:
 
 
 # --- cost guard ------------------------------------------------------------------------------------------
-def _guard(args: argparse.Namespace, job: Job, result: Result) -> int:
-    """--budget, --save-baseline and --check-baseline for one analysed model: 0, or 1 when a cost is too high."""
-    from .guard import BaselineFile, BaselineMismatch, check_budget, compare, entry_from_result, record
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """A baseline or saved analysis that cannot be used, or runs that cannot be compared: a usage error (exit
+    2), one line."""
+    from .guard import BaselineMismatch
+    from .guard.values import GuardFileError
+
+    try:
+        yield
+    except (BaselineMismatch, GuardFileError) as exc:
+        raise ModelSpecError(str(exc)) from None
+
+
+def _entry_name(args: argparse.Namespace, job: Job) -> str:
+    return args.name or " ".join([job.spec, *job.overrides])
+
+
+def _baseline_entry(args: argparse.Namespace, job: Job) -> Entry | None:
+    """The entry --check-baseline compares with, read (and the file --save-baseline will write, if there is one,
+    checked) before the model runs."""
+    from .guard import BaselineFile
+
+    with _usage_errors():
+        if args.save_baseline and os.path.exists(args.save_baseline):
+            BaselineFile.load(args.save_baseline)
+        if not args.check_baseline:
+            return None
+        return BaselineFile.load(args.check_baseline).entry(_entry_name(args, job), args.check_baseline)
+
+
+def _guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | None) -> int:
+    """--budget, --check-baseline (against ``expected``) and then --save-baseline for one analysed model: 0, or
+    1 when a cost is too high. The baseline is saved only when every check passed, so a failed check never
+    overwrites the baseline it failed against."""
+    from .guard import check_budget, compare, entry_from_result, record
 
     status = 0
-    name = args.name or " ".join([job.spec, *job.overrides])
+    name = _entry_name(args, job)
     if args.budget:
         try:
             over = check_budget(result, args.budget)
@@ -402,16 +466,17 @@ def _guard(args: argparse.Namespace, job: Job, result: Result) -> int:
             print(f"modelmeter: over budget: {name}: {item}", file=sys.stderr)
         status = 1 if over else status
     entry = entry_from_result(result, spec=_job_argv(job))
-    if args.check_baseline:
-        try:
-            comparison = compare(name, BaselineFile.load(args.check_baseline).entry(name, args.check_baseline),
-                                 entry, args.tolerance)
-        except BaselineMismatch as exc:
-            raise ModelSpecError(str(exc)) from None
+    if expected is not None:
+        with _usage_errors():
+            comparison = compare(name, expected, entry, args.tolerance)
         print(comparison.report(), file=sys.stderr)
         status = 1 if not comparison.ok else status
-    if args.save_baseline:
-        record(args.save_baseline, name, entry)
+    if args.save_baseline and status:
+        print(f"modelmeter: did not save the baseline of {name} in {args.save_baseline}: a check failed",
+              file=sys.stderr)
+    elif args.save_baseline:
+        with _usage_errors():
+            record(args.save_baseline, name, entry)
         print(f"modelmeter: saved the baseline of {name} in {args.save_baseline}", file=sys.stderr)
     return status
 
@@ -442,37 +507,62 @@ def baseline_point(job: Job) -> dict[str, Any]:
     return _worker_row(job, lambda result, _: {"entry": asdict(entry_from_result(result, spec=_job_argv(job)))})
 
 
-def _check_all(args: argparse.Namespace) -> int:
-    """``modelmeter --check-baseline FILE``: every model of FILE analysed again (in parallel) and compared."""
-    from .guard import BaselineFile, BaselineMismatch, Entry, compare
+# What a check of every model of a baseline takes from each entry: giving it on the command line is a mistake
+_PER_ENTRY = {"--budget": "budget", "--save-baseline": "save_baseline", "--name": "name", "--input": "input",
+              "--batch": "batch", "--resolution": "resolution", "--seq-len": "seq_len", "--dtype": "dtype",
+              "--sweep": "sweep", "--fit": "fit", "--html": "html", "--compare": "compare", "--output": "output",
+              "--backward": "backward", "--dense-attention": "dense_attention", "--memory": "memory",
+              "--optimizer": "optimizer", "--state-dtype": "state_dtype", "--foreach": "foreach"}
 
-    baselines = BaselineFile.load(args.check_baseline)
+
+def _check_all(args: argparse.Namespace) -> int:
+    """``modelmeter --check-baseline FILE``: every model of FILE analysed again (in parallel) and compared. What
+    an entry may run is checked for every entry before any model is built (modelmeter.guard.specs)."""
+    from .guard import BaselineFile
+    from .guard.specs import check_spec, project_of
+
+    ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
+    ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
+    ignored += ["--format"] * (args.format != "table")  # the reports are text
+    if ignored:
+        raise ModelSpecError(f"{', '.join(ignored)}: a check of every model of {args.check_baseline} runs each "
+                             "entry as it was saved; name a MODEL to check one model with other options")
+    with _usage_errors():
+        baselines = BaselineFile.load(args.check_baseline)
     if not baselines.entries:
         raise ModelSpecError(f"the baseline {args.check_baseline!r} holds no models")
-    parser = build_parser()
+    project = str(project_of(args.check_baseline))
     jobs = {}
     for name, entry in baselines.entries.items():
-        if not entry.spec:
-            raise ModelSpecError(f"the baseline entry {name!r} was not saved by the command: check it where it was "
-                                 "saved (e.g. with the pytest plugin)")
-        jobs[name] = replace(_job(parser.parse_intermixed_args(entry.spec)), cache=args.cache,
-                             cache_dir=args.cache_dir)
-    outcomes = _in_parallel(baseline_point, jobs, args.jobs, "baselines")
-    status = 0
-    for name, outcome in outcomes.items():
-        if "error" in outcome:
-            print(f"modelmeter: {name}: {outcome['error']}", file=sys.stderr)
-            status = max(status, int(outcome["code"]))
-            continue
+        parsed = check_spec(entry.spec, name, args.check_baseline, build_parser())
         try:
-            comparison = compare(name, baselines.entries[name], Entry(**outcome["entry"]), args.tolerance)
-        except BaselineMismatch as exc:
-            print(f"modelmeter: {exc}", file=sys.stderr)
-            status = 2
-            continue
-        print(comparison.report())
-        status = max(status, 0 if comparison.ok else 1)
-    return status
+            job = _job(parsed)
+        except ModelSpecError as exc:
+            raise ModelSpecError(f"the baseline entry {name!r}: {exc}") from None
+        jobs[name] = replace(job, cache=args.cache, cache_dir=args.cache_dir, project=project)
+    outcomes = _in_parallel(baseline_point, jobs, args.jobs, "baselines")
+    codes = [_report_check(name, baselines.entries[name], outcome, args.tolerance)
+             for name, outcome in outcomes.items()]
+    print(f"modelmeter: checked {len(codes)} model{'s' * (len(codes) != 1)} of {args.check_baseline}: "
+          f"{codes.count(0)} within the baseline, {codes.count(1)} over it or failed, {codes.count(2)} not "
+          "comparable or refused", file=sys.stderr)
+    return max(codes)
+
+
+def _report_check(name: str, expected: Entry, outcome: dict[str, Any], tolerance: float) -> int:
+    """Print the comparison of one entry of a check of every model; its exit status."""
+    from .guard import BaselineMismatch, Entry, compare
+
+    if "error" in outcome:
+        print(f"modelmeter: {name}: {outcome['error']}", file=sys.stderr)
+        return int(outcome["code"])
+    try:
+        comparison = compare(name, expected, Entry(**outcome["entry"]), tolerance)
+    except BaselineMismatch as exc:
+        print(f"modelmeter: {exc}", file=sys.stderr)
+        return 2
+    print(comparison.report())
+    return 0 if comparison.ok else 1
 
 
 def _diff_command(args: argparse.Namespace) -> int:
@@ -557,7 +647,8 @@ def _run_sweep(args: argparse.Namespace, job: Job) -> int:
     workers = min(args.jobs or os.cpu_count() or 1, len(values))
     if workers > 1:  # fail fast, before starting processes, on a spec or an axis that does not fit the model
         probe = replace(job, **{axis: values[0]})
-        loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
+        with _model_code(probe.spec):
+            loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
         loaded.inputs(batch=probe.batch, resolution=probe.resolution, seq_len=probe.seq_len)
         del loaded, probe
     rows = _in_parallel(sweep_point, dict(zip(values, jobs, strict=True)), workers,
@@ -591,11 +682,21 @@ def _in_parallel(work: Callable[[Job], dict[str, Any]], jobs: dict[K, Job], work
             with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
                 futures: dict[Future[dict[str, Any]], K] = {pool.submit(work, job): key for key, job in jobs.items()}
                 for future in as_completed(futures):
-                    done[futures[future]] = future.result()
+                    done[futures[future]] = _outcome(future)
                     progress.step(f"{futures[future]}")
     finally:
         progress.close()
     return {key: done[key] for key in jobs}
+
+
+def _outcome(future: Future[dict[str, Any]]) -> dict[str, Any]:
+    """A worker's row, or a failure (exit 1) when its process died: the model's code called ``os._exit``, or
+    the process crashed or was killed."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        return {"error": "its worker process died before the analysis finished (the model's code called "
+                         "os._exit, or the process crashed or ran out of memory)", "code": 1}
 
 
 def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:

@@ -14,3 +14,13 @@ class ModelRunError(ModelMeterError, RuntimeError):
         super().__init__(message)
         self.module = module
         self.operator = operator
+
+
+class ModelExitError(ModelMeterError):
+    """The model's code raised ``SystemExit`` (``sys.exit``) or another ``BaseException`` that is neither an
+    ``Exception`` nor ``KeyboardInterrupt`` while it was built or run: the analysis did not finish, which is a
+    failure (a cost guard must never end quietly with exit status 0)."""
+
+    def __init__(self, what: str, exc: BaseException) -> None:
+        how = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}"
+        super().__init__(f"{what}: the model's code {how} before its analysis finished")

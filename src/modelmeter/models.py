@@ -207,12 +207,15 @@ def _unknown(what: str, name: str, choices: Sequence[str], fallback: str) -> Mod
 
 # --- loading ---------------------------------------------------------------------------------------------
 def load_model(spec: str, overrides: Sequence[str] = (), *, device: str | torch.device = "meta",
-               resolution: int | None = None) -> LoadedModel:
+               resolution: int | None = None,
+               factory_check: Callable[[Any, Any], None] | None = None) -> LoadedModel:
     """Build the model ``spec`` names (see the module docstring), applying ``key=value`` ``overrides``.
 
     ``device``: where zoo, torchvision, timm and transformers models are built (meta: no storage).
     ``resolution``: for models whose resolution is fixed at build time (ViTs), the side length to build
-    them for. The model is returned in eval mode.
+    them for. ``factory_check(module, factory)``, if given, runs before a ``file.py:factory`` or
+    ``package.module:factory`` is called (the cost guard confines what a baseline file may call). The model
+    is returned in eval mode.
 
     Raises :class:`ModelSpecError` for a spec naming nothing (a usage error), :class:`MissingPackageError`
     when the needed optional package is missing, :class:`ModelLoadError` when building fails.
@@ -229,7 +232,7 @@ def load_model(spec: str, overrides: Sequence[str] = (), *, device: str | torch.
         loaded = _LOADERS[source](name, kwargs, torch.device(device), resolution)
     elif sep:
         target, _, factory = spec.rpartition(":")
-        loaded = _load_factory(target, factory, parse_overrides(items))
+        loaded = _load_factory(target, factory, parse_overrides(items), factory_check)
     else:
         loaded = _load_zoo(spec, parse_overrides(items), torch.device(device), resolution)
     loaded.model.eval()
@@ -399,7 +402,8 @@ def _is_decoder_only(config: Any) -> bool:
             and not getattr(config, "is_encoder_decoder", False))
 
 
-def _load_factory(target: str, factory: str, kwargs: dict[str, Any]) -> LoadedModel:
+def _load_factory(target: str, factory: str, kwargs: dict[str, Any],
+                  factory_check: Callable[[Any, Any], None] | None = None) -> LoadedModel:
     if not target or not factory.isidentifier():
         raise ModelSpecError(f"expected path/file.py:factory or package.module:factory, got {target}:{factory}")
     is_file = target.endswith(".py") or "/" in target or os.sep in target
@@ -419,6 +423,8 @@ def _load_factory(target: str, factory: str, kwargs: dict[str, Any]) -> LoadedMo
             close = suggest(factory, own)
             hint = f"did you mean {', '.join(close)}?" if close else f"it defines: {', '.join(own) or 'no functions'}"
             raise ModelSpecError(f"{target} has no factory {factory!r}; {hint}")
+        if factory_check is not None:
+            factory_check(module, fn)
         spec = f"{target}:{factory}"
         with _building(spec):
             made = fn(**kwargs)

@@ -10,6 +10,7 @@ from .assertions import CostAssertionError, assert_cost
 from .baseline import BaselineFile, BaselineMismatch, Comparison, Entry, compare, entry_from_result, record
 from .budget import Budget, check_budget, parse_budget, parse_quantity
 from .diff import Difference, diff, load_costs, render_diff
+from .values import GuardFileError
 
 __all__ = [
     "BaselineFile",
@@ -19,6 +20,7 @@ __all__ = [
     "CostAssertionError",
     "Difference",
     "Entry",
+    "GuardFileError",
     "assert_cost",
     "check_budget",
     "compare",

@@ -12,7 +12,9 @@ from typing import Any
 from torch import nn
 
 from ..analysis import analyze
+from ..errors import ModelExitError
 from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record
+from .values import GuardFileError, check_tolerance
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
 
@@ -30,10 +32,17 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     Returns the :class:`Comparison` (what shrank is a note in it), or ``None`` with ``update=True``, which
     writes the entry instead (the file's other entries are kept). Raises :class:`CostAssertionError` when a
     cost grew (the report names the module), when the file or entry is missing (with ``hint``), or when the
-    inputs, convention or backward pass differ from the baseline's.
+    inputs, convention or backward pass differ from the baseline's, or when the model's code calls
+    ``sys.exit``. ``TypeError`` / ``ValueError`` naming ``tolerance`` unless it is a finite number >= 0.
     """
+    tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
     name = name or type(model).__name__
-    result = analyze(model, inputs, convention=convention, backward=backward, quiet=True).result()
+    try:
+        result = analyze(model, inputs, convention=convention, backward=backward, quiet=True).result()
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # sys.exit() in forward(): the costs were not checked, which is a failure
+        raise CostAssertionError(str(ModelExitError(name, exc))) from None
     current = entry_from_result(result)
     if update:
         record(baseline, name, current)
@@ -41,7 +50,10 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     path = os.fspath(baseline)
     if not os.path.exists(path):
         raise CostAssertionError(f"no baseline file {path!r} for {name!r}; {hint}")
-    entries = BaselineFile.load(path).entries
+    try:
+        entries = BaselineFile.load(path).entries
+    except GuardFileError as exc:
+        raise CostAssertionError(str(exc)) from None
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none"
         raise CostAssertionError(f"the baseline {path!r} has no entry {name!r} (entries: {known}); {hint}")

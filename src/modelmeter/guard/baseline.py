@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
 from ..reports.render import format_metric
 from ..reports.result import Result
+from .values import MAX_AMOUNT, GuardFileError, check_amount, check_name, check_tolerance, read_json, shorten
 
 FORMAT = "modelmeter-baseline"
 SCHEMA_VERSION = 1
@@ -116,8 +117,10 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
     """Compare ``current`` with ``baseline`` per metric and module (the model first, then its modules in order,
     the largest absolute change first). :class:`BaselineMismatch` when the runs are not comparable, ending with
     ``hint`` (how to record a new baseline)."""
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    tolerance = check_tolerance(tolerance)
+    for what, entry in (("the baseline", baseline), ("this run", current)):
+        for module, metrics in entry.modules.items():
+            _check_costs(module, metrics, f"{name}: {what}")
     pairs: list[tuple[str, Any, Any]] = [("inputs", baseline.inputs, current.inputs),
                                          ("convention", baseline.convention, current.convention),
                                          ("backward pass", baseline.backward, current.backward)]
@@ -155,6 +158,75 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+_REQUIRED = ("model", "inputs", "convention", "backward", "modules")
+_FIELDS = {f.name for f in fields(Entry)}
+
+
+def _parse_entry(data: Any, what: str) -> Entry:
+    """An :class:`Entry` from its JSON ``data``; :class:`GuardFileError` starting with ``what`` for a missing,
+    unknown or mistyped field and for a cost that is not a finite number >= 0."""
+    if not isinstance(data, dict):
+        raise GuardFileError(f"{what} is {_kind(data)}, not an object")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise GuardFileError(f"{what} lacks {', '.join(missing)}")
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise GuardFileError(f"{what} has unknown fields: {', '.join(unknown)}")
+    inputs = _field(data, "inputs", list, what)
+    for i, item in enumerate(inputs):
+        if not _is_input(item):
+            raise GuardFileError(f"{what}: inputs[{i}] is not {{\"shape\": [sizes], \"dtype\": name}}: "
+                                 f"{_kind(item)}")
+    spec = _field(data, "spec", list, what) if "spec" in data else []
+    if not all(isinstance(token, str) for token in spec):
+        raise GuardFileError(f"{what}: spec must be a list of command-line arguments (strings)")
+    modules = _field(data, "modules", dict, what)
+    for module, metrics in modules.items():
+        check_name(module, f"{what}: a module's name")
+        if not isinstance(metrics, dict):
+            raise GuardFileError(f"{what}: module {module!r} must be an object of metric -> value, got "
+                                 f"{_kind(metrics)}")
+        try:
+            _check_costs(module, metrics, what)
+        except (TypeError, ValueError) as exc:
+            raise GuardFileError(str(exc)) from None
+    return Entry(_field(data, "model", str, what), inputs, _field(data, "convention", str, what),
+                 _field(data, "backward", bool, what), modules, spec)
+
+
+def _check_costs(module: str, metrics: dict[str, Any], what: str) -> None:
+    for metric, value in metrics.items():
+        check_amount(value, f"{what}: module {module!r}: {metric}")
+
+
+def _field(data: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind):
+        raise GuardFileError(f"{what}: {key} must be {_KINDS[kind]}, got {_kind(value)}")
+    return value
+
+
+def _is_input(item: Any) -> bool:
+    return (isinstance(item, dict) and set(item) == {"shape", "dtype"} and isinstance(item["dtype"], str)
+            and isinstance(item["shape"], list)
+            and all(type(size) is int and 0 <= size <= MAX_AMOUNT for size in item["shape"]))
+
+
+_KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in words, for an error: ``null``, ``a string 'abc'``, ``a list``..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool | int | float | str):
+        return f"{type(value).__name__} {shorten(value)}"
+    if isinstance(value, dict | list):
+        return _KINDS[type(value)]
+    return type(value).__name__
+
+
 class BaselineFile:
     """Several models' entries, read from and written to one JSON file (atomically)."""
 
@@ -163,23 +235,27 @@ class BaselineFile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BaselineFile:
-        """The baseline in ``path``; a :class:`ModelMeterError` naming the file when it is not one."""
+        """The baseline in ``path``; a :class:`GuardFileError` naming the file and the value when it is not one
+        (every cost a finite number >= 0, every field of the type the command writes)."""
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = read_json(path)
         except FileNotFoundError:
-            raise ModelMeterError(f"no baseline file {os.fspath(path)!r} (write one with --save-baseline)") from None
-        except (OSError, ValueError) as exc:
-            raise ModelMeterError(f"cannot read the baseline {os.fspath(path)!r}: {exc}") from None
+            raise GuardFileError(f"no baseline file {os.fspath(path)!r} (write one with --save-baseline)") from None
+        return cls.from_data(data, path)
+
+    @classmethod
+    def from_data(cls, data: Any, path: str | os.PathLike[str]) -> BaselineFile:
+        """The baseline in ``data`` (read from ``path``, named in errors), checked field by field."""
+        where = repr(os.fspath(path))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ModelMeterError(f"{os.fspath(path)!r} is not a modelmeter baseline")
+            raise GuardFileError(f"{where} is not a modelmeter baseline")
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise ModelMeterError(f"{os.fspath(path)!r} has baseline schema {data.get('schema_version')!r}; this "
-                                  f"modelmeter reads {SCHEMA_VERSION}")
-        try:
-            return cls({name: Entry(**entry) for name, entry in data.get("models", {}).items()})
-        except TypeError as exc:
-            raise ModelMeterError(f"a malformed entry in the baseline {os.fspath(path)!r}: {exc}") from None
+            raise GuardFileError(f"{where} has baseline schema {data.get('schema_version')!r}; this modelmeter "
+                                 f"reads {SCHEMA_VERSION}")
+        models = _field(data, "models", dict, where)
+        for name in models:
+            check_name(name, f"{where}: an entry's name")
+        return cls({name: _parse_entry(value, f"{where}: the entry {name!r}") for name, value in models.items()})
 
     def save(self, path: str | os.PathLike[str]) -> None:
         import modelmeter
@@ -189,7 +265,7 @@ class BaselineFile:
                 "models": {name: asdict(entry) for name, entry in sorted(self.entries.items())}}
         target = os.path.abspath(path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        text = (json.dumps(data, indent=1) + "\n").encode("utf-8")
+        text = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
         atomic_write(target, lambda f: f.write(text))
 
     def entry(self, name: str, path: str | os.PathLike[str] = "") -> Entry:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..reports.render import format_metric
 from ..reports.result import BYTE_METRICS, Result
+from .values import MAX_AMOUNT, check_amount
 
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
@@ -14,27 +15,38 @@ _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 
 def parse_quantity(text: str) -> float:
     """``"4.2G"`` -> 4.2e9, ``"26M"`` -> 26e6, ``"2GiB"`` -> 2·2³⁰, ``"1500"`` -> 1500 (K/M/G/T/P are powers of
-    1000, Ki/Mi/Gi/Ti/Pi of 1024; a trailing ``B`` is allowed)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([kmgtp]i?)?b?\s*", text.strip().lower())
+    1000, Ki/Mi/Gi/Ti/Pi of 1024; a trailing ``B`` is allowed). A ``ValueError`` for anything else, and for an
+    amount that is not finite or over :data:`~modelmeter.guard.values.MAX_AMOUNT` (``1e400`` is infinity)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(e\d+)?\s*([kmgtp]i?)?b?\s*", text.strip().lower())
     if match is None:
         raise ValueError(f"not a quantity: {text!r} (e.g. 4.2G, 26M, 2GiB, 1500)")
     number, exponent, unit = match.groups()
-    value = float(number) * (10 ** int(exponent) if exponent else 1)
+    value = float(number + (exponent or ""))  # float() saturates at inf at once, where 10 ** 99999999 would not
     unit = unit or ""
-    return value * (_BINARY[unit] if unit.endswith("i") else _DECIMAL[unit])
+    value *= _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
+    if value > MAX_AMOUNT:
+        raise ValueError(f"out of range: {text!r} is over {MAX_AMOUNT:g}")
+    return value
 
 
 Budget = dict[str, float]
 
 
 def parse_budget(text: str) -> Budget:
-    """``"flops=4.2G,params=26M"`` -> ``{"flops": 4.2e9, "params": 26e6}``; a clear error for anything else."""
+    """``"flops=4.2G,params=26M"`` -> ``{"flops": 4.2e9, "params": 26e6}``; a clear error for anything else (a
+    metric given twice too)."""
     budget: Budget = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         metric, sep, amount = part.partition("=")
-        if not sep or not metric.strip():
+        metric = metric.strip()
+        if not sep or not metric:
             raise ValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
-        budget[metric.strip()] = parse_quantity(amount)
+        if metric in budget:
+            raise ValueError(f"the budget names {metric!r} twice; give each metric once")
+        try:
+            budget[metric] = parse_quantity(amount)
+        except ValueError as exc:
+            raise ValueError(f"the budget of {metric}: {exc}") from None
     if not budget:
         raise ValueError("an empty budget: give metric=amount pairs, e.g. flops=4.2G,params=26M")
     return budget
@@ -63,7 +75,12 @@ def metric_values(result: Result) -> dict[str, float]:
 
 
 def check_budget(result: Result, budget: Budget) -> list[Over]:
-    """The metrics of ``result`` over ``budget``; an unknown metric is a :class:`ValueError` naming the known ones."""
+    """The metrics of ``result`` over ``budget``; an unknown metric is a :class:`ValueError` naming the known ones,
+    a limit that is not a finite number >= 0 a ``TypeError`` / ``ValueError`` naming it."""
+    if not isinstance(budget, dict):
+        raise TypeError(f"budget must be a dict of metric -> limit (see parse_budget), got {type(budget).__name__}")
+    for metric, limit in budget.items():
+        check_amount(limit, f"budget[{metric!r}]")
     values = metric_values(result)
     unknown = [m for m in budget if m not in values]
     if unknown:

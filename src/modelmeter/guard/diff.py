@@ -2,34 +2,53 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
-from ..errors import ModelMeterError
 from ..reports.fvcore_tables import format_size
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
+from .values import GuardFileError, check_amount, check_name, read_json
 
 Costs = dict[str, dict[str, float]]  # "model/module" or "module" -> metric -> value
 
 
 def load_costs(path: str | os.PathLike[str]) -> Costs:
     """Module costs from a saved Result (``modelmeter MODEL --format json -o FILE``) or a baseline file; the
-    modules of a baseline are named ``model:module`` when it holds several models."""
+    modules of a baseline are named ``model:module`` when it holds several models. :class:`GuardFileError`
+    naming the file and the value for anything else (every cost a finite number >= 0)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ModelMeterError(f"cannot read {os.fspath(path)!r}: {exc}") from None
+        data = read_json(path)
+    except FileNotFoundError:
+        raise GuardFileError(f"no such file: {os.fspath(path)!r}") from None
     if isinstance(data, dict) and data.get("format") == BASELINE_FORMAT:
-        entries = BaselineFile.load(path).entries
+        entries = BaselineFile.from_data(data, path).entries
         single = len(entries) == 1
         return {(module if single else f"{name}:{module}"): dict(values)
                 for name, entry in entries.items() for module, values in entry.modules.items()}
     if isinstance(data, dict) and "modules" in data and "metrics" in data:
-        return {row["name"]: {"params": row.get("params", 0), **row.get("metrics", {})} for row in data["modules"]}
-    raise ModelMeterError(f"{os.fspath(path)!r} is neither a modelmeter result (--format json) nor a baseline")
+        return _result_costs(data["modules"], repr(os.fspath(path)))
+    raise GuardFileError(f"{os.fspath(path)!r} is neither a modelmeter result (--format json) nor a baseline")
+
+
+def _result_costs(rows: Any, where: str) -> Costs:
+    """``params`` and the metrics of each module row of a saved Result, checked."""
+    if not isinstance(rows, list):
+        raise GuardFileError(f"{where}: modules must be a list of module rows")
+    costs: Costs = {}
+    for i, row in enumerate(rows):
+        if not (isinstance(row, dict) and isinstance(row.get("name"), str) and isinstance(row.get("metrics"), dict)):
+            raise GuardFileError(f"{where}: modules[{i}] is not a module row (name, params, metrics)")
+        check_name(row["name"], f"{where}: modules[{i}]'s name")
+        values = {"params": row.get("params", 0), **row["metrics"]}
+        try:
+            for metric, value in values.items():
+                check_amount(value, f"{where}: module {row['name']!r}: {metric}")
+        except (TypeError, ValueError) as exc:
+            raise GuardFileError(str(exc)) from None
+        costs[row["name"]] = values
+    return costs
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""What a guard accepts as a number or a file: a guard that reads NaN, infinity or a negative cost compares
+nothing (every comparison with NaN is false), so every amount it reads is checked here first."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from ..errors import ModelMeterError
+
+MAX_AMOUNT = 1e30  # no model's cost comes near this; a larger number in a file or a flag is a mistake
+MAX_FILE_BYTES = 64 * 2**20  # a baseline of hundreds of large models is a few MiB
+
+
+class GuardFileError(ModelMeterError, ValueError):
+    """A baseline or saved analysis that cannot be used: unreadable, not JSON, or holding a wrong value."""
+
+
+def check_amount(value: object, what: str) -> float:
+    """``value`` as a cost or limit: an int or float (not a bool), finite, at least 0 and at most
+    :data:`MAX_AMOUNT`. ``TypeError`` / ``ValueError`` naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__} {shorten(value)}")
+    if isinstance(value, int) and value > MAX_AMOUNT:  # compared as an int: a huge one does not fit a float
+        raise ValueError(f"{what} is out of range: {shorten(value)} is over {MAX_AMOUNT:g}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value}")
+    if value < 0:
+        raise ValueError(f"{what} cannot be negative, got {value}")
+    if value > MAX_AMOUNT:
+        raise ValueError(f"{what} is out of range: {value:g} is over {MAX_AMOUNT:g}")
+    return value
+
+
+def check_tolerance(value: object, what: str = "tolerance") -> float:
+    """A tolerance (a fraction: 0.01 is 1%): a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number (a fraction: 0.01 is 1%), got {type(value).__name__} "
+                        f"{shorten(value)}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0 (a fraction: 0.01 is 1%), got {value}")
+    return float(value)
+
+
+def check_name(name: str, what: str) -> None:
+    """Names read from a file are printed: no control characters (an escape sequence could rewrite what the
+    terminal shows), at most 1000 characters."""
+    if not name.isprintable() or len(name) > 1000:
+        raise GuardFileError(f"{what} is not a printable name of at most 1000 characters: {shorten(name)}")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``, at most :data:`MAX_FILE_BYTES`; NaN and Infinity (which Python's json reads) are
+    refused. :class:`GuardFileError` naming the file for anything else, FileNotFoundError passes through."""
+    where = repr(os.fspath(path))
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise GuardFileError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if size > MAX_FILE_BYTES:
+        raise GuardFileError(f"{where} is {size:,} bytes: too large for a baseline or saved analysis "
+                             f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f, parse_constant=_refuse_constant)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise GuardFileError(f"cannot read {where}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise GuardFileError(f"{where} is not a text file (not UTF-8)") from None
+    except RecursionError:
+        raise GuardFileError(f"{where} is nested too deeply to be a baseline or saved analysis") from None
+    except ValueError as exc:  # json.JSONDecodeError, an integer of too many digits, NaN / Infinity
+        raise GuardFileError(f"{where} is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a cost can have")
+
+
+def shorten(value: object, limit: int = 40) -> str:
+    """``repr(value)``, at most ``limit`` characters, for an error message."""
+    if isinstance(value, int) and value.bit_length() > 128:  # repr() refuses ints of over 4300 digits
+        return f"(an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits)"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
