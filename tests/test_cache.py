@@ -614,3 +614,184 @@ def test_cli_no_cache_and_cache_dir(capsys: pytest.CaptureFixture[str], cache_en
     assert json.loads(run(capsys, "cache", "clear", "--cache-dir", str(other), "--format", "json"))["removed"] == 1
     assert main(["cache", "wipe"]) == 2
     assert "usage: modelmeter cache info|clear" in capsys.readouterr().err
+
+
+# --- the key covers the user's code: helper modules, constants, closures (issue 16) ---------------------
+# Each scenario: helper files (formatted with the repeat count n) and a model file; the model's flops scale with
+# n, so a stale entry shows as the old count. A subprocess runs every scenario with the cache (and once without,
+# the oracle), so edited files are imported afresh, as a user would meet them.
+HELPER_SCENARIOS: dict[str, tuple[dict[str, str], str]] = {
+    "function imported by name": (
+        {"h": "import torch\ndef act(x):\n    return torch.cat([x] * {n})\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "function called through its module": (
+        {"h": "import torch\ndef post(x):\n    return torch.cat([x] * {n})\n"},
+        "import {h}\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc({h}.post(x))\n"),
+    "module-level constant of the helper": (
+        {"h": "import torch\nREPEAT = {n}\ndef act(x):\n    return torch.cat([x] * REPEAT)\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "constant read through the module": (
+        {"h": "REPEAT = {n}\n"},
+        "import torch, {h}\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(torch.cat([x] * {h}.REPEAT))\n"),
+    "nested container constant": (
+        {"h": "CONF = {{'repeat': [1, {n}]}}\n"},
+        "import torch, {h}\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(torch.cat([x] * {h}.CONF['repeat'][1]))\n"),
+    "default argument": (
+        {"h": "import torch\ndef act(x, n={n}):\n    return torch.cat([x] * n)\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "closure variable": (
+        {"h": "import torch\ndef make(n):\n    def act(x):\n        return torch.cat([x] * n)\n    return act\n"
+              "act = make({n})\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "class attribute of a helper class": (
+        {"h": "class Cfg:\n    repeat = {n}\n"},
+        "import torch\nfrom {h} import Cfg\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(torch.cat([x] * Cfg.repeat))\n"),
+    "lambda": (
+        {"h": "import torch\nact = lambda x: torch.cat([x] * {n})\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "method of a base class in another file": (
+        {"h": "import torch\nfrom torch import nn\nclass Expand(nn.Module):\n    def expand(self, x):\n"
+              "        return torch.cat([x] * {n})\n"},
+        "from {h} import Expand\n\nclass M(Base, Expand):\n    def forward(self, x):\n"
+        "        return self.fc(self.expand(x))\n"),
+    "helper of a helper": (
+        {"h": "import {h}_inner as inner\ndef act(x):\n    return inner.act(x)\n",
+         "h_inner": "import torch\ndef act(x):\n    return torch.cat([x] * {n})\n"},
+        "import {h}\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc({h}.act(x))\n"),
+    "import inside forward": (
+        {"h": "import torch\ndef act(x):\n    return torch.cat([x] * {n})\n"},
+        "class M(Base):\n    def forward(self, x):\n        from {h} import act\n        return self.fc(act(x))\n"),
+    "function found by a computed name": (  # static reading cannot see it: never stored
+        {"h": "import torch\ndef post(x):\n    return torch.cat([x] * {n})\n"},
+        "import {h}\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(getattr({h}, ''.join(['po', 'st']))(x))\n"),
+}
+NEVER_STORED = {"function found by a computed name"}
+
+HELPER_RUNNER = """
+import json, logging, sys, torch
+from torch import nn
+import modelmeter
+from helper_issue import act
+import helper_issue
+
+class Base(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+class IssueModel(Base):  # the issue's own case: a script with `from helper import act` and `helper.post(...)`
+    def forward(self, x):
+        return self.fc(helper_issue.post(act(x)))
+
+models = {"the issue's script": IssueModel}
+for i, name in enumerate(json.loads(sys.argv[1])):
+    namespace = {"Base": Base}
+    with open(f"model_{i}.py") as f:
+        exec(compile(f.read(), f"model_{i}.py", "exec"), namespace)
+    models[name] = namespace["M"]
+out = {}
+for name, cls in models.items():
+    x = torch.randn(4, 16)
+    oracle = modelmeter.analyze(cls(), x).flops.total()
+    cached = modelmeter.analyze(cls(), x, cache=True)
+    out[name] = [oracle, cached.flops.total(), cached.from_cache]
+print(json.dumps(out))
+"""
+
+
+def _write_helpers(root: Path, n: int) -> None:
+    (root / "helper_issue.py").write_text(
+        f"import torch\ndef act(x):\n    return torch.cat([x] * {n})\ndef post(x):\n    return torch.cat([x] * 2)\n")
+    for i, (helpers, model) in enumerate(HELPER_SCENARIOS.values()):
+        h = f"helper_{i}"
+        for stem, text in helpers.items():
+            (root / f"{stem.replace('h', h, 1)}.py").write_text(text.format(n=n, h=h))
+        (root / f"model_{i}.py").write_text(model.format(h=h))
+
+
+def _run_helpers(root: Path, cache: Path) -> dict[str, list[Any]]:
+    env = {**os.environ, "MODELMETER_CACHE": str(cache), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), *sys.path])}
+    proc = subprocess.run([sys.executable, "-c", HELPER_RUNNER, json.dumps(list(HELPER_SCENARIOS))], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_editing_user_code_or_constants_is_never_served_a_stale_count(tmp_path: Path, cache_env: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_helpers(src, 2)
+    first = _run_helpers(src, cache_env)
+    again = _run_helpers(src, cache_env)
+    _write_helpers(src, 4)
+    edited = _run_helpers(src, cache_env)
+    for name in first:
+        (oracle, flops, cached), (oracle2, flops2, cached2) = first[name], again[name]
+        assert flops == oracle and not cached, name
+        assert flops2 == oracle2 == oracle, name
+        assert cached2 == (name not in NEVER_STORED), f"{name}: an unchanged setup should be served from the cache"
+        oracle4, flops4, _ = edited[name]
+        assert flops4 == oracle4 == 2 * oracle, f"{name}: {flops4} served where a fresh run counts {oracle4}"
+
+
+SCALE = torch.ones(3)
+NP_SCALE = __import__("numpy").float32(2.0)
+
+
+class UsesConstants(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * SCALE.sum() * float(NP_SCALE)
+
+
+def test_module_level_tensors_and_extension_scalars_are_keyed_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(2, 3)
+    base = key(UsesConstants(), x)
+    assert key(UsesConstants(), x) == base
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", torch.full((3,), 2.0))
+    assert key(UsesConstants(), x) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(sys.modules[__name__], "NP_SCALE", __import__("numpy").float32(3.0))
+    assert key(UsesConstants(), x) != base
+
+
+def test_code_the_key_cannot_see_into_is_not_cached(monkeypatch: pytest.MonkeyPatch, cache_env: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import zlib
+
+    class Native(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.checksum = zlib.adler32  # compiled code: stands in for a C extension of the user's own
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * (self.checksum(b"x") % 3)
+
+    x = torch.randn(2, 3)
+    assert trace_key(Native(), (x,), {}, "auto") is not None  # zlib is installed: keyed by Python's version
+    monkeypatch.setattr(zlib.adler32, "__module__", "my_native_extension")
+    with caplog.at_level(logging.INFO, logger="modelmeter.cache"):
+        assert trace_key(Native(), (x,), {}, "auto") is None
+        analysis = analyze(Native(), x, cache=True)
+    assert analysis.flops.total() == FlopCountAnalysis(Native(), x).total() and not entries(cache_env)
+    assert "my_native_extension.adler32 is compiled code outside the installed packages" in caplog.text
+
+
+def test_a_run_that_cannot_be_watched_is_not_stored(cache_env: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def other_profiler(frame: Any, event: str, arg: Any) -> None:
+        return None
+
+    sys.setprofile(other_profiler)
+    try:
+        with caplog.at_level(logging.INFO, logger="modelmeter.cache"):
+            analysis = analyze(Net(), image(), cache=True)
+        assert sys.getprofile() is other_profiler  # left as it was
+    finally:
+        sys.setprofile(None)
+    assert analysis.flops.total() == FlopCountAnalysis(Net(), image()).total() and not entries(cache_env)
+    assert "another profiler is active" in caplog.text
+    assert analyze(Net(), image(), cache=True).trace and len(entries(cache_env)) == 1
