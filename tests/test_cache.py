@@ -795,3 +795,77 @@ def test_a_run_that_cannot_be_watched_is_not_stored(cache_env: Path, caplog: pyt
     assert analysis.flops.total() == FlopCountAnalysis(Net(), image()).total() and not entries(cache_env)
     assert "another profiler is active" in caplog.text
     assert analyze(Net(), image(), cache=True).trace and len(entries(cache_env)) == 1
+
+
+# --- cost guards never read the cache (issue 16) -----------------------------------------------------------
+GUARDED_MODEL = """
+from torch import nn
+
+def build(width=16):
+    return nn.Sequential(nn.Linear(16, width))
+"""
+
+
+def _poison(source: Path, target: Path) -> None:
+    """Put the single entry of cache ``source`` under the key of the single entry of cache ``target``."""
+    (good,), (victim,) = entries(source), entries(target)
+    entry = json.loads(gzip.decompress(good.read_bytes()))
+    entry["key"] = victim.name.removesuffix(".json.gz")
+    victim.write_bytes(gzip.compress(json.dumps(entry).encode()))
+
+
+def test_cost_guards_run_the_model_and_never_read_a_poisoned_cache(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "guarded.py").write_text(GUARDED_MODEL)
+    spec = f"{tmp_path / 'guarded.py'}:build"
+    small_cache, big_cache = tmp_path / "small", tmp_path / "big"
+    small, big = [spec, "width=8", "--input", "4x16"], [spec, "--input", "4x16"]
+    small_flops, big_flops = 4 * 16 * 8, 4 * 16 * 16  # hand counts (multiply-adds)
+
+    def status(*argv: str) -> int:
+        code = main(list(argv))
+        capsys.readouterr()
+        return code
+
+    assert status(*small, "--cache-dir", str(small_cache)) == 0
+    assert status(*big, "--cache-dir", str(big_cache)) == 0
+    _poison(small_cache, big_cache)  # the big model's entry now holds the small model's trace
+    poisoned = json.loads(run(capsys, *big, "--cache-dir", str(big_cache), "--format", "json"))
+    assert poisoned["modules"][0]["metrics"]["flops"] == small_flops  # plain runs are served the poison
+
+    assert status(*big, "--cache-dir", str(big_cache), "--budget", f"flops={small_flops}") == 1
+    baseline = tmp_path / "baseline.json"
+    assert status(*small, "--name", "m", "--save-baseline", str(baseline), "--no-cache") == 0
+    assert status(*big, "--name", "m", "--cache-dir", str(big_cache), "--check-baseline", str(baseline)) == 1
+    saved = tmp_path / "saved.json"
+    assert status(*big, "--name", "m", "--cache-dir", str(big_cache), "--save-baseline", str(saved)) == 0
+    assert status(*big, "--name", "m", "--no-cache", "--budget", f"flops={big_flops}") == 0
+    assert status(*big, "--name", "m", "--no-cache", "--check-baseline", str(saved), "--tolerance", "0") == 0
+
+    # --check-baseline FILE alone re-runs every entry: a cache poisoned the other way (a bigger trace under the
+    # small model's key) would make it fail; it must pass, since the model did not change.
+    fresh_big = tmp_path / "fresh-big"
+    assert status(*big, "--cache-dir", str(fresh_big)) == 0
+    _poison(fresh_big, small_cache)
+    small_baseline = tmp_path / "small.json"
+    assert status(*small, "--name", "s", "--save-baseline", str(small_baseline), "--no-cache") == 0
+    assert status("--check-baseline", str(small_baseline), "--cache-dir", str(small_cache)) == 0
+    served = json.loads(run(capsys, *small, "--cache-dir", str(small_cache), "--format", "json"))
+    assert served["modules"][0]["metrics"]["flops"] == big_flops  # the poison is still there for plain runs
+
+
+def test_assert_cost_never_reads_the_cache(tmp_path: Path, cache_env: Path) -> None:
+    from modelmeter.guard import CostAssertionError, assert_cost
+
+    baseline = tmp_path / "costs.json"
+    x = torch.randn(4, 16)
+    assert_cost(nn.Sequential(nn.Linear(16, 8)), x, baseline, name="m", update=True)
+    analyze(nn.Sequential(nn.Linear(16, 8)), x, cache=True)
+    analyze(nn.Sequential(nn.Linear(16, 16)), x, cache=True)
+    small, big = sorted(entries(cache_env), key=lambda p: p.stat().st_mtime_ns)
+    entry = json.loads(gzip.decompress(small.read_bytes()))
+    entry["key"] = big.name.removesuffix(".json.gz")
+    big.write_bytes(gzip.compress(json.dumps(entry).encode()))
+    assert analyze(nn.Sequential(nn.Linear(16, 16)), x, cache=True).flops.total() == 4 * 16 * 8  # poisoned
+    with pytest.raises(CostAssertionError):
+        assert_cost(nn.Sequential(nn.Linear(16, 16)), x, baseline, name="m")

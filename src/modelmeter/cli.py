@@ -331,10 +331,12 @@ def _job(args: argparse.Namespace) -> Job:
     backward = args.backward or args.optimizer is not None
     memory = (args.memory or args.optimizer is not None or args.fit is not None
               or any(metric in BYTE_METRICS for metric in args.budget or {}))
+    # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
+    guarded = bool(args.budget or args.save_baseline or args.check_baseline)
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
-               cache=args.cache, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
+               cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
                state_dtype=args.state_dtype, foreach=args.foreach, **given)
 
 
@@ -455,8 +457,7 @@ def _check_all(args: argparse.Namespace) -> int:
         if not entry.spec:
             raise ModelSpecError(f"the baseline entry {name!r} was not saved by the command: check it where it was "
                                  "saved (e.g. with the pytest plugin)")
-        jobs[name] = replace(_job(parser.parse_intermixed_args(entry.spec)), cache=args.cache,
-                             cache_dir=args.cache_dir)
+        jobs[name] = replace(_job(parser.parse_intermixed_args(entry.spec)), cache=False)  # guards run the model
     outcomes = _in_parallel(baseline_point, jobs, args.jobs, "baselines")
     status = 0
     for name, outcome in outcomes.items():

@@ -33,7 +33,7 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     inputs, convention or backward pass differ from the baseline's.
     """
     name = name or type(model).__name__
-    result = analyze(model, inputs, convention=convention, backward=backward, quiet=True).result()
+    result = analyze(model, inputs, convention=convention, backward=backward, cache=False, quiet=True).result()
     current = entry_from_result(result)
     if update:
         record(baseline, name, current)
