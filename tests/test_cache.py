@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -869,3 +871,118 @@ def test_assert_cost_never_reads_the_cache(tmp_path: Path, cache_env: Path) -> N
     assert analyze(nn.Sequential(nn.Linear(16, 16)), x, cache=True).flops.total() == 4 * 16 * 8  # poisoned
     with pytest.raises(CostAssertionError):
         assert_cost(nn.Sequential(nn.Linear(16, 16)), x, baseline, name="m")
+
+
+# --- the cache deletes only what it wrote; bombs; leftovers (issue 16) ------------------------------------
+def _user_files(traces: Path, outside: Path) -> dict[str, bytes]:
+    """Files a user keeps in a folder that is also the cache directory, named like the cache's own."""
+    files = {"notes.json.gz": b"mine", ".draft.tmp": b"mine", "data.lock": b"mine", "README": b"mine",
+             "0" * 63 + ".json.gz": b"one digit short", "A" * 64 + ".json.gz": b"upper case",
+             "a" * 64 + ".json.gz.bak": b"backup", ".x.json.gz.host.1.abcdef12.tmp": b"not a key"}
+    traces.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (traces / name).write_bytes(data)
+    (traces / ("b" * 64 + ".json.gz")).mkdir(exist_ok=True)  # a folder named like an entry
+    outside.write_bytes(b"precious")
+    (traces / ("c" * 64 + ".json.gz")).symlink_to(outside)  # a link named like an entry: not the cache's
+    return files
+
+
+def test_clear_and_eviction_delete_only_the_caches_own_files(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    outside = tmp_path / "precious.bin"
+    files = _user_files(project / "traces", outside)
+    analyze(Net(), image(), cache_dir=project)
+    analyze(Net(p=0.3), image(), cache_dir=project)
+    assert cache_info(project)["entries"] == 2  # the user's look-alikes are not counted as entries
+    assert clear_cache(project) == 2
+    TraceCache(project, size_limit=0).evict()
+    for name, data in files.items():
+        assert (project / "traces" / name).read_bytes() == data, name
+    assert (project / "traces" / ("b" * 64 + ".json.gz")).is_dir() and outside.read_bytes() == b"precious"
+    assert (project / "traces" / ("c" * 64 + ".json.gz")).is_symlink()
+    left = {p.name for p in (project / "traces").iterdir()}
+    assert left == {*files, "b" * 64 + ".json.gz", "c" * 64 + ".json.gz"}  # entries and their lock files went
+
+
+def _held_lock(path: Path) -> subprocess.Popen[str]:
+    """A process holding the lock file ``path`` until its stdin closes."""
+    code = ("import sys, filelock; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+            "sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="lock probing by flock, temp names by pid")
+def test_leftover_locks_and_temporary_files_go_only_when_abandoned(tmp_path: Path) -> None:
+    from modelmeter.io.atomic import owner_tag
+
+    cache = TraceCache(tmp_path / "c")
+    traces = Path(cache.path)
+    host = owner_tag().rpartition(".")[0]
+    free, held, recent = (traces / f"{c * 64}.json.gz.lock" for c in "abc")
+    dead_temp = traces / f".{'d' * 64}.json.gz.{host}.{_dead_pid()}.0123abcd.tmp"
+    live_temp = traces / f".{'e' * 64}.json.gz.{owner_tag()}.0123abcd.tmp"  # this process: still writing
+    foreign_temp = traces / f".{'f' * 64}.json.gz.otherhost.12.0123abcd.tmp"  # another host: judged by age
+    for path in (free, held, recent, dead_temp, live_temp, foreign_temp):
+        path.write_bytes(b"")
+    hour_ago = time.time() - 2 * 3600
+    for path in (free, held, foreign_temp):
+        os.utime(path, (hour_ago, hour_ago))
+    holder = _held_lock(held)
+    try:
+        cache.evict()  # automatic clean-up: old, unheld locks; temporary files of ended or old writers
+        assert sorted(p.name for p in traces.iterdir()) == sorted(p.name for p in (held, recent, live_temp))
+        cache.clear()  # clear: every lock nobody holds
+        assert sorted(p.name for p in traces.iterdir()) == sorted(p.name for p in (held, live_temp))
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    cache.clear()
+    assert [p.name for p in traces.iterdir()] == [live_temp.name]
+
+
+def _bomb(key: str, size: int) -> bytes:
+    """A valid-looking entry for ``key`` whose JSON starts with ``size`` spaces: a few KB that inflate to ``size``."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b" " * (1 << 20)
+    parts = [deflate.compress(chunk) for _ in range(size // len(chunk))]
+    tail = json.dumps({"format": "modelmeter-trace-cache-entry", "key": key, "trace": None}).encode()
+    return b"".join([*parts, deflate.compress(tail), deflate.flush()])
+
+
+def test_a_decompression_bomb_is_refused_within_the_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import tracemalloc
+
+    from modelmeter.cache import serialize
+
+    assert serialize.MAX_ENTRY_BYTES <= 1 << 30  # the default keeps a bomb far from the memory of a laptop
+    monkeypatch.setattr(serialize, "MAX_ENTRY_BYTES", 4 << 20)
+    cache = TraceCache(tmp_path / "c")
+    key = "9" * 64
+    data = _bomb(key, 256 << 20)
+    assert len(data) < 1 << 20
+    Path(cache.entry_path(key)).write_bytes(data)
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="modelmeter.cache"):
+            assert cache.load(key) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20  # never near the 256 MiB it would inflate to
+    assert "decompression bomb" in caplog.text and not os.path.exists(cache.entry_path(key))
+    with pytest.raises(ValueError, match="decompression bomb"):
+        loads(data)
+    # what fits is read as before
+    trace = FlopCountAnalysis(Net(), image()).trace
+    assert cache.store(key, trace) and exact(cache.load(key), trace)
