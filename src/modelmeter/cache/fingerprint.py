@@ -193,6 +193,11 @@ def _module_library(module: str | None, path: str | None) -> str | None:
     return "stdlib" if where == "stdlib" else _version(_top(module), path)  # Python's version is in the key
 
 
+def _module_file(module: types.ModuleType) -> str | None:
+    path = getattr(module, "__file__", None)
+    return path if isinstance(path, str) else None
+
+
 def library(obj: Any) -> str | None:
     """``"package version"`` for a function or class of an installed library (or the standard library, or
     torch), judged by the file its code was compiled from; ``None`` for the user's own code (a script, a
@@ -383,14 +388,14 @@ class _Fingerprint:
                 out.append((name, self.value(namespace[name])))
                 continue
             module = sys.modules.get(name)
-            if module is not None and _module_library(module.__name__, getattr(module, "__file__", None)) is None:
-                out.append((name, self.value(module)))
+            if isinstance(module, types.ModuleType) and _module_library(name, _module_file(module)) is None:
+                out.append((name, self.python_module(module)))
         return tuple(out)
 
     def python_module(self, module: types.ModuleType) -> Any:
         """An installed module by name and version; a user module by name, its contents being keyed at the end
         (:meth:`user_modules`) for every name any code refers to."""
-        installed = _module_library(module.__name__, getattr(module, "__file__", None))
+        installed = _module_library(module.__name__, _module_file(module))
         if installed is None:
             self._user_modules.setdefault(module.__name__, module)
         return ("python module", module.__name__, installed)
@@ -682,7 +687,10 @@ def watch_code() -> Iterator[dict[types.CodeType, bool] | None]:
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code not in seen:
-            seen[frame.f_code] = _user_frame(frame)
+            try:
+                seen[frame.f_code] = _user_frame(frame)
+            except Exception:  # never into the model's run; unsure means the user's (so: not stored)
+                seen[frame.f_code] = True
 
     threading.setprofile(profile)
     sys.setprofile(profile)
