@@ -986,3 +986,21 @@ def test_a_decompression_bomb_is_refused_within_the_size_limit(tmp_path: Path, m
     # what fits is read as before
     trace = FlopCountAnalysis(Net(), image()).trace
     assert cache.store(key, trace) and exact(cache.load(key), trace)
+
+
+def test_code_made_by_exec_is_the_users_only_when_the_user_made_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import timeit
+    import types
+
+    from modelmeter.cache.fingerprint import Key, watch_code
+
+    fileless = types.ModuleType("fileless_module")  # torch makes such modules while it imports lazily
+    monkeypatch.setitem(sys.modules, "fileless_module", fileless)
+    nothing = Key("0" * 64, frozenset())
+    with watch_code() as seen:
+        timeit.timeit("pass", number=1, globals=vars(fileless))  # the standard library execs code in it
+    assert seen is not None and nothing.uncovered(seen) == []
+    with watch_code() as seen:
+        exec(compile("def made():\n    pass\nmade()\n", "<made by the user>", "exec"), vars(fileless))
+    assert seen is not None and nothing.uncovered(seen) == ["<made by the user>:1 <module>",
+                                                            "<made by the user>:1 made"]

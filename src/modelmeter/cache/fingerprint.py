@@ -213,22 +213,22 @@ def _user_file(path: str) -> bool:
 
 def _user_frame(frame: types.FrameType) -> bool:
     """Whether the code a frame runs is the user's: by its file; code made by ``exec`` or ``eval`` by the
-    module whose namespace it runs in, else by the code that called it."""
+    file of the module whose namespace it runs in, else by the code that called it (unknown: the user's)."""
     filename = frame.f_code.co_filename
     if not filename.startswith("<"):
         return _user_file(filename)
     if filename.startswith("<frozen "):  # the standard library's frozen modules
         return False
     name = frame.f_globals.get("__name__")
-    module = sys.modules.get(name) if isinstance(name, str) else None
-    if module is not None:
-        if _is_torch(name):
-            return False
-        path = getattr(module, "__file__", None)
-        return not isinstance(path, str) or _user_file(path)
-    if isinstance(name, str) and name.startswith("namedtuple_"):  # collections.namedtuple's own __new__
+    if not isinstance(name, str):
+        name = ""
+    module = sys.modules.get(name)
+    if _is_torch(name) or name.startswith("namedtuple_"):  # torch's, or collections.namedtuple's own __new__
         return False
-    return frame.f_back is not None and _user_frame(frame.f_back)
+    path = _module_file(module) if isinstance(module, types.ModuleType) else None
+    if path is not None:
+        return _user_file(path)
+    return frame.f_back is None or _user_frame(frame.f_back)  # a module without a file (torch makes some)
 
 
 def _code(code: types.CodeType) -> tuple[str, frozenset[str]]:
