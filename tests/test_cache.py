@@ -1004,3 +1004,28 @@ def test_code_made_by_exec_is_the_users_only_when_the_user_made_it(monkeypatch: 
         exec(compile("def made():\n    pass\nmade()\n", "<made by the user>", "exec"), vars(fileless))
     assert seen is not None and nothing.uncovered(seen) == ["<made by the user>:1 <module>",
                                                             "<made by the user>:1 made"]
+
+
+FAMILIES_RUNNER = """
+import json, sys
+import modelmeter
+from modelmeter.models import load_model
+
+out = {}
+for spec in sys.argv[1:]:
+    hits = []
+    for _ in range(2):  # two builds of the same model: the second must be served from the cache
+        loaded = load_model(spec)
+        hits.append(modelmeter.analyze(loaded.model, loaded.inputs(), cache=True).from_cache)
+    out[spec] = hits
+print(json.dumps(out))
+"""
+
+
+def test_real_model_families_stay_cacheable(cache_env: Path) -> None:
+    # A fresh process: the first run also meets torch's lazy imports (code made by exec while the model runs).
+    specs = ["resnet18", "timm:convnext_atto", "torchvision:mobilenet_v3_small", "llama2_tiny", "bert_tiny"]
+    proc = subprocess.run([sys.executable, "-c", FAMILIES_RUNNER, *specs], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "MODELMETER_CACHE": str(cache_env)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {spec: [False, True] for spec in specs}
