@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -614,3 +616,416 @@ def test_cli_no_cache_and_cache_dir(capsys: pytest.CaptureFixture[str], cache_en
     assert json.loads(run(capsys, "cache", "clear", "--cache-dir", str(other), "--format", "json"))["removed"] == 1
     assert main(["cache", "wipe"]) == 2
     assert "usage: modelmeter cache info|clear" in capsys.readouterr().err
+
+
+# --- the key covers the user's code: helper modules, constants, closures (issue 16) ---------------------
+# Each scenario: helper files (formatted with the repeat count n) and a model file; the model's flops scale with
+# n, so a stale entry shows as the old count. A subprocess runs every scenario with the cache (and once without,
+# the oracle), so edited files are imported afresh, as a user would meet them.
+HELPER_SCENARIOS: dict[str, tuple[dict[str, str], str]] = {
+    "function imported by name": (
+        {"h": "import torch\ndef act(x):\n    return torch.cat([x] * {n})\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "function called through its module": (
+        {"h": "import torch\ndef post(x):\n    return torch.cat([x] * {n})\n"},
+        "import {h}\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc({h}.post(x))\n"),
+    "module-level constant of the helper": (
+        {"h": "import torch\nREPEAT = {n}\ndef act(x):\n    return torch.cat([x] * REPEAT)\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "constant read through the module": (
+        {"h": "REPEAT = {n}\n"},
+        "import torch, {h}\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(torch.cat([x] * {h}.REPEAT))\n"),
+    "nested container constant": (
+        {"h": "CONF = {{'repeat': [1, {n}]}}\n"},
+        "import torch, {h}\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(torch.cat([x] * {h}.CONF['repeat'][1]))\n"),
+    "default argument": (
+        {"h": "import torch\ndef act(x, n={n}):\n    return torch.cat([x] * n)\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "closure variable": (
+        {"h": "import torch\ndef make(n):\n    def act(x):\n        return torch.cat([x] * n)\n    return act\n"
+              "act = make({n})\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "class attribute of a helper class": (
+        {"h": "class Cfg:\n    repeat = {n}\n"},
+        "import torch\nfrom {h} import Cfg\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(torch.cat([x] * Cfg.repeat))\n"),
+    "lambda": (
+        {"h": "import torch\nact = lambda x: torch.cat([x] * {n})\n"},
+        "from {h} import act\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc(act(x))\n"),
+    "method of a base class in another file": (
+        {"h": "import torch\nfrom torch import nn\nclass Expand(nn.Module):\n    def expand(self, x):\n"
+              "        return torch.cat([x] * {n})\n"},
+        "from {h} import Expand\n\nclass M(Base, Expand):\n    def forward(self, x):\n"
+        "        return self.fc(self.expand(x))\n"),
+    "helper of a helper": (
+        {"h": "import {h}_inner as inner\ndef act(x):\n    return inner.act(x)\n",
+         "h_inner": "import torch\ndef act(x):\n    return torch.cat([x] * {n})\n"},
+        "import {h}\n\nclass M(Base):\n    def forward(self, x):\n        return self.fc({h}.act(x))\n"),
+    "import inside forward": (
+        {"h": "import torch\ndef act(x):\n    return torch.cat([x] * {n})\n"},
+        "class M(Base):\n    def forward(self, x):\n        from {h} import act\n        return self.fc(act(x))\n"),
+    "function found by a computed name": (  # static reading cannot see it: never stored
+        {"h": "import torch\ndef post(x):\n    return torch.cat([x] * {n})\n"},
+        "import {h}\n\nclass M(Base):\n    def forward(self, x):\n"
+        "        return self.fc(getattr({h}, ''.join(['po', 'st']))(x))\n"),
+}
+NEVER_STORED = {"function found by a computed name"}
+
+HELPER_RUNNER = """
+import json, logging, sys, torch
+from torch import nn
+import modelmeter
+from helper_issue import act
+import helper_issue
+
+class Base(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+class IssueModel(Base):  # the issue's own case: a script with `from helper import act` and `helper.post(...)`
+    def forward(self, x):
+        return self.fc(helper_issue.post(act(x)))
+
+models = {"the issue's script": IssueModel}
+for i, name in enumerate(json.loads(sys.argv[1])):
+    namespace = {"Base": Base}
+    with open(f"model_{i}.py") as f:
+        exec(compile(f.read(), f"model_{i}.py", "exec"), namespace)
+    models[name] = namespace["M"]
+out = {}
+for name, cls in models.items():
+    x = torch.randn(4, 16)
+    oracle = modelmeter.analyze(cls(), x).flops.total()
+    cached = modelmeter.analyze(cls(), x, cache=True)
+    out[name] = [oracle, cached.flops.total(), cached.from_cache]
+print(json.dumps(out))
+"""
+
+
+def _write_helpers(root: Path, n: int) -> None:
+    (root / "helper_issue.py").write_text(
+        f"import torch\ndef act(x):\n    return torch.cat([x] * {n})\ndef post(x):\n    return torch.cat([x] * 2)\n")
+    for i, (helpers, model) in enumerate(HELPER_SCENARIOS.values()):
+        h = f"helper_{i}"
+        for stem, text in helpers.items():
+            (root / f"{stem.replace('h', h, 1)}.py").write_text(text.format(n=n, h=h))
+        (root / f"model_{i}.py").write_text(model.format(h=h))
+
+
+def _run_helpers(root: Path, cache: Path) -> dict[str, list[Any]]:
+    env = {**os.environ, "MODELMETER_CACHE": str(cache), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), *sys.path])}
+    proc = subprocess.run([sys.executable, "-c", HELPER_RUNNER, json.dumps(list(HELPER_SCENARIOS))], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_editing_user_code_or_constants_is_never_served_a_stale_count(tmp_path: Path, cache_env: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_helpers(src, 2)
+    first = _run_helpers(src, cache_env)
+    again = _run_helpers(src, cache_env)
+    _write_helpers(src, 4)
+    edited = _run_helpers(src, cache_env)
+    for name in first:
+        (oracle, flops, cached), (oracle2, flops2, cached2) = first[name], again[name]
+        assert flops == oracle and not cached, name
+        assert flops2 == oracle2 == oracle, name
+        assert cached2 == (name not in NEVER_STORED), f"{name}: an unchanged setup should be served from the cache"
+        oracle4, flops4, _ = edited[name]
+        assert flops4 == oracle4 == 2 * oracle, f"{name}: {flops4} served where a fresh run counts {oracle4}"
+
+
+SCALE = torch.ones(3)
+NP_SCALE = __import__("numpy").float32(2.0)
+
+
+class UsesConstants(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * SCALE.sum() * float(NP_SCALE)
+
+
+def test_module_level_tensors_and_extension_scalars_are_keyed_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(2, 3)
+    base = key(UsesConstants(), x)
+    assert key(UsesConstants(), x) == base
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", torch.full((3,), 2.0))
+    assert key(UsesConstants(), x) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(sys.modules[__name__], "NP_SCALE", __import__("numpy").float32(3.0))
+    assert key(UsesConstants(), x) != base
+
+
+def test_code_the_key_cannot_see_into_is_not_cached(monkeypatch: pytest.MonkeyPatch, cache_env: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import zlib
+
+    class Native(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.checksum = zlib.adler32  # compiled code: stands in for a C extension of the user's own
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * (self.checksum(b"x") % 3)
+
+    x = torch.randn(2, 3)
+    assert trace_key(Native(), (x,), {}, "auto") is not None  # zlib is installed: keyed by Python's version
+    monkeypatch.setattr(zlib.adler32, "__module__", "my_native_extension")
+    with caplog.at_level(logging.INFO, logger="modelmeter.cache"):
+        assert trace_key(Native(), (x,), {}, "auto") is None
+        analysis = analyze(Native(), x, cache=True)
+    assert analysis.flops.total() == FlopCountAnalysis(Native(), x).total() and not entries(cache_env)
+    assert "my_native_extension.adler32 is compiled code outside the installed packages" in caplog.text
+
+
+def test_a_run_that_cannot_be_watched_is_not_stored(cache_env: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def other_profiler(frame: Any, event: str, arg: Any) -> None:
+        return None
+
+    sys.setprofile(other_profiler)
+    try:
+        with caplog.at_level(logging.INFO, logger="modelmeter.cache"):
+            analysis = analyze(Net(), image(), cache=True)
+        assert sys.getprofile() is other_profiler  # left as it was
+    finally:
+        sys.setprofile(None)
+    assert analysis.flops.total() == FlopCountAnalysis(Net(), image()).total() and not entries(cache_env)
+    assert "another profiler is active" in caplog.text
+    assert analyze(Net(), image(), cache=True).trace and len(entries(cache_env)) == 1
+
+
+# --- cost guards never read the cache (issue 16) -----------------------------------------------------------
+GUARDED_MODEL = """
+from torch import nn
+
+def build(width=16):
+    return nn.Sequential(nn.Linear(16, width))
+"""
+
+
+def _poison(source: Path, target: Path) -> None:
+    """Put the single entry of cache ``source`` under the key of the single entry of cache ``target``."""
+    (good,), (victim,) = entries(source), entries(target)
+    entry = json.loads(gzip.decompress(good.read_bytes()))
+    entry["key"] = victim.name.removesuffix(".json.gz")
+    victim.write_bytes(gzip.compress(json.dumps(entry).encode()))
+
+
+def test_cost_guards_run_the_model_and_never_read_a_poisoned_cache(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "guarded.py").write_text(GUARDED_MODEL)
+    spec = f"{tmp_path / 'guarded.py'}:build"
+    small_cache, big_cache = tmp_path / "small", tmp_path / "big"
+    small, big = [spec, "width=8", "--input", "4x16"], [spec, "--input", "4x16"]
+    small_flops, big_flops = 4 * 16 * 8, 4 * 16 * 16  # hand counts (multiply-adds)
+
+    def status(*argv: str) -> int:
+        code = main(list(argv))
+        capsys.readouterr()
+        return code
+
+    assert status(*small, "--cache-dir", str(small_cache)) == 0
+    assert status(*big, "--cache-dir", str(big_cache)) == 0
+    _poison(small_cache, big_cache)  # the big model's entry now holds the small model's trace
+    poisoned = json.loads(run(capsys, *big, "--cache-dir", str(big_cache), "--format", "json"))
+    assert poisoned["modules"][0]["metrics"]["flops"] == small_flops  # plain runs are served the poison
+
+    assert status(*big, "--cache-dir", str(big_cache), "--budget", f"flops={small_flops}") == 1
+    baseline = tmp_path / "baseline.json"
+    assert status(*small, "--name", "m", "--save-baseline", str(baseline), "--no-cache") == 0
+    assert status(*big, "--name", "m", "--cache-dir", str(big_cache), "--check-baseline", str(baseline)) == 1
+    saved = tmp_path / "saved.json"
+    assert status(*big, "--name", "m", "--cache-dir", str(big_cache), "--save-baseline", str(saved)) == 0
+    assert status(*big, "--name", "m", "--no-cache", "--budget", f"flops={big_flops}") == 0
+    assert status(*big, "--name", "m", "--no-cache", "--check-baseline", str(saved), "--tolerance", "0") == 0
+
+    # --check-baseline FILE alone re-runs every entry: a cache poisoned the other way (a bigger trace under the
+    # small model's key) would make it fail; it must pass, since the model did not change.
+    fresh_big = tmp_path / "fresh-big"
+    assert status(*big, "--cache-dir", str(fresh_big)) == 0
+    _poison(fresh_big, small_cache)
+    small_baseline = tmp_path / "small.json"
+    assert status(*small, "--name", "s", "--save-baseline", str(small_baseline), "--no-cache") == 0
+    assert status("--check-baseline", str(small_baseline), "--cache-dir", str(small_cache)) == 0
+    served = json.loads(run(capsys, *small, "--cache-dir", str(small_cache), "--format", "json"))
+    assert served["modules"][0]["metrics"]["flops"] == big_flops  # the poison is still there for plain runs
+
+
+def test_assert_cost_never_reads_the_cache(tmp_path: Path, cache_env: Path) -> None:
+    from modelmeter.guard import CostAssertionError, assert_cost
+
+    baseline = tmp_path / "costs.json"
+    x = torch.randn(4, 16)
+    assert_cost(nn.Sequential(nn.Linear(16, 8)), x, baseline, name="m", update=True)
+    analyze(nn.Sequential(nn.Linear(16, 8)), x, cache=True)
+    analyze(nn.Sequential(nn.Linear(16, 16)), x, cache=True)
+    small, big = sorted(entries(cache_env), key=lambda p: p.stat().st_mtime_ns)
+    entry = json.loads(gzip.decompress(small.read_bytes()))
+    entry["key"] = big.name.removesuffix(".json.gz")
+    big.write_bytes(gzip.compress(json.dumps(entry).encode()))
+    assert analyze(nn.Sequential(nn.Linear(16, 16)), x, cache=True).flops.total() == 4 * 16 * 8  # poisoned
+    with pytest.raises(CostAssertionError):
+        assert_cost(nn.Sequential(nn.Linear(16, 16)), x, baseline, name="m")
+
+
+# --- the cache deletes only what it wrote; bombs; leftovers (issue 16) ------------------------------------
+def _user_files(traces: Path, outside: Path) -> dict[str, bytes]:
+    """Files a user keeps in a folder that is also the cache directory, named like the cache's own."""
+    files = {"notes.json.gz": b"mine", ".draft.tmp": b"mine", "data.lock": b"mine", "README": b"mine",
+             "0" * 63 + ".json.gz": b"one digit short", "A" * 64 + ".json.gz": b"upper case",
+             "a" * 64 + ".json.gz.bak": b"backup", ".x.json.gz.host.1.abcdef12.tmp": b"not a key"}
+    traces.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (traces / name).write_bytes(data)
+    (traces / ("b" * 64 + ".json.gz")).mkdir(exist_ok=True)  # a folder named like an entry
+    outside.write_bytes(b"precious")
+    (traces / ("c" * 64 + ".json.gz")).symlink_to(outside)  # a link named like an entry: not the cache's
+    return files
+
+
+def test_clear_and_eviction_delete_only_the_caches_own_files(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    outside = tmp_path / "precious.bin"
+    files = _user_files(project / "traces", outside)
+    analyze(Net(), image(), cache_dir=project)
+    analyze(Net(p=0.3), image(), cache_dir=project)
+    assert cache_info(project)["entries"] == 2  # the user's look-alikes are not counted as entries
+    assert clear_cache(project) == 2
+    TraceCache(project, size_limit=0).evict()
+    for name, data in files.items():
+        assert (project / "traces" / name).read_bytes() == data, name
+    assert (project / "traces" / ("b" * 64 + ".json.gz")).is_dir() and outside.read_bytes() == b"precious"
+    assert (project / "traces" / ("c" * 64 + ".json.gz")).is_symlink()
+    left = {p.name for p in (project / "traces").iterdir()}
+    assert left == {*files, "b" * 64 + ".json.gz", "c" * 64 + ".json.gz"}  # entries and their lock files went
+
+
+def _held_lock(path: Path) -> subprocess.Popen[str]:
+    """A process holding the lock file ``path`` until its stdin closes."""
+    code = ("import sys, filelock; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+            "sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="lock probing by flock, temp names by pid")
+def test_leftover_locks_and_temporary_files_go_only_when_abandoned(tmp_path: Path) -> None:
+    from modelmeter.io.atomic import owner_tag
+
+    cache = TraceCache(tmp_path / "c")
+    traces = Path(cache.path)
+    host = owner_tag().rpartition(".")[0]
+    free, held, recent = (traces / f"{c * 64}.json.gz.lock" for c in "abc")
+    dead_temp = traces / f".{'d' * 64}.json.gz.{host}.{_dead_pid()}.0123abcd.tmp"
+    live_temp = traces / f".{'e' * 64}.json.gz.{owner_tag()}.0123abcd.tmp"  # this process: still writing
+    foreign_temp = traces / f".{'f' * 64}.json.gz.otherhost.12.0123abcd.tmp"  # another host: judged by age
+    for path in (free, held, recent, dead_temp, live_temp, foreign_temp):
+        path.write_bytes(b"")
+    hour_ago = time.time() - 2 * 3600
+    for path in (free, held, foreign_temp):
+        os.utime(path, (hour_ago, hour_ago))
+    holder = _held_lock(held)
+    try:
+        cache.evict()  # automatic clean-up: old, unheld locks; temporary files of ended or old writers
+        assert sorted(p.name for p in traces.iterdir()) == sorted(p.name for p in (held, recent, live_temp))
+        cache.clear()  # clear: every lock nobody holds
+        assert sorted(p.name for p in traces.iterdir()) == sorted(p.name for p in (held, live_temp))
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    cache.clear()
+    assert [p.name for p in traces.iterdir()] == [live_temp.name]
+
+
+def _bomb(key: str, size: int) -> bytes:
+    """A valid-looking entry for ``key`` whose JSON starts with ``size`` spaces: a few KB that inflate to ``size``."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b" " * (1 << 20)
+    parts = [deflate.compress(chunk) for _ in range(size // len(chunk))]
+    tail = json.dumps({"format": "modelmeter-trace-cache-entry", "key": key, "trace": None}).encode()
+    return b"".join([*parts, deflate.compress(tail), deflate.flush()])
+
+
+def test_a_decompression_bomb_is_refused_within_the_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import tracemalloc
+
+    from modelmeter.cache import serialize
+
+    assert serialize.MAX_ENTRY_BYTES <= 1 << 30  # the default keeps a bomb far from the memory of a laptop
+    monkeypatch.setattr(serialize, "MAX_ENTRY_BYTES", 4 << 20)
+    cache = TraceCache(tmp_path / "c")
+    key = "9" * 64
+    data = _bomb(key, 256 << 20)
+    assert len(data) < 1 << 20
+    Path(cache.entry_path(key)).write_bytes(data)
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="modelmeter.cache"):
+            assert cache.load(key) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20  # never near the 256 MiB it would inflate to
+    assert "decompression bomb" in caplog.text and not os.path.exists(cache.entry_path(key))
+    with pytest.raises(ValueError, match="decompression bomb"):
+        loads(data)
+    # what fits is read as before
+    trace = FlopCountAnalysis(Net(), image()).trace
+    assert cache.store(key, trace) and exact(cache.load(key), trace)
+
+
+def test_code_made_by_exec_is_the_users_only_when_the_user_made_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import timeit
+    import types
+
+    from modelmeter.cache.fingerprint import Key, watch_code
+
+    fileless = types.ModuleType("fileless_module")  # torch makes such modules while it imports lazily
+    monkeypatch.setitem(sys.modules, "fileless_module", fileless)
+    nothing = Key("0" * 64, frozenset())
+    with watch_code() as seen:
+        timeit.timeit("pass", number=1, globals=vars(fileless))  # the standard library execs code in it
+    assert seen is not None and nothing.uncovered(seen) == []
+    with watch_code() as seen:
+        exec(compile("def made():\n    pass\nmade()\n", "<made by the user>", "exec"), vars(fileless))
+    assert seen is not None and nothing.uncovered(seen) == ["<made by the user>:1 <module>",
+                                                            "<made by the user>:1 made"]
+
+
+FAMILIES_RUNNER = """
+import json, sys
+import modelmeter
+from modelmeter.models import load_model
+
+out = {}
+for spec in sys.argv[1:]:
+    hits = []
+    for _ in range(2):  # two builds of the same model: the second must be served from the cache
+        loaded = load_model(spec)
+        hits.append(modelmeter.analyze(loaded.model, loaded.inputs(), cache=True).from_cache)
+    out[spec] = hits
+print(json.dumps(out))
+"""
+
+
+def test_real_model_families_stay_cacheable(cache_env: Path) -> None:
+    # A fresh process: the first run also meets torch's lazy imports (code made by exec while the model runs).
+    specs = ["resnet18", "timm:convnext_atto", "torchvision:mobilenet_v3_small", "llama2_tiny", "bert_tiny"]
+    proc = subprocess.run([sys.executable, "-c", FAMILIES_RUNNER, *specs], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "MODELMETER_CACHE": str(cache_env)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {spec: [False, True] for spec in specs}

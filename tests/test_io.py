@@ -665,3 +665,35 @@ def test_handler_base_class() -> None:
     assert handler.supported_prefixes() == []
     with pytest.raises(NotImplementedError, match=r"PathHandler does not support open\(\) \(path: p\)"):
         handler.open("p")
+
+
+def test_abandoned_part_files_are_removed_and_live_ones_kept(server: _Server, tmp_path: Path) -> None:
+    from modelmeter.io.atomic import owner_tag
+
+    handler = HTTPURLHandler(cache_dir=tmp_path, timeout=10)
+    url = server.base + "/small.txt"
+    local = Path(handler.cache_path(url))
+    local.parent.mkdir(parents=True)
+    host = owner_tag().rpartition(".")[0]
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    name = local.name
+    parts = {
+        "dead writer": (f".{name}.{host}.{dead}.0123456789ab.part", False),
+        "live writer": (f".{name}.{owner_tag()}.0123456789ab.part", True),
+        "other host, recent": (f".{name}.elsewhere.42.0123456789ab.part", True),
+        "other host, stale": (f".{name}.elsewhere.43.0123456789ab.part", False),
+        "old name, stale": (f".{name}.0123456789ab.part", False),
+        "another file's": (f".not-{name}.{host}.{dead}.0123456789ab.part", True),
+        "a user's file": (f"{name}.part", True),
+    }
+    two_hours_ago = time.time() - 7200
+    for what, (part, _) in parts.items():
+        (local.parent / part).write_bytes(b"partial")
+        if "stale" in what:
+            os.utime(local.parent / part, (two_hours_ago, two_hours_ago))
+    assert Path(handler.get_local_path(url)).read_bytes() == body_for("/small.txt")
+    for what, (part, kept) in parts.items():
+        assert (local.parent / part).exists() == kept, what
+    left = sorted(p.name for p in local.parent.iterdir() if p.name.endswith(".part"))
+    assert left == sorted(part for part, kept in parts.values() if kept)  # the download's own went into place

@@ -362,10 +362,12 @@ def _job(args: argparse.Namespace) -> Job:
     backward = args.backward or args.optimizer is not None
     memory = (args.memory or args.optimizer is not None or args.fit is not None
               or any(metric in BYTE_METRICS for metric in args.budget or {}))
+    # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
+    guarded = bool(args.budget or args.save_baseline or args.check_baseline)
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
-               cache=args.cache, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
+               cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
                state_dtype=args.state_dtype, foreach=args.foreach, **given)
 
 
@@ -539,7 +541,7 @@ def _check_all(args: argparse.Namespace) -> int:
             job = _job(parsed)
         except ModelSpecError as exc:
             raise ModelSpecError(f"the baseline entry {name!r}: {exc}") from None
-        jobs[name] = replace(job, cache=args.cache, cache_dir=args.cache_dir, project=project)
+        jobs[name] = replace(job, cache=False, project=project)  # guards run the model
     outcomes = _in_parallel(baseline_point, jobs, args.jobs, "baselines")
     codes = [_report_check(name, baselines.entries[name], outcome, args.tolerance)
              for name, outcome in outcomes.items()]

@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..engine.trace import Trace
-from .fingerprint import trace_key
+from .fingerprint import Uncacheable, cache_key, trace_key, watch_code
 from .serialize import FORMAT_VERSION, trace_from_dict, trace_to_dict
 from .store import DEFAULT_SIZE_LIMIT, SIZE_ENV, TraceCache, parse_size
 
@@ -28,7 +28,9 @@ __all__ = [
     "FORMAT_VERSION",
     "SIZE_ENV",
     "TraceCache",
+    "Uncacheable",
     "cache_info",
+    "cache_key",
     "cached_trace",
     "clear_cache",
     "parse_size",
@@ -58,23 +60,43 @@ def cached_trace(cache: TraceCache, model: nn.Module, args: tuple[Any, ...], kwa
     """The trace of ``model(*args, **kwargs)`` from ``cache``, else ``record()`` (then stored); and whether it hit.
 
     Never fails because of the cache: a model or inputs that cannot be fingerprinted, or a trace that cannot
-    be stored, are recorded as without a cache (with a WARNING). Runs that fell back to real kernels under
-    ``execution="auto"`` may depend on values the key does not cover, so they are not stored.
+    be stored, are recorded as without a cache (with a WARNING). Nothing is cached where the key cannot be
+    sure (:class:`Uncacheable`, logged at INFO). A recorded trace is not stored when its run executed code of
+    the user's that the key does not cover, or ran real kernels under ``execution="auto"`` (values the key
+    does not cover may have steered it).
     """
     try:
-        key = trace_key(model, args, kwargs, execution, backward=backward, loss_fn=loss_fn)
+        key = cache_key(model, args, kwargs, execution, backward=backward, loss_fn=loss_fn)
+    except Uncacheable as exc:
+        logger.info("Not caching the trace: %s.", exc)
+        return record(), False
     except Exception as exc:  # an attribute that cannot be walked, say: the cache is an optimisation
         logger.warning("Cannot fingerprint the model and inputs for the trace cache (%s: %s); running the model.",
                        type(exc).__name__, exc)
-        key = None
-    if key is None:
         return record(), False
+    executed: dict[Any, bool] | None = None
+
+    def watched_record() -> Trace:
+        nonlocal executed
+        with watch_code() as seen:
+            trace = record()
+        executed = seen
+        return trace
 
     def storable(trace: Trace) -> bool:
         if execution == "auto" and trace.execution != "fake":
             logger.info("Not caching the trace: the fake run fell back to real kernels, whose run may depend on "
                         "values the cache key does not cover.")
             return False
+        if executed is None:
+            logger.info("Not caching the trace: another profiler is active, so the code the run executed "
+                        "cannot be checked against the cache key.")
+            return False
+        uncovered = key.uncovered(executed)
+        if uncovered:
+            logger.info("Not caching the trace: the run executed code the cache key does not cover (%s%s).",
+                        ", ".join(uncovered[:5]), ", ..." if len(uncovered) > 5 else "")
+            return False
         return True
 
-    return cache.get_or_record(key, record, storable)
+    return cache.get_or_record(key.digest, watched_record, storable)

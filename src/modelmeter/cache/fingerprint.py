@@ -9,9 +9,11 @@ The key covers
   tensors contribute their metadata, not their values);
 * **the code**: a class or function of an installed library (a file under site-packages or the standard
   library; torch, torchvision, transformers, timm, ...) by its qualified name and the library's version;
-  any other code — the user's own, a script, an editable install, a class made by ``exec`` — by the code
-  objects of every method and the class attributes of every class in its MRO, with the same-package helper
-  functions, classes and constants that code refers to by name;
+  any other code — the user's own, a script, a helper module, an editable install, a class made by
+  ``exec`` — by the code objects of every method and the class attributes of every class in its MRO, with
+  the functions, classes and values that code refers to by name, in its own module and, through module
+  objects (``helper.post(...)``), in every other module of the user's (followed recursively; values are
+  hashed by content, a tensor by its bytes);
 * **the inputs**: their structure (tuples, lists, dicts, named tuples, objects), tensor metadata and every
   non-tensor value;
 * **the run**: ``execution``, grad and inference mode, default dtype and device, autocast, the attention
@@ -24,6 +26,12 @@ since the class was imported, and classes made by ``exec`` have no file at all.
 
 Parameter and input *values* are not part of the key: a fake run never reads them. A run with real kernels
 (``execution="real"``) may, so for it the bytes of every tensor are hashed too (see :func:`trace_key`).
+
+Where the key cannot be sure — a function compiled from the user's own C extension, an object whose state
+Python cannot see — :class:`Uncacheable` is raised and nothing is cached. What static reading cannot see
+(a function found by ``getattr`` with a computed name, say) is caught when the trace is recorded:
+:func:`watch_code` lists the code objects the run executed, and a trace whose run executed user code the key
+does not cover is not stored (:meth:`Key.uncovered`).
 """
 
 from __future__ import annotations
@@ -31,13 +39,17 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import logging
 import os
 import re
 import site
 import sys
 import sysconfig
+import threading
 import types
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,7 +58,9 @@ from torch import nn
 from ..engine.naming import named_modules_with_dup
 from .serialize import FORMAT_VERSION, schema_signature
 
-KEY_VERSION = 1
+KEY_VERSION = 2
+
+logger = logging.getLogger("modelmeter.cache")
 
 # Attributes every nn.Module has for its own bookkeeping; parameters, buffers, children and hooks are
 # fingerprinted on their own.
@@ -62,6 +76,13 @@ _MAX_ITEMS = 10_000  # elements of one container fingerprinted (its length alway
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 _CODE_CACHE: dict[types.CodeType, tuple[str, frozenset[str]]] = {}
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_MODELMETER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+_TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
+
+
+class Uncacheable(Exception):
+    """The key cannot be sure to cover what the run depends on (the message says what): nothing is cached."""
 
 
 def _is_torch(module_name: str | None) -> bool:
@@ -141,16 +162,25 @@ def _code_file(obj: Any) -> str | None:
     return None
 
 
-def library(obj: Any) -> str | None:
-    """``"package version"`` for a function or class of an installed library (or the standard library, or
-    torch), judged by the file its code was compiled from; ``None`` for the user's own code (a script, a
-    project, an editable install, ``exec``), whose code objects are fingerprinted instead."""
+def _owner_module(obj: Any) -> str | None:
+    """The module a function or class belongs to; for a method of a built-in type, the type's module."""
     module = getattr(obj, "__module__", None)
-    if not isinstance(module, str):
-        module = None
+    if isinstance(module, str):
+        return module
+    owner = getattr(obj, "__objclass__", None)
+    if owner is None:
+        bound = getattr(obj, "__self__", None)
+        if isinstance(bound, types.ModuleType):
+            return bound.__name__
+        owner = None if bound is None else type(bound)
+    module = getattr(owner, "__module__", None)
+    return module if isinstance(module, str) else None
+
+
+def _module_library(module: str | None, path: str | None) -> str | None:
+    """``"package version"``, ``"stdlib"``, ``"builtin"`` or ``"torch"`` for installed code, None otherwise."""
     if _is_torch(module):
         return "torch"  # torch.__version__ is in every key
-    path = _code_file(obj)
     if path is None:  # no Python code of its own: go by its module
         if module in sys.builtin_module_names:
             return "builtin"
@@ -163,8 +193,47 @@ def library(obj: Any) -> str | None:
     return "stdlib" if where == "stdlib" else _version(_top(module), path)  # Python's version is in the key
 
 
+def _module_file(module: types.ModuleType) -> str | None:
+    path = getattr(module, "__file__", None)
+    return path if isinstance(path, str) else None
+
+
+def library(obj: Any) -> str | None:
+    """``"package version"`` for a function or class of an installed library (or the standard library, or
+    torch), judged by the file its code was compiled from; ``None`` for the user's own code (a script, a
+    project, an editable install, ``exec``), whose code objects are fingerprinted instead."""
+    return _module_library(_owner_module(obj), _code_file(obj))
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_file(path: str) -> bool:
+    """Whether ``path`` holds the user's code: not installed, and neither torch's nor modelmeter's own."""
+    return _installed(path) is None and not os.path.realpath(path).startswith((_MODELMETER_DIR, _TORCH_DIR))
+
+
+def _user_frame(frame: types.FrameType) -> bool:
+    """Whether the code a frame runs is the user's: by its file; code made by ``exec`` or ``eval`` by the
+    file of the module whose namespace it runs in, else by the code that called it (unknown: the user's)."""
+    filename = frame.f_code.co_filename
+    if not filename.startswith("<"):
+        return _user_file(filename)
+    if filename.startswith("<frozen "):  # the standard library's frozen modules
+        return False
+    name = frame.f_globals.get("__name__")
+    if not isinstance(name, str):
+        name = ""
+    module = sys.modules.get(name)
+    if _is_torch(name) or name.startswith("namedtuple_"):  # torch's, or collections.namedtuple's own __new__
+        return False
+    path = _module_file(module) if isinstance(module, types.ModuleType) else None
+    if path is not None:
+        return _user_file(path)
+    return frame.f_back is None or _user_frame(frame.f_back)  # a module without a file (torch makes some)
+
+
 def _code(code: types.CodeType) -> tuple[str, frozenset[str]]:
-    """A digest of a code object (ignoring file names and line numbers) and the global names it uses."""
+    """A digest of a code object (ignoring file names and line numbers) and the names it may look up: its
+    global and attribute names, and string constants that could name one (``getattr(helper, "post")``)."""
     cached = _CODE_CACHE.get(code)
     if cached is not None:
         return cached
@@ -183,6 +252,8 @@ def _code(code: types.CodeType) -> tuple[str, frozenset[str]]:
             return tuple(const(v) for v in value)
         if isinstance(value, (frozenset, set)):  # iteration order depends on string hashing: sort
             return ("set", sorted(repr(const(v)) for v in value))
+        if isinstance(value, str) and _IDENTIFIER.fullmatch(value):
+            names.add(value)
         return repr(value)
 
     parts.append(tuple(const(c) for c in code.co_consts))
@@ -194,16 +265,55 @@ def _code(code: types.CodeType) -> tuple[str, frozenset[str]]:
     return result
 
 
+def _with_nested(codes: set[types.CodeType]) -> frozenset[types.CodeType]:
+    """``codes`` and the code objects defined inside them (nested functions, lambdas, comprehensions), which
+    are part of their digest."""
+    out: set[types.CodeType] = set()
+    stack = list(codes)
+    while stack:
+        code = stack.pop()
+        if code not in out:
+            out.add(code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return frozenset(out)
+
+
+def _bytes_digest(tensors: list[torch.Tensor]) -> str | None:
+    """A sha256 of the bytes of ``tensors`` (meta tensors have none); None if one cannot be read."""
+    h = hashlib.sha256()
+    for t in tensors:
+        if t.is_meta:
+            h.update(b"meta\x00")
+            continue
+        try:
+            data = t.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1).view(torch.uint8)
+            h.update(data.numpy().data)
+        except Exception:  # sparse, quantized, fake, no numpy...: no key
+            return None
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
 class _Fingerprint:
-    """Walks a model and its inputs, turning what matters into plain, deterministic records."""
+    """Walks a model and its inputs, turning what matters into plain, deterministic records.
+
+    What code refers to (function defaults, closures, globals, class attributes) is walked "as code": there
+    tensors count by value, containers are walked whole, and what cannot be walked raises
+    :class:`Uncacheable` rather than being summarised by its type.
+    """
 
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
         self.module_paths: dict[int, str] = {}
         self.tensors: list[torch.Tensor] = []
         self._tensor_index: dict[int, int] = {}
-        self._memo: dict[int, tuple[Any, Any]] = {}  # id -> (object kept alive, fingerprint)
+        self.constant_tensors: dict[int, torch.Tensor] = {}  # tensors code refers to: keyed by value
+        self.code: set[types.CodeType] = set()  # the user's code objects the key covers
+        self._names: set[str] = set()  # every name that code may look up
+        self._user_modules: dict[str, types.ModuleType] = {}
+        self._memo: dict[Any, tuple[Any, Any]] = {}  # id (with the mode, for values) -> (object kept alive, fp)
         self._active: set[int] = set()
+        self._as_code = 0
 
     def add(self, *record: Any) -> None:
         self._hash.update(repr(record).encode("utf-8", "backslashreplace"))
@@ -212,8 +322,18 @@ class _Fingerprint:
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
+    @contextmanager
+    def _code_constants(self) -> Iterator[None]:
+        self._as_code += 1
+        try:
+            yield
+        finally:
+            self._as_code -= 1
+
     # tensors ------------------------------------------------------------------------------------
     def tensor(self, t: torch.Tensor) -> Any:
+        if self._as_code:
+            self.constant_tensors.setdefault(id(t), t)
         index = self._tensor_index.get(id(t))
         if index is not None:
             return ("same tensor as", index)
@@ -223,50 +343,76 @@ class _Fingerprint:
             stride: Any = tuple(t.stride()) if t.layout == torch.strided else None
         except (RuntimeError, NotImplementedError):
             stride = None
-        return (type(t).__qualname__, tuple(int(s) for s in t.shape), str(t.dtype), str(t.device), str(t.layout),
-                stride, bool(t.requires_grad))
+        subclass = None if _is_torch(type(t).__module__) else self.klass(type(t))  # its __torch_function__
+        return (type(t).__qualname__, subclass, tuple(int(s) for s in t.shape), str(t.dtype), str(t.device),
+                str(t.layout), stride, bool(t.requires_grad))
 
     # code ---------------------------------------------------------------------------------------
     def function(self, f: Any) -> Any:
-        """A Python function (its code, defaults, closure and the same-package globals it uses)."""
+        """A function: by name and version if installed, else its code, defaults, closure and the globals
+        it uses."""
         key = id(f)
         if key in self._memo:
             return self._memo[key][1]
-        module = getattr(f, "__module__", None)
-        name = f"{module}.{getattr(f, '__qualname__', getattr(f, '__name__', '?'))}"
+        name = f"{_owner_module(f)}.{getattr(f, '__qualname__', getattr(f, '__name__', '?'))}"
         installed = library(f)
-        if installed is not None or not isinstance(f, types.FunctionType):
+        if installed is not None:
             fp: Any = ("function", name, installed)
             self._memo[key] = (f, fp)
             return fp
+        if not isinstance(f, types.FunctionType):
+            raise Uncacheable(f"{name} is compiled code outside the installed packages (a C extension of your "
+                              "own?): the cache key cannot see what it does")
         self._memo[key] = (f, ("recursive function", name))
-        digest, global_names = _code(f.__code__)
-        closure = []
-        for cell in f.__closure__ or ():
-            try:
-                closure.append(self.value(cell.cell_contents, 1))
-            except ValueError:  # an empty cell
-                closure.append("<empty cell>")
-        fp = _digest("function", (name, digest, self.value(f.__defaults__, 1), self.value(f.__kwdefaults__, 1),
-                                  tuple(closure), self._globals(f.__globals__, global_names, _top(module))))
+        self.code.add(f.__code__)
+        digest, names = _code(f.__code__)
+        self._names.update(names)
+        with self._code_constants():
+            closure = []
+            for cell in f.__closure__ or ():
+                try:
+                    closure.append(self.value(cell.cell_contents))
+                except ValueError:  # an empty cell
+                    closure.append("<empty cell>")
+            fp = _digest("function", (name, digest, self.value(f.__defaults__), self.value(f.__kwdefaults__),
+                                      tuple(closure), self._globals(f.__globals__, names)))
         self._memo[key] = (f, fp)
         return fp
 
-    def _globals(self, namespace: dict[str, Any], names: frozenset[str], package: str) -> Any:
-        """Module-level helpers, classes and constants a function refers to by name."""
+    def _globals(self, namespace: dict[str, Any], names: frozenset[str]) -> Any:
+        """What a function's names refer to in its module (functions, classes, modules, values); a user module
+        imported inside the function is found in ``sys.modules``."""
         out: list[Any] = []
         for name in sorted(names):
-            if name not in namespace:
+            if name in namespace:
+                out.append((name, self.value(namespace[name])))
                 continue
-            value = namespace[name]
-            if isinstance(value, type(None) | bool | int | float | str):
-                out.append((name, value))
-            elif isinstance(value, (types.FunctionType, type)) and _top(value.__module__) == package:
-                out.append((name, self.function(value) if isinstance(value, types.FunctionType)
-                            else self.klass(value)))
-            elif isinstance(value, (types.FunctionType, type)):
-                out.append((name, f"{value.__module__}.{value.__qualname__}", library(value)))
+            module = sys.modules.get(name)
+            if isinstance(module, types.ModuleType) and _module_library(name, _module_file(module)) is None:
+                out.append((name, self.python_module(module)))
         return tuple(out)
+
+    def python_module(self, module: types.ModuleType) -> Any:
+        """An installed module by name and version; a user module by name, its contents being keyed at the end
+        (:meth:`user_modules`) for every name any code refers to."""
+        installed = _module_library(module.__name__, _module_file(module))
+        if installed is None:
+            self._user_modules.setdefault(module.__name__, module)
+        return ("python module", module.__name__, installed)
+
+    def user_modules(self) -> None:
+        """The values, in every user module reached, of every name the user's code may look up — until no
+        walked value brings a new module or name (``helper.sub.post(...)``)."""
+        done: dict[tuple[str, str], Any] = {}
+        while True:
+            pending = [(module_name, name) for module_name, module in sorted(self._user_modules.items())
+                       for name in sorted(self._names & set(vars(module))) if (module_name, name) not in done]
+            if not pending:
+                break
+            with self._code_constants():
+                for module_name, name in pending:
+                    done[module_name, name] = self.value(vars(self._user_modules[module_name])[name])
+        self.add("user modules", tuple(sorted(done.items())))
 
     def klass(self, cls: type) -> Any:
         """A class: for each class of its MRO outside torch, the code of its methods and its class attributes."""
@@ -276,18 +422,19 @@ class _Fingerprint:
         name = f"{cls.__module__}.{cls.__qualname__}"
         self._memo[key] = (cls, ("recursive class", name))
         parts: list[Any] = []
-        for base in cls.__mro__:
-            base_name = f"{base.__module__}.{base.__qualname__}"
-            installed = library(base)
-            if installed is not None:
-                parts.append((base_name, installed))
-                continue
-            body = []
-            for attr, member in vars(base).items():
-                if attr in _SKIPPED_CLASS_ATTRIBUTES:
+        with self._code_constants():
+            for base in cls.__mro__:
+                base_name = f"{base.__module__}.{base.__qualname__}"
+                installed = library(base)
+                if installed is not None:
+                    parts.append((base_name, installed))
                     continue
-                body.append((attr, self._member(member)))
-            parts.append((base_name, tuple(sorted(body, key=lambda item: item[0]))))
+                body = []
+                for attr, member in vars(base).items():
+                    if attr in _SKIPPED_CLASS_ATTRIBUTES:
+                        continue
+                    body.append((attr, self._member(member)))
+                parts.append((base_name, tuple(sorted(body, key=lambda item: item[0]))))
         fp = _digest("class", (name, tuple(parts)))
         self._memo[key] = (cls, fp)
         return fp
@@ -302,11 +449,12 @@ class _Fingerprint:
             return ("cached_property", self.function(member.func))
         if isinstance(member, types.FunctionType):
             return self.function(member)
-        return self.value(member, _MAX_DEPTH - 2)
+        return self.value(member)
 
     # values -------------------------------------------------------------------------------------
     def value(self, v: Any, depth: int = 0) -> Any:
-        """Any value as plain nested tuples: tensors by metadata, containers by content, objects by state."""
+        """Any value as plain nested tuples: tensors by metadata (by value as code constants), containers by
+        content, objects by state."""
         kind = type(v)
         if kind in _PLAIN:
             return v
@@ -318,61 +466,89 @@ class _Fingerprint:
             return (kind.__name__, str(v))
         if isinstance(v, enum.Enum):
             return ("enum", f"{kind.__module__}.{kind.__qualname__}", v.name)
-        if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType,
-                          types.WrapperDescriptorType, types.MethodDescriptorType)):
+        if isinstance(v, types.FunctionType):
             return self.function(v)
+        if isinstance(v, (types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType,
+                          types.MethodDescriptorType)):
+            bound = getattr(v, "__self__", None)
+            if bound is None or isinstance(bound, types.ModuleType):
+                return self.function(v)
+            return ("method", self.function(v), self.value(bound, depth + 1))  # `table.get` reads `table`
         if isinstance(v, types.MethodType):
             return ("method", self.function(v.__func__), self.value(v.__self__, depth + 1))
         if isinstance(v, type):
             return self.klass(v)
         if isinstance(v, types.ModuleType):
-            return ("python module", v.__name__)
+            return self.python_module(v)
+        if isinstance(v, logging.Logger):  # its state is the whole logging tree: where messages go, not counts
+            return ("logger", v.name)
         if isinstance(v, nn.Module) and id(v) in self.module_paths:
             return ("submodule", self.module_paths[id(v)])
-        key = id(v)
+        key = (id(v), bool(self._as_code))
         if key in self._memo:
             return self._memo[key][1]
-        if key in self._active:
+        if id(v) in self._active:
             return ("cycle", f"{kind.__module__}.{kind.__qualname__}")
-        self._active.add(key)
+        self._active.add(id(v))
         try:
             fp = _digest("value", self._compound(v, depth))
         finally:
-            self._active.discard(key)
+            self._active.discard(id(v))
         self._memo[key] = (v, fp)
         return fp
 
     def _compound(self, v: Any, depth: int) -> Any:
         kind = type(v)
         name = f"{kind.__module__}.{kind.__qualname__}"
+        limit = None if self._as_code else _MAX_ITEMS  # a constant is keyed whole
         if isinstance(v, functools.partial):
-            return ("partial", self.function(v.func), self.value(v.args, depth), self.value(v.keywords, depth))
+            return ("partial", self.value(v.func), self.value(v.args, depth), self.value(v.keywords, depth))
         if kind in (list, tuple):
-            return (kind.__name__, len(v), tuple(self.value(x, depth) for x in v[:_MAX_ITEMS]))
+            return (kind.__name__, len(v), tuple(self.value(x, depth) for x in v[:limit]))
         if isinstance(v, dict):
-            items = list(v.items())[:_MAX_ITEMS]
+            items = list(v.items())[:limit]
             return ("dict", name, len(v), tuple((self.value(k, depth), self.value(x, depth)) for k, x in items))
         if isinstance(v, (set, frozenset)):
-            return ("set", name, len(v), tuple(sorted(repr(self.value(x, depth)) for x in list(v)[:_MAX_ITEMS])))
+            return ("set", name, len(v), tuple(sorted(repr(self.value(x, depth)) for x in list(v)[:limit])))
         if depth >= _MAX_DEPTH:
+            if self._as_code:
+                raise Uncacheable(f"a {name} that code refers to is nested more than {_MAX_DEPTH} objects deep")
             return ("object", name)
         if isinstance(v, tuple):  # a named tuple
-            return ("tuple", name, tuple(self.value(x, depth + 1) for x in v[:_MAX_ITEMS]))
+            return ("tuple", name, tuple(self.value(x, depth + 1) for x in v[:limit]))
         if isinstance(v, list):
-            return ("list", name, tuple(self.value(x, depth + 1) for x in v[:_MAX_ITEMS]))
+            return ("list", name, tuple(self.value(x, depth + 1) for x in v[:limit]))
         return ("object", self.klass(kind), self._state(v, depth + 1))
 
     def _state(self, v: Any, depth: int) -> Any:
         try:
             state = dict(vars(v))
+            has_state = True
         except TypeError:  # no __dict__: slots, or an extension type
-            state = {}
+            state, has_state = {}, False
         for klass in type(v).__mro__:
             slots = klass.__dict__.get("__slots__", ())
             for slot in (slots,) if isinstance(slots, str) else slots:
+                has_state = True
                 if slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
                     state.setdefault(slot, getattr(v, slot))
+        if not has_state:  # an extension type (a numpy scalar, a compiled regex...): what pickling would keep
+            return self._reduced(v, depth)
         return tuple((k, self.value(x, depth)) for k, x in state.items() if not _VOLATILE.fullmatch(str(k)))
+
+    def _reduced(self, v: Any, depth: int) -> Any:
+        """An object Python cannot look into, by what its ``__reduce_ex__`` returns (how pickle rebuilds it)."""
+        kind = type(v)
+        try:
+            reduced = v.__reduce_ex__(4)
+        except Exception:
+            if library(kind) is None:
+                raise Uncacheable(f"a {kind.__module__}.{kind.__qualname__} object (an extension type of your "
+                                  "own?) has no state the cache key can read") from None
+            return ("opaque", library(kind))  # a lock, a file...: an installed type's own business
+        if isinstance(reduced, str):
+            return ("global", reduced)
+        return ("reduced", self.value(tuple(reduced[:3]), depth))
 
     # the model ----------------------------------------------------------------------------------
     def model(self, model: nn.Module) -> None:
@@ -402,21 +578,6 @@ class _Fingerprint:
 
         return (table(module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),
                 table(module._forward_hooks, module._forward_hooks_with_kwargs, module._forward_hooks_always_called))
-
-    def values_digest(self) -> str | None:
-        """A sha256 of the bytes of every tensor seen (meta tensors have none); None if one cannot be read."""
-        h = hashlib.sha256()
-        for t in self.tensors:
-            if t.is_meta:
-                h.update(b"meta\x00")
-                continue
-            try:
-                data = t.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1).view(torch.uint8)
-                h.update(data.numpy().data)
-            except Exception:  # sparse, quantized, no numpy...: no key
-                return None
-            h.update(b"\x00")
-        return h.hexdigest()
 
 
 def _run_options(execution: str) -> tuple[Any, ...]:
@@ -457,13 +618,27 @@ def _versions() -> tuple[Any, ...]:
             _recorder_digest(), torch.__version__, sys.version)
 
 
-def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str, *,
-              backward: bool = False, loss_fn: Any = None) -> str | None:
-    """The cache key (64 hex digits) of running ``model(*args, **kwargs)`` with ``execution`` (and a backward
-    pass of ``loss_fn``, when ``backward``).
+@dataclass(frozen=True)
+class Key:
+    """A cache key and the user code it covers."""
+
+    digest: str  #: 64 hex digits
+    code: frozenset[types.CodeType] = field(repr=False)  #: the user's code objects fingerprinted, nested ones too
+
+    def uncovered(self, executed: dict[types.CodeType, bool]) -> list[str]:
+        """The user code among ``executed`` (what :func:`watch_code` saw) that the key does not cover, as
+        ``file:line qualified name``, sorted."""
+        return sorted(f"{code.co_filename}:{code.co_firstlineno} {getattr(code, 'co_qualname', code.co_name)}"
+                      for code, user in executed.items() if user and code not in self.code)
+
+
+def cache_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str, *,
+              backward: bool = False, loss_fn: Any = None) -> Key:
+    """The cache key of running ``model(*args, **kwargs)`` with ``execution`` (and a backward pass of
+    ``loss_fn``, when ``backward``), with the code it covers; :class:`Uncacheable` when it cannot be sure.
 
     For ``execution="real"`` the values of every tensor (parameters, buffers, tensor attributes, inputs)
-    are hashed as well, since real kernels may depend on them; ``None`` when such a run cannot be keyed.
+    are hashed as well, since real kernels may depend on them.
     """
     fp = _Fingerprint()
     fp.model(model)
@@ -471,10 +646,56 @@ def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], e
     fp.add("run", _run_options(execution))
     if backward:
         fp.add("backward", None if loss_fn is None else fp.value(loss_fn))
+    fp.user_modules()
+    constants = list(fp.constant_tensors.values())
+    constant_values = _bytes_digest(constants)
+    if constant_values is None:
+        raise Uncacheable("a tensor that the code refers to (a module-level constant, a default, a closure "
+                          "variable) has values that cannot be read")
+    fp.add("constant values", constant_values)
     if execution == "real":
-        values = fp.values_digest()
+        values = _bytes_digest(fp.tensors)
         if values is None:
-            return None
+            raise Uncacheable("a real run may depend on tensor values, and one tensor's values cannot be read")
         fp.add("values", values)
     fp.add("versions", _versions())
-    return fp.hexdigest()
+    return Key(fp.hexdigest(), _with_nested(fp.code))
+
+
+def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str, *,
+              backward: bool = False, loss_fn: Any = None) -> str | None:
+    """The cache key (64 hex digits) of :func:`cache_key`; ``None`` when the run cannot be keyed (the reason
+    is logged)."""
+    try:
+        return cache_key(model, args, kwargs, execution, backward=backward, loss_fn=loss_fn).digest
+    except Uncacheable as exc:
+        logger.info("Not caching: %s.", exc)
+        return None
+
+
+@contextmanager
+def watch_code() -> Iterator[dict[types.CodeType, bool] | None]:
+    """Collect the Python code objects that run inside the block (each with whether it is the user's), for
+    :meth:`Key.uncovered`; ``None`` when another profiler is active (nothing then can be checked).
+
+    A profile function sees every Python call, in this thread and in threads started inside the block.
+    """
+    if sys.getprofile() is not None or threading.getprofile() is not None:
+        yield None
+        return
+    seen: dict[types.CodeType, bool] = {}
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code not in seen:
+            try:
+                seen[frame.f_code] = _user_frame(frame)
+            except Exception:  # never into the model's run; unsure means the user's (so: not stored)
+                seen[frame.f_code] = True
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)

@@ -32,6 +32,9 @@ from ..engine.trace import PHASES, STORAGE_KINDS, OpEvent, Storage, TensorMeta, 
 
 FORMAT = "modelmeter-trace"
 FORMAT_VERSION = 1
+#: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
+#: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
+MAX_ENTRY_BYTES = 512 << 20
 
 _TRACE_FIELDS = tuple(f.name for f in dataclasses.fields(Trace))
 _EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(OpEvent))
@@ -226,6 +229,25 @@ def _check(trace: Trace) -> None:
 
 
 # bytes ---------------------------------------------------------------------------------------------
+def gunzip(data: bytes, limit: int | None = None) -> str:
+    """The UTF-8 text gzipped in ``data``, decompressed to at most ``limit`` bytes (default
+    :data:`MAX_ENTRY_BYTES`); :class:`ValueError` for anything damaged, or bigger than that."""
+    limit = MAX_ENTRY_BYTES if limit is None else limit
+    inflater = zlib.decompressobj(wbits=31)  # the gzip container
+    try:
+        raw = inflater.decompress(data, limit + 1)  # never more than the limit (and one byte) in memory
+    except zlib.error as exc:
+        raise ValueError(f"not gzip data: {exc}") from None
+    if len(raw) > limit:
+        raise ValueError(f"it decompresses to more than {limit} bytes, the limit of a trace (a decompression bomb?)")
+    if not inflater.eof or inflater.unused_data:
+        raise ValueError("truncated gzip data, or data after it")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text: {exc}") from None
+
+
 def dumps(trace: Trace, *, compress: bool = True) -> bytes:
     """``trace`` as UTF-8 JSON, gzipped unless ``compress=False``."""
     with no_gc():
@@ -235,11 +257,16 @@ def dumps(trace: Trace, *, compress: bool = True) -> bytes:
 
 
 def loads(data: bytes) -> Trace:
-    """The trace in ``data`` (gzipped or not); :class:`ValueError` for anything damaged or foreign."""
+    """The trace in ``data`` (gzipped or not); :class:`ValueError` for anything damaged or foreign, or
+    bigger than :data:`MAX_ENTRY_BYTES` of JSON."""
     with no_gc():
-        try:
-            raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
-            text = raw.decode("utf-8")
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-            raise ValueError(f"unreadable trace entry: {type(exc).__name__}: {exc}") from None
+        if data[:2] == b"\x1f\x8b":
+            text = gunzip(data)
+        elif len(data) > MAX_ENTRY_BYTES:
+            raise ValueError(f"unreadable trace entry: over {MAX_ENTRY_BYTES} bytes")
+        else:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"unreadable trace entry: {exc}") from None
         return trace_from_parsed(parse(text))

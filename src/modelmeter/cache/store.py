@@ -3,9 +3,15 @@
 Writes are atomic (a temporary file in the same directory, flushed and fsynced, then ``os.replace``), so a
 reader sees a whole entry or none. A process that misses takes a per-key file lock before running the
 model, so concurrent processes analysing the same model run it once and the others read the entry. An
-entry that cannot be read back (truncated, garbage, another format version) is discarded with a WARNING and
-the trace recomputed. The directory is kept under a size limit by evicting the least recently used entries
-(a hit refreshes an entry's modification time).
+entry that cannot be read back (truncated, garbage, another format version, one that would decompress to
+more than :data:`MAX_ENTRY_BYTES`) is discarded with a WARNING and the trace recomputed. The directory is
+kept under a size limit by evicting the least recently used entries (a hit refreshes an entry's
+modification time).
+
+The cache only ever deletes files it names itself — ``<64 hex digits>.json.gz`` entries, their ``.lock``
+files and the temporary files of its atomic writes — so a cache directory shared with other files (a project
+folder) never loses them. A lock file is removed only when no process holds it, a temporary file only when
+the process that wrote it has ended (or, when that cannot be told, after an hour).
 """
 
 from __future__ import annotations
@@ -16,15 +22,19 @@ import logging
 import os
 import re
 import time
-import zlib
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
 from .._gc import no_gc
 from ..engine.trace import Trace
-from ..io.atomic import atomic_write, is_temp_file
-from .serialize import parse, trace_from_parsed, trace_to_dict
+from ..io.atomic import atomic_write, owner_gone
+from .serialize import MAX_ENTRY_BYTES, gunzip, parse, trace_from_parsed, trace_to_dict
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger("modelmeter.cache")
 
@@ -36,6 +46,9 @@ _LOCK_SUFFIX = SUFFIX + ".lock"
 _STALE_SECONDS = 3600.0
 _ENTRY = "modelmeter-trace-cache-entry"
 _KEY = re.compile(r"[0-9a-f]{64}")
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(SUFFIX))
+_LOCK_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(_LOCK_SUFFIX))
+_TEMP_NAME = re.compile(r"\.[0-9a-f]{64}" + re.escape(SUFFIX) + r"\.(?P<owner>.+\.\d+)\.[0-9a-f]{8}\.tmp")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -171,7 +184,8 @@ class TraceCache:
     def evict(self) -> int:
         """Remove least recently used entries until the total fits the size limit; the number removed.
 
-        Also removes temporary files and lock files left behind (over an hour old) by killed processes.
+        Also removes what killed processes left behind: lock files nobody holds that are over an hour old,
+        and temporary files whose writer has ended.
         """
         entries = self._entries()
         total = sum(size for _, size, _ in entries)
@@ -187,7 +201,8 @@ class TraceCache:
         return removed
 
     def clear(self) -> int:
-        """Remove every entry (and leftover temporary and lock files); the number of entries removed."""
+        """Remove every entry, every lock file nobody holds and every temporary file whose writer has ended;
+        the number of entries removed. Files the cache did not write are left alone."""
         removed = 0
         for path, _, _ in self._entries():
             with suppress(OSError):
@@ -203,33 +218,63 @@ class TraceCache:
                 "limit": self.size_limit}
 
     # internals ----------------------------------------------------------------------------------
+    def _files(self, pattern: re.Pattern[str]) -> list[os.DirEntry[str]]:
+        """The regular files (not links) of the cache directory whose whole name matches ``pattern``."""
+        try:
+            with os.scandir(self.path) as listing:
+                return [item for item in listing
+                        if pattern.fullmatch(item.name) and item.is_file(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+
     def _entries(self) -> list[tuple[str, int, int]]:
         """``(path, bytes, mtime in ns)`` of every entry."""
         found = []
-        try:
-            with os.scandir(self.path) as listing:
-                for item in listing:
-                    if item.name.endswith(SUFFIX) and not item.name.startswith("."):
-                        with suppress(OSError):
-                            st = item.stat()
-                            found.append((item.path, st.st_size, st.st_mtime_ns))
-        except FileNotFoundError:
-            pass
+        for item in self._files(_ENTRY_NAME):
+            with suppress(OSError):
+                st = item.stat(follow_symlinks=False)
+                found.append((item.path, st.st_size, st.st_mtime_ns))
         return found
 
     def _remove_leftovers(self, older_than: float | None) -> None:
+        """Lock files no process holds (last touched before ``older_than``, if given) and temporary files of
+        writers that ended (or, on another host, last touched over an hour ago)."""
+        stale = time.time() - _STALE_SECONDS
+        for item in self._files(_LOCK_NAME):
+            with suppress(OSError):
+                if older_than is None or item.stat(follow_symlinks=False).st_mtime < older_than:
+                    _remove_unlocked(item.path)
+        for item in self._files(_TEMP_NAME):
+            match = _TEMP_NAME.fullmatch(item.name)
+            with suppress(OSError):
+                if (match is not None and owner_gone(match["owner"])) or item.stat().st_mtime < stale:
+                    os.remove(item.path)
+
+
+def _remove_unlocked(path: str) -> bool:
+    """Remove the lock file ``path`` if no process holds it; whether it was removed.
+
+    A process that opened the file just before it went may still lock the removed file, so two processes
+    can then record the same trace: both write it atomically, so that costs time, never an entry.
+    """
+    if fcntl is None:  # Windows refuses to remove a file another process holds open
         try:
-            with os.scandir(self.path) as listing:
-                for item in listing:
-                    leftover = is_temp_file(item.name) or (
-                        item.name.endswith(_LOCK_SUFFIX) and not os.path.exists(item.path[:-len(".lock")]))
-                    if not leftover:
-                        continue
-                    with suppress(OSError):
-                        if older_than is None or item.stat().st_mtime < older_than:
-                            os.remove(item.path)
-        except FileNotFoundError:
-            pass
+            os.remove(path)
+        except OSError:
+            return False
+        return True
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError while a live process holds it
+        os.remove(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _encode_entry(key: str, trace: Trace) -> bytes:
@@ -238,16 +283,15 @@ def _encode_entry(key: str, trace: Trace) -> bytes:
     with no_gc():
         entry = {"format": _ENTRY, "key": key, "modelmeter": modelmeter.__version__, "trace": trace_to_dict(trace)}
         text = json.dumps(entry, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_ENTRY_BYTES:  # never write what could not be read back
+        raise ValueError(f"the trace is {len(raw)} bytes of JSON, over the {MAX_ENTRY_BYTES}-byte limit of an entry")
+    return gzip.compress(raw, compresslevel=6, mtime=0)
 
 
 def _decode_entry(data: bytes, key: str) -> Trace:
     with no_gc():
-        try:
-            text = gzip.decompress(data).decode("utf-8")
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-            raise ValueError(f"{type(exc).__name__}: {exc}") from None
-        entry = parse(text)  # ValueError (json.JSONDecodeError included) for anything malformed
+        entry = parse(gunzip(data))  # ValueError (json.JSONDecodeError included) for anything malformed
         if type(entry) is not dict or entry.get("format") != _ENTRY:
             raise ValueError("not a modelmeter trace cache entry")
         if entry.get("key") != key:

@@ -38,7 +38,7 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
     name = name or type(model).__name__
     try:
-        result = analyze(model, inputs, convention=convention, backward=backward, quiet=True).result()
+        result = analyze(model, inputs, convention=convention, backward=backward, cache=False, quiet=True).result()
     except (Exception, KeyboardInterrupt):
         raise
     except BaseException as exc:  # sys.exit() in forward(): the costs were not checked, which is a failure

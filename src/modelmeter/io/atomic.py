@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["atomic_write", "fsync_dir", "is_temp_file", "remove_stale_temp_files"]
+__all__ = ["atomic_write", "fsync_dir", "is_temp_file", "owner_gone", "owner_tag", "remove_stale_temp_files"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -21,9 +21,20 @@ def _host() -> str:
     return socket.gethostname().replace(".", "-") or "host"
 
 
+def owner_tag() -> str:
+    """``host.pid`` of this process, for the names of files it writes and may abandon if killed."""
+    return f"{_host()}.{os.getpid()}"
+
+
+def owner_gone(tag: str) -> bool:
+    """Whether the process of an :func:`owner_tag` has ended; False when unknown (another host, a bad tag)."""
+    host, _, pid = tag.rpartition(".")
+    return host == _host() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+
 def _temp_path(path: str) -> str:
     directory, base = os.path.split(path)
-    return os.path.join(directory, f".{base}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
+    return os.path.join(directory, f".{base}.{owner_tag()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
 
 
 def fsync_dir(directory: str) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,7 +19,7 @@ from typing import IO, Any, ClassVar, TextIO
 from tqdm import tqdm
 
 from ..errors import ModelMeterError
-from .atomic import fsync_dir
+from .atomic import fsync_dir, owner_gone, owner_tag
 from .cache_dir import file_lock, get_cache_dir
 from .handlers import PathHandler, PathType, check_open_kwargs
 
@@ -29,6 +30,8 @@ logger = logging.getLogger("modelmeter.io")
 _USER_AGENT = "modelmeter (python urllib)"
 _MAX_COMPONENT_BYTES = 120  # well under the usual 255-byte limit on a file name
 _MAX_RELPATH_CHARS = 240  # beyond this the URL's directories are dropped (the hash keeps names unique)
+_PART_SUFFIX = ".part"
+_STALE_PART_SECONDS = 3600.0  # a live download writes all the time; an hour untouched is abandoned
 _UNSAFE_CHARS = re.compile(r'[\x00-\x1f\x7f<>:"/\\|?*]')
 _WINDOWS_RESERVED = frozenset(
     {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
@@ -138,7 +141,7 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
     """
     directory, name = os.path.split(dst)
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{name[:64]}.{secrets.token_hex(6)}.part")
+    tmp = os.path.join(directory, f".{name[:64]}.{owner_tag()}.{secrets.token_hex(6)}{_PART_SUFFIX}")
     request = urllib.request.Request(_quote_url(url), headers={"User-Agent": _USER_AGENT})
     logger.info("Downloading %s to %s", redact_url(url), dst)
     try:
@@ -186,6 +189,31 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
         raise
 
 
+def remove_abandoned_parts(dst: str) -> int:
+    """Remove the partial downloads of ``dst`` that killed processes left beside it; how many.
+
+    A ``.part`` file goes when the process that wrote it (named in the file name) has ended, or when nobody
+    has written to it for an hour (a process on another host, an older name without its writer).
+    """
+    directory, name = os.path.split(dst)
+    prefix = f".{name[:64]}."
+    stale = time.time() - _STALE_PART_SECONDS
+    removed = 0
+    try:
+        with os.scandir(directory or ".") as listing:
+            parts = [item for item in listing if item.name.startswith(prefix) and item.name.endswith(_PART_SUFFIX)
+                     and item.is_file(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for item in parts:
+        owner = item.name[len(prefix):-len(_PART_SUFFIX)].rpartition(".")[0]  # host.pid, before the token
+        with suppress(OSError):
+            if owner_gone(owner) or item.stat(follow_symlinks=False).st_mtime < stale:
+                os.remove(item.path)
+                removed += 1
+    return removed
+
+
 class HTTPURLHandler(PathHandler):
     """``http://`` and ``https://`` URLs, downloaded once into ``get_cache_dir(cache_dir)/downloads``.
 
@@ -218,6 +246,7 @@ class HTTPURLHandler(PathHandler):
         if not force and os.path.isfile(local):
             return local
         with file_lock(local):
+            remove_abandoned_parts(local)  # killed downloads of this file (a live one would hold the lock)
             if force or not os.path.isfile(local):  # another process may have finished it while we waited
                 download(url, local, timeout=self.timeout)
             else:
