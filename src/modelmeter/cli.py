@@ -15,13 +15,15 @@ Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
 import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -272,16 +274,30 @@ def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
         inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype,
                                real=real)
     start = time.perf_counter()
-    try:
-        analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
-                           backward=job.backward, execution=job.execution, cache=job.cache,
-                           cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
-                           optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach)
-    except TypeError as exc:  # the inputs do not fit the model's forward()
-        raise ModelSpecError(str(exc)) from None
-    result = analysis.result(name=loaded.name)
+    with _quiet_fake_tensor_log():
+        try:
+            analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
+                               backward=job.backward, execution=job.execution, cache=job.cache,
+                               cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
+                               optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach)
+        except TypeError as exc:  # the inputs do not fit the model's forward()
+            raise ModelSpecError(str(exc)) from None
+        result = analysis.result(name=loaded.name)
     result.assumptions = [*loaded.notes, *result.assumptions]
     return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence torch's FakeTensor logger while a model runs: it logs a traceback (ERROR) when an operator rejects
+    its inputs, before raising the error that the command reports in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _worker_row(job: Job, row: Callable[[Result, float], dict[str, Any]]) -> dict[str, Any]:
@@ -320,7 +336,7 @@ def _main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except SystemExit as exc:  # argparse printed the usage error (or --help)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        _check_output_paths(args)
+        _check_paths(args)
         if args.model == "list":
             return _list(args)
         if args.model == "cache":
@@ -356,11 +372,16 @@ def _attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) ->
     return out
 
 
-def _check_output_paths(args: argparse.Namespace) -> None:
-    """Refuse, before any model is built, a file the command could not write at the end."""
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any model is built, a file the command could not write at the end, and a cache
+    directory that is a file."""
     for option, path in (("--output", args.output), ("--html", args.html), ("--save-baseline", args.save_baseline)):
         if path is not None:
             _check_writable(option, path)
+    if args.cache_dir is not None:
+        folder = Path(args.cache_dir).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise ModelSpecError(f"--cache-dir {args.cache_dir} is not a directory")
 
 
 def _check_writable(option: str, path: str) -> None:
@@ -858,7 +879,7 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def _error(exc: BaseException) -> None:
-    print(f"modelmeter: {one_line(exc)}", file=sys.stderr)
+    print(f"modelmeter: {one_line(exc, 600)}", file=sys.stderr)  # room for long paths and torch's own words
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ def cuda_failure(exc: BaseException) -> str | None:
         mixed = isinstance(error, FakeTensorDeviceMismatchError) and "cuda" in (
             error.device.type, error.common_device.type)
         if mixed or any(code is lazy_init for code in _codes(error)):
-            return (f"it puts tensors on CUDA (.cuda(), .to('cuda'), device='cuda'), which this machine cannot run "
-                    f"({type(error).__name__}); modelmeter needs no GPU: create tensors on the device of the inputs "
-                    "or parameters (x.device), and build the model on cpu")
+            return (f"it puts tensors on CUDA, which this machine cannot run ({type(error).__name__}); modelmeter "
+                    "needs no GPU: create tensors on the device of the inputs or parameters (x.device) and build the "
+                    "model on cpu")
     return None
 
 

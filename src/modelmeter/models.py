@@ -289,10 +289,10 @@ def _building(what: str) -> Iterator[None]:
         raise ModelLoadError(f"could not build {what}: {reason}") from exc
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line, at most 300 characters (for the command's error output)."""
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most ``limit`` characters (for the command's error output)."""
     text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: torch.device,
@@ -309,6 +309,22 @@ def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: to
         return builder(**kwargs)
 
 
+def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: str) -> None:
+    """A ``key=value`` that ``builder`` does not take is a usage error naming the key (with the keys it does
+    take), found before anything is built; builders that take ``**kwargs`` are left to say it themselves."""
+    try:
+        parameters = inspect.signature(builder).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in accepted:
+            raise _unknown(f"{what} argument", key, accepted,
+                           f"it takes {', '.join(accepted)}" if accepted else "it takes no key=value arguments")
+
+
 def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolution: int | None) -> LoadedModel:
     from .zoo import ZOO, available_models, get_model
 
@@ -317,6 +333,7 @@ def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolutio
                        "`modelmeter list` shows the built-in models; others: torchvision:NAME, timm:NAME, "
                        "transformers:CONFIG, path/file.py:factory, package.module:factory")
     entry = ZOO[name]
+    _check_keywords(entry.builder, kwargs, name)
     size_key = "image_size" if "image_size" in inspect.signature(entry.builder).parameters else None
     with _building(name):
         model = _build(lambda **kw: get_model(name, device=device, **kw), kwargs, device, size_key, resolution)
@@ -451,6 +468,7 @@ def _load_factory(target: str, factory: str, kwargs: dict[str, Any]) -> LoadedMo
             hint = f"did you mean {', '.join(close)}?" if close else f"it defines: {', '.join(own) or 'no functions'}"
             raise ModelSpecError(f"{target} has no factory {factory!r}; {hint}")
         spec = f"{target}:{factory}"
+        _check_keywords(fn, kwargs, spec)
         with _building(spec):
             made = fn(**kwargs)
     inputs = None
