@@ -9,7 +9,9 @@ or, with ``--backward`` / ``--optimizer``, of a training step; ``--fit 24GiB`` f
 fits (docs/memory.md). Traces are cached on disk (``--no-cache`` to
 skip, ``--cache-dir`` to choose where; ``modelmeter cache info`` / ``modelmeter cache clear``).
 
-Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the model failed to build or run.
+Exit status: 0 success, 2 usage error (bad option, shape, path or model name; found before the model runs),
+1 the model failed to build or run, 130 interrupted (Ctrl-C). Each error is one line on stderr. Inputs the
+command makes are meta tensors (no memory) unless ``--real``.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                "package.module:factory (factory() returns a module or a (model, inputs) pair). key=value "
                "arguments override the transformers config or go to the builder. Traces are cached on disk "
                "(`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit status: 0 success, "
-               "2 usage error, 1 the model failed to build or run.",
+               "2 usage error, 1 the model failed to build or run, 130 interrupted.",
     )
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
                         help="what to analyse (default resnet50); `list` shows the built-in models; "
