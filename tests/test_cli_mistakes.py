@@ -360,3 +360,35 @@ def test_the_entry_point_runs_the_command(capsys: pytest.CaptureFixture[str]) ->
 
     assert modelmeter_cli.main(["gpt2_tiny", "--seq-len", "8", "--depth", "0"]) == 0
     assert capsys.readouterr().out.startswith("gpt2_tiny on input 1x8 (fake run")
+
+
+# --- huge sizes that are valid are counted, not hung on ------------------------------------------------------
+CAUSAL = textwrap.dedent("""
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    class Causal(nn.Module):
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+    def build():
+        return Causal()
+""")
+
+
+def test_a_billion_token_causal_attention_is_counted_at_once(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """The attended pairs of a causal mask are counted in closed form (a loop over queries took minutes at a
+    billion tokens): the count is proportional to the pairs, n(n+1)/2, at 64 tokens and at 10**9."""
+    path = tmp_path / "causal.py"
+    path.write_text(CAUSAL)
+
+    def flops(tokens: int) -> int:
+        assert main([f"{path}:build", "--input", f"1x2x{tokens}x8", "--format", "json", "--no-cache"]) == 0
+        return int(json.loads(capsys.readouterr().out)["modules"][0]["metrics"]["flops"])
+
+    small, huge = 64, 10**9
+    assert flops(small) == 2 * (small * (small + 1) // 2) * (8 + 8)  # heads x pairs x (q.k and p.v products)
+    assert flops(huge) == 2 * (huge * (huge + 1) // 2) * (8 + 8)
