@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -392,3 +394,44 @@ def test_a_billion_token_causal_attention_is_counted_at_once(capsys: pytest.Capt
     small, huge = 64, 10**9
     assert flops(small) == 2 * (small * (small + 1) // 2) * (8 + 8)  # heads x pairs x (q.k and p.v products)
     assert flops(huge) == 2 * (huge * (huge + 1) // 2) * (8 + 8)
+
+
+SLOW_POINT = textwrap.dedent("""
+    import os
+    import pathlib
+    import time
+
+
+    def slow_point(job):
+        pathlib.Path(os.environ["MARKERS"], str(os.getpid())).touch()
+        time.sleep(120)
+""")
+
+
+def test_ctrl_c_during_a_sweep_ends_the_workers_quietly(tmp_path: Path) -> None:
+    """Ctrl-C reaches every process of the command (the terminal signals the process group): the workers quit at
+    once and print nothing, the command prints its one line."""
+    (tmp_path / "slow_helper.py").write_text(SLOW_POINT)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    code = ("import sys, modelmeter_cli, slow_helper; from modelmeter import cli; "
+            "cli.sweep_point = slow_helper.slow_point; "
+            "sys.exit(modelmeter_cli.main(['resnet18', '--sweep', 'batch=1,2', '--jobs', '2', '--no-cache']))")
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{tmp_path}", "MARKERS": str(markers)}
+    command = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(markers.iterdir())) < 2 and command.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [int(p.name) for p in markers.iterdir()]
+        assert len(workers) == 2, command.communicate(timeout=60)
+        os.killpg(command.pid, signal.SIGINT)
+        out, err = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+    assert (command.returncode, err, out) == (130, "modelmeter: interrupted\n", "")
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

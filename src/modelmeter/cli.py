@@ -679,12 +679,18 @@ def _in_parallel(work: Callable[[Job], dict[str, Any]], jobs: dict[K, Job], work
                 done[key] = work(job)
                 progress.step(f"{key}")
         else:
+            from modelmeter_cli import quit_on_interrupt
+
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
+            with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=quit_on_interrupt) as pool:
                 futures: dict[Future[dict[str, Any]], K] = {pool.submit(work, job): key for key, job in jobs.items()}
-                for future in as_completed(futures):
-                    done[futures[future]] = future.result()
-                    progress.step(f"{futures[future]}")
+                try:
+                    for future in as_completed(futures):
+                        done[futures[future]] = future.result()
+                        progress.step(f"{futures[future]}")
+                except KeyboardInterrupt:  # start no more work; the workers themselves quit on the same Ctrl-C
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
     finally:
         progress.close()
     return {key: done[key] for key in jobs}
