@@ -314,6 +314,22 @@ def test_token_inputs_of_a_file_model_count_as_real_ones(capsys: pytest.CaptureF
     assert fake_data["modules"][0]["metrics"]["flops"] == real_data["modules"][0]["metrics"]["flops"] == 2 * 128 * 8 * 2
 
 
+def test_fake_inputs_of_a_file_model_give_the_real_runs_numbers(capsys: pytest.CaptureFixture[str],
+                                                                 models: Path) -> None:
+    """Meta inputs for a model built on the CPU: flops, activations and the training step's memory are those of a
+    run of real kernels on real zeros."""
+    argv = [f"{models}:build", "--input", "64x16", "--memory", "--backward", "--optimizer", "adam", "--format", "json",
+            "--no-cache"]
+    runs = []
+    for extra in ([], ["--real"]):
+        assert main([*argv, *extra]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    fake, real = runs
+    assert (fake["execution"], real["execution"]) == ("fake", "real")
+    assert [m["metrics"] for m in fake["modules"]] == [m["metrics"] for m in real["modules"]]
+    assert fake["memory"]["peak"] == real["memory"]["peak"] > 64 * 16 * 4
+
+
 def test_a_huge_input_of_a_file_model_takes_no_memory(models: Path) -> None:
     """``--input 100000000x16`` on a small MLP: 6.4 GB as real zeros; the command's peak stays far below."""
     code = ("import resource, sys; from modelmeter_cli import main; status = main(sys.argv[1:]); "

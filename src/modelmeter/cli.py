@@ -394,7 +394,7 @@ def _check_writable(option: str, path: str) -> None:
     if not folder.is_dir():
         reason = "is not a directory" if folder.exists() else "does not exist: create it first"
         raise ModelSpecError(f"{option} {path}: the folder {folder} {reason}")
-    # files are written whole, next to their target, then renamed: both the folder and the file must be writable
+    # the HTML report and baselines are written next to their target, then renamed: the folder must be writable
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise ModelSpecError(f"{option} {path}: no permission to write there")
 

@@ -155,7 +155,7 @@ class LoadedModel:
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, real: bool) -> torch.Tensor:
         """An input: on the meta device (no memory: a fake run needs no values) or, with ``real``, zeros on the
         model's device. Sizes beyond what a tensor can hold are a usage error, found before anything runs."""
-        check_tensor_size(shape, dtype)
+        _check_tensor_size(shape, dtype)
         if not real:
             return torch.zeros(shape, dtype=dtype, device="meta")
         try:
@@ -178,7 +178,7 @@ class LoadedModel:
                 "custom": "the inputs its factory returned"}[self.kind]
 
 
-def check_tensor_size(shape: Sequence[int], dtype: torch.dtype) -> None:
+def _check_tensor_size(shape: Sequence[int], dtype: torch.dtype) -> None:
     """Raise :class:`ModelSpecError` for a shape no tensor can have: a size below 1, or more bytes than torch
     can count (2**63 - 1)."""
     if any(size < 1 for size in shape):
