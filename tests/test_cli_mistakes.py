@@ -451,3 +451,18 @@ def test_ctrl_c_during_a_sweep_ends_the_workers_quietly(tmp_path: Path) -> None:
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# --- environment variables -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("variable", "value"), [("MODELMETER_CACHE_SIZE", "lots"), ("MODELMETER_CACHE_SIZE", "1e400"),
+                                                 ("MODELMETER_CACHE", "a_file")])
+def test_a_bad_environment_variable_is_one_warning_line(tmp_path: Path, variable: str, value: str) -> None:
+    """The run goes on with the default (the cache's documented fallback), saying so in one line."""
+    (tmp_path / "a_file").write_text("x")
+    env = {**os.environ, "PYTHONPATH": SRC, "TMPDIR": str(tmp_path), "MODELMETER_CACHE": str(tmp_path / "cache"),
+           variable: str(tmp_path / value) if value == "a_file" else value}
+    done = subprocess.run([sys.executable, "-m", "modelmeter_cli", "gpt2_tiny", "--seq-len", "8", "--depth", "0"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("gpt2_tiny on input 1x8")
+    assert done.stderr.count("\n") == 1 and variable.removeprefix("MODELMETER_") in done.stderr.upper(), done.stderr
+    assert "Traceback" not in done.stderr
