@@ -106,6 +106,9 @@ def test_option_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[s
     (["gpt2_tiny", "--resolution", "64"], ["--resolution applies to image models"]),
     (["gpt2_tiny", "n_layr=2"], ["unknown gpt2_tiny argument 'n_layr'"]),
     (["cache", "wipe"], ["usage: modelmeter cache info|clear"]),
+    (["cahce", "info"], ["unknown model or command 'cahce'; did you mean `modelmeter cache`?"]),
+    (["lsit"], ["unknown model or command 'lsit'; did you mean `modelmeter list`?"]),
+    (["dif", "a.json", "b.json"], ["did you mean `modelmeter diff`?"]),
     (["torchvision:resnt18"], ["unknown torchvision model 'resnt18'; did you mean resnet18"]),
 ])
 def test_model_argument_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], no_run: None,

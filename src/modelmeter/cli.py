@@ -347,6 +347,7 @@ def _main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             return _diff_command(args)
         if args.model is None and args.check_baseline:
             return _check_all(args)
+        _check_command_typo(args.model)
         job = _job(args)
         if args.fit is not None:
             return _run_fit(args, job)
@@ -359,6 +360,22 @@ def _main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except ModelMeterError as exc:
         _error(exc)
         return 1
+
+
+_COMMANDS = ("list", "cache", "diff")
+
+
+def _check_command_typo(model: str | None) -> None:
+    """``modelmeter cahce info`` names no model: say which command was meant (its arguments would otherwise be
+    read as key=value overrides, and the error would be about them)."""
+    from .models import suggest
+    from .zoo import ZOO
+
+    if model is None or ":" in model or model in ZOO:
+        return
+    close = suggest(model, _COMMANDS, n=1)
+    if close:
+        raise ModelSpecError(f"unknown model or command {model!r}; did you mean `modelmeter {close[0]}`?")
 
 
 def _attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
