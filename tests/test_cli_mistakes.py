@@ -147,6 +147,14 @@ def test_an_unwritable_path_is_refused_before_the_run(capsys: pytest.CaptureFixt
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("option", ["--output", "--html", "--compare", "--save-baseline", "--check-baseline",
+                                    "--cache-dir"])
+def test_a_path_with_a_nul_character_is_refused(capsys: pytest.CaptureFixture[str], no_run: None,
+                                                option: str) -> None:
+    err = one_line_error(capsys, ["list", option, "a\0b"], 2)
+    assert f"{option} 'a\\x00b': a path cannot hold a NUL character" in err
+
+
 def test_a_cache_dir_that_is_a_file_is_refused(capsys: pytest.CaptureFixture[str], no_run: None,
                                                tmp_path: Path) -> None:
     a_file = tmp_path / "cache"

@@ -392,8 +392,12 @@ def _attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) ->
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """Refuse, before any model is built, a file the command could not write at the end, and a cache
-    directory that is a file."""
+    """Refuse, before any model is built, a path no file can have, a file the command could not write at the
+    end, and a cache directory that is a file."""
+    for option in ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir"):
+        path = getattr(args, option[2:].replace("-", "_"))
+        if path is not None and "\0" in path:
+            raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
     for option, path in (("--output", args.output), ("--html", args.html), ("--save-baseline", args.save_baseline)):
         if path is not None:
             _check_writable(option, path)
