@@ -89,7 +89,7 @@ def test_output_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
     assert out == "" and f"wrote {target}" in err
     assert json_totals(json.loads(target.read_text()))[0] > 0
     _, err = run(capsys, "gpt2_tiny", "--output", str(tmp_path / "missing" / "x.txt"), code=2)
-    assert "cannot write --output" in err
+    assert f"--output {tmp_path}/missing/x.txt: the folder {tmp_path}/missing does not exist" in err
 
 
 def test_list_shows_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,8 +244,8 @@ def test_unknown_names_suggest_close_matches(capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["resnet18", "--input", "1xAx2"], "--input must look like 1x3x224x224"),
-    (["resnet18", "--input", "1x0x2"], "--input sizes must be positive"),
+    (["resnet18", "--input", "1xAx2"], "argument --input: an input shape looks like 1x3x224x224"),
+    (["resnet18", "--input", "1x0x2"], "argument --input: input sizes must be positive"),
     (["resnet18", "--input", "1x3x8x8", "--batch", "2"], "--input fixes the input shapes"),
     (["resnet18", "--input", "1x3x8x8", "--input", "1x3"], "inputs do not match ResNet.forward"),
     (["gpt2_tiny", "--resolution", "64"], "--resolution applies to image models; gpt2_tiny takes token ids"),

@@ -9,7 +9,9 @@ or, with ``--backward`` / ``--optimizer``, of a training step; ``--fit 24GiB`` f
 fits (docs/memory.md). Traces are cached on disk (``--no-cache`` to
 skip, ``--cache-dir`` to choose where; ``modelmeter cache info`` / ``modelmeter cache clear``).
 
-Exit status: 0 success, 2 usage error (bad option, shape or model name), 1 the model failed to build or run.
+Exit status: 0 success, 2 usage error (bad option, shape, path or model name; found before the model runs),
+1 the model failed to build or run, 130 interrupted (Ctrl-C). Each error is one line on stderr. Inputs the
+command makes are meta tensors (no memory) unless ``--real``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import contextlib
 import functools
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -27,7 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 import torch
 
@@ -36,7 +40,7 @@ from .engine.tracer import Execution
 from .errors import ModelExitError, ModelMeterError
 from .handles.conventions import CONVENTIONS
 from .metrics.memory import OPTIMIZERS
-from .models import LoadedModel, ModelSpecError, load_model, one_line
+from .models import MAX_TENSOR_BYTES, LoadedModel, ModelSpecError, load_model, one_line
 from .reports.render import FORMATS, format_bytes, format_size, render
 from .reports.result import BYTE_METRICS, Result
 
@@ -60,15 +64,19 @@ def _shape(text: str) -> tuple[tuple[int, ...], torch.dtype | None]:
         shape = tuple(int(part) for part in shape_text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--input must look like 1x3x224x224 (optionally :long, :float16, ...), got {text!r}") from None
+            f"an input shape looks like 1x3x224x224 (optionally :long, :float16, ...), got {text!r}") from None
     if not shape or any(s <= 0 for s in shape):
-        raise argparse.ArgumentTypeError(f"--input sizes must be positive, got {text!r}")
-    if not dtype_text:
-        return shape, None
-    if dtype_text.lower() not in _INPUT_DTYPES:
-        raise argparse.ArgumentTypeError(
-            f"unknown input dtype {dtype_text!r} in {text!r}; one of {', '.join(_INPUT_DTYPES)}")
-    return shape, _INPUT_DTYPES[dtype_text.lower()]
+        raise argparse.ArgumentTypeError(f"input sizes must be positive, got {text!r}")
+    dtype = None
+    if dtype_text:
+        if dtype_text.lower() not in _INPUT_DTYPES:
+            raise argparse.ArgumentTypeError(
+                f"unknown input dtype {dtype_text!r} in {text!r}; one of {', '.join(_INPUT_DTYPES)}")
+        dtype = _INPUT_DTYPES[dtype_text.lower()]
+    # the bytes of the final dtype are checked with the model's inputs; here, what no dtype could hold
+    if math.prod(shape) * (dtype.itemsize if dtype else 1) > MAX_TENSOR_BYTES:
+        raise argparse.ArgumentTypeError(f"{text} has more elements than a tensor can hold; give smaller sizes")
+    return shape, dtype
 
 
 def _positive(text: str) -> int:
@@ -78,6 +86,8 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value > MAX_TENSOR_BYTES:  # a size torch cannot hold (an int64), and more than any count of workers
+        raise argparse.ArgumentTypeError(f"{text} is too large (at most 2**63 - 1)")
     return value
 
 
@@ -107,8 +117,15 @@ def _sweep(text: str) -> tuple[str, list[int]]:
     return SWEEP_AXES[axis], numbers
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line, ``modelmeter: argument --fit: ...`` (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="modelmeter",
         usage="modelmeter [MODEL] [key=value ...] [options]\n       modelmeter list\n"
               "       modelmeter cache {info,clear} [--cache-dir DIR]",
@@ -119,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                "package.module:factory (factory() returns a module or a (model, inputs) pair). key=value "
                "arguments override the transformers config or go to the builder. Traces are cached on disk "
                "(`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit status: 0 success, "
-               "2 usage error, 1 the model failed to build or run.",
+               "2 usage error, 1 the model failed to build or run, 130 interrupted.",
     )
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
                         help="what to analyse (default resnet50); `list` shows the built-in models; "
@@ -203,10 +220,14 @@ def _memory_size(text: str) -> float:
 
     try:
         value = parse_quantity(text)
+    except OverflowError:  # 1e400GiB: more than a float holds
+        value = math.inf
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1:
+    if not value >= 1:  # NaN too
         raise argparse.ArgumentTypeError(f"a memory size must be at least one byte, got {text!r}")
+    if value > MAX_TENSOR_BYTES:
+        raise argparse.ArgumentTypeError(f"{text} is more memory than a machine can address (at most 8EiB)")
     return value
 
 
@@ -270,30 +291,46 @@ def _model_code(what: str) -> Iterator[None]:
 def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
     from .analysis import analyze
 
-    device = "cpu" if job.execution == "real" else "meta"
+    real = job.execution == "real"
     check = None
     if job.project is not None:
         from .guard.specs import check_factory
 
         check = functools.partial(check_factory, spec=job.spec, project=job.project)
-    loaded = load_model(job.spec, job.overrides, device=device, resolution=job.resolution, factory_check=check)
+    loaded = load_model(job.spec, job.overrides, device="cpu" if real else "meta", resolution=job.resolution,
+                        factory_check=check)
     if job.dtype is not None:
         loaded.model.to(job.dtype)
     if job.shapes:
-        inputs = loaded.explicit_inputs(job.shapes, job.dtype)
+        inputs = loaded.explicit_inputs(job.shapes, job.dtype, real=real)
     else:
-        inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype)
+        inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype,
+                               real=real)
     start = time.perf_counter()
-    try:
-        analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
-                           backward=job.backward, execution=job.execution, cache=job.cache,
-                           cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
-                           optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach)
-    except TypeError as exc:  # the inputs do not fit the model's forward()
-        raise ModelSpecError(str(exc)) from None
-    result = analysis.result(name=loaded.name)
+    with _quiet_fake_tensor_log():
+        try:
+            analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
+                               backward=job.backward, execution=job.execution, cache=job.cache,
+                               cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
+                               optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach)
+        except TypeError as exc:  # the inputs do not fit the model's forward()
+            raise ModelSpecError(str(exc)) from None
+        result = analysis.result(name=loaded.name)
     result.assumptions = [*loaded.notes, *result.assumptions]
     return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence torch's FakeTensor logger while a model runs: it logs a traceback (ERROR) when an operator rejects
+    its inputs, before raising the error that the command reports in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _worker_row(job: Job, row: Callable[[Result, float], dict[str, Any]]) -> dict[str, Any]:
@@ -317,12 +354,22 @@ def sweep_point(job: Job) -> dict[str, Any]:
 
 # --- the command -----------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """The command: its exit status. A mistake on the command line is one line on stderr and exit 2, a model
+    that fails one line and exit 1, Ctrl-C the line ``modelmeter: interrupted`` and exit 130."""
     try:
-        args = parser.parse_intermixed_args(argv)
+        return _main(build_parser(), list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("modelmeter: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    try:
+        args = parser.parse_intermixed_args(_attach_negative_values(parser, argv))
     except SystemExit as exc:  # argparse printed the usage error (or --help)
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        _check_paths(args)
         if args.model == "list":
             return _list(args)
         if args.model == "cache":
@@ -331,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diff_command(args)
         if args.model is None and args.check_baseline:
             return _check_all(args)
+        _check_command_typo(args.model)
         job = _job(args)
         if args.fit is not None:
             return _run_fit(args, job)
@@ -343,6 +391,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModelMeterError as exc:
         _error(exc)
         return 1
+
+
+_COMMANDS = ("list", "cache", "diff")
+
+
+def _check_command_typo(model: str | None) -> None:
+    """``modelmeter cahce info`` names no model: say which command was meant (its arguments would otherwise be
+    read as key=value overrides, and the error would be about them)."""
+    from .models import suggest
+    from .zoo import ZOO
+
+    if model is None or ":" in model or model in ZOO:
+        return
+    close = suggest(model, _COMMANDS, n=1)
+    if close:
+        raise ModelSpecError(f"unknown model or command {model!r}; did you mean `modelmeter {close[0]}`?")
+
+
+def _attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--input -1x3`` as ``--input=-1x3``: argparse takes a value that starts with ``-`` for an option and says
+    only "expected one argument"; attached, the value reaches the option's own check, which says what is wrong."""
+    takes_value = {flag for action in parser._actions if action.nargs is None for flag in action.option_strings}
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in takes_value and len(arg) > 1 and arg[0] == "-" and (arg[1].isdigit() or arg[1] == "."):
+            flag = out.pop()
+            arg = f"{flag}={arg}" if flag.startswith("--") else flag + arg
+        out.append(arg)
+    return out
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any model is built, a path no file can have, a file the command could not write at the
+    end, and a cache directory that is a file."""
+    for option in ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir"):
+        path = getattr(args, option[2:].replace("-", "_"))
+        if path is not None and "\0" in path:
+            raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
+    for option, path in (("--output", args.output), ("--html", args.html), ("--save-baseline", args.save_baseline)):
+        if path is not None:
+            _check_writable(option, path)
+    if args.cache_dir is not None:
+        folder = Path(args.cache_dir).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise ModelSpecError(f"--cache-dir {args.cache_dir} is not a directory")
+
+
+def _check_writable(option: str, path: str) -> None:
+    target = Path(path).expanduser()
+    folder = target.parent
+    if target.is_dir():
+        raise ModelSpecError(f"{option} {path} is a directory: give a file name (e.g. {target / 'report'})")
+    if not folder.is_dir():
+        reason = "is not a directory" if folder.exists() else "does not exist: create it first"
+        raise ModelSpecError(f"{option} {path}: the folder {folder} {reason}")
+    # the HTML report and baselines are written next to their target, then renamed: the folder must be writable
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ModelSpecError(f"{option} {path}: no permission to write there")
 
 
 def _job(args: argparse.Namespace) -> Job:
@@ -390,6 +496,7 @@ def _check_memory_options(args: argparse.Namespace) -> None:
 
 def _run_one(args: argparse.Namespace, job: Job) -> int:
     expected = _baseline_entry(args, job)  # a missing or broken baseline fails before the model runs
+    other = _read_compare(args.compare) if args.compare else None  # before the run: a bad file wastes no time
     result, _, seconds, cached = analyse(job)
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):
@@ -402,22 +509,28 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
                 f"{result.convention} convention, {seconds:.2f} s{peak})\n{text}")
     _emit(text, args.output)
     if args.html:
-        _write_html(args, result)
+        _write_html(args.html, result, other)
     return _guard(args, job, result, expected)
 
 
-def _write_html(args: argparse.Namespace, result: Result) -> None:
+def _read_compare(path: str) -> Result:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Result.from_json(f.read())
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read --compare {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelSpecError(f"--compare {path}: not a saved analysis (--format json): {one_line(exc)}") from None
+
+
+def _write_html(path: str, result: Result, other: Result | None) -> None:
     from .reports.html import write_html
 
-    other = None
-    if args.compare:
-        try:
-            with open(args.compare, encoding="utf-8") as f:
-                other = Result.from_json(f.read())
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelSpecError(f"--compare {args.compare}: not a saved analysis (--format json): {exc}") from None
-    write_html(result, args.html, compare=other)
-    print(f"modelmeter: wrote {args.html}", file=sys.stderr)
+    try:
+        write_html(result, path, compare=other)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot write --html {path}: {exc.strerror or exc}") from None
+    print(f"modelmeter: wrote {path}", file=sys.stderr)
 
 
 # --- cost guard ------------------------------------------------------------------------------------------
@@ -680,12 +793,18 @@ def _in_parallel(work: Callable[[Job], dict[str, Any]], jobs: dict[K, Job], work
                 done[key] = work(job)
                 progress.step(f"{key}")
         else:
+            from modelmeter_cli import quit_on_interrupt
+
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
+            with ProcessPoolExecutor(max_workers=count, mp_context=context, initializer=quit_on_interrupt) as pool:
                 futures: dict[Future[dict[str, Any]], K] = {pool.submit(work, job): key for key, job in jobs.items()}
-                for future in as_completed(futures):
-                    done[futures[future]] = _outcome(future)
-                    progress.step(f"{futures[future]}")
+                try:
+                    for future in as_completed(futures):
+                        done[futures[future]] = _outcome(future)
+                        progress.step(f"{futures[future]}")
+                except KeyboardInterrupt:  # start no more work; the workers themselves quit on the same Ctrl-C
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
     finally:
         progress.close()
     return {key: done[key] for key in jobs}
@@ -892,7 +1011,7 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def _error(exc: BaseException) -> None:
-    print(f"modelmeter: {one_line(exc)}", file=sys.stderr)
+    print(f"modelmeter: {one_line(exc, 600)}", file=sys.stderr)  # room for long paths and torch's own words
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class ModelMeterError(Exception):
     """Base class of every error modelmeter raises on purpose."""
@@ -24,3 +26,43 @@ class ModelExitError(ModelMeterError):
     def __init__(self, what: str, exc: BaseException) -> None:
         how = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}"
         super().__init__(f"{what}: the model's code {how} before its analysis finished")
+
+
+def cuda_failure(exc: BaseException) -> str | None:
+    """What to tell the user when ``exc`` comes from a model that puts tensors on CUDA where CUDA cannot run (no
+    driver, no GPU, a CPU-only torch); None for any other error.
+
+    Decided by origin, not by the wording of torch's message: torch's CUDA initialisation on the failing stack, or
+    a fake run that met a tensor on CUDA next to the model's own."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    if torch.cuda.is_available():
+        return None
+    lazy_init = torch.cuda._lazy_init.__code__
+    for error in _chain(exc):
+        mixed = isinstance(error, FakeTensorDeviceMismatchError) and "cuda" in (
+            error.device.type, error.common_device.type)
+        if mixed or any(code is lazy_init for code in _codes(error)):
+            return (f"it puts tensors on CUDA, which this machine cannot run ({type(error).__name__}); modelmeter "
+                    "needs no GPU: create tensors on the device of the inputs or parameters (x.device) and build the "
+                    "model on cpu")
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _codes(exc: BaseException) -> Iterator[object]:
+    """The code objects of the frames ``exc`` passed through."""
+    tb = exc.__traceback__
+    while tb is not None:
+        yield tb.tb_frame.f_code
+        tb = tb.tb_next

@@ -29,6 +29,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -41,7 +42,7 @@ import torch
 from torch import nn
 
 from .engine.inputs import map_tensors
-from .errors import ModelMeterError
+from .errors import ModelMeterError, cuda_failure
 
 __all__ = [
     "InputKind",
@@ -59,6 +60,7 @@ InputKind = Literal["image", "tokens", "tensor", "custom"]
 _EXTRAS = {"torchvision": "vision", "timm": "timm", "transformers": "transformers"}
 _DEFAULT_SEQ_LEN = 128
 _DEFAULT_IMAGE = (3, 224, 224)
+MAX_TENSOR_BYTES = (1 << 63) - 1  # torch counts a tensor's bytes in an int64
 
 
 class ModelSpecError(ModelMeterError, ValueError):
@@ -105,12 +107,13 @@ class LoadedModel:
         return f"{shape} {str(self.input_dtype).removeprefix('torch.')}"
 
     def inputs(self, *, batch: int | None = None, resolution: int | None = None, seq_len: int | None = None,
-               dtype: torch.dtype | None = None) -> Any:
-        """The default inputs, on the model's device, for ``batch`` samples at ``resolution`` / ``seq_len``.
+               dtype: torch.dtype | None = None, real: bool = False) -> Any:
+        """The default inputs for ``batch`` samples at ``resolution`` / ``seq_len``: meta tensors (a shape and
+        a dtype, no memory), or with ``real`` zeros on the model's device, for a run of real kernels.
 
         ``dtype`` is the dtype of floating-point inputs (token ids stay integers). Raises
         :class:`ModelSpecError` for an option that does not apply to this model (``resolution`` of a
-        language model, say).
+        language model, say) and for sizes no tensor can have.
         """
         if resolution is not None and self.kind != "image":
             raise ModelSpecError(f"--resolution applies to image models; {self.name} takes {self._what()}")
@@ -134,20 +137,33 @@ class LoadedModel:
         if seq_len is not None:
             shape[1] = seq_len
         tensor_dtype = dtype if dtype is not None and self.input_dtype.is_floating_point else self.input_dtype
-        return self._pack([torch.zeros(shape, dtype=tensor_dtype, device=self.device) for _ in self._slots()])
+        return self._pack([self._zeros(tuple(shape), tensor_dtype, real) for _ in self._slots()])
 
     def explicit_inputs(self, shapes: Sequence[tuple[tuple[int, ...], torch.dtype | None]],
-                        dtype: torch.dtype | None = None) -> Any:
+                        dtype: torch.dtype | None = None, real: bool = False) -> Any:
         """Inputs of the given shapes (each with an optional dtype), passed positionally or by this model's
-        input names. Without a dtype an input gets the model's input dtype (token ids for language models),
-        or ``dtype`` when that is floating point."""
+        input names: meta tensors, or zeros on the model's device with ``real``. Without a dtype an input gets
+        the model's input dtype (token ids for language models), or ``dtype`` when that is floating point."""
         default = self.input_dtype if self.kind != "custom" else torch.float32
         if dtype is not None and default.is_floating_point:
             default = dtype
-        tensors = [torch.zeros(shape, dtype=d or default, device=self.device) for shape, d in shapes]
+        tensors = [self._zeros(shape, d or default, real) for shape, d in shapes]
         if self.input_names and len(tensors) <= len(self.input_names):
             return dict(zip(self.input_names, tensors, strict=False))
         return tuple(tensors)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, real: bool) -> torch.Tensor:
+        """An input: on the meta device (no memory: a fake run needs no values) or, with ``real``, zeros on the
+        model's device. Sizes beyond what a tensor can hold are a usage error, found before anything runs."""
+        _check_tensor_size(shape, dtype)
+        if not real:
+            return torch.zeros(shape, dtype=dtype, device="meta")
+        try:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+        except (RuntimeError, MemoryError) as exc:  # the memory a real run needs is not there
+            raise ModelSpecError(f"cannot allocate the input {_shape_text(shape, dtype)} for a run of real "
+                                 f"kernels ({type(exc).__name__}: {one_line(exc)}); without --real inputs take no "
+                                 "memory") from None
 
     def _slots(self) -> tuple[str, ...]:
         return self.input_names or ("",)
@@ -160,6 +176,20 @@ class LoadedModel:
     def _what(self) -> str:
         return {"image": "images", "tokens": "token ids", "tensor": f"a {len(self.default_shape)}-d tensor",
                 "custom": "the inputs its factory returned"}[self.kind]
+
+
+def _check_tensor_size(shape: Sequence[int], dtype: torch.dtype) -> None:
+    """Raise :class:`ModelSpecError` for a shape no tensor can have: a size below 1, or more bytes than torch
+    can count (2**63 - 1)."""
+    if any(size < 1 for size in shape):
+        raise ModelSpecError(f"input sizes must be positive, got {_shape_text(shape, dtype)}")
+    if math.prod(shape) * dtype.itemsize > MAX_TENSOR_BYTES:
+        raise ModelSpecError(f"an input of {_shape_text(shape, dtype)} would take more bytes than a tensor can hold "
+                             "(2**63 - 1): give smaller sizes")
+
+
+def _shape_text(shape: Sequence[int], dtype: torch.dtype) -> str:
+    return "x".join(map(str, shape)) + " " + str(dtype).removeprefix("torch.")
 
 
 # --- overrides -------------------------------------------------------------------------------------------
@@ -258,13 +288,14 @@ def _building(what: str) -> Iterator[None]:
     except ModelMeterError:
         raise
     except Exception as exc:
-        raise ModelLoadError(f"could not build {what}: {type(exc).__name__}: {one_line(exc)}") from exc
+        reason = cuda_failure(exc) or f"{type(exc).__name__}: {one_line(exc)}"
+        raise ModelLoadError(f"could not build {what}: {reason}") from exc
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line, at most 300 characters (for the command's error output)."""
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most ``limit`` characters (for the command's error output)."""
     text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: torch.device,
@@ -281,6 +312,22 @@ def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: to
         return builder(**kwargs)
 
 
+def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: str) -> None:
+    """A ``key=value`` that ``builder`` does not take is a usage error naming the key (with the keys it does
+    take), found before anything is built; builders that take ``**kwargs`` are left to say it themselves."""
+    try:
+        parameters = inspect.signature(builder).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in accepted:
+            raise _unknown(f"{what} argument", key, accepted,
+                           f"it takes {', '.join(accepted)}" if accepted else "it takes no key=value arguments")
+
+
 def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolution: int | None) -> LoadedModel:
     from .zoo import ZOO, available_models, get_model
 
@@ -289,6 +336,7 @@ def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolutio
                        "`modelmeter list` shows the built-in models; others: torchvision:NAME, timm:NAME, "
                        "transformers:CONFIG, path/file.py:factory, package.module:factory")
     entry = ZOO[name]
+    _check_keywords(entry.builder, kwargs, name)
     size_key = "image_size" if "image_size" in inspect.signature(entry.builder).parameters else None
     with _building(name):
         model = _build(lambda **kw: get_model(name, device=device, **kw), kwargs, device, size_key, resolution)
@@ -426,6 +474,7 @@ def _load_factory(target: str, factory: str, kwargs: dict[str, Any],
         if factory_check is not None:
             factory_check(module, fn)
         spec = f"{target}:{factory}"
+        _check_keywords(fn, kwargs, spec)
         with _building(spec):
             made = fn(**kwargs)
     inputs = None

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from .._gc import no_gc
-from ..errors import ModelRunError
+from ..errors import ModelRunError, cuda_failure
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
@@ -542,6 +542,9 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     at = f" at operator {op}" if op else ""
     hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
         if isinstance(exc, _NEEDS_VALUES) else ""
+    cuda = cuda_failure(exc)
+    if cuda is not None:
+        return ModelRunError(f"the model failed in {where}{at}: {cuda}", module, op)
     if recorder.phase == "backward" and module is None:
         return ModelRunError(f"the backward pass failed{at}: {type(exc).__name__}: {exc}{hint}", None, op)
     return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}{hint}", module, op)

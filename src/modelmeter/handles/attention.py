@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from .base import CountInside, Handle, backward_key, get_shape, numel, prod, shape_of
@@ -31,15 +30,26 @@ LAYER_NORM_ELEMENT_FLOPS, LAYER_NORM_ROW_FLOPS = 7, 4
 ACTIVATION_FLOPS = 1
 
 
-@cache
 def band_pairs(lq: int, s: int, lower: int | None, upper: int | None) -> int:
-    """Pairs ``(i, j)`` with ``i < lq``, ``j < s`` and ``lower <= j - i <= upper`` (None: no bound)."""
-    total = 0
-    for i in range(lq):
-        first = 0 if lower is None else max(0, i + lower)
-        last = s - 1 if upper is None else min(s - 1, i + upper)
-        total += max(0, last - first + 1)
-    return total
+    """Pairs ``(i, j)`` with ``i < lq``, ``j < s`` and ``lower <= j - i <= upper`` (None: no bound), in closed form
+    (a sequence of a billion tokens is counted at once)."""
+    below_upper = lq * s if upper is None else _pairs_up_to(lq, s, upper)
+    below_lower = 0 if lower is None else _pairs_up_to(lq, s, lower - 1)
+    return max(0, below_upper - below_lower)
+
+
+def _pairs_up_to(lq: int, s: int, t: int) -> int:
+    """Pairs with ``j - i <= t``: query ``i`` sees ``clamp(i + t + 1, 0, s)`` keys, summed over ``i < lq``."""
+    return _clamped_sum(t + 1 + lq, s) - _clamped_sum(t + 1, s)
+
+
+def _clamped_sum(n: int, s: int) -> int:
+    """``sum(clamp(x, 0, s) for x in range(n))``, 0 for ``n <= 0``."""
+    if n <= 0:
+        return 0
+    if n <= s:
+        return n * (n - 1) // 2
+    return s * (s - 1) // 2 + (n - s) * s
 
 
 def causal_pairs(lq: int, s: int, bottom_right: bool = False) -> int:
