@@ -816,10 +816,11 @@ def _poison(source: Path, target: Path) -> None:
     victim.write_bytes(gzip.compress(json.dumps(entry).encode()))
 
 
-def test_cost_guards_run_the_model_and_never_read_a_poisoned_cache(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_cost_guards_run_the_model_and_never_read_a_poisoned_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "guarded.py").write_text(GUARDED_MODEL)
-    spec = f"{tmp_path / 'guarded.py'}:build"
+    monkeypatch.chdir(tmp_path)  # a baseline may name only files of its own project, by relative path
+    spec = "guarded.py:build"
     small_cache, big_cache = tmp_path / "small", tmp_path / "big"
     small, big = [spec, "width=8", "--input", "4x16"], [spec, "--input", "4x16"]
     small_flops, big_flops = 4 * 16 * 8, 4 * 16 * 16  # hand counts (multiply-adds)

@@ -55,8 +55,9 @@ BIG = str(10**30)
 
 # --- option values ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("argv", "words"), [
-    (["--fit", "1e400GiB"], ["argument --fit", "1e400GiB is more memory than a machine can address"]),
-    (["--fit", "1e30GiB"], ["argument --fit", "more memory than a machine can address"]),
+    (["--fit", "1e400GiB"], ["argument --fit", "out of range: '1e400GiB'"]),
+    (["--fit", "1e30GiB"], ["argument --fit", "out of range: '1e30GiB'"]),
+    (["--fit", "1e12TiB"], ["argument --fit", "more memory than a machine can address"]),
     (["--fit", "-1GiB"], ["argument --fit", "not a quantity: '-1GiB'"]),
     (["--fit", "nan"], ["argument --fit", "not a quantity: 'nan'"]),
     (["--fit", "inf"], ["argument --fit", "not a quantity: 'inf'"]),

@@ -219,9 +219,7 @@ def _memory_size(text: str) -> float:
     from .guard import parse_quantity
 
     try:
-        value = parse_quantity(text)
-    except OverflowError:  # 1e400GiB: more than a float holds
-        value = math.inf
+        value = parse_quantity(text)  # refuses what is not finite (1e400GiB) or absurd
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not value >= 1:  # NaN too
