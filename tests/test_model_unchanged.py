@@ -527,7 +527,7 @@ def test_torchvision_raft_correlation_pyramid_is_left_as_found() -> None:
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.optical_flow.raft_small(weights=None).eval()
-    images = (torch.randn(1, 3, 64, 64), torch.randn(1, 3, 64, 64))
+    images = (torch.randn(1, 3, 128, 128), torch.randn(1, 3, 128, 128))  # the smallest the pyramid takes
     reference = copy.deepcopy(model)
     before = reachable(model)
     FlopCountAnalysis(model, Args(*images, num_flow_updates=2)).unsupported_ops_warnings(False).total()
