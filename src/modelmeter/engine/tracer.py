@@ -33,6 +33,8 @@ from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .recorder import DispatchRecorder, FunctionRecorder, Recorder
+from .snapshot import Held as _Held
+from .snapshot import ModelSnapshot
 from .trace import Trace
 from .values import Shadows
 
@@ -104,31 +106,22 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
 
 class _Parts:
     """The model's modules (the ones ``names`` walked) and the tensors they hold — parameters, buffers and plain
-    tensor attributes, as they were before the run (one walk) — and, while a run swaps them
-    (:class:`_SwappedState`), their stand-ins."""
+    tensor attributes, as they were before the run — and, while a run swaps them (:class:`_SwappedState`), their
+    stand-ins. ``pristine`` is everything the modules hold, as found (one walk finds the tensors too): each run
+    puts it back."""
 
     def __init__(self, names: ModuleNames) -> None:
         self.modules = list(names.modules.values())
-        self.held_parameters: list[_Held] = []
-        self.held_others: list[_Held] = []  # buffers, then tensor attributes, module by module
-        buffers: list[torch.Tensor] = []
+        self.pristine = ModelSnapshot(self.modules)
+        self.held_parameters: list[_Held] = self.pristine.parameters
+        self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
         self.wrappers: list[_Transparent] = []
         for module in self.modules:
-            parameters, buffer_table = module._parameters, module._buffers
-            if parameters:
-                self.held_parameters += [(parameters, name, t) for name, t in parameters.items() if t is not None]
-            if buffer_table:
-                held = [(buffer_table, name, t) for name, t in buffer_table.items() if t is not None]
-                buffers += [t for _, _, t in held]
-                self.held_others += held
-            attributes = module.__dict__
-            self.held_others += [(attributes, name, attributes[name]) for name in attributes.keys() - _MODULE_KEYS
-                                 if isinstance(attributes[name], torch.Tensor)]  # the few a module class adds
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
         self.parameters = _unique(t for _, _, t in self.held_parameters)
-        self.buffers = _unique(buffers)
+        self.buffers = _unique(t for _, _, t in self.pristine.buffers)
         self.stand_ins: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, during a run
 
     def state(self) -> list[torch.Tensor]:
@@ -138,9 +131,6 @@ class _Parts:
         """``tensors`` as the running model holds them: their stand-ins where they have one."""
         stand_ins = self.stand_ins
         return [stand_ins.get(id(t), t) for t in tensors]
-
-
-_Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
 
 
 def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -168,7 +158,6 @@ class _Run:
         args, kwargs = map_tensors(_as_leaf, self.args), map_tensors(_as_leaf, self.kwargs)
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
-        saved = _ModelState(parts)
         try:
             with ExitStack() as stack:
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
@@ -211,8 +200,8 @@ class _Run:
                     recorder.finish_storages()
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
-        finally:
-            saved.restore()
+        finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
+            parts.pristine.restore()
         trace = recorder.trace
         trace.execution = "fake" if fake else "real"
         trace.inputs = [describe(t) for t in tensors_in((args, kwargs))]
@@ -410,10 +399,6 @@ class _MetaStandIn:
         return meta
 
 
-# The attributes every nn.Module has (flags, tables, hook dictionaries): never a tensor to stand in for.
-_MODULE_KEYS = frozenset(nn.Module().__dict__)
-
-
 class _SwappedState:
     """Replace every parameter, buffer and plain tensor attribute by a stand-in for the run, and put
     the originals back.
@@ -455,31 +440,6 @@ def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwa
                          "cannot run a model whose parameters hold values on meta inputs")
 
 
-class _ModelState:
-    """Training flags, ``requires_grad`` and ``.grad`` of every module and parameter, restored afterwards
-    (a re-entrant activation checkpoint calls ``torch.autograd.backward``, which accumulates ``.grad``); attributes
-    a module's forward added during the run (a cached mask made with ``x.new_ones``: a stand-in the model's next
-    real call would trip over) are removed again."""
-
-    def __init__(self, parts: _Parts) -> None:
-        self.training = [(m, m.training, len(m.__dict__)) for m in parts.modules]
-        self.params = [(p, p.requires_grad, p.grad) for p in parts.parameters]
-
-    def restore(self) -> None:
-        for module, flag, size in self.training:
-            if module.training is not flag:  # Module.__setattr__ is slow, and almost never needed here
-                module.training = flag
-            attributes = module.__dict__
-            if len(attributes) > size:  # a dict keeps insertion order: what the run added comes last
-                for name in list(attributes)[size:]:
-                    del attributes[name]
-        for param, flag, grad in self.params:
-            if param.requires_grad != flag:
-                param.requires_grad_(flag)
-            if param.grad is not grad:
-                param.grad = grad
-
-
 class _ModuleHooks:
     """Global forward hooks that keep the recorder's module stack."""
 
@@ -502,20 +462,32 @@ class _Transparent:
     """Make a wrapper call the module it wraps directly while tracing.
 
     DataParallel/DDP would scatter to devices and run threads; a ``torch.compile`` wrapper would
-    compile. The wrapped module runs eagerly instead, and the wrapper is left as it was.
+    compile. The wrapped module runs eagerly instead, and the wrapper is left exactly as it was: a ``forward`` of
+    its own (``OptimizedModule`` keeps its compiled one in its ``__dict__``) is put back, none is left where it had
+    none. The instance dictionary is written directly: a wrapper's ``__setattr__`` may forward to the wrapped module.
     """
 
     def __init__(self, wrapper: nn.Module, attribute: str) -> None:
         self.wrapper = wrapper
         self.attribute = attribute
+        self.own_forward: Any = None
 
     def __enter__(self) -> _Transparent:
         inner = getattr(self.wrapper, self.attribute)
-        self.wrapper.forward = lambda *a, **k: inner(*a, **k)
+        attributes = vars(self.wrapper)
+        self.own_forward = attributes.get("forward", _NONE)
+        attributes["forward"] = lambda *a, **k: inner(*a, **k)
         return self
 
     def __exit__(self, *_: Any) -> None:
-        del self.wrapper.forward
+        attributes = vars(self.wrapper)
+        if self.own_forward is _NONE:
+            attributes.pop("forward", None)
+        else:
+            attributes["forward"] = self.own_forward
+
+
+_NONE = object()  # no such attribute
 
 
 def _wrapped_attribute(module: nn.Module) -> str | None:

@@ -1,0 +1,153 @@
+"""What a model holds, taken before a run and put back after it: analysing a model never changes it.
+
+A forward may keep what it computes: a list of anchors, a cache keyed by the device (``'meta'`` during a fake
+run), a buffer registered inside ``forward``, a tensor attribute replaced by a new one. During an analysis those
+would be the run's stand-ins (meta or fake tensors) or values the run made, and the model's next real call would
+trip over them. :class:`ModelSnapshot` remembers the contents of every table the model's modules hold — their
+attribute dictionaries (parameters, buffers, submodules, hooks and plain attributes) and every list, dict and set
+reachable from them through lists, tuples, dicts and sets nested to any depth — and puts the original objects
+back in place afterwards. Nothing is copied but the tables' entries: the same tensors, lists and dicts are there
+after the run as before it. Objects of other classes are not walked.
+
+The snapshot is taken for every analysis, so it is kept cheap for plain models: a module's dozen hook tables,
+nearly always all empty, are checked together in one call, and flags and sizes are skipped at once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from operator import is_, itemgetter
+from typing import Any
+
+import torch
+from torch import nn
+
+_Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
+Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
+
+
+class ModelSnapshot:
+    """The contents of every table reachable from ``modules``, their classes, and the ``requires_grad`` and
+    ``.grad`` of every leaf tensor there; :meth:`restore` puts them back (after each run, also one that raised).
+
+    Found on the way: where each parameter, buffer and plain tensor attribute of a module is held (what a run
+    swaps for a stand-in).
+    """
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.dicts: list[tuple[dict[Any, Any], dict[Any, Any]]] = []  # (a dict, its entries as they were)
+        self.sequences: list[tuple[list[Any] | deque[Any], list[Any]]] = []  # lists and deques
+        self.sets: list[tuple[set[Any], set[Any]]] = []
+        self.empty: list[_Table] = []  # emptied again if the run fills them
+        self.hooks: list[tuple[_Table, ...]] = []  # a module's hook tables, all empty
+        self.classes = [(module, type(module)) for module in modules]  # a lazy module changes class when called
+        self.parameters: list[Held] = []
+        self.buffers: list[Held] = []
+        self.attributes: list[Held] = []  # tensors a module class keeps as plain attributes
+        self._tensors: list[torch.Tensor] = []  # the others, in containers
+        self._seen = {id(module) for module in modules}
+        for module in modules:
+            self._module(module)
+        held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
+        tensors = {id(t): t for t in (*held, *self._tensors)}.values()
+        self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
+
+    def _module(self, module: nn.Module) -> None:
+        attributes = module.__dict__
+        self.dicts.append((attributes, attributes.copy()))
+        hooks, held = _hook_tables(attributes), _held_tables(attributes)
+        if any(hooks):
+            self._walk(hooks)
+        else:
+            self.hooks.append(hooks)
+        for table in held:
+            if table:
+                self.dicts.append((table, table.copy()))
+            else:
+                self.empty.append(table)
+        parameters, buffers, _ = held  # the submodules are in ``modules`` themselves
+        if parameters:
+            self.parameters += [(parameters, name, t) for name, t in parameters.items() if t is not None]
+        if buffers:
+            self.buffers += [(buffers, name, t) for name, t in buffers.items() if t is not None]
+        added = attributes.keys() - _MODULE_KEYS  # what its class adds: mostly sizes and flags
+        values = [attributes[name] for name in added]
+        if not all(map(_ATOMS.__contains__, map(type, values))):  # a tensor, a cache, a helper module
+            self.attributes += [(attributes, name, attributes[name]) for name in added
+                                if isinstance(attributes[name], torch.Tensor)]
+            self._walk(values)
+
+    def _walk(self, values: Iterable[Any]) -> None:
+        """Remember every table, every module kept outside the submodules, and every tensor among ``values`` and
+        inside them."""
+        pending = list(values)
+        seen = self._seen
+        while pending:
+            value = pending.pop()
+            kind = type(value)
+            if kind in _ATOMS:
+                continue
+            if kind in _TABLES and not value:
+                self.empty.append(value)  # nothing to copy or walk
+                continue
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, torch.Tensor):
+                self._tensors.append(value)
+            elif isinstance(value, nn.Module):  # one kept outside the submodules: its attributes are a table
+                self.classes.append((value, kind))
+                pending.append(value.__dict__)
+            elif isinstance(value, dict):
+                self.dicts.append((value, dict(value)))
+                pending += value.values()
+            elif isinstance(value, (list, deque)):
+                self.sequences.append((value, list(value)))
+                pending += value
+            elif isinstance(value, set):
+                self.sets.append((value, set(value)))
+                pending += value
+            elif isinstance(value, (tuple, frozenset)):  # cannot change, but may hold what can
+                pending += value
+
+    def restore(self) -> None:
+        """Put back every entry, class and tensor flag as it was when the snapshot was taken."""
+        for table, entries in self.dicts:
+            if len(table) != len(entries) or not all(map(is_, table, entries)) \
+                    or not all(map(is_, table.values(), entries.values())):
+                table.clear()
+                table.update(entries)
+        for items, saved in self.sequences:
+            if len(items) != len(saved) or not all(map(is_, items, saved)):
+                items.clear()
+                items.extend(saved)
+        for members, kept in self.sets:  # rare; put back unasked, so no element is compared with ==
+            members.clear()
+            members.update(kept)
+        for container in self.empty:
+            if container:
+                container.clear()
+        for hooks in self.hooks:
+            if any(hooks):
+                for container in hooks:
+                    container.clear()
+        for module, kind in self.classes:
+            if type(module) is not kind:
+                module.__class__ = kind
+        for tensor, requires_grad, grad in self.leaves:
+            if tensor.requires_grad != requires_grad:
+                tensor.requires_grad_(requires_grad)
+            if tensor.grad is not grad:
+                tensor.grad = grad
+
+
+# Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).
+_ATOMS = frozenset({bool, int, float, complex, str, bytes, type(None), type, torch.dtype, torch.device})
+_TABLES = frozenset({dict, OrderedDict, list, set, deque})
+# The attributes every nn.Module has; its tables of parameters, buffers and submodules, and of hooks.
+_MODULE_KEYS = frozenset(nn.Module().__dict__)
+_HELD_KEYS = ("_parameters", "_buffers", "_modules")
+_held_tables = itemgetter(*_HELD_KEYS)
+_hook_tables = itemgetter(*[name for name, value in nn.Module().__dict__.items()
+                            if type(value) in _TABLES and name not in _HELD_KEYS])
