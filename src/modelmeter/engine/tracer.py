@@ -32,7 +32,7 @@ from ..errors import ModelRunError
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
-from .recorder import DispatchRecorder, FunctionRecorder, Recorder
+from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder
 from .trace import Trace
 from .values import Shadows
 
@@ -72,6 +72,8 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
+    if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
+        return _run_jagged(run, execution, no_values)
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     if model_on_meta:
@@ -99,6 +101,19 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     reason = "the model needs real values" if isinstance(fake_failure.__cause__, _NEEDS_VALUES) else \
         "FakeTensors could not run it"
     trace.assumptions.append(f"{reason} ({fake_failure.operator or 'the forward'}): ran real kernels")
+    return trace
+
+
+def _run_jagged(run: _Run, execution: Execution, no_values: bool) -> Trace:
+    """A run on jagged nested tensors: real kernels, as their sequences' lengths are values (FakeTensors would need
+    symbolic shapes for them)."""
+    if execution == "fake" or no_values:
+        raise ValueError("jagged nested tensor inputs need real kernels (the lengths of their sequences are values): "
+                         "use execution='auto' or 'real', with a model and inputs that are not on the meta device")
+    trace = run(fake=False, model_on_meta=False, no_values=False)
+    if execution == "auto":
+        trace.assumptions.append("jagged nested tensor inputs (the lengths of their sequences are values): ran real "
+                                 "kernels")
     return trace
 
 
@@ -219,7 +234,7 @@ class _Run:
             saved.restore()
         trace = recorder.trace
         trace.execution = "fake" if fake else "real"
-        trace.inputs = [describe(t) for t in tensors_in((args, kwargs))]
+        trace.inputs = [describe(_packed(t)) for t in tensors_in((args, kwargs))]
         trace.backward = self.backward
         return trace
 
@@ -252,6 +267,11 @@ class _Run:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
             recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
+
+
+def _packed(tensor: torch.Tensor) -> torch.Tensor:
+    """A jagged nested tensor's values (its sequences packed one after the other); any other tensor itself."""
+    return tensor.values() if isinstance(tensor, JaggedTensor) else tensor
 
 
 def _note_existing_storages(recorder: Recorder, parts: _Parts, args: tuple[Any, ...],
@@ -324,8 +344,9 @@ def _followed_rng_states(recorder: Recorder) -> Iterator[None]:
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
-    """The default loss: the sum of every floating-point output tensor that requires grad."""
-    parts = [t.sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    """The default loss: the sum of every floating-point output tensor that requires grad (of a jagged one, of its
+    values: a plain sum, whose backward is free as for a dense output)."""
+    parts = [_packed(t).sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not parts:
         return None
     loss = parts[0]
