@@ -6,6 +6,8 @@ Oracles, none of which calls the formula under test:
 * torch's own definition of ``is_causal`` (its output equals the output with a ``tril`` mask);
 * ``torch.utils.flop_counter.FlopCounterMode`` on the flash, memory-efficient and cuDNN kernels called on
   meta tensors (dense, 2 flops per multiply-add; its backward recomputes ``q·k`` like the kernels do);
+* ``FlopCounterMode`` on the math kernel's own operators (``bmm``, forward and autograd's backward), for
+  ``attention_kernel="math"``;
 * hand arithmetic for the ``flops`` convention's documented per-pair costs and for the fused fast paths.
 """
 
@@ -23,10 +25,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from model_helpers import FusedEncoderLayer, FusedSelfAttention
-from modelmeter import FlopCountAnalysis, TensorMeta
+from modelmeter import FlopCountAnalysis, TensorMeta, analyze
 from modelmeter.engine.metadata import describe, flat_outputs, place_arguments
 from modelmeter.handles import attention, fvcore, products
 from modelmeter.handles.attention import band_pairs, causal_pairs
@@ -59,11 +62,11 @@ class Sdpa(nn.Module):
 
 
 def measure(model: nn.Module, inputs: Any, convention: str = "macs", *, backward: bool = False,
-            dense: bool = False, execution: Any = "auto") -> FlopCountAnalysis:
+            dense: bool = False, execution: Any = "auto", kernel: str = "fused") -> FlopCountAnalysis:
     """An analysis whose attention and product operators use this module's tables."""
     analysis = FlopCountAnalysis(model, inputs, backward=backward, execution=execution)
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    return analysis.set_op_handle(**products.handles(convention), **attention.handles(convention, dense))
+    return analysis.set_op_handle(**products.handles(convention), **attention.handles(convention, dense, kernel))
 
 
 def qkv(b: int, h: int, lq: int, s: int, e: int, ev: int, kv_heads: int | None = None, grad: bool = False,
@@ -75,9 +78,9 @@ def qkv(b: int, h: int, lq: int, s: int, e: int, ev: int, kv_heads: int | None =
 
 
 def apply(op: str, fn: Any, args: tuple[Any, ...], convention: str = "macs", dense: bool = False,
-          **kwargs: Any) -> Counter[str]:
+          kernel: str = "fused", **kwargs: Any) -> Counter[str]:
     """Call ``fn`` and apply ``op``'s handle to the call's metadata."""
-    handle = attention.handles(convention, dense)[op]
+    handle = attention.handles(convention, dense, kernel)[op]
     assert callable(handle)
     out = fn(*args, **kwargs)
     return handle(place_arguments(fn._schema, args, kwargs), flat_outputs(out))  # type: ignore[return-value]
@@ -252,6 +255,77 @@ def test_kernels_match_flop_counter_mode_dense(index: int) -> None:
     per_pair = 5 * e if op.endswith("backward") else 2 * e
     assert sum(apply(op, fn, args).values()) == b * h * lq * (lq + 1) // 2 * per_pair
     assert sum(apply(op, fn, args, dense=True).values()) == b * h * lq * lq * per_pair
+
+
+# --- the math kernel's cost (attention_kernel="math") -------------------------------------------------
+def math_path_flops(inputs: tuple[torch.Tensor, ...], **kwargs: Any) -> tuple[int, int]:
+    """FlopCounterMode's count of the math kernel's own operators (its ``bmm``), forward and backward."""
+    with sdpa_kernel(SDPBackend.MATH):
+        with FlopCounterMode(display=False) as forward:
+            out = F.scaled_dot_product_attention(*inputs, **kwargs)
+        with FlopCounterMode(display=False) as backward:
+            out.sum().backward()
+    assert set(backward.get_flop_counts()["Global"]) == {A.bmm}  # the four gradient products, nothing fused
+    return forward.get_total_flops(), backward.get_total_flops()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}], ids=["dense", "causal"])
+@pytest.mark.parametrize("execution", ["auto", "real"])
+def test_math_kernel_counts_what_the_math_kernel_computes(kwargs: dict[str, Any], execution: str) -> None:
+    """The math kernel builds the whole score matrix (a causal mask is applied to it) and keeps it for the
+    backward pass: 2 products per pair forward, 4 backward, every pair — 3x the forward in all."""
+    b, h, lq, s, e, ev = 2, 3, 5, 7, 8, 6
+    inputs = qkv(b, h, lq, s, e, ev, grad=True)
+    forward, backward = math_path_flops(inputs, **kwargs)
+    pairs = b * h * lq * s
+    assert (forward, backward) == (2 * pairs * (e + ev), 2 * 2 * pairs * (e + ev))  # by hand
+    ours = FlopCountAnalysis(Sdpa(**kwargs), inputs, convention="macs", backward=True, execution=execution,
+                             attention_kernel="math")
+    assert ours.by_phase_and_operator() == {"forward": Counter({FWD: pairs * (e + ev)}),
+                                            "backward": Counter({BWD: 2 * pairs * (e + ev)}), "recompute": Counter()}
+    assert 2 * ours.total() == forward + backward == 3 * forward
+    flops = FlopCountAnalysis(Sdpa(**kwargs), inputs, convention="flops", backward=True, attention_kernel="math")
+    # forward: products + 6 per pair; backward: products + dS (3 per pair) + D (2 per output element), no recompute
+    assert flops.by_phase() == {"forward": 2 * pairs * (e + ev) + 6 * pairs,
+                                "backward": 4 * pairs * (e + ev) + 3 * pairs + 2 * b * h * lq * ev}
+
+
+@pytest.mark.parametrize("index", [4, 5])
+def test_backward_kernel_operators_at_the_math_kernels_cost(index: int) -> None:
+    """A fused kernel's backward operator counted as the math kernel would do its work: the four gradient
+    products (FlopCounterMode of the math path), where the fused kernel's own cost adds the recomputed q·k."""
+    b, h, lq, s, e = 2, 3, 5, 7, 8
+    for causal in (False, True):
+        op, fn, args = kernel_calls(b, h, lq, s if not causal else lq, e, causal)[index]
+        pairs = b * h * lq * (s if not causal else lq)
+        _, math_backward = math_path_flops(qkv(b, h, lq, s if not causal else lq, e, e, grad=True),
+                                           is_causal=causal)
+        assert 2 * sum(apply(op, fn, args, kernel="math").values()) == math_backward == 2 * pairs * 4 * e
+    op, fn, args = kernel_calls(b, h, lq, s, e, False)[index]
+    assert sum(apply(op, fn, args).values()) == b * h * lq * s * 5 * e == torch_flops(lambda: fn(*args)) // 2
+
+
+def test_the_fused_backward_is_two_and_a_half_forwards() -> None:
+    """The default, documented once in docs/attention.md: a fused kernel's backward recomputes q·k, then the four
+    gradient products — 5 products to the forward's 2, FlopCounterMode's count of the flash backward operator."""
+    b, h, lq, s, e = 2, 3, 5, 7, 8
+    inputs = qkv(b, h, lq, s, e, e, grad=True)
+    ours = FlopCountAnalysis(Sdpa(), inputs, convention="macs", backward=True)
+    assert ours.by_phase() == {"forward": b * h * lq * s * 2 * e, "backward": b * h * lq * s * 5 * e}
+    _, _, flash_backward = kernel_calls(b, h, lq, s, e, False)[4]
+    _, _, flash_forward = kernel_calls(b, h, lq, s, e, False)[0]
+    assert torch_flops(lambda: A._scaled_dot_product_flash_attention_backward.default(*flash_backward)) * 2 == \
+        torch_flops(lambda: A._scaled_dot_product_flash_attention.default(*flash_forward)) * 5
+
+
+def test_attention_kernel_is_checked_and_reaches_every_entry_point() -> None:
+    inputs = qkv(1, 2, 4, 4, 8, 8, grad=True)
+    with pytest.raises(ValueError, match="attention_kernel must be one of 'fused', 'math', got 'flash'"):
+        FlopCountAnalysis(Sdpa(), inputs, attention_kernel="flash")
+    causal = Sdpa(is_causal=True)
+    math_total = analyze(causal, inputs, backward=True, attention_kernel="math", quiet=True).flops.total()
+    assert math_total == 3 * 2 * 4 * 4 * 16  # every pair: forward 16 per pair, backward 32
+    assert analyze(causal, inputs, backward=True, quiet=True).flops.total() == 2 * 10 * (16 + 40)  # 10 pairs
 
 
 # L=5, S=7: top-left rows see 1..5 keys (15); bottom-right rows see 3..7 keys (25)

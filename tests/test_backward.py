@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -253,3 +254,60 @@ def test_existing_gradients_and_the_callers_graph_are_left_alone(execution: str)
     assert analysis.by_phase() == {"forward": 32, "backward": 64}
     assert model.weight.grad is before and torch.equal(before, torch.ones(4, 4))  # not added to
     assert upstream.grad is None and model.bias.grad is None
+
+
+# --- inputs keep their leaf-ness ----------------------------------------------------------------------------------
+class ScalesItsInput(nn.Module):
+    """Updates its input in place: allowed on a non-leaf, refused on a leaf that requires grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return self.fc(x) @ x[:, :5].t()
+
+
+@pytest.mark.parametrize("make", [lambda leaf: leaf.clone(), lambda leaf: leaf * 1], ids=["clone", "times_one"])
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_a_non_leaf_input_updated_in_place_is_counted_as_the_real_step(
+        execution: str, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    model = ScalesItsInput()
+    leaf = torch.randn(3, 6, requires_grad=True)
+    x = make(leaf)
+    before = x.detach().clone()
+    with FlopCounterMode(display=False) as counter:  # the real step, on a copy of the input as it was
+        model(make(leaf)).sum().backward()
+    model.zero_grad(set_to_none=True)
+    leaf.grad = None
+    ours = flops(model, x, convention="macs", execution=execution)
+    # forward: the linear layer (3x6 by 6x5) and the product (3x5 by 5x3); backward: both gradients of each,
+    # the weight's too (the input's gradient is needed: x requires grad)
+    linear, product = 3 * 6 * 5, 3 * 5 * 3
+    assert ours.by_phase() == {"forward": linear + product, "backward": 2 * (linear + product)}
+    assert 2 * ours.total() == counter.get_total_flops()
+    assert ours.by_phase() == flops(model, x, convention="macs", execution="real").by_phase()
+    assert torch.equal(x, before) and not x.is_leaf and leaf.grad is None  # the caller's tensors as they were
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_a_leaf_input_that_requires_grad_stays_a_leaf(execution: str) -> None:
+    x = torch.randn(3, 6, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):  # what the real step does
+        ScalesItsInput()(x)
+    with pytest.raises(ModelRunError, match="ScalesItsInput.forward.*leaf Variable that requires grad"):
+        flops(ScalesItsInput(), x, execution=execution).total()
+    assert x.grad is None and x.is_leaf
+    # without a backward pass the model runs without autograd, as under torch.no_grad(): the update is allowed
+    with torch.no_grad():
+        ScalesItsInput()(x.clone())
+    assert FlopCountAnalysis(ScalesItsInput(), x, execution=execution).total() > 0
+
+
+def test_a_non_leaf_input_keeps_its_leaf_ness_on_the_meta_device() -> None:
+    with torch.device("meta"):
+        model = ScalesItsInput()
+        leaf = torch.randn(3, 6, requires_grad=True)
+    ours = flops(model, leaf * 1, convention="macs")
+    assert ours.by_phase() == {"forward": 3 * 6 * 5 + 3 * 5 * 3, "backward": 2 * (3 * 6 * 5 + 3 * 5 * 3)}

@@ -115,6 +115,22 @@ def test_backward_and_convention(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["dtypes"]["flops"] == {"float32": flops.total()}
 
 
+def test_attention_kernel_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("gpt2_tiny", "--seq-len", "16", "--backward", "--convention", "macs")
+    fused, math_kernel = (run_json(capsys, *argv, *extra)["modules"][0]["metrics"]
+                          for extra in ((), ("--attention-kernel", "math")))
+    model, ids = get_model("gpt2_tiny", device="cpu"), torch.randint(0, 100, (1, 16))
+    for metrics, kernel in ((fused, "fused"), (math_kernel, "math")):
+        flops = FlopCountAnalysis(model, ids, convention="macs", backward=True, attention_kernel=kernel)
+        assert (metrics["forward_flops"], metrics["backward_flops"]) == (
+            flops.by_phase()["forward"], flops.by_phase()["backward"])
+    # causal attention: the math kernel computes every pair, and its backward recomputes nothing
+    assert math_kernel["forward_flops"] > fused["forward_flops"]
+    job = cli.Job(spec="gpt2_tiny", attention_kernel="math")
+    assert cli._job_argv(job)[-2:] == ["--attention-kernel", "math"]  # a baseline entry runs it the same way
+    run(capsys, "gpt2_tiny", "--attention-kernel", "flash", code=2)
+
+
 # --- inputs -------------------------------------------------------------------------------------------
 def test_inputs_batch_seq_len_and_dtype(capsys: pytest.CaptureFixture[str]) -> None:
     one = run_json(capsys, "gpt2_tiny", "--seq-len", "16")

@@ -315,7 +315,8 @@ class FlopCountAnalysis(ModelAnalysis):
 
     Masked attention (``is_causal``, causal or sliding-window masks whose values are known) counts only the
     attended (query, key) pairs; ``dense_attention=True`` counts every pair. ``backward=True`` adds the
-    backward pass (see :class:`ModelAnalysis`).
+    backward pass (see :class:`ModelAnalysis`). ``attention_kernel``: the kernel whose cost attention is counted
+    at, ``"fused"`` (default) or ``"math"`` (every pair, no recomputation backward; docs/attention.md).
 
     Example::
 
@@ -327,8 +328,8 @@ class FlopCountAnalysis(ModelAnalysis):
     def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
                  execution: Execution = "auto", trace: Trace | None = None, cache: bool | TraceCache | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
-                 loss_fn: LossFn | None = None) -> None:
-        chosen = get_convention(convention, dense_attention=dense_attention)
+                 loss_fn: LossFn | None = None, attention_kernel: str = "fused") -> None:
+        chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
         super().__init__(model, inputs, execution=execution, trace=trace, cache=cache, cache_dir=cache_dir,
                          backward=backward, loss_fn=loss_fn)
         self._convention = chosen.name
@@ -388,14 +389,15 @@ class Analysis:
                  backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
                  cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
-                 state_dtype: str | torch.dtype | None = None, foreach: bool | None = None) -> None:
+                 state_dtype: str | torch.dtype | None = None, foreach: bool | None = None,
+                 attention_kernel: str = "fused") -> None:
         if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
             raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
         self.inputs = inputs
         self.flops = FlopCountAnalysis(model, inputs, convention=convention, dense_attention=dense_attention,
                                        backward=backward, loss_fn=loss_fn, execution=execution, cache=cache,
-                                       cache_dir=cache_dir)
+                                       cache_dir=cache_dir, attention_kernel=attention_kernel)
         if quiet:
             self.flops.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
         trace = self.flops.trace
@@ -460,7 +462,8 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
             backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
             cache: bool | TraceCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
             quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
-            state_dtype: str | torch.dtype | None = None, foreach: bool | None = None) -> Analysis:
+            state_dtype: str | torch.dtype | None = None, foreach: bool | None = None,
+            attention_kernel: str = "fused") -> Analysis:
     """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
 
     Example::
@@ -468,8 +471,8 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
         a = modelmeter.analyze(model, torch.randn(1, 3, 224, 224), cache=True)
         a.flops.total(); a.activations.by_module(); a.parameters[""]; a.result(); print(a.table())
 
-    ``convention``, ``dense_attention``, ``backward`` and ``loss_fn`` choose what the FLOPs count, as for
-    :class:`FlopCountAnalysis`; ``execution``: ``"auto"``, ``"fake"`` or ``"real"``. ``cache=True``
+    ``convention``, ``dense_attention``, ``attention_kernel``, ``backward`` and ``loss_fn`` choose what the FLOPs
+    count, as for :class:`FlopCountAnalysis`; ``execution``: ``"auto"``, ``"fake"`` or ``"real"``. ``cache=True``
     keeps the trace on disk (in ``get_cache_dir(cache_dir)/traces``; a ``cache_dir`` alone turns it on too);
     off by default. The model runs when ``analyze`` is called, so a failure surfaces here. ``quiet=True``
     keeps the log and the model's own warnings silent. ``memory=True`` adds the memory analysis (inference, or
@@ -477,4 +480,5 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
     """
     return Analysis(model, inputs, convention=convention, dense_attention=dense_attention, backward=backward,
                     loss_fn=loss_fn, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet,
-                    memory=memory, optimizer=optimizer, state_dtype=state_dtype, foreach=foreach)
+                    memory=memory, optimizer=optimizer, state_dtype=state_dtype, foreach=foreach,
+                    attention_kernel=attention_kernel)

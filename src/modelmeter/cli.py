@@ -38,6 +38,7 @@ import torch
 from .cache.store import SIZE_ENV
 from .engine.tracer import Execution
 from .errors import ModelExitError, ModelMeterError
+from .handles.attention import ATTENTION_KERNELS
 from .handles.conventions import CONVENTIONS
 from .metrics.memory import OPTIMIZERS
 from .models import MAX_TENSOR_BYTES, LoadedModel, ModelSpecError, load_model, one_line
@@ -162,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also run the backward pass (loss = sum of the outputs): forward and backward columns")
     run.add_argument("--dense-attention", action="store_true",
                      help="count masked (causal, sliding-window) attention as dense")
+    run.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="fused",
+                     help="the kernel attention is counted at: fused (default: attended pairs, backward 2.5x the "
+                          "forward's products) or math (every pair, backward 2x)")
     run.add_argument("--sweep", type=_sweep, metavar="AXIS=V1,V2,...",
                      help="one row per value: resolution=224,288,384, batch=1,8,64 or seq-len=128,512")
     run.add_argument("--jobs", type=_positive, metavar="N",
@@ -256,6 +260,7 @@ class Job:
     convention: str = "fvcore"
     backward: bool = False
     dense_attention: bool = False
+    attention_kernel: str = "fused"
     cache: bool = True
     cache_dir: str | None = None
     memory: bool = False
@@ -310,7 +315,8 @@ def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
             analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
                                backward=job.backward, execution=job.execution, cache=job.cache,
                                cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
-                               optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach)
+                               optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach,
+                               attention_kernel=job.attention_kernel)
         except TypeError as exc:  # the inputs do not fit the model's forward()
             raise ModelSpecError(str(exc)) from None
         result = analysis.result(name=loaded.name)
@@ -471,6 +477,7 @@ def _job(args: argparse.Namespace) -> Job:
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
+               attention_kernel=args.attention_kernel,
                cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
                state_dtype=args.state_dtype, foreach=args.foreach, **given)
 
@@ -606,6 +613,7 @@ def _job_argv(job: Job) -> list[str]:
         argv += ["--dtype", str(job.dtype).removeprefix("torch.")]
     argv += ["--convention", job.convention, "--execution", job.execution]
     argv += ["--backward"] * job.backward + ["--dense-attention"] * job.dense_attention
+    argv += ["--attention-kernel", job.attention_kernel] if job.attention_kernel != "fused" else []
     argv += ["--memory"] * job.memory + (["--optimizer", job.optimizer] if job.optimizer else [])
     argv += (["--state-dtype", job.state_dtype] if job.state_dtype else []) + ["--foreach"] * bool(job.foreach)
     return argv
@@ -636,6 +644,7 @@ def _check_all(args: argparse.Namespace) -> int:
 
     ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
     ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
+    ignored += ["--attention-kernel"] * (args.attention_kernel != "fused")
     ignored += ["--format"] * (args.format != "table")  # the reports are text
     if ignored:
         raise ModelSpecError(f"{', '.join(ignored)}: a check of every model of {args.check_baseline} runs each "

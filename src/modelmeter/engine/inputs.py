@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from .metadata import NESTED_STRIDED
+
 
 class Args:
     """Positional and keyword arguments for ``model(*args, **kwargs)``.
@@ -54,6 +56,8 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         module = type(leaf).__module__
         if module == "numpy" or module.startswith("numpy."):
             raise TypeError(f"{path} is a numpy array; convert it with torch.from_numpy() first")
+        if isinstance(leaf, torch.Tensor) and leaf.is_nested and leaf.layout == torch.strided:
+            raise TypeError(f"{path}: {NESTED_STRIDED}")
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):

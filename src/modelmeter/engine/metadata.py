@@ -51,7 +51,12 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
     """A tensor's :class:`TensorMeta`; equal descriptions are one (immutable) object, made once."""
-    key = (tuple(tensor.shape), tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
+    try:
+        key = (tuple(tensor.shape), tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
+    except RuntimeError:
+        if tensor.is_nested:  # the strided layout has no shape to describe
+            raise NestedLayoutError(NESTED_STRIDED) from None
+        raise
     found = _METAS.get(key)
     if found is None:
         if len(_METAS) > _METAS_LIMIT:
@@ -62,6 +67,13 @@ def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
 
 
 _METAS: dict[tuple[Any, ...], TensorMeta] = {}
+
+NESTED_STRIDED = ("a nested tensor of strided layout (torch.nested.nested_tensor's default) cannot be counted: "
+                  "its operators run per sequence inside PyTorch, unseen; use layout=torch.jagged")
+
+
+class NestedLayoutError(TypeError):
+    """An operator ran on a nested tensor of strided layout."""
 _METAS_LIMIT = 1 << 16
 
 

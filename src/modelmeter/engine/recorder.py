@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
 from .attention_masks import ATTENTION_CALLS, summarize_mask
@@ -285,6 +287,14 @@ class FunctionRecorder(TorchFunctionMode):
         if call is None or rec.paused:
             return func(*args, **kwargs)
         op, python_function, higher_order = call
+        if JaggedTensor in types_:
+            try:
+                if op in ATTENTION_CALLS:
+                    return _jagged_attention(rec, func, op, args, kwargs)
+                return func(*args, **kwargs)  # counted by the dense operators it runs on the values
+            except BaseException:
+                rec.note_failure(op, "function")
+                raise
         index, opened = rec.open_function(op, args, kwargs)
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
@@ -309,6 +319,31 @@ class FunctionRecorder(TorchFunctionMode):
             raise
         rec.close_function(index, opened, result, operator=higher_order)
         return result
+
+
+def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Attention on jagged nested tensors, recorded as one call per sequence (dense, a batch of one).
+
+    PyTorch runs it per sequence on nested tensors of strided layout, whose operators cannot be described; the
+    call runs with the dispatch recorder set aside. Its backward pass would run such operators too: refused."""
+    tensors = tensors_in((args, kwargs))
+    if rec.track_autograd and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise NotImplementedError("the backward pass of attention on jagged nested tensors cannot be counted "
+                                  "(PyTorch runs it per sequence, unseen): count the forward pass, or run each "
+                                  "sequence as a dense tensor")
+    with _pop_mode_temporarily():
+        result = func(*args, **kwargs)
+        count = len(next(t for t in tensors if isinstance(t, JaggedTensor)).offsets()) - 1
+        calls = [(_sequence(args, i), _sequence(kwargs, i), _sequence(result, i)) for i in range(count)]
+    for sequence_args, sequence_kwargs, sequence_result in calls:
+        index, opened = rec.open_function(op, sequence_args, sequence_kwargs)
+        rec.close_function(index, opened, sequence_result, operator=True)
+    return result
+
+
+def _sequence(tree: Any, index: int) -> Any:
+    """Sequence ``index`` of every jagged tensor in ``tree``, as a dense batch of one."""
+    return pytree.tree_map_only(JaggedTensor, lambda t: t.unbind()[index].unsqueeze(0), tree)
 
 
 def _function_call(func: Any) -> tuple[str, bool, bool] | None:
@@ -350,6 +385,8 @@ class DispatchRecorder(TorchDispatchMode):
         operator = _OPERATORS.get(func) or _operator(func)
         if operator.prim:  # device and layout queries are not operators
             return func(*args, **kwargs)
+        if JaggedTensor in types_:
+            return self._on_jagged(func, operator.name, types_, args, kwargs)
         if rec.paused:  # not the model's work (the default loss), but its memory is the step's
             result = func(*args, **kwargs)
             rec.storages.outputs(result, len(rec.trace.events), "other")
@@ -367,16 +404,28 @@ class DispatchRecorder(TorchDispatchMode):
                 result = operator.direct[1](*args, **kwargs)
             else:
                 result = func(*args, **kwargs)
+            if len(sys.modules) != rec.modules_loaded:
+                rec.after_import()
+            if shadows is not None and not rec.in_attention_call():
+                shadows.propagate(func, args, kwargs, result)
+            rec.add_dispatch(operator.name, operator.schema, args, kwargs, result)  # fails on what it cannot describe
         except BaseException:
             rec.note_failure(operator.name, "dispatch")
             raise
-        if len(sys.modules) != rec.modules_loaded:
-            rec.after_import()
-        if shadows is not None and not rec.in_attention_call():
-            shadows.propagate(func, args, kwargs, result)
-        rec.add_dispatch(operator.name, operator.schema, args, kwargs, result)
         rec.storages.outputs(result, len(rec.trace.events) - 1)
         return result
+
+    def _on_jagged(self, func: Any, name: str, types_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An operator on jagged nested tensors is not recorded itself: the operators its implementation runs on
+        the dense values (all sequences packed together) are, so it counts as the sum over the sequences."""
+        if self.recorder.paused:
+            return func(*args, **kwargs)
+        try:
+            with self:
+                return JaggedTensor.__torch_dispatch__(func, types_, args, kwargs)
+        except BaseException:
+            self.recorder.note_failure(name, "dispatch")
+            raise
 
 
 class _Operator(NamedTuple):

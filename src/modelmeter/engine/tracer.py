@@ -32,7 +32,7 @@ from ..errors import ModelRunError, cuda_failure
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
-from .recorder import DispatchRecorder, FunctionRecorder, Recorder
+from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder
 from .snapshot import Held as _Held
 from .snapshot import ModelSnapshot
 from .trace import Trace
@@ -74,6 +74,8 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
+    if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
+        return _run_jagged(run, execution, no_values)
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     if model_on_meta:
@@ -101,6 +103,19 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     reason = "the model needs real values" if isinstance(fake_failure.__cause__, _NEEDS_VALUES) else \
         "FakeTensors could not run it"
     trace.assumptions.append(f"{reason} ({fake_failure.operator or 'the forward'}): ran real kernels")
+    return trace
+
+
+def _run_jagged(run: _Run, execution: Execution, no_values: bool) -> Trace:
+    """A run on jagged nested tensors: real kernels, as their sequences' lengths are values (FakeTensors would need
+    symbolic shapes for them)."""
+    if execution == "fake" or no_values:
+        raise ValueError("jagged nested tensor inputs need real kernels (the lengths of their sequences are values): "
+                         "use execution='auto' or 'real', with a model and inputs that are not on the meta device")
+    trace = run(fake=False, model_on_meta=False, no_values=False)
+    if execution == "auto":
+        trace.assumptions.append("jagged nested tensor inputs (the lengths of their sequences are values): ran real "
+                                 "kernels")
     return trace
 
 
@@ -155,11 +170,14 @@ class _Run:
 
     def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False) -> Trace:
         model, parts, names = self.model, self.parts, self.names
-        args, kwargs = map_tensors(_as_leaf, self.args), map_tensors(_as_leaf, self.kwargs)
+        args, kwargs = self.args, self.kwargs
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
         try:
             with ExitStack() as stack:
+                # The caller's grad mode must not change what runs: under inference mode, composite operators
+                # (conv2d, linear, batch_norm) reach the recorder undecomposed. The run sets its own mode below.
+                stack.enter_context(torch.inference_mode(False))
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
@@ -175,6 +193,7 @@ class _Run:
                     stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows)))
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
+                    args, kwargs = _real_inputs(args), _real_inputs(kwargs)
                     stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                 stack.enter_context(_ModuleHooks(recorder))
                 stack.enter_context(warnings.catch_warnings())
@@ -204,7 +223,7 @@ class _Run:
             parts.pristine.restore()
         trace = recorder.trace
         trace.execution = "fake" if fake else "real"
-        trace.inputs = [describe(t) for t in tensors_in((args, kwargs))]
+        trace.inputs = [describe(_packed(t)) for t in tensors_in((args, kwargs))]
         trace.backward = self.backward
         return trace
 
@@ -237,6 +256,11 @@ class _Run:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
             recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
+
+
+def _packed(tensor: torch.Tensor) -> torch.Tensor:
+    """A jagged nested tensor's values (its sequences packed one after the other); any other tensor itself."""
+    return tensor.values() if isinstance(tensor, JaggedTensor) else tensor
 
 
 def _note_existing_storages(recorder: Recorder, parts: _Parts, args: tuple[Any, ...],
@@ -309,8 +333,9 @@ def _followed_rng_states(recorder: Recorder) -> Iterator[None]:
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
-    """The default loss: the sum of every floating-point output tensor that requires grad."""
-    parts = [t.sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    """The default loss: the sum of every floating-point output tensor that requires grad (of a jagged one, of its
+    values: a plain sum, whose backward is free as for a dense output)."""
+    parts = [_packed(t).sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not parts:
         return None
     loss = parts[0]
@@ -319,39 +344,67 @@ def _sum_of_outputs(output: Any) -> torch.Tensor | None:
     return loss
 
 
-def _as_leaf(t: torch.Tensor) -> torch.Tensor:
-    """An input computed by the caller's own graph, cut from it: the model's gradient work starts at its inputs,
-    and a backward pass must not run into (or accumulate gradients in) the caller's graph."""
-    return t if t.is_leaf else t.detach().requires_grad_(t.requires_grad)
-
-
-def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
-    """Inputs on the meta device (the values of small ones kept as shadows), as leaves like the originals."""
+def _input_stand_ins(tree: Any, leaf_of: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The inputs as the run passes them: ``leaf_of(t)`` is the stand-in of input ``t`` as a leaf (cut from the
+    caller's graph: the model's gradient work starts at its inputs, and a backward pass must not run into, or
+    accumulate gradients in, the caller's graph). An input that is no leaf stays none — a copy of that leaf — so
+    an in-place operation of the model on it behaves as on the caller's tensor (allowed on a non-leaf, refused on a
+    leaf that requires grad), and leaves the caller's tensor as it was."""
 
     def convert(t: torch.Tensor) -> torch.Tensor:
-        if t.is_meta:
-            return t
-        out = t.detach().to("meta").requires_grad_(t.requires_grad)
-        shadows.seed(out, t)
-        return out
+        leaf = leaf_of(t)
+        if t.is_leaf:
+            return leaf
+        with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
+            return leaf.clone()
 
     return map_tensors(convert, tree)
 
 
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a leaf that requires grad as ``t`` does (``t`` itself when it is one)."""
+    return t if t.is_leaf else t.detach().requires_grad_(t.requires_grad)
+
+
+def _real_inputs(tree: Any) -> Any:
+    """Inputs for real kernels. An inference tensor (made under ``torch.inference_mode``) is copied into a normal
+    one: the run is outside inference mode, where an inference tensor can be neither updated in place nor saved
+    for backward."""
+    return _input_stand_ins(tree, lambda t: t.clone() if t.is_inference() else _detached(t))
+
+
+def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
+    """Inputs on the meta device (the values of small ones kept as shadows), leaves or not as the originals."""
+
+    def leaf_of(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return t.clone() if t.is_inference() else _detached(t)
+        return t.detach().to("meta").requires_grad_(t.requires_grad)
+
+    return _seeded(_input_stand_ins(tree, leaf_of), tree, shadows)
+
+
+def _seeded(stand_ins: Any, originals: Any, shadows: Shadows) -> Any:
+    """``stand_ins``, each with the values of its original as a shadow (where they are known and small)."""
+    for stand_in, original in zip(tensors_in(stand_ins), tensors_in(originals), strict=True):
+        if stand_in is not original:
+            shadows.seed(stand_in, original)
+    return stand_ins
+
+
 def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
                  model_on_meta: bool, shadows: Shadows) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs as FakeTensors (their values kept as shadows when small); meta inputs of a real model, and any
-    input of a meta model, move to its device."""
+    """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals; meta
+    inputs of a real model, and any input of a meta model, move to its device."""
     state = parts.state()
     target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
 
-    def convert(t: torch.Tensor) -> torch.Tensor:
+    def leaf_of(t: torch.Tensor) -> torch.Tensor:
         device = target if (model_on_meta or t.is_meta) and target is not None else t.device
-        out = fake_like(mode, t, device)
-        shadows.seed(out, t)
-        return out
+        return fake_like(mode, t, device)
 
-    return map_tensors(convert, args), map_tensors(convert, kwargs)
+    fake_args = _seeded(_input_stand_ins(args, leaf_of), args, shadows)
+    return fake_args, _seeded(_input_stand_ins(kwargs, leaf_of), kwargs, shadows)
 
 
 def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:

@@ -31,7 +31,7 @@ from ..models import ModelSpecError, parse_overrides
 # What ``modelmeter.cli._job_argv`` writes into an entry: flags, and options followed by one value.
 SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach"})
 SPEC_OPTIONS = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention",
-                          "--execution", "--optimizer", "--state-dtype"})
+                          "--execution", "--attention-kernel", "--optimizer", "--state-dtype"})
 MAX_TOKENS = 256
 MAX_TOKEN_CHARS = 1000
 

@@ -1,11 +1,14 @@
 """Attention at its true cost: only the (query, key) pairs a mask lets through, under every convention.
 
 Every scaled-dot-product kernel does two products per attended pair forward (``q·k`` over ``E``, ``p·v``
-over ``Ev``) and five backward (the fused kernels recompute ``q·k``, then ``dV = Pᵀ·dO``, ``dP = dO·Vᵀ``,
-``dQ = dS·K``, ``dK = dSᵀ·Q``). Attended pairs: every pair (dense), the causal triangle (``is_causal``:
-top-left aligned as torch defines it; flash kernels align bottom-right), a sliding window, or the count a
-mask's values gave (``TensorMeta.attended``; unknown values count dense). ``dense_attention=True`` counts
-every pair. Heads are the query's (grouped-query attention). Formulas: docs/attention.md.
+over ``Ev``). Backward, a fused kernel (flash, memory-efficient, cuDNN: the default, ``attention_kernel="fused"``)
+does five: it recomputes ``q·k``, then ``dV = Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dQ = dS·K``, ``dK = dSᵀ·Q`` (2.5x the
+forward's products when ``E = Ev``); the math kernel (``attention_kernel="math"``) keeps the score matrix and does
+the four gradient products only (2x), over every pair, as it computes the full score matrix whatever the mask.
+Attended pairs: every pair (dense), the causal triangle (``is_causal``: top-left aligned as torch defines it;
+flash kernels align bottom-right), a sliding window, or the count a mask's values gave (``TensorMeta.attended``;
+unknown values count dense). ``dense_attention=True`` counts every pair. Heads are the query's (grouped-query
+attention). Formulas: docs/attention.md.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from typing import Any
 from .base import CountInside, Handle, backward_key, get_shape, numel, prod, shape_of
 
 # ``flops`` convention, per attended pair, besides the products: forward scale, row max, subtract, exp,
-# row sum, normalise (6); backward recompute (scale, subtract log-sum-exp, exp) and dS = P·(dP - D) with
-# its scale (3 + 3). An additive (float) mask adds 1 per pair. Backward also forms D = rowsum(dO·O): 2 per
-# output element.
+# row sum, normalise (6); backward dS = P·(dP - D) with its scale (3), and a fused kernel's recomputation of P
+# (scale, subtract log-sum-exp, exp: 3 more). An additive (float) mask adds 1 per pair where the scores are
+# computed (forward, and a fused kernel's recomputation). Backward also forms D = rowsum(dO·O): 2 per output
+# element.
 FORWARD_PAIR_FLOPS = 6
-BACKWARD_PAIR_FLOPS = 6
+BACKWARD_PAIR_FLOPS = 3
+RECOMPUTE_PAIR_FLOPS = 3
 BACKWARD_OUTPUT_FLOPS = 2
+ATTENTION_KERNELS = ("fused", "math")
 # fused encoder layer (``flops``), as the unfused layer counts: an affine layer norm costs 7 per element and 4
 # per row (:mod:`.norms`), the MLP activation and each residual add 1 per element (:mod:`.elementwise`)
 LAYER_NORM_ELEMENT_FLOPS, LAYER_NORM_ROW_FLOPS = 7, 4
@@ -167,18 +173,19 @@ def forward_macs(a: Attention) -> int:
     return a.pairs * (a.e + a.ev)
 
 
-def backward_macs(a: Attention) -> int:
-    """Recomputed ``q·k``, then ``dV``, ``dP`` (over ``Ev``) and ``dQ``, ``dK`` (over ``E``) per attended pair."""
-    return a.pairs * (3 * a.e + 2 * a.ev)
+def backward_macs(a: Attention, recompute: bool = True) -> int:
+    """``dV``, ``dP`` (over ``Ev``) and ``dQ``, ``dK`` (over ``E``) per attended pair, after ``q·k`` recomputed
+    (``recompute``: a fused kernel, which does not keep the score matrix)."""
+    return a.pairs * ((3 if recompute else 2) * a.e + 2 * a.ev)
 
 
 def forward_flops(a: Attention) -> int:
     return 2 * forward_macs(a) + a.pairs * (FORWARD_PAIR_FLOPS + a.additive_mask)
 
 
-def backward_flops(a: Attention) -> int:
-    return 2 * backward_macs(a) + a.pairs * (BACKWARD_PAIR_FLOPS + a.additive_mask) \
-        + BACKWARD_OUTPUT_FLOPS * a.heads * a.lq * a.ev
+def backward_flops(a: Attention, recompute: bool = True) -> int:
+    per_pair = BACKWARD_PAIR_FLOPS + (RECOMPUTE_PAIR_FLOPS + a.additive_mask if recompute else 0)
+    return 2 * backward_macs(a, recompute) + a.pairs * per_pair + BACKWARD_OUTPUT_FLOPS * a.heads * a.lq * a.ev
 
 
 _FORWARD_KEY, _BACKWARD_KEY = "scaled_dot_product_attention", "scaled_dot_product_attention_backward"
@@ -205,16 +212,25 @@ _KERNELS: dict[str, tuple[Parse, bool]] = {
 }
 
 
-def _kernel_handle(parse: Parse, backward: bool, real_flops: bool, dense: bool) -> Handle:
+def _kernel_handle(parse: Parse, backward: bool, real_flops: bool, dense: bool, kernel: str) -> Handle:
+    """The cost of an attention operator as ``kernel`` computes it: a fused kernel over the attended pairs,
+    recomputing ``q·k`` backward; the math kernel over every pair, keeping the scores for the backward pass."""
+    fused = kernel == "fused"
+    dense = dense or not fused
+
     def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
         a = parse(inputs, dense)
-        if real_flops:
-            value = backward_flops(a) if backward else forward_flops(a)
+        if not backward:
+            value = forward_flops(a) if real_flops else forward_macs(a)
+        elif real_flops:
+            value = backward_flops(a, recompute=fused)
         else:
-            value = backward_macs(a) if backward else forward_macs(a)
+            value = backward_macs(a, recompute=fused)
         return Counter({_BACKWARD_KEY if backward else _FORWARD_KEY: value})
 
-    handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention over the attended pairs. {parse.__doc__}"
+    pairs = "the attended pairs" if fused and not dense else "every pair"
+    handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention ({kernel} kernel) over {pairs}. " \
+        f"{parse.__doc__}"
     return handle
 
 
@@ -321,19 +337,29 @@ def encoder_layer_activation(inputs: list[Any], outputs: list[Any]) -> Counter[s
 
 
 # --- the table ---------------------------------------------------------------------------------
-def handles(convention: str, dense_attention: bool = False) -> dict[str, Handle | CountInside | None]:
-    """The attention operators' table under ``convention``; ``dense_attention`` counts every pair."""
+def handles(convention: str, dense_attention: bool = False,
+            attention_kernel: str = "fused") -> dict[str, Handle | CountInside | None]:
+    """The attention operators' table under ``convention``; ``dense_attention`` counts every pair;
+    ``attention_kernel`` (``"fused"`` or ``"math"``) is the kernel whose cost every scaled-dot-product operator
+    is counted at."""
     if convention not in ("fvcore", "macs", "flops"):
         raise ValueError(f"unknown convention {convention!r}")
+    check_attention_kernel(attention_kernel)
     real = convention == "flops"
     table: dict[str, Handle | CountInside | None] = {
-        op: _kernel_handle(parse, backward, real, dense_attention) for op, (parse, backward) in _KERNELS.items()}
-    # The backward pass of a user-level call is counted from the call, as a fused kernel does it, whichever
-    # kernel (or math-path products) autograd runs: the same attended pairs as its forward, the mask's count
-    # included, and the same number on every device.
+        op: _kernel_handle(parse, backward, real, dense_attention, attention_kernel)
+        for op, (parse, backward) in _KERNELS.items()}
+    # The backward pass of a user-level call is counted from the call, as the chosen kernel does it, whichever
+    # kernel (or math-path products) autograd runs: the same pairs as its forward, the mask's count included,
+    # and the same number on every device.
     sdpa = "aten::scaled_dot_product_attention"
-    table[backward_key(sdpa)] = _kernel_handle(_KERNELS[sdpa][0], True, real, dense_attention)
+    table[backward_key(sdpa)] = _kernel_handle(_KERNELS[sdpa][0], True, real, dense_attention, attention_kernel)
     table["aten::flex_attention"] = _flex_handle(real, dense_attention)
     table["aten::_native_multi_head_attention"] = _fused_handle(native_mha_cost, real, norms=False)
     table["aten::_transformer_encoder_layer_fwd"] = _fused_handle(encoder_layer_cost, real, convention == "fvcore")
     return table
+
+
+def check_attention_kernel(kernel: Any) -> None:
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention_kernel must be one of {', '.join(map(repr, ATTENTION_KERNELS))}, got {kernel!r}")

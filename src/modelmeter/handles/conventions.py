@@ -51,8 +51,10 @@ class Convention:
     elementwise: Handle | None = None
 
 
-def get_convention(name: str = "fvcore", *, dense_attention: bool = False) -> Convention:
-    """The convention called ``name``; ``dense_attention=True`` counts masked attention as if dense."""
+def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
+                   attention_kernel: str = "fused") -> Convention:
+    """The convention called ``name``; ``dense_attention=True`` counts masked attention as if dense;
+    ``attention_kernel="math"`` counts attention at the math kernel's dense cost (docs/attention.md)."""
     _check_convention(name)
     table: dict[str, Handle | CountInside | None] = {}
     for family in (elementwise, reductions, norms, pooling, layers):
@@ -60,7 +62,7 @@ def get_convention(name: str = "fvcore", *, dense_attention: bool = False) -> Co
     if name == "fvcore":
         table.update(FLOP_HANDLES)
     table.update(products.handles(name, dense_attention))
-    table.update(attention.handles(name, dense_attention))
+    table.update(attention.handles(name, dense_attention, attention_kernel))
     for op, entries in _REGISTERED.items():
         if None in entries:
             table[op] = entries[None]
