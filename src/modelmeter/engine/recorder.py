@@ -11,7 +11,7 @@ import contextlib
 import gc
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -199,18 +199,21 @@ class Recorder:
         return scope, "backward", origin
 
     # events ----------------------------------------------------------------------------------
-    def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool]:
-        """Start a user-level event; a call nested directly in one of the same name refines it."""
+    def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      python: bool = False) -> tuple[int, bool]:
+        """Start a user-level event (``python``: the call is Python code, see :attr:`OpEvent.python`); a call
+        nested directly in one of the same name refines it."""
         events = self.trace.events
         if self._open:
             top = self._open[-1]
             if events[top].op == op and top == len(events) - 1:
                 events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
+                events[top].python = python
                 return top, False
         inputs, extra = self._bind(op, args, kwargs)
         scope, phase, origin = self._event_context()
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
-                              origin))
+                              origin, python))
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
@@ -285,7 +288,7 @@ class FunctionRecorder(TorchFunctionMode):
         if call is None or rec.paused:
             return func(*args, **kwargs)
         op, python_function, higher_order = call
-        index, opened = rec.open_function(op, args, kwargs)
+        index, opened = rec.open_function(op, args, kwargs, python_function or func in _INDEXING)
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
         try:
@@ -327,6 +330,46 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+# Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
+_INDEXING = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__})
+
+
+def python_op_name(function: type) -> str:
+    """The operator name of a custom ``torch.autograd.Function`` (fvcore's: ``prim::PythonOp.<class name>``)."""
+    return f"prim::PythonOp.{function.__name__}"
+
+
+@contextlib.contextmanager
+def autograd_functions(recorder: Recorder) -> Iterator[None]:
+    """Record every ``torch.autograd.Function.apply`` as a user-level call named :func:`python_op_name`.
+
+    ``apply`` is implemented in C and reaches neither recorder mode, so it is wrapped for the run, and the
+    original put back afterwards (also when the run fails). What the Function's forward runs is recorded
+    inside the call; its outputs tag the autograd node, so its backward is attributed to it as well.
+    """
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        run = original.__get__(None, cls)
+        if recorder.paused:
+            return run(*args, **kwargs)
+        op = python_op_name(cls)
+        # The tensor arguments, in order: what fvcore passes a PythonOp's handle.
+        index, opened = recorder.open_function(op, tuple(a for a in args if isinstance(a, torch.Tensor)), {})
+        try:
+            result = run(*args, **kwargs)
+        except BaseException:
+            recorder.note_failure(op, "function")
+            recorder.abandon_function(index, opened)
+            raise
+        recorder.close_function(index, opened, result, operator=True)
+        return result
+
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original
 
 
 class DispatchRecorder(TorchDispatchMode):
