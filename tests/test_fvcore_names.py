@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelmeter import FlopCountAnalysis, ModelRunError
+from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, ModelRunError
 
 fvcore_nn = pytest.importorskip("fvcore.nn")
 
@@ -171,6 +171,11 @@ def test_unsupported_convolution_logged_under_fvcore_name(caplog: pytest.LogCapt
     assert "Unsupported operator aten::_convolution encountered 1 time(s)" in caplog.text
 
 
+BLOCK_NAMES = {"aten::_convolution", "aten::batch_norm", "aten::add", "aten::relu_", "aten::cat", "aten::permute",
+               "aten::contiguous", "aten::max_pool2d", "aten::flatten", "aten::view", "aten::transpose",
+               "aten::reshape", "aten::linear", "aten::unsqueeze", "aten::squeeze", "aten::chunk"}
+
+
 @pytest.mark.parametrize("model", ["block", "all_layers"])
 def test_every_recorded_name_counts_the_calls_fvcore_records(model: str) -> None:
     """Every operator name in fvcore's trace (its defaults, ignored ops and unsupported ops) as a handle key
@@ -186,7 +191,7 @@ def test_every_recorded_name_counts_the_calls_fvcore_records(model: str) -> None
     everything._stats = None
     everything.total()
     names = set(everything.unsupported_ops()) - JIT_ONLY
-    assert {"aten::relu_", "aten::flatten", "aten::view", "aten::_convolution"} & names
+    assert names == BLOCK_NAMES if model == "block" else set(FVCORE_NAMES) <= names
     trace = ours(net, x).trace
     for name in sorted(names):
         mine = ours(net, x, trace=trace).set_op_handle(name, calls)
@@ -319,3 +324,22 @@ def test_function_backward_is_attributed_to_its_module() -> None:
     whole = ours(Net(), torch.randn(4, 4), backward=True)
     whole.set_op_handle("backward:prim::PythonOp.Square", lambda inputs, outputs: 7)
     assert whole.by_phase("inner") == {"forward": 128, "backward": 64 * 2 + 7}
+
+
+def test_dispatched_names_still_work_where_no_call_counts_them() -> None:
+    """A handle for a dispatched operator applies inside a user-level call that has no handle of its own."""
+    layer_norm = FlopCountAnalysis(nn.LayerNorm(8), torch.randn(2, 8), convention="flops")
+    assert layer_norm.set_op_handle("aten::native_layer_norm", calls).by_operator() == Counter(native_layer_norm=1)
+
+
+def test_activation_unsupported_names_are_fvcores() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.MaxPool2d(2), nn.Upsample(scale_factor=2),
+                          nn.LayerNorm(6), nn.AdaptiveAvgPool2d(1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    theirs = fvcore_nn.ActivationCountAnalysis(model, x).unsupported_ops_warnings(False)
+    theirs.total()
+    mine = ActivationCountAnalysis(model, x).unsupported_ops_warnings(False)
+    assert mine.total() == theirs.total()
+    assert mine.unsupported_ops() == theirs.unsupported_ops() == Counter(
+        {"aten::batch_norm": 1, "aten::max_pool2d": 1, "aten::upsample_nearest2d": 1, "aten::layer_norm": 1,
+         "aten::adaptive_avg_pool2d": 1})

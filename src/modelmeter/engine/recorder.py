@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -288,7 +289,8 @@ class FunctionRecorder(TorchFunctionMode):
         if call is None or rec.paused:
             return func(*args, **kwargs)
         op, python_function, higher_order = call
-        index, opened = rec.open_function(op, args, kwargs, python_function or func in _INDEXING)
+        indexing = func is _GETITEM or func is _SETITEM
+        index, opened = rec.open_function(op, args, kwargs, python_function or indexing)
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
         try:
@@ -331,7 +333,7 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
 # Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
-_INDEXING = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__})
+_GETITEM, _SETITEM = torch.Tensor.__getitem__, torch.Tensor.__setitem__
 
 
 def python_op_name(function: type) -> str:
@@ -348,10 +350,11 @@ def autograd_functions(recorder: Recorder) -> Iterator[None]:
     inside the call; its outputs tag the autograd node, so its backward is attributed to it as well.
     """
     original = torch.autograd.Function.__dict__["apply"]
+    thread = threading.get_ident()  # the recorder modes are the running thread's: so is this
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         run = original.__get__(None, cls)
-        if recorder.paused:
+        if recorder.paused or threading.get_ident() != thread:
             return run(*args, **kwargs)
         op = python_op_name(cls)
         # The tensor arguments, in order: what fvcore passes a PythonOp's handle.
