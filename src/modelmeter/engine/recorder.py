@@ -34,7 +34,8 @@ from .values import Shadows
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
 _NODE_TAG = "modelmeter.origin"  # autograd node metadata: (scope, user-level call or -1) of the call that made it
 
-# Python operators whose aten name differs from the dunder's name.
+# Python operators whose aten name differs from the dunder's name (``&``, ``|``, ``^``, ``<<``, ``>>`` keep theirs:
+# ``aten::__and__`` & co. exist, and they are what torch.jit, and so fvcore, records).
 _DUNDER = {
     "__add__": "add", "__radd__": "add", "__iadd__": "add_",
     "__sub__": "sub", "__rsub__": "rsub", "__isub__": "sub_",
@@ -45,10 +46,19 @@ _DUNDER = {
     "__pow__": "pow", "__rpow__": "pow", "__ipow__": "pow_",
     "__neg__": "neg", "__abs__": "abs", "__mod__": "remainder",
     "__getitem__": "index", "__setitem__": "index_put_",
-    "__and__": "bitwise_and", "__or__": "bitwise_or", "__xor__": "bitwise_xor", "__invert__": "bitwise_not",
+    "__invert__": "bitwise_not",
     "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
 }
 
+
+_OWN_DUNDERS = frozenset({"__and__", "__or__", "__xor__", "__lshift__", "__rshift__"})
+# Conversion methods: ``x.float()`` is ``x.to(torch.float32)``, recorded by torch.jit as ``aten::to``.
+_CONVERSIONS = {name: "to" for name in ("float", "double", "half", "bfloat16", "long", "int", "short", "char",
+                                        "byte", "bool", "cpu", "cuda")}
+# Calls that may return their input as it is, running no operator (dropout in eval mode, ``contiguous`` of a
+# contiguous tensor, a conversion to the tensor's own dtype): still calls, kept for handles set on them.
+_MAY_RUN_NOTHING = frozenset(f"aten::{name}" for name in (
+    "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "contiguous", "to", "type_as"))
 
 # Calls that run a pass rather than an operator (a re-entrant checkpoint calls backward inside the backward pass).
 _NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
@@ -62,10 +72,10 @@ def function_op_name(func: Any) -> str | None:
     if name is None or name in ("__get__", "__set__") or func in _NOT_OPERATORS:
         return None
     if name.startswith("__") and name.endswith("__"):
-        name = _DUNDER.get(name)
+        name = name if name in _OWN_DUNDERS else _DUNDER.get(name)
         if name is None:
             return None
-    return f"aten::{name}"
+    return f"aten::{_CONVERSIONS.get(name, name)}"
 
 
 def dispatch_op_name(func: torch._ops.OpOverload) -> str:
@@ -235,12 +245,13 @@ class Recorder:
 
     def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
         """End a user-level event; one that ran nothing inside is no operator call (dropped), unless
-        ``operator`` says it is one (a higher-order operator runs with the dispatch recorder set aside)."""
+        ``operator`` says it is one (a higher-order operator runs with the dispatch recorder set aside) or it is a
+        call that may leave its input as it is (``_MAY_RUN_NOTHING``)."""
         events = self.trace.events
         if not opened:
             return
         self._pop_open(index)
-        if index == len(events) - 1 and not operator:
+        if index == len(events) - 1 and not operator and events[index].op not in _MAY_RUN_NOTHING:
             events.pop()
             return
         events[index].outputs = flat_outputs(result)
