@@ -75,7 +75,8 @@ class ModelAnalysis:
         self._cache_dir = cache_dir
         self._trace_was_cached = False
         self._module_names: ModuleNames | None = None  # made on first use; analyses of one Analysis share them
-        self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)
+        self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)  # the convention's
+        self._user_handles: dict[str, Handle | CountInside | None] = {}  # set_op_handle's, keyed by fvcore's names
         self._elementwise: Handle | None = None
         self._trace: Trace | None = trace
         self._stats: Statistics | None = None
@@ -205,7 +206,11 @@ class ModelAnalysis:
 
     # settings --------------------------------------------------------------------------------
     def set_op_handle(self: T, *args: Any, **kwargs: Handle | None) -> T:
-        """Set handles by ``(name, handle)`` pairs or ``name=handle``; a ``None`` handle ignores the op."""
+        """Set handles by ``(name, handle)`` pairs or ``name=handle``; a ``None`` handle ignores the op.
+
+        Names are fvcore's: a handle counts the calls ``torch.jit`` would record under that name
+        (``aten::_convolution`` for every convolution, ``prim::PythonOp.<class name>`` for a custom autograd
+        Function; see docs/handles.md), and replaces whatever counted them before."""
         if len(args) % 2:
             raise TypeError("set_op_handle should be called with pairs of names and handles!")
         pairs = dict(zip(args[::2], args[1::2], strict=True))
@@ -215,7 +220,7 @@ class ModelAnalysis:
                 raise TypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
             if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
                 raise TypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
-            self._op_handles[name] = handle
+            self._user_handles[name] = handle
         self._stats = None
         return self
 
@@ -223,6 +228,7 @@ class ModelAnalysis:
         """Remove every handle: afterwards every formerly counted operator is reported unsupported
         (element-wise operators become free)."""
         self._op_handles = {}
+        self._user_handles = {}
         self._elementwise = None
         self._stats = None
         return self
@@ -267,6 +273,7 @@ class ModelAnalysis:
                                loss_fn=self._loss_fn)
         other._trace_was_cached = self._trace_was_cached and same
         other._op_handles = dict(self._op_handles)
+        other._user_handles = dict(self._user_handles)
         other._elementwise = self._elementwise
         other._ancestor_mode = self._ancestor_mode
         other._warn_unsupported = self._warn_unsupported
@@ -278,7 +285,7 @@ class ModelAnalysis:
     def _analyze(self) -> Statistics:
         if self._stats is None:
             self._stats = count(self.trace, self._names, self._op_handles, self._ancestor_mode,
-                                elementwise=self._elementwise, phases=self._phases)
+                                user=self._user_handles, elementwise=self._elementwise, phases=self._phases)
             self._warn(self._stats)
         return self._stats
 

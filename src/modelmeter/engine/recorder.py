@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -35,7 +36,8 @@ from .values import Shadows
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
 _NODE_TAG = "modelmeter.origin"  # autograd node metadata: (scope, user-level call or -1) of the call that made it
 
-# Python operators whose aten name differs from the dunder's name.
+# Python operators whose aten name differs from the dunder's name (``&``, ``|``, ``^``, ``<<``, ``>>`` keep theirs:
+# ``aten::__and__`` & co. exist, and they are what torch.jit, and so fvcore, records).
 _DUNDER = {
     "__add__": "add", "__radd__": "add", "__iadd__": "add_",
     "__sub__": "sub", "__rsub__": "rsub", "__isub__": "sub_",
@@ -46,10 +48,19 @@ _DUNDER = {
     "__pow__": "pow", "__rpow__": "pow", "__ipow__": "pow_",
     "__neg__": "neg", "__abs__": "abs", "__mod__": "remainder",
     "__getitem__": "index", "__setitem__": "index_put_",
-    "__and__": "bitwise_and", "__or__": "bitwise_or", "__xor__": "bitwise_xor", "__invert__": "bitwise_not",
+    "__invert__": "bitwise_not",
     "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
 }
 
+
+_OWN_DUNDERS = frozenset({"__and__", "__or__", "__xor__", "__lshift__", "__rshift__"})
+# Conversion methods: ``x.float()`` is ``x.to(torch.float32)``, recorded by torch.jit as ``aten::to``.
+_CONVERSIONS = {name: "to" for name in ("float", "double", "half", "bfloat16", "long", "int", "short", "char",
+                                        "byte", "bool", "cpu", "cuda")}
+# Calls that may return their input as it is, running no operator (dropout in eval mode, ``contiguous`` of a
+# contiguous tensor, a conversion to the tensor's own dtype): still calls, kept for handles set on them.
+_MAY_RUN_NOTHING = frozenset(f"aten::{name}" for name in (
+    "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "contiguous", "to", "type_as"))
 
 # Calls that run a pass rather than an operator (a re-entrant checkpoint calls backward inside the backward pass).
 _NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
@@ -63,10 +74,10 @@ def function_op_name(func: Any) -> str | None:
     if name is None or name in ("__get__", "__set__") or func in _NOT_OPERATORS:
         return None
     if name.startswith("__") and name.endswith("__"):
-        name = _DUNDER.get(name)
+        name = name if name in _OWN_DUNDERS else _DUNDER.get(name)
         if name is None:
             return None
-    return f"aten::{name}"
+    return f"aten::{_CONVERSIONS.get(name, name)}"
 
 
 def dispatch_op_name(func: torch._ops.OpOverload) -> str:
@@ -201,18 +212,21 @@ class Recorder:
         return scope, "backward", origin
 
     # events ----------------------------------------------------------------------------------
-    def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool]:
-        """Start a user-level event; a call nested directly in one of the same name refines it."""
+    def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      python: bool = False) -> tuple[int, bool]:
+        """Start a user-level event (``python``: the call is Python code, see :attr:`OpEvent.python`); a call
+        nested directly in one of the same name refines it."""
         events = self.trace.events
         if self._open:
             top = self._open[-1]
             if events[top].op == op and top == len(events) - 1:
                 events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
+                events[top].python = python
                 return top, False
         inputs, extra = self._bind(op, args, kwargs)
         scope, phase, origin = self._event_context()
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
-                              origin))
+                              origin, python))
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
@@ -233,12 +247,13 @@ class Recorder:
 
     def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
         """End a user-level event; one that ran nothing inside is no operator call (dropped), unless
-        ``operator`` says it is one (a higher-order operator runs with the dispatch recorder set aside)."""
+        ``operator`` says it is one (a higher-order operator runs with the dispatch recorder set aside) or it is a
+        call that may leave its input as it is (``_MAY_RUN_NOTHING``)."""
         events = self.trace.events
         if not opened:
             return
         self._pop_open(index)
-        if index == len(events) - 1 and not operator:
+        if index == len(events) - 1 and not operator and events[index].op not in _MAY_RUN_NOTHING:
             events.pop()
             return
         events[index].outputs = flat_outputs(result)
@@ -295,7 +310,8 @@ class FunctionRecorder(TorchFunctionMode):
             except BaseException:
                 rec.note_failure(op, "function")
                 raise
-        index, opened = rec.open_function(op, args, kwargs)
+        indexing = func is _GETITEM or func is _SETITEM
+        index, opened = rec.open_function(op, args, kwargs, python_function or indexing)
         # Python-level functions run with the mode re-entered, so the calls they make are seen too;
         # a function that reaches the mode again through its own C implementation runs plainly.
         try:
@@ -362,6 +378,47 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+# Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
+_GETITEM, _SETITEM = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+
+def python_op_name(function: type) -> str:
+    """The operator name of a custom ``torch.autograd.Function`` (fvcore's: ``prim::PythonOp.<class name>``)."""
+    return f"prim::PythonOp.{function.__name__}"
+
+
+@contextlib.contextmanager
+def autograd_functions(recorder: Recorder) -> Iterator[None]:
+    """Record every ``torch.autograd.Function.apply`` as a user-level call named :func:`python_op_name`.
+
+    ``apply`` is implemented in C and reaches neither recorder mode, so it is wrapped for the run, and the
+    original put back afterwards (also when the run fails). What the Function's forward runs is recorded
+    inside the call; its outputs tag the autograd node, so its backward is attributed to it as well.
+    """
+    original = torch.autograd.Function.__dict__["apply"]
+    thread = threading.get_ident()  # the recorder modes are the running thread's: so is this
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        run = original.__get__(None, cls)
+        if recorder.paused or threading.get_ident() != thread:
+            return run(*args, **kwargs)
+        op = python_op_name(cls)
+        # The tensor arguments, in order: what fvcore passes a PythonOp's handle.
+        index, opened = recorder.open_function(op, tuple(a for a in args if isinstance(a, torch.Tensor)), {})
+        try:
+            result = run(*args, **kwargs)
+        except BaseException:
+            recorder.note_failure(op, "function")
+            recorder.abandon_function(index, opened)
+            raise
+        recorder.close_function(index, opened, result, operator=True)
+        return result
+
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original
 
 
 class DispatchRecorder(TorchDispatchMode):

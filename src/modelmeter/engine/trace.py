@@ -67,6 +67,9 @@ class OpEvent:
     with tensors replaced by :class:`TensorMeta`. ``origin``, for a backward-phase event, is the index of
     the user-level forward call whose autograd node ran it (-1 when none did), so the backward work of a
     call can be counted by a formula of the call (see ``backward:`` handle keys in docs/handles.md).
+    ``python`` marks a user-level call that is Python code (``F.interpolate``, ``F.relu``) or Python indexing
+    (``x[i]``, ``x[i] = v``), whose inner calls are recorded as calls of their own — the calls ``torch.jit``,
+    and so fvcore, would record in its place.
     """
 
     op: str
@@ -78,6 +81,7 @@ class OpEvent:
     outputs: list[Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
     origin: int = -1
+    python: bool = False
 
 
 @dataclass(slots=True)

@@ -32,7 +32,7 @@ from ..errors import ModelRunError, cuda_failure
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
-from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder
+from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .snapshot import Held as _Held
 from .snapshot import ModelSnapshot
 from .trace import Trace
@@ -210,6 +210,7 @@ class _Run:
                     stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack_saved, _unpack))
                 else:  # inference: no graph, nothing saved for a backward pass
                     stack.enter_context(torch.no_grad())
+                stack.enter_context(autograd_functions(recorder))
                 stack.enter_context(FunctionRecorder(recorder))
                 stack.enter_context(DispatchRecorder(recorder))
                 try:

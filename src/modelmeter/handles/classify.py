@@ -58,6 +58,16 @@ UNTAGGED_ELEMENTWISE_OPS = frozenset({
 })
 
 
+# Operators that move data into or out of torch, allocate, or read metadata: no computation of their own. A custom
+# autograd Function that runs nothing else computed its outputs where the recorder cannot see (numpy, an extension).
+BRIDGE_OPS = frozenset({
+    "detach", "detach_", "alias", "lift", "lift_fresh", "lift_fresh_copy", "_to_copy", "copy_", "_copy_from",
+    "_copy_from_and_resize", "_local_scalar_dense", "item", "resize_", "set_", "size", "stride", "numel",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor", "tensor",
+})
+
+
 def _short(op: str) -> str:
     return op.split("::", 1)[-1]
 

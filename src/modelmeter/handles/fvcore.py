@@ -14,6 +14,7 @@ from typing import Any
 from . import attention, products
 from .attention import encoder_layer_activation, native_mha_activation, sdpa_activation
 from .base import CountInside, Handle, get_shape, numel
+from .common import arg
 
 
 # --- normalisation, resampling, pooling --------------------------------------------------------
@@ -60,6 +61,28 @@ def _keyed(key: str, handle: Handle) -> Handle:
 
     keyed.__doc__ = f"{handle.__doc__ or ''} Reported as ``{key}``."
     return keyed
+
+
+# --- fvcore's operator names ---------------------------------------------------------------------
+# torch.jit records a custom autograd Function as ``prim::PythonOp`` and fvcore keys it by its class name.
+PYTHON_OP = "prim::PythonOp"
+# The user-level convolutions, which torch.jit records (and fvcore names) as the ``aten::_convolution`` they run
+# (``aten::_convolution_mode`` for ``conv{1,2,3}d`` with a string padding); the recorder sees ``aten::convolution``.
+CONVOLUTION_CALLS = frozenset(f"aten::{name}" for name in (
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"))
+# ``_convolution``'s arguments after ``convolution``'s: benchmark, deterministic, cudnn_enabled, allow_tf32.
+_CONVOLUTION_FLAGS = (False, False, True, True)
+
+
+def fvcore_alias(event: Any, parent: Any) -> tuple[str, list[Any]] | None:
+    """fvcore's name for a recorded ``aten::convolution`` (run by the user-level call ``parent``, or None), with
+    the arguments fvcore's handle gets: ``aten::_convolution``'s thirteen, or — for a string padding —
+    ``aten::_convolution_mode``'s, the user-level call's own. None for any other operator: its name is fvcore's."""
+    if event.op != "aten::convolution" or event.level != "dispatch":
+        return None
+    if parent is not None and parent.op in CONVOLUTION_CALLS and isinstance(arg(parent.inputs, 4), str):
+        return "aten::_convolution_mode", parent.inputs
+    return "aten::_convolution", [*event.inputs, *_CONVOLUTION_FLAGS[max(0, len(event.inputs) - 9):]]
 
 
 _conv_ops = ("aten::convolution", "aten::_convolution")

@@ -15,7 +15,8 @@ from typing import Any, Literal
 from ..engine.naming import ModuleNames
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles.base import CountInside, Handle, backward_key
-from ..handles.classify import is_elementwise, is_free
+from ..handles.classify import BRIDGE_OPS, is_elementwise, is_free
+from ..handles.fvcore import CONVOLUTION_CALLS, PYTHON_OP, fvcore_alias
 
 AncestorMode = Literal["owner", "caller"]
 HandleTable = Mapping[str, "Handle | CountInside | None"]
@@ -35,8 +36,10 @@ class Statistics:
 
 
 def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
-          elementwise: Handle | None = None, phases: Collection[str] = PHASES) -> Statistics:
-    """Apply ``handles`` to the events of ``trace`` in ``phases``.
+          user: HandleTable | None = None, elementwise: Handle | None = None,
+          phases: Collection[str] = PHASES) -> Statistics:
+    """Apply ``handles`` (a convention's table) and ``user`` (the handles set on the analysis, which win) to the
+    events of ``trace`` in ``phases``.
 
     Events are visited from the outside in: a call with a handle is counted by it and what it ran
     inside is not looked at again; a call whose handle is ``None`` is ignored with all it ran; a
@@ -45,67 +48,146 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
     ran it — except inside a :class:`CountInside` call, which is supported as a whole (the sum an
     ``einsum`` runs for an index of one operand is part of the einsum). A user-level call with keyword
     arguments its operator's schema could not place is looked into, since its handle would not see them. A
-    backward operator whose autograd
-    node was made by a user-level call with a ``backward:`` entry (:func:`backward_key`) is covered by that
-    entry, applied once per call to the forward call's ``(inputs, outputs)`` (an entry set to ``None`` counts
-    them operator by operator again). Element-wise operators without
-    a handle cost ``elementwise`` (free when it is None). Each count is also kept under the event's phase
-    and under the dtype the work was done in (see :func:`work_dtype`).
+    backward operator whose autograd node was made by a user-level call with a ``backward:`` entry
+    (:func:`backward_key`) is covered by that entry, applied once per call to the forward call's
+    ``(inputs, outputs)`` (an entry set to ``None`` counts them operator by operator again). Element-wise
+    operators without a handle cost ``elementwise`` (free when it is None). Each count is also kept under the
+    event's phase and under the dtype the work was done in (see :func:`work_dtype`).
+
+    ``user`` handles follow fvcore's names (docs/handles.md, "fvcore's operator names"): they count the calls
+    ``torch.jit`` records under their name — the outermost C-level call, not the operators it ran (a handle
+    for ``aten::view`` counts ``x.view``, not the ``view`` inside ``flatten``; inside a free, element-wise or
+    ``CountInside`` call the convention's table alone applies), Python-level calls being transparent;
+    ``aten::_convolution`` (``aten::_convolution_mode`` with a string padding) names every convolution. A
+    custom autograd Function (``prim::PythonOp.<class name>``) without a handle counts what it ran, and is
+    reported as unsupported when it returned tensors without running any visible computation.
     """
-    tally = _Tally({p: {} for p in phases})
-    unsupported: dict[str, Counter[str]] = {}
-    ancestors = _Ancestors(trace, ancestor_mode)
-    children = trace.children()
-    events = trace.events
+    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases)
+    for root in visitor.children[-1]:
+        if trace.events[root].phase in visitor.tally.by_phase:
+            visitor.visit(root, None, None, _OPEN)
+    return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
+                      visitor.ancestors.uncalled(names))
 
-    covered: set[int] = set()
 
-    def visit(index: int, user_op: str | None, into: Counter[str] | None) -> None:
-        event = events[index]
-        if event.origin >= 0 and event.phase == "backward":
-            origin = events[event.origin]
-            whole = handles.get(backward_key(origin.op))
-            if whole is not None and not isinstance(whole, CountInside):  # a formula of its own: counted once
-                if event.origin not in covered:
-                    covered.add(event.origin)
-                    tally.add(event, ancestors(event.scope),
-                              _as_items(origin.op, whole(origin.inputs, origin.outputs)), into)
-                return
-        handle = handles.get(event.op, _MISSING)
+# Where user handles apply: everywhere; only they (inside a Python-level call the table ignores); not at all
+# (inside a call fvcore records as a whole: its operators are counted by the table).
+_OPEN, _USER_ONLY, _CLOSED = 0, 1, 2
+
+
+class _Visitor:
+    """One counting pass over a trace (see :func:`count`)."""
+
+    def __init__(self, trace: Trace, handles: HandleTable, user: HandleTable, ancestor_mode: AncestorMode,
+                 elementwise: Handle | None, phases: Collection[str]) -> None:
+        self.events = trace.events
+        self.children = trace.children()
+        self.handles, self.user, self.elementwise = handles, user, elementwise
+        self.tally = _Tally({p: {} for p in phases})
+        self.unsupported: dict[str, Counter[str]] = {}
+        self.ancestors = _Ancestors(trace, ancestor_mode)
+        self.covered: set[int] = set()
+
+    def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
+        """The handle of ``op`` in ``mode``, and whether it is a user handle."""
+        if self.user and mode != _CLOSED:
+            found = self.user.get(op, _MISSING)
+            if found is _MISSING and op.startswith(PYTHON_OP):
+                found = self.user.get(PYTHON_OP, _MISSING)  # fvcore's key for every Function
+            if found is not _MISSING:
+                return found, True
+        return (_MISSING if mode == _USER_ONLY else self.handles.get(op, _MISSING)), False
+
+    def visit(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
+        event = self.events[index]
+        if event.origin >= 0 and event.phase == "backward" and self.covered_backward(event, into):
+            return
+        key, inputs = event.op, event.inputs
+        alias = fvcore_alias(event, self.events[event.parent] if event.parent >= 0 else None) \
+            if self.user and mode != _CLOSED else None
+        if alias is not None and alias[0] in self.user and event.op not in self.user:
+            (key, inputs), handle, from_user = alias, self.user[alias[0]], True
+        else:
+            handle, from_user = self.lookup(event.op, mode)
         if handle is None:
+            if not from_user and event.python and mode == _OPEN and self.user:
+                self.visit_children(index, user_op, into, _USER_ONLY)  # user handles of what it called
             return
         if event.kwargs and handle is not _MISSING and not isinstance(handle, CountInside):
             handle = _MISSING  # keyword arguments the schema could not place: the operators it ran know them
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
-            for child in children[index]:
-                visit(child, None, inside)
-            tally.add(event, ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
+            self.visit_children(index, None, inside, _CLOSED)
+            self.tally.add(event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
             return
         if handle is _MISSING:
             if event.level == "function":
-                for child in children[index]:
-                    visit(child, event.op, into)
+                self.look_into(index, user_op, into, mode)
                 return
-            if is_free(event.op) or _integer_only(event.outputs):
+            if mode == _USER_ONLY or is_free(event.op) or _integer_only(event.outputs):
                 return
-            if is_elementwise(event.op):
-                handle = elementwise
-                if handle is None:
-                    return
-            elif into is None:
-                name = user_op if user_op is not None and not is_free(user_op) else event.op
-                for module in ancestors(event.scope):
-                    unsupported.setdefault(module, Counter())[name] += 1
+            if not is_elementwise(event.op):
+                if into is None:
+                    name = user_op if user_op is not None and not is_free(user_op) else _fvcore_name(self, event)
+                    self.report(event, name)
                 return
-            else:
+            handle = self.elementwise
+            if handle is None:
                 return
-        tally.add(event, ancestors(event.scope), _as_items(event.op, handle(event.inputs, event.outputs)), into)
+        self.tally.add(event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)), into)
 
-    for root in children[-1]:
-        if events[root].phase in tally.by_phase:
-            visit(root, None, None)
-    return Statistics(tally.totals(), tally.by_phase, tally.dtypes, unsupported, ancestors.uncalled(names))
+    def covered_backward(self, event: OpEvent, into: Counter[str] | None) -> bool:
+        """Count a backward operator by its forward call's ``backward:`` formula; False when it has none."""
+        origin = self.events[event.origin]
+        whole, _ = self.lookup(backward_key(origin.op), _OPEN)
+        if whole is _MISSING or whole is None or isinstance(whole, CountInside):
+            return False
+        if event.origin not in self.covered:  # a formula of its own: counted once
+            self.covered.add(event.origin)
+            self.tally.add(event, self.ancestors(event.scope),
+                           _as_items(origin.op, whole(origin.inputs, origin.outputs)), into)
+        return True
+
+    def look_into(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
+        """Count what a user-level call without a handle ran."""
+        event = self.events[index]
+        op = event.op
+        function = op.startswith(PYTHON_OP)
+        if event.python or function or op in CONVOLUTION_CALLS:  # calls fvcore does not record as themselves
+            self.visit_children(index, user_op, into, mode)
+        elif mode != _USER_ONLY:  # (where only user handles count, a C-level call's operators are not theirs)
+            known = is_free(op) or is_elementwise(op)
+            self.visit_children(index, op, into, _CLOSED if known and mode == _OPEN else mode)
+        if function and into is None and mode != _USER_ONLY and self.opaque(index):
+            self.report(event, op)
+
+    def visit_children(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
+        for child in self.children[index]:
+            self.visit(child, user_op, into, mode)
+
+    def opaque(self, index: int) -> bool:
+        """True for a call that returned tensors without running any operator that computes (a Function whose
+        forward went through numpy, or an extension whose kernels the recorder cannot see)."""
+        if not any(isinstance(value, TensorMeta) for value in self.events[index].outputs):
+            return False
+        pending = list(self.children[index])
+        while pending:
+            inner = pending.pop()
+            event = self.events[inner]
+            if event.level == "dispatch" and _short_name(event.op) not in BRIDGE_OPS:
+                return False
+            pending.extend(self.children[inner])
+        return True
+
+    def report(self, event: OpEvent, name: str) -> None:
+        for module in self.ancestors(event.scope):
+            self.unsupported.setdefault(module, Counter())[name] += 1
+
+
+def _fvcore_name(visitor: _Visitor, event: OpEvent) -> str:
+    """The name fvcore reports an operator under (every convolution is ``aten::_convolution``)."""
+    alias = fvcore_alias(event, visitor.events[event.parent] if event.parent >= 0 else None)
+    return event.op if alias is None else alias[0]
 
 
 _MISSING: Any = object()
