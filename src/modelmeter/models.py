@@ -462,7 +462,7 @@ def _load_factory(target: str, factory: str, kwargs: dict[str, Any],
         folder = str(path.resolve().parent)  # the file may import its neighbours, as when run as a script
     else:
         folder = os.getcwd()  # as with `python -m`: packages in the working directory are importable
-    with _on_path(folder):
+    with on_path(folder):
         module = _import_file(target, path) if is_file else _import_module(target)
         fn = getattr(module, factory, None)
         if not callable(fn):
@@ -489,7 +489,7 @@ def _load_factory(target: str, factory: str, kwargs: dict[str, Any],
 
 
 @contextlib.contextmanager
-def _on_path(folder: str) -> Iterator[None]:
+def on_path(folder: str) -> Iterator[None]:
     """``folder`` first on ``sys.path`` while a user's module is imported and its factory runs."""
     added = folder not in sys.path
     if added:

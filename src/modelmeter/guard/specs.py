@@ -17,16 +17,14 @@ again for an entry is confined to what the command line would accept from FILE's
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import inspect
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..models import ModelSpecError, parse_overrides
+from ..models import ModelSpecError, on_path, parse_overrides
 
 # What ``modelmeter.cli._job_argv`` writes into an entry: flags, and options followed by one value.
 SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach"})
@@ -158,7 +156,7 @@ def _check_module(target: str, project: Path) -> None:
     if not all(part.isidentifier() for part in target.split(".")):
         raise ModelSpecError(f"{target!r} is not a module name (package.module)")
     top = target.split(".")[0]
-    with _working_directory_first():
+    with on_path(os.getcwd()):  # the working directory first, as the loader puts it
         try:
             found = importlib.util.find_spec(top)  # a top-level name: nothing is imported to find it
         except (ImportError, ValueError):
@@ -188,17 +186,3 @@ def check_factory(module: Any, factory: Any, spec: str, project: str) -> None:
 
 def _inside(where: str, project: Path) -> bool:
     return os.path.isabs(where) and Path(where).resolve().is_relative_to(project)
-
-
-@contextlib.contextmanager
-def _working_directory_first() -> Any:
-    """The working directory first on ``sys.path``, as the loader puts it while importing a module."""
-    folder = os.getcwd()
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        if added and folder in sys.path:
-            sys.path.remove(folder)
