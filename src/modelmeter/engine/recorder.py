@@ -280,6 +280,20 @@ class Recorder:
         self.trace.events.append(OpEvent(op, "dispatch", self._open[-1] if self._open else -1, scope, phase,
                                          place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin))
 
+    def call(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any], *,
+             python: bool = False, operator: bool = False) -> Any:
+        """Record ``run()`` as a user-level call of ``op`` on ``args``/``kwargs`` (see :meth:`open_function` and
+        :meth:`close_function`); a failure is noted as the call's and leaves no open event behind."""
+        index, opened = self.open_function(op, args, kwargs, python)
+        try:
+            result = run()
+        except BaseException:
+            self.note_failure(op, "function")
+            self.abandon_function(index, opened)
+            raise
+        self.close_function(index, opened, result, operator=operator)
+        return result
+
     def note_failure(self, op: str, level: Level) -> None:
         """Remember where the model failed: the innermost user-level call, else the aten operator."""
         if self.failed_op is None or (level == "function" and self._failed_level == "dispatch"):
@@ -311,30 +325,26 @@ class FunctionRecorder(TorchFunctionMode):
                 rec.note_failure(op, "function")
                 raise
         indexing = func is _GETITEM or func is _SETITEM
-        index, opened = rec.open_function(op, args, kwargs, python_function or indexing)
-        # Python-level functions run with the mode re-entered, so the calls they make are seen too;
-        # a function that reaches the mode again through its own C implementation runs plainly.
-        try:
-            if python_function and func not in self._active and _redispatch is not None:
-                self._active.append(func)
-                try:
-                    with self:
-                        result = _redispatch(func, types_, args, kwargs)
-                finally:
-                    self._active.pop()
-            elif higher_order:  # flex_attention & co. have no rule for a Python dispatch mode: counted as a whole
-                with _pop_mode_temporarily():
-                    result = func(*args, **kwargs)
-            else:
-                # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
-                fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
-                result = func(*args, **kwargs) if fused is None else fused
-        except BaseException:
-            rec.note_failure(op, "function")
-            rec.abandon_function(index, opened)
-            raise
-        rec.close_function(index, opened, result, operator=higher_order)
-        return result
+        return rec.call(op, args, kwargs, lambda: self._run(func, types_, args, kwargs, python_function, higher_order),
+                        python=python_function or indexing, operator=higher_order)
+
+    def _run(self, func: Any, types_: Any, args: tuple[Any, ...], kwargs: dict[str, Any], python_function: bool,
+             higher_order: bool) -> Any:
+        """Run a user-level call. Python-level functions run with the mode re-entered, so the calls they make are
+        seen too; a function that reaches the mode again through its own C implementation runs plainly."""
+        if python_function and func not in self._active and _redispatch is not None:
+            self._active.append(func)
+            try:
+                with self:
+                    return _redispatch(func, types_, args, kwargs)
+            finally:
+                self._active.pop()
+        if higher_order:  # flex_attention & co. have no rule for a Python dispatch mode: counted as a whole
+            with _pop_mode_temporarily():
+                return func(*args, **kwargs)
+        # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
+        fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
+        return func(*args, **kwargs) if fused is None else fused
 
 
 def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -404,15 +414,8 @@ def autograd_functions(recorder: Recorder) -> Iterator[None]:
             return run(*args, **kwargs)
         op = python_op_name(cls)
         # The tensor arguments, in order: what fvcore passes a PythonOp's handle.
-        index, opened = recorder.open_function(op, tuple(a for a in args if isinstance(a, torch.Tensor)), {})
-        try:
-            result = run(*args, **kwargs)
-        except BaseException:
-            recorder.note_failure(op, "function")
-            recorder.abandon_function(index, opened)
-            raise
-        recorder.close_function(index, opened, result, operator=True)
-        return result
+        tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+        return recorder.call(op, tensors, {}, lambda: run(*args, **kwargs), operator=True)
 
     torch.autograd.Function.apply = classmethod(apply)
     try:
