@@ -155,7 +155,7 @@ class ModelAnalysis:
 
     def canonical_module_name(self, name: str) -> str:
         """The name results are keyed by, for any name (or alias) of a submodule."""
-        return self._names.resolve(name)
+        return self.trace.module_table().resolve(name)
 
     @property
     def model(self) -> nn.Module:

@@ -11,6 +11,7 @@ one-key object tagged with ``$``::
     {"$z": [...]}          frozenset               {"$d": [[key, value], ...]}      dict (any keys, in order)
     {"$m": [field, ...]}   TensorMeta, fields in ``dataclasses.fields`` order
     {"$b": [field, ...]}   Storage, likewise
+    {"$M": [field, ...]}   ModuleInfo, likewise    {"$p": [field, ...]}             ParameterInfo, likewise
 
 Anything else (a tensor, a module, an arbitrary object) cannot be written: :class:`TypeError`.
 Reading checks the structure and raises :class:`ValueError` on anything unexpected, so a damaged entry is
@@ -28,10 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .._gc import no_gc
-from ..engine.trace import PHASES, STORAGE_KINDS, OpEvent, Storage, TensorMeta, Trace
+from ..engine.trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the module table and the run's description (model, versions)
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -40,12 +41,15 @@ _TRACE_FIELDS = tuple(f.name for f in dataclasses.fields(Trace))
 _EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(OpEvent))
 _META_FIELDS = tuple(f.name for f in dataclasses.fields(TensorMeta))
 _STORAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Storage))
+_MODULE_FIELDS = tuple(f.name for f in dataclasses.fields(ModuleInfo))
+_PARAMETER_FIELDS = tuple(f.name for f in dataclasses.fields(ParameterInfo))
 
 
 def schema_signature() -> dict[str, list[str]]:
     """The field names of the trace classes, as written in every entry (and part of the cache key)."""
     return {"Trace": list(_TRACE_FIELDS), "OpEvent": list(_EVENT_FIELDS), "TensorMeta": list(_META_FIELDS),
-            "Storage": list(_STORAGE_FIELDS)}
+            "Storage": list(_STORAGE_FIELDS), "ModuleInfo": list(_MODULE_FIELDS),
+            "ParameterInfo": list(_PARAMETER_FIELDS)}
 
 
 # encoding ------------------------------------------------------------------------------------------
@@ -63,6 +67,10 @@ def _encode(value: Any) -> Any:
         return {"$m": [_encode(getattr(value, name)) for name in _META_FIELDS]}
     if kind is Storage:
         return {"$b": [getattr(value, name) for name in _STORAGE_FIELDS]}
+    if kind is ModuleInfo:
+        return {"$M": [_encode(getattr(value, name)) for name in _MODULE_FIELDS]}
+    if kind is ParameterInfo:
+        return {"$p": [_encode(getattr(value, name)) for name in _PARAMETER_FIELDS]}
     if kind is tuple:
         return {"$t": [_encode(v) for v in value]}
     if kind is dict:
@@ -117,9 +125,11 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
             metas[memo_key] = made
         return made
     if tag == "$b":
-        if len(items) != len(_STORAGE_FIELDS):
-            raise ValueError("a Storage entry has the wrong number of fields")
-        return Storage(**dict(zip(_STORAGE_FIELDS, items, strict=True)))
+        return _record(Storage, _STORAGE_FIELDS, items)
+    if tag == "$M":
+        return _record(ModuleInfo, _MODULE_FIELDS, items)
+    if tag == "$p":
+        return _record(ParameterInfo, _PARAMETER_FIELDS, items)
     if tag == "$t":
         return tuple(items)
     if tag == "$d":
@@ -138,6 +148,12 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
     if tag == "$z":
         return frozenset(items)
     raise ValueError(f"unknown tag {tag!r:.20} in a trace entry")
+
+
+def _record(kind: type[Any], fields: tuple[str, ...], items: list[Any]) -> Any:
+    if len(items) != len(fields):
+        raise ValueError(f"a {kind.__name__} entry has the wrong number of fields")
+    return kind(**dict(zip(fields, items, strict=True)))
 
 
 def _decode(value: Any) -> Any:
@@ -210,8 +226,10 @@ def _check(trace: Trace) -> None:
     if not all(type(s) is tuple and all(type(n) is str for n in s) for s in trace.scopes):
         raise ValueError("trace scopes must be tuples of module names")
     if type(trace.called) is not set or type(trace.assumptions) is not list or type(trace.execution) is not str \
-            or type(trace.inputs) is not list or not all(type(t) is TensorMeta for t in trace.inputs):
+            or type(trace.inputs) is not list or not all(type(t) is TensorMeta for t in trace.inputs) \
+            or type(trace.model) is not str or type(trace.versions) is not dict:
         raise ValueError("malformed trace fields")
+    _check_modules(trace)
     n_events = len(trace.events)
     if type(trace.storages) is not list or not all(
             type(s) is Storage and type(s.nbytes) is int and s.nbytes >= 0 and s.kind in STORAGE_KINDS
@@ -226,6 +244,23 @@ def _check(trace: Trace) -> None:
                 or type(ev.scope) is not int or not 0 <= ev.scope < n_scopes
                 or type(ev.inputs) is not list or type(ev.outputs) is not list or type(ev.kwargs) is not dict):
             raise ValueError(f"malformed event {i}")
+
+
+def _check_modules(trace: Trace) -> None:
+    """The module table: described modules with unique names, aliases that lead to one of them."""
+    if type(trace.modules) is not list or not all(type(m) is ModuleInfo for m in trace.modules):
+        raise ValueError("malformed module table in the trace")
+    names = {m.name for m in trace.modules}
+    if len(names) != len(trace.modules) or not all(type(n) is str for n in names):
+        raise ValueError("module names in the trace are not unique strings")
+    for module in trace.modules:
+        if type(module.children) is not tuple or type(module.parameters) is not tuple \
+                or not all(type(p) is ParameterInfo and type(p.nbytes) is int for p in module.parameters) \
+                or not all(type(c) is tuple and len(c) == 2 and (c[1] is None or c[1] in names)
+                           for c in module.children):
+            raise ValueError(f"malformed module {module.name!r} in the trace")
+    if type(trace.aliases) is not dict or not all(type(k) is str and v in names for k, v in trace.aliases.items()):
+        raise ValueError("module aliases in the trace lead to no module of it")
 
 
 # bytes ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Module names: every path to every submodule, and the canonical name of each module object.
 
 A module reachable by several paths (a shared submodule) gets the first path in depth-first
-order as its canonical name, as fvcore does; every other path is an alias of it.
+order as its canonical name, as fvcore does; every other path is an alias of it. :meth:`ModuleNames.infos`
+describes each module as plain data for the trace (:class:`~modelmeter.engine.trace.ModuleInfo`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from torch import nn
+
+from .metadata import dtype_name
+from .trace import ModuleInfo, ParameterInfo
+
+# Containers and placeholders that are never called: a module table marks them, so that they are not
+# reported as modules the run did not call.
+_NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
 
 
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
@@ -37,13 +45,31 @@ class ModuleNames:
             if "/" in name:
                 self.aliases.setdefault(name.rsplit("/", 1)[1], canonical)
 
-    def resolve(self, name: str) -> str:
-        """The canonical name for ``name``; a clear error for anything else."""
-        if not isinstance(name, str):
-            raise TypeError(f"module_name must be a string, got {type(name).__name__}")
-        try:
-            return self.aliases[name]
-        except KeyError:
-            raise KeyError(
-                f"Requested module name {name!r} is not among the descendants of the analyzed model."
-            ) from None
+    def infos(self) -> list[ModuleInfo]:
+        """Every module as plain data, in ``named_modules()`` order; each parameter under its first owner."""
+        seen: set[int] = set()
+        out = []
+        for name, module in self.modules.items():
+            params = []
+            for key, param in module._parameters.items():
+                if param is not None and id(param) not in seen:
+                    seen.add(id(param))
+                    params.append(ParameterInfo(key, tuple(param.shape), dtype_name(param.dtype),
+                                                param.numel() * param.element_size()))
+            children = tuple((key, None if child is None else self.by_id[id(child)])
+                             for key, child in module._modules.items())
+            out.append(ModuleInfo(name, type(module).__name__, module._get_name(), _extra_repr(module), children,
+                                  tuple(params), _has_forward(module)))
+        return out
+
+
+def _has_forward(module: nn.Module) -> bool:
+    return not isinstance(module, _NO_FORWARD) and type(module).forward is not nn.Module.forward
+
+
+def _extra_repr(module: nn.Module) -> str:
+    """``module.extra_repr()``; a module whose ``extra_repr`` fails says so instead of failing the analysis."""
+    try:
+        return module.extra_repr()
+    except Exception as exc:  # a user's extra_repr is arbitrary code; only fvcore's printout shows it
+        return f"<extra_repr() failed: {type(exc).__name__}: {exc}>"

@@ -109,6 +109,82 @@ class Storage:
     order: int = -1
 
 
+@dataclass(frozen=True)
+class ParameterInfo:
+    """A parameter a module holds itself (not through a child): its attribute name, shape, dtype and bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module of the model (under its canonical name), as metrics and reports need it without the model.
+
+    ``type`` is the class name, ``label`` what ``repr(module)`` prints for it (``module._get_name()``) and
+    ``extra_repr`` its ``extra_repr()``. ``children`` are its submodule slots in order, ``(attribute,
+    canonical name of the child)`` — ``None`` for an empty slot; a shared child appears under every parent
+    that holds it. ``parameters`` are its own parameters seen here first (a parameter shared with an earlier
+    module is counted there only, as ``parameter_count`` does). ``has_forward`` is False for containers that
+    are never called (``ModuleList``, ``ModuleDict``, ``Identity``, a module without its own ``forward``).
+    """
+
+    name: str
+    type: str
+    label: str = ""
+    extra_repr: str = ""
+    children: tuple[tuple[str, str | None], ...] = ()
+    parameters: tuple[ParameterInfo, ...] = ()
+    has_forward: bool = True
+
+    @property
+    def params(self) -> int:
+        """Elements of the module's own (first-seen) parameters."""
+        return sum(p.numel() for p in self.parameters)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parameters)
+
+
+class ModuleTable:
+    """The model's modules by canonical name (in ``named_modules()`` order), and every alias that leads to one.
+
+    A view over :attr:`Trace.modules` and :attr:`Trace.aliases`; built by :meth:`Trace.module_table`.
+    """
+
+    def __init__(self, modules: list[ModuleInfo], aliases: dict[str, str]) -> None:
+        self.source = modules
+        self.infos: dict[str, ModuleInfo] = {m.name: m for m in modules}
+        self.canonical: list[str] = list(self.infos)
+        self.aliases = aliases
+
+    def resolve(self, name: str) -> str:
+        """The canonical name for ``name``; a clear error for anything else."""
+        if not isinstance(name, str):
+            raise TypeError(f"module_name must be a string, got {type(name).__name__}")
+        try:
+            return self.aliases[name]
+        except KeyError:
+            raise KeyError(
+                f"Requested module name {name!r} is not among the descendants of the analyzed model."
+            ) from None
+
+    def __getitem__(self, name: str) -> ModuleInfo:
+        return self.infos[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.infos
+
+
 @dataclass
 class Trace:
     """The record of one model run.
@@ -120,6 +196,11 @@ class Trace:
     when the run included a backward pass (its events have phase ``"backward"`` or ``"recompute"``); a run
     without one ran under ``torch.no_grad()``, as inference does. ``storages`` is every tensor storage the run
     touched, with its size and lifetime (see :class:`Storage`): what the memory metrics replay.
+
+    The trace describes the model and the run too, so it can be reported on without them: ``modules`` are the
+    model's modules (:class:`ModuleInfo`, canonical names in ``named_modules()`` order), ``aliases`` map every
+    path to a module to its canonical name, ``model`` is the model's class name and ``versions`` the versions
+    of the software that recorded it (``{"torch": ...}``).
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -130,6 +211,24 @@ class Trace:
     inputs: list[TensorMeta] = field(default_factory=list)
     backward: bool = False
     storages: list[Storage] = field(default_factory=list)
+    modules: list[ModuleInfo] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)
+    model: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def module_table(self) -> ModuleTable:
+        """The modules by canonical name, with their aliases (made once per trace)."""
+        table = self.__dict__.get("_module_table")
+        if table is None or table.source is not self.modules:
+            table = self.__dict__["_module_table"] = ModuleTable(self.modules, self.aliases)
+        return table
+
+    def phases(self) -> list[Phase]:
+        """The phases the run has events of, in run order."""
+        if not self.backward:
+            return ["forward"] if self.events else []
+        present = {event.phase for event in self.events}
+        return [phase for phase in PHASES if phase in present]
 
     def children(self) -> list[list[int]]:
         """Indices of the direct children of every event, plus the roots at position ``-1``."""

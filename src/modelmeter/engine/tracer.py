@@ -226,6 +226,10 @@ class _Run:
         trace.execution = "fake" if fake else "real"
         trace.inputs = [describe(_packed(t)) for t in tensors_in((args, kwargs))]
         trace.backward = self.backward
+        trace.modules = names.infos()
+        trace.aliases = dict(names.aliases)
+        trace.model = type(model).__name__
+        trace.versions = {"torch": str(torch.__version__)}
         return trace
 
     def _backward(self, output: Any, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder) -> None:
