@@ -200,7 +200,9 @@ class Trace:
     The trace describes the model and the run too, so it can be reported on without them: ``modules`` are the
     model's modules (:class:`ModuleInfo`, canonical names in ``named_modules()`` order), ``aliases`` map every
     path to a module to its canonical name, ``model`` is the model's class name and ``versions`` the versions
-    of the software that recorded it (``{"torch": ...}``).
+    of the software that recorded it (``{"torch": ...}``). ``op_tags`` is what torch's operator registry says
+    about every operator of the run (``"view"``, ``"pointwise"``; see :mod:`modelmeter.engine.op_tags`), so
+    that counting it needs no torch.
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -215,6 +217,7 @@ class Trace:
     aliases: dict[str, str] = field(default_factory=dict)
     model: str = ""
     versions: dict[str, str] = field(default_factory=dict)
+    op_tags: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def module_table(self) -> ModuleTable:
         """The modules by canonical name, with their aliases (made once per trace)."""

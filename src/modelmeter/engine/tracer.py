@@ -32,6 +32,7 @@ from ..errors import ModelRunError, cuda_failure
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
+from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .snapshot import Held as _Held
 from .snapshot import ModelSnapshot
@@ -230,6 +231,7 @@ class _Run:
         trace.aliases = dict(names.aliases)
         trace.model = type(model).__name__
         trace.versions = {"torch": str(torch.__version__)}
+        trace.op_tags = op_tags(event.op for event in trace.events)
         return trace
 
     def _backward(self, output: Any, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder) -> None:

@@ -5,13 +5,14 @@ results, ReLU and dropout (the ``flops`` convention's table counts the arithmeti
 see :mod:`.elementwise`). Element-wise math (operators torch tags ``pointwise``, and the ones it leaves
 untagged) is known: free under ``fvcore`` and ``macs``, one flop per output element under ``flops``
 (the convention's ``elementwise`` rule). Neither is reported as unsupported.
+
+What torch's registry knows (views, ``pointwise`` tags) is read from the trace, which recorded it
+(:mod:`modelmeter.engine.op_tags`); torch is asked only about an operator a trace has no record of.
 """
 
 from __future__ import annotations
 
-from functools import cache
-
-import torch
+from collections.abc import Mapping
 
 FREE_OPS = frozenset({
     # copies, conversions, memory layout
@@ -72,54 +73,71 @@ def _short(op: str) -> str:
     return op.split("::", 1)[-1]
 
 
-@cache
-def _overload(op: str) -> torch._ops.OpOverload | None:
-    namespace, _, name = op.partition("::")
-    packet = getattr(getattr(torch.ops, namespace, None), name, None) if name else None
-    if packet is None:
-        return None
-    overloads = packet.overloads()
-    if not overloads:
-        return None
-    return getattr(packet, "default" if "default" in overloads else overloads[0])
+def _in_place(op: str) -> bool:
+    return op.endswith("_") and not op.endswith("__")
 
 
-@cache
+class Classifier:
+    """Free and element-wise operators, by name and by the registry's tags for them (``tags``: operator ->
+    ``("view", "pointwise")`` or part of it, as a trace records them), remembered per operator."""
+
+    def __init__(self, tags: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self._tags: Mapping[str, tuple[str, ...]] = tags or {}
+        self._free: dict[str, bool] = {}
+        self._elementwise: dict[str, bool] = {}
+
+    def tags(self, op: str) -> tuple[str, ...]:
+        found = self._tags.get(op)
+        if found is None:  # not recorded (a trace made by hand): torch's registry answers
+            from ..engine.op_tags import registry_tags
+
+            found = registry_tags(op)
+        return found
+
+    def is_view(self, op: str) -> bool:
+        """True when the operator's first output aliases an input (a view: no data moves), in-place forms
+        of views (``transpose_``, ``as_strided_``) included."""
+        if _in_place(op) and self.is_view(op[:-1]):
+            return True
+        return "view" in self.tags(op)
+
+    def is_free(self, op: str) -> bool:
+        """True for operators that cost nothing and are never reported."""
+        free = self._free.get(op)
+        if free is None:
+            short = _short(op)
+            free = self._free[op] = short in FREE_OPS or short.rstrip("_") in FREE_OPS or self.is_view(op)
+        return free
+
+    def is_elementwise(self, op: str) -> bool:
+        """True for operators of which torch tags an overload ``pointwise`` (add, mul, gelu, ...) and the
+        element-wise operators it leaves untagged; never for free operators (copies, ``where``, ``relu``)."""
+        found = self._elementwise.get(op)
+        if found is None:
+            found = self._elementwise[op] = self._elementwise_uncached(op)
+        return found
+
+    def _elementwise_uncached(self, op: str) -> bool:
+        if self.is_free(op):
+            return False
+        if _short(op) in UNTAGGED_ELEMENTWISE_OPS:
+            return True
+        pointwise = "pointwise" in self.tags(op)
+        if _in_place(op):
+            return self.is_elementwise(op[:-1]) or pointwise
+        return pointwise
+
+
+_REGISTRY = Classifier()  # torch's registry of this process, for callers without a trace
+
+
 def is_view(op: str) -> bool:
-    """True when the operator's first output aliases an input (a view: no data moves), in-place forms
-    of views (``transpose_``, ``as_strided_``) included."""
-    if op.endswith("_") and not op.endswith("__") and is_view(op[:-1]):
-        return True
-    overload = _overload(op)
-    if overload is None:
-        return False
-    returns = overload._schema.returns
-    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+    return _REGISTRY.is_view(op)
 
 
-@cache
 def is_elementwise(op: str) -> bool:
-    """True for operators of which torch tags an overload ``pointwise`` (add, mul, gelu, ...) and the
-    element-wise operators it leaves untagged; never for free operators (copies, ``where``, ``relu``)."""
-    if is_free(op):
-        return False
-    if _short(op) in UNTAGGED_ELEMENTWISE_OPS:
-        return True
-    if op.endswith("_") and not op.endswith("__"):
-        return is_elementwise(op[:-1]) or _tagged_pointwise(op)
-    return _tagged_pointwise(op)
+    return _REGISTRY.is_elementwise(op)
 
 
-def _tagged_pointwise(op: str) -> bool:
-    namespace, _, name = op.partition("::")
-    packet = getattr(getattr(torch.ops, namespace, None), name, None) if name else None
-    if packet is None:
-        return False
-    return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
-
-
-@cache
 def is_free(op: str) -> bool:
-    """True for operators that cost nothing and are never reported."""
-    short = _short(op)
-    return short in FREE_OPS or short.rstrip("_") in FREE_OPS or is_view(op)
+    return _REGISTRY.is_free(op)

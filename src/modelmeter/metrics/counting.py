@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ..engine.naming import ModuleNames
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles.base import CountInside, Handle, backward_key
-from ..handles.classify import BRIDGE_OPS, is_elementwise, is_free
+from ..handles.classify import BRIDGE_OPS, Classifier
 from ..handles.fvcore import CONVOLUTION_CALLS, PYTHON_OP, fvcore_alias
 
 AncestorMode = Literal["owner", "caller"]
@@ -87,6 +87,7 @@ class _Visitor:
         self.unsupported: dict[str, Counter[str]] = {}
         self.ancestors = _Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
+        self.classify = Classifier(trace.op_tags)  # torch's facts about the operators, as the run recorded them
 
     def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         """The handle of ``op`` in ``mode``, and whether it is a user handle."""
@@ -124,12 +125,14 @@ class _Visitor:
             if event.level == "function":
                 self.look_into(index, user_op, into, mode)
                 return
-            if mode == _USER_ONLY or is_free(event.op) or _integer_only(event.outputs):
+            if mode == _USER_ONLY or self.classify.is_free(event.op) or _integer_only(event.outputs):
                 return
-            if not is_elementwise(event.op):
+            if not self.classify.is_elementwise(event.op):
                 if into is None:
-                    name = user_op if user_op is not None and not is_free(user_op) else _fvcore_name(self, event)
-                    self.report(event, name)
+                    if user_op is not None and not self.classify.is_free(user_op):
+                        self.report(event, user_op)
+                    else:
+                        self.report(event, _fvcore_name(self, event))
                 return
             handle = self.elementwise
             if handle is None:
@@ -156,7 +159,7 @@ class _Visitor:
         if event.python or function or op in CONVOLUTION_CALLS:  # calls fvcore does not record as themselves
             self.visit_children(index, user_op, into, mode)
         elif mode != _USER_ONLY:  # (where only user handles count, a C-level call's operators are not theirs)
-            known = is_free(op) or is_elementwise(op)
+            known = self.classify.is_free(op) or self.classify.is_elementwise(op)
             self.visit_children(index, op, into, _CLOSED if known and mode == _OPEN else mode)
         if function and into is None and mode != _USER_ONLY and self.opaque(index):
             self.report(event, op)

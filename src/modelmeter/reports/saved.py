@@ -1,0 +1,115 @@
+"""Saved traces (``.mmtrace``): one recorded run, the settings it was counted with, and their result.
+
+A file is gzipped UTF-8 JSON (schema in docs/reports.md, "Saved traces")::
+
+    {"format": "modelmeter-saved-trace", "version": 1,
+     "saved_by": {"modelmeter": "0.1.0", "torch": "2.14.1"},
+     "settings": {"name": ..., "convention": ..., ...},      # how the result was counted
+     "result": {...},                                       # Result.to_dict() of those settings
+     "trace": {...}}                                        # the whole Trace (modelmeter.cache.serialize)
+
+The trace is the record: every metric can be recounted from it, under any settings, without the model. The
+result is kept beside it so that reading a file as it was saved (``modelmeter report``, ``modelmeter diff``)
+needs no recount. Reading is strict: anything damaged, foreign or of another version is a :class:`SavedTraceError`
+naming the file, never a half-read file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._gc import no_gc
+from ..cache.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
+from ..engine.trace import Trace
+from ..errors import ModelMeterError
+from ..io.atomic import atomic_write
+from .result import Result
+
+FORMAT = "modelmeter-saved-trace"
+FORMAT_VERSION = 1
+SUFFIX = ".mmtrace"
+# The counting settings a file records, with their defaults (what analyze() uses).
+SETTINGS: dict[str, Any] = {"name": None, "convention": "fvcore", "dense_attention": False,
+                            "attention_kernel": "fused", "memory": False, "optimizer": None,
+                            "state_dtype": None, "foreach": None}
+
+
+class SavedTraceError(ModelMeterError, ValueError):
+    """A saved trace that cannot be read: missing, damaged, not a saved trace, or of another format version."""
+
+
+@dataclass
+class SavedTrace:
+    """What a ``.mmtrace`` file holds: the ``trace``, the ``settings`` it was counted with (see :data:`SETTINGS`),
+    the ``result`` of those settings and the versions of the software that saved it."""
+
+    trace: Trace
+    result: Result
+    settings: dict[str, Any] = field(default_factory=lambda: dict(SETTINGS))
+    saved_by: dict[str, str] = field(default_factory=dict)
+
+
+def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` completed with the defaults; a :class:`ValueError` for a setting no file records."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown saved-trace settings: {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+    return {**SETTINGS, **settings}
+
+
+def is_saved_trace(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` starts like a saved trace (gzip), so callers can tell it from a JSON result."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
+def write_saved_trace(saved: SavedTrace, path: str | os.PathLike[str]) -> None:
+    """Write ``saved`` to ``path`` atomically (a reader never sees half a file)."""
+    with no_gc():
+        data = {"format": FORMAT, "version": FORMAT_VERSION, "saved_by": dict(saved.saved_by),
+                "settings": check_settings(saved.settings), "result": saved.result.to_dict(),
+                "trace": trace_to_dict(saved.trace)}
+        text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    raw = gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+    atomic_write(os.fspath(path), lambda f: f.write(raw))
+
+
+def read_saved_trace(path: str | os.PathLike[str]) -> SavedTrace:
+    """The saved trace in ``path``; :class:`SavedTraceError` naming the file for anything unreadable."""
+    where = repr(os.fspath(path))
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_ENTRY_BYTES + 1)
+    except OSError as exc:
+        raise SavedTraceError(f"cannot read the saved trace {where}: {exc.strerror or exc}") from None
+    try:
+        with no_gc():
+            return _parse(raw)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # the result's rows are read as given
+        raise SavedTraceError(f"{where} is not a readable saved trace ({SUFFIX}): {exc}") from None
+
+
+def _parse(raw: bytes) -> SavedTrace:
+    if raw[:2] != b"\x1f\x8b":
+        raise ValueError("not gzip data (a saved trace is written by --save-trace or save_trace())")
+    data = json.loads(gunzip(raw))
+    if type(data) is not dict or data.get("format") != FORMAT:
+        raise ValueError(f"its format is not {FORMAT!r}")
+    if data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"format version {data.get('version')!r}; this modelmeter reads {FORMAT_VERSION}")
+    settings, saved_by = data.get("settings"), data.get("saved_by")
+    if type(settings) is not dict or type(saved_by) is not dict \
+            or not all(type(k) is str and type(v) is str for k, v in saved_by.items()):
+        raise ValueError("malformed settings or saved_by")
+    result = data.get("result")
+    if type(result) is not dict:
+        raise ValueError("it holds no result")
+    return SavedTrace(trace=trace_from_dict(data.get("trace")), result=Result.from_dict(result),
+                      settings=check_settings(settings), saved_by=saved_by)
