@@ -1,4 +1,4 @@
-"""Per-module differences of two saved analyses (``--format json`` results or baseline files)."""
+"""Per-module differences of two saved analyses (``--format json`` results, saved traces or baseline files)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..reports.fvcore_tables import format_size
+from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
 from .values import GuardFileError, check_amount, check_name, read_json
@@ -15,9 +16,16 @@ Costs = dict[str, dict[str, float]]  # "model/module" or "module" -> metric -> v
 
 
 def load_costs(path: str | os.PathLike[str]) -> Costs:
-    """Module costs from a saved Result (``modelmeter MODEL --format json -o FILE``) or a baseline file; the
-    modules of a baseline are named ``model:module`` when it holds several models. :class:`GuardFileError`
-    naming the file and the value for anything else (every cost a finite number >= 0)."""
+    """Module costs from a saved Result (``modelmeter MODEL --format json -o FILE``), a saved trace (the result it
+    was saved with, ``--save-trace FILE``) or a baseline file; the modules of a baseline are named
+    ``model:module`` when it holds several models. :class:`GuardFileError` naming the file and the value for
+    anything else (every cost a finite number >= 0)."""
+    if is_saved_trace(path):
+        try:
+            saved = read_saved_trace(path)
+        except SavedTraceError as exc:
+            raise GuardFileError(str(exc)) from None
+        return _result_costs(saved.result.to_dict()["modules"], repr(os.fspath(path)))
     try:
         data = read_json(path)
     except FileNotFoundError:
@@ -29,7 +37,8 @@ def load_costs(path: str | os.PathLike[str]) -> Costs:
                 for name, entry in entries.items() for module, values in entry.modules.items()}
     if isinstance(data, dict) and "modules" in data and "metrics" in data:
         return _result_costs(data["modules"], repr(os.fspath(path)))
-    raise GuardFileError(f"{os.fspath(path)!r} is neither a modelmeter result (--format json) nor a baseline")
+    raise GuardFileError(f"{os.fspath(path)!r} is neither a modelmeter result (--format json), a saved "
+                         f"trace (--save-trace) nor a baseline")
 
 
 def _result_costs(rows: Any, where: str) -> Costs:
