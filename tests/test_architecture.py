@@ -65,7 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("reports", ("modelmeter.reports",), ("metrics", "io")),
     ("session", ("modelmeter.analysis", "modelmeter.memory"), ("runner", "cache", "reports")),
     ("zoo", ("modelmeter.zoo",), ("base",)),
-    ("loaders", ("modelmeter.models", "modelmeter.cli.models"), ("engine", "zoo")),
+    ("loaders", ("modelmeter.models", "modelmeter.cli.models"), ("engine", "zoo")),  # the latter after the cli/ split
     ("guard", ("modelmeter.guard",), ("session", "loaders")),
     ("cli", ("modelmeter.cli", "modelmeter.__main__"), ("guard",)),
     ("launcher", ("modelmeter_cli",), ("cli",)),  # the console script: imports the command lazily
@@ -139,6 +139,11 @@ def _is_private(name: str) -> bool:
 
 def _where(sources: Mapping[str, Source], module: str, line: int) -> str:
     return f"{sources[module].path}:{line}"
+
+
+def _add(findings: dict[str, str], key: str, sources: Mapping[str, Source], module: str, line: int) -> None:
+    """One more place of the finding ``key``."""
+    findings[key] = findings.get(key, "") + f"  {_where(sources, module, line)}\n"
 
 
 # --- the three checks ------------------------------------------------------------------------------------------------
@@ -219,7 +224,7 @@ def layer_findings(sources: Mapping[str, Source]) -> dict[str, str]:
         upper, lower = layer_of(imp.importer), layer_of(imp.target)
         if upper is not None and lower is not None and lower not in below[upper]:
             key = f"layer: {imp.importer} ({upper}) imports {imp.target} ({lower})"
-            findings[key] = findings.get(key, "") + f"  {_where(sources, imp.importer, imp.line)}\n"
+            _add(findings, key, sources, imp.importer, imp.line)
     return findings
 
 
@@ -238,17 +243,15 @@ def private_findings(sources: Mapping[str, Source]) -> dict[str, str]:
     for name, source in sources.items():
         for attr in _class_private_names(source.tree):
             owners.setdefault(attr, set()).add(name)
+    ours = {name.partition(".")[0] for name in sources}
     findings: dict[str, str] = {}
-
-    def add(key: str, module: str, line: int) -> None:
-        findings[key] = findings.get(key, "") + f"  {_where(sources, module, line)}\n"
-
     for imp in imports(sources):
         for name in filter(_is_private, imp.names):
-            add(f"private: {imp.importer} imports {name} from {imp.target}", imp.importer, imp.line)
+            _add(findings, f"private: {imp.importer} imports {name} from {imp.target}", sources, imp.importer, imp.line)
         package = _package_of_private(imp.target)
         if package is not None and not (imp.importer == package or imp.importer.startswith(package + ".")):
-            add(f"private: {imp.importer} imports the private module {imp.target}", imp.importer, imp.line)
+            key = f"private: {imp.importer} imports the private module {imp.target}"
+            _add(findings, key, sources, imp.importer, imp.line)
     for name, source in sources.items():
         modules = _module_aliases(source, sources)
         for receiver, attr, line in _private_accesses(source.tree):
@@ -256,14 +259,17 @@ def private_findings(sources: Mapping[str, Source]) -> dict[str, str]:
             if dotted in ("self", "cls", "super()"):
                 continue
             head, _, rest = (dotted or "").partition(".")
-            if head in modules:  # a module: ours when its alias names one of our modules
+            if head in modules:  # the receiver starts with an imported module
                 module = ".".join(filter(None, [modules[head], rest]))
-                if module in sources and module != name:
-                    add(f"private: {name} reads {module}.{attr}", name, line)
-                continue
+                if module in sources:
+                    if module != name:
+                        _add(findings, f"private: {name} reads {module}.{attr}", sources, name, line)
+                    continue
+                if modules[head].partition(".")[0] not in ours:  # torch._C, os._exit
+                    continue
             if attr not in owners or (isinstance(receiver, ast.Name) and name in owners[attr]):
                 continue
-            add(f"private: {name} reads {ast.unparse(receiver)}.{attr}", name, line)
+            _add(findings, f"private: {name} reads {ast.unparse(receiver)}.{attr}", sources, name, line)
     return findings
 
 
@@ -390,6 +396,7 @@ def test_the_checks_see_what_they_must(tmp_path: Path) -> None:
         "modelmeter/reports/__init__.py": "",
         "modelmeter/reports/result.py": """
             from typing import TYPE_CHECKING
+            from torch import nn
             from modelmeter.engine import trace as tr
             if TYPE_CHECKING:
                 import modelmeter.engine.tracer  # only for the type checker, and upward
@@ -399,6 +406,8 @@ def test_the_checks_see_what_they_must(tmp_path: Path) -> None:
                     self.n = len(trace._events) + len(self.trace._path_for())
                     self.m = getattr(tr.Trace(), "_events")
                     self._own = tr._helper
+                    self.p = tr.Trace._path_for
+                    self.q = nn.Module._apply  # torch's
             """,
         "modelmeter/io/__init__.py": "from modelmeter.engine._torch import x\nfrom ..engine.trace import _helper\n",
         "modelmeter/newthing.py": "",
@@ -427,4 +436,5 @@ def test_the_checks_see_what_they_must(tmp_path: Path) -> None:
         "private: modelmeter.reports.result reads self.trace._path_for",
         "private: modelmeter.reports.result reads tr.Trace()._events",
         "private: modelmeter.reports.result reads modelmeter.engine.trace._helper",
+        "private: modelmeter.reports.result reads tr.Trace._path_for",
     }
