@@ -61,8 +61,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("runner", ("modelmeter.engine.tracer",), ("engine",)),  # runs the model: nothing below it may
     ("handles", ("modelmeter.handles",), ("engine",)),
     ("metrics", ("modelmeter.metrics",), ("handles",)),
-    ("cache", ("modelmeter.cache",), ("engine", "io")),
-    ("reports", ("modelmeter.reports",), ("metrics", "io")),
+    ("format", ("modelmeter.cache.serialize",), ("engine",)),  # the Trace as JSON: kept by the cache, saved by reports
+    ("cache", ("modelmeter.cache",), ("format", "io")),
+    ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),
     ("session", ("modelmeter.analysis", "modelmeter.memory"), ("runner", "cache", "reports")),
     ("zoo", ("modelmeter.zoo",), ("base",)),
     ("loaders", ("modelmeter.models", "modelmeter.cli.models"), ("engine", "zoo")),  # the latter after the cli/ split
