@@ -220,7 +220,7 @@ def test_run_options_and_versions_are_keyed(monkeypatch: pytest.MonkeyPatch) -> 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert key(model, x) != base
     assert key(model, x) == base
-    monkeypatch.setattr(modelmeter, "__version__", "99.0")
+    monkeypatch.setattr(modelmeter._version, "__version__", "99.0")
     assert key(model, x) != base
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.1")

@@ -126,6 +126,19 @@ def test_periodic_checkpointer_fvcore_example(tmp_path: pathlib.Path) -> None:
     assert torch.load(other / "model_0000009.pth", weights_only=True)["loss"] == 1.5
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_path_for_is_where_save_puts_the_checkpoint(tmp_path: pathlib.Path, sharded: bool) -> None:
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path), sharded=sharded)
+    assert ckpt.is_writer()
+    ckpt.save("step")
+    where = pathlib.Path(ckpt.path_for("step"))
+    assert str(where) == ckpt.get_checkpoint_file()
+    assert where.exists() and where.is_dir() == sharded  # a sharded checkpoint is a directory
+    # the processes that write nothing: no save_dir, or save_to_disk=False (fvcore's way for non-main ranks)
+    assert not Checkpointer(nn.Linear(2, 2), "").is_writer()
+    assert not Checkpointer(nn.Linear(2, 2), str(tmp_path), save_to_disk=False).is_writer()
+
+
 def test_max_to_keep_cleans_up_an_earlier_run(tmp_path: pathlib.Path) -> None:
     model = nn.Linear(2, 2)
     first = PeriodicCheckpointer(Checkpointer(model, str(tmp_path)), period=3, max_iter=12, file_prefix="ckpt")

@@ -6,6 +6,7 @@ with warnings.catch_warnings():  # numpy is optional; torch's CPU wheel warns on
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # noqa: F401
 
+from ._version import __version__
 from .analysis import (
     ActivationCountAnalysis,
     Analysis,
@@ -34,8 +35,6 @@ from .reports import (
     render_html,
     write_html,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CONVENTIONS",

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _version as modelmeter_version
 from ..engine.naming import named_modules_with_dup
 from .serialize import FORMAT_VERSION, schema_signature
 
@@ -612,9 +613,7 @@ def _recorder_digest() -> str:
 
 
 def _versions() -> tuple[Any, ...]:
-    import modelmeter
-
-    return (KEY_VERSION, FORMAT_VERSION, tuple(sorted(schema_signature().items())), modelmeter.__version__,
+    return (KEY_VERSION, FORMAT_VERSION, tuple(sorted(schema_signature().items())), modelmeter_version.__version__,
             _recorder_digest(), torch.__version__, sys.version)
 
 

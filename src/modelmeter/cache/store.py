@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from .. import _version
 from .._gc import no_gc
 from ..engine.trace import Trace
 from ..io.atomic import atomic_write, owner_gone
@@ -278,10 +279,8 @@ def _remove_unlocked(path: str) -> bool:
 
 
 def _encode_entry(key: str, trace: Trace) -> bytes:
-    import modelmeter
-
     with no_gc():
-        entry = {"format": _ENTRY, "key": key, "modelmeter": modelmeter.__version__, "trace": trace_to_dict(trace)}
+        entry = {"format": _ENTRY, "key": key, "modelmeter": _version.__version__, "trace": trace_to_dict(trace)}
         text = json.dumps(entry, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     raw = text.encode("utf-8")
     if len(raw) > MAX_ENTRY_BYTES:  # never write what could not be read back

@@ -327,9 +327,8 @@ class Checkpointer:
         if self._is_sharded():
             self._save_sharded(name, kwargs)
             return
-        _, rank, _ = _dist_state()
         try:
-            if rank == 0 and self.save_dir and self.save_to_disk:
+            if self.is_writer():
                 self._save_plain(name, fmt, kwargs)
         finally:
             if self.save_dir:
@@ -785,17 +784,23 @@ class Checkpointer:
             else:
                 raise ValueError(f"Unsupported type found in checkpoint! {key}: {type(value)}")
 
+    # --- where and who --------------------------------------------------------------------------------------------
+
+    def is_writer(self) -> bool:
+        """Whether this process writes plain checkpoints and ``last_checkpoint`` (and deletes old ones): rank 0,
+        with a ``save_dir`` and ``save_to_disk``."""
+        _, rank, _ = _dist_state()
+        return bool(self.save_dir) and self.save_to_disk and rank == 0
+
+    def path_for(self, name: str) -> str:
+        """Where ``save(name)`` puts the checkpoint: ``<save_dir>/<name>.pth``, or the directory ``<save_dir>/<name>``
+        of a sharded one."""
+        return os.path.join(self.save_dir, name if self._is_sharded() else f"{name}.pth")
+
     # --- helpers --------------------------------------------------------------------------------------------------
 
     def _is_sharded(self) -> bool:
         return self.sharded if self.sharded is not None else _has_dtensor(self.model)
-
-    def _is_writer(self) -> bool:
-        _, rank, _ = _dist_state()
-        return bool(self.save_dir) and self.save_to_disk and rank == 0
-
-    def _path_for(self, name: str) -> str:
-        return os.path.join(self.save_dir, name if self._is_sharded() else f"{name}.pth")
 
     @staticmethod
     def _check_format(fmt: str) -> str:
@@ -840,7 +845,7 @@ class PeriodicCheckpointer:
             name = f"{self.file_prefix}_{iteration:07d}"
             self.checkpointer.save(name, **additional_state)
             if self.max_to_keep is not None:
-                self._retain(self.checkpointer._path_for(name), iteration)
+                self._retain(self.checkpointer.path_for(name), iteration)
         if self.max_iter is not None and iteration >= self.max_iter - 1:
             self.checkpointer.save(f"{self.file_prefix}_final", **additional_state)
 
@@ -878,7 +883,7 @@ class PeriodicCheckpointer:
         assert self.max_to_keep is not None
         while len(self.recent_checkpoints) > self.max_to_keep:
             to_delete = self.recent_checkpoints.pop(0)
-            if not self.checkpointer._is_writer():
+            if not self.checkpointer.is_writer():
                 continue
             try:
                 protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import _version
 from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
@@ -258,9 +259,7 @@ class BaselineFile:
         return cls({name: _parse_entry(value, f"{where}: the entry {name!r}") for name, value in models.items()})
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        import modelmeter
-
-        data = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "modelmeter": modelmeter.__version__,
+        data = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "modelmeter": _version.__version__,
                 "torch": torch.__version__.split("+")[0],
                 "models": {name: asdict(entry) for name, entry in sorted(self.entries.items())}}
         target = os.path.abspath(path)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import _version
 from ..io.atomic import atomic_write
 from .render import convention_note, memory_note
 from .result import BYTE_METRICS, NOT_ADDITIVE, Result
@@ -96,7 +97,7 @@ def html_data(result: Result, compare: Result | None = None) -> dict[str, Any]:
         "inputs": [_input_text(spec) for spec in result.inputs],
         "convention": convention_note(result.convention),
         "execution": result.execution,
-        "version": _version(),
+        "version": _version.__version__,
         "torch": torch.__version__,
         "metrics": result.metrics,
         "byte_metrics": [metric for metric in result.metrics if metric in BYTE_METRICS],
@@ -477,9 +478,3 @@ function table(id, columns, rows) {
 })();
 draw();
 """
-
-
-def _version() -> str:
-    import modelmeter  # at call time: this module is imported while the package initialises
-
-    return modelmeter.__version__
