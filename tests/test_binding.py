@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelmeter import TensorMeta
+from model_helpers import Fn
+from modelmeter import FlopCountAnalysis, TensorMeta
 from modelmeter.engine.metadata import flat_outputs, place_arguments
 from modelmeter.handles import attention, fvcore, products
 from modelmeter.handles.binding import BoundFormula, Formula, bind_all, by_name
-from modelmeter.handles.conventions import CONVENTIONS, get_convention
+from modelmeter.handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
 
 PROPERTY = settings(max_examples=40, deadline=None)
 A = torch.ops.aten
@@ -175,6 +176,31 @@ def test_parameters_must_name_arguments_or_outputs(signature: str) -> None:
 def test_aliases_of_missing_parameters_are_an_error() -> None:
     with pytest.raises(TypeError, match="aliases for parameters it does not have: mat1"):
         by_name(mat1="batch1")(lambda self: 0)
+
+
+# --- a registered formula for a custom operator --------------------------------------------------------
+@torch.library.custom_op("modelmeter_binding_test::scale", mutates_args=())
+def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+@scale.register_fake
+def _(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_register_handle_binds_a_formula_to_the_custom_operators_schema() -> None:
+    @by_name
+    def scale_flops(factor: float, *, result: Any) -> int:
+        return 0 if factor == 1 else result.numel()  # multiplying by 1 is free
+
+    register_handle("modelmeter_binding_test::scale", scale_flops)
+    try:
+        model = Fn(lambda t, f: scale(t, f))
+        assert FlopCountAnalysis(model, (torch.randn(2, 5), 2.0)).by_operator() == Counter({"scale": 10})
+        assert FlopCountAnalysis(model, (torch.randn(2, 5), 1.0)).total() == 0
+    finally:
+        unregister_handle("modelmeter_binding_test::scale")
 
 
 # --- every table's formulas name real arguments ---------------------------------------------------------

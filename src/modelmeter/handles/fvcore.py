@@ -15,7 +15,6 @@ from . import attention, products
 from .attention import encoder_layer_activation, native_mha_activation, sdpa_activation
 from .base import CountInside, Handle, get_shape, numel
 from .binding import Formula, bind_all, by_name
-from .common import arg
 
 
 # --- normalisation, resampling, pooling --------------------------------------------------------
@@ -75,13 +74,20 @@ CONVOLUTION_CALLS = frozenset(f"aten::{name}" for name in (
 _CONVOLUTION_FLAGS = (False, False, True, True)
 
 
+@by_name
+def _padding(padding: Any = None) -> Any:
+    """The ``padding`` of a user-level convolution call (a string: ``conv2d(..., padding="same")``)."""
+    return padding
+
+
 def fvcore_alias(event: Any, parent: Any) -> tuple[str, list[Any]] | None:
     """fvcore's name for a recorded ``aten::convolution`` (run by the user-level call ``parent``, or None), with
     the arguments fvcore's handle gets: ``aten::_convolution``'s thirteen, or — for a string padding —
     ``aten::_convolution_mode``'s, the user-level call's own. None for any other operator: its name is fvcore's."""
     if event.op != "aten::convolution" or event.level != "dispatch":
         return None
-    if parent is not None and parent.op in CONVOLUTION_CALLS and isinstance(arg(parent.inputs, 4), str):
+    from_call = parent is not None and parent.op in CONVOLUTION_CALLS
+    if from_call and isinstance(_padding.bind(parent.op)(parent.inputs, parent.outputs), str):
         return "aten::_convolution_mode", parent.inputs
     return "aten::_convolution", [*event.inputs, *_CONVOLUTION_FLAGS[max(0, len(event.inputs) - 9):]]
 
