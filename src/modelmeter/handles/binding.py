@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 RESULT, OUTPUTS = "result", "outputs"
 _MISSING: Any = object()
@@ -59,19 +59,19 @@ class _Parameter:
     default: Any
 
 
-class Formula(Generic[T]):
+class Formula(Generic[_T]):
     """A cost formula with named parameters; :meth:`bind` makes it the handle of one operator."""
 
-    def __init__(self, fn: Callable[..., T], aliases: Mapping[str, tuple[str, ...]],
+    def __init__(self, fn: Callable[..., _T], aliases: Mapping[str, tuple[str, ...]],
                  arguments: tuple[str, ...] | None) -> None:
         self.fn = fn
         self.arguments = arguments
         self.parameters, self.wants = _parameters(fn, aliases)
-        self._bound: dict[str, BoundFormula[T]] = {}
+        self._bound: dict[str, BoundFormula[_T]] = {}
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
 
-    def bind(self, op: str) -> BoundFormula[T]:
+    def bind(self, op: str) -> BoundFormula[_T]:
         """This formula as the handle of ``op`` (``"aten::addmm"``; a ``backward:`` key reads its forward call).
 
         Raises ``TypeError`` naming the operator and the parameter when a parameter without a default is not an
@@ -83,10 +83,10 @@ class Formula(Generic[T]):
         return bound
 
 
-class BoundFormula(Generic[T]):
-    """A :class:`Formula` bound to one operator: a handle ``(inputs, outputs) -> T``."""
+class BoundFormula(Generic[_T]):
+    """A :class:`Formula` bound to one operator: a handle ``(inputs, outputs) -> _T``."""
 
-    def __init__(self, formula: Formula[T], op: str, overloads: tuple[_Overload, ...] | None) -> None:
+    def __init__(self, formula: Formula[_T], op: str, overloads: tuple[_Overload, ...] | None) -> None:
         self.formula, self.op, self.overloads = formula, op, overloads
         self.__doc__ = formula.__doc__
         self.__name__ = formula.__name__
@@ -95,7 +95,7 @@ class BoundFormula(Generic[T]):
         if overloads is not None:
             self._check(overloads)
 
-    def __call__(self, inputs: list[Any], outputs: list[Any]) -> T:
+    def __call__(self, inputs: list[Any], outputs: list[Any]) -> _T:
         layout = self._layouts.get(len(inputs))
         if layout is None:
             layout = self._layout(len(inputs))
@@ -113,25 +113,26 @@ class BoundFormula(Generic[T]):
 
     def _layout(self, given: int) -> tuple[tuple[int, Any], ...]:
         """Where each parameter is in a call that placed ``given`` arguments."""
-        if not self.formula.parameters:  # reads the outputs only: any operator, schema or not
-            return ()
-        chosen = _overload_for(self._known_overloads(), given)
-        layout = []
-        for parameter in self.formula.parameters:
-            index = chosen.index(parameter.aliases)
-            if index is not None and index < given:
-                layout.append((index, None))
-                continue
-            default = parameter.default
-            if index is not None and chosen.arguments[index].default is not _MISSING:
-                default = chosen.arguments[index].default
-            if default is _MISSING:
-                raise TypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which the "
-                                f"call did not give ({given} argument{'s' if given != 1 else ''}) and which has no "
-                                "default")
-            layout.append((-1, default))
-        found = self._layouts[given] = tuple(layout)
-        return found
+        layout: tuple[tuple[int, Any], ...] = ()
+        if self.formula.parameters:  # (a formula of the outputs only suits any operator, schema or not)
+            chosen = _overload_for(self._known_overloads(), given)
+            layout = tuple(self._place(parameter, chosen, given) for parameter in self.formula.parameters)
+        self._layouts[given] = layout
+        return layout
+
+    def _place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
+        """(position, None) of a parameter the call placed, else (-1, its default)."""
+        index = chosen.index(parameter.aliases)
+        if index is not None and index < given:
+            return index, None
+        default = parameter.default
+        if index is not None and chosen.arguments[index].default is not _MISSING:
+            default = chosen.arguments[index].default
+        if default is _MISSING:
+            raise TypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which the "
+                            f"call did not give ({given} argument{'s' if given != 1 else ''}) and which has no "
+                            "default")
+        return -1, default
 
     def _known_overloads(self) -> tuple[_Overload, ...]:
         if self.overloads is None:
@@ -141,16 +142,16 @@ class BoundFormula(Generic[T]):
 
 
 @overload
-def by_name(fn: Callable[..., T], /) -> Formula[T]: ...
+def by_name(fn: Callable[..., _T], /) -> Formula[_T]: ...
 
 
 @overload
 def by_name(*, arguments: tuple[str, ...] | None = None,
-            **aliases: str | tuple[str, ...]) -> Callable[[Callable[..., T]], Formula[T]]: ...
+            **aliases: str | tuple[str, ...]) -> Callable[[Callable[..., _T]], Formula[_T]]: ...
 
 
-def by_name(fn: Callable[..., T] | None = None, /, *, arguments: tuple[str, ...] | None = None,
-            **aliases: str | tuple[str, ...]) -> Formula[T] | Callable[[Callable[..., T]], Formula[T]]:
+def by_name(fn: Callable[..., _T] | None = None, /, *, arguments: tuple[str, ...] | None = None,
+            **aliases: str | tuple[str, ...]) -> Formula[_T] | Callable[[Callable[..., _T]], Formula[_T]]:
     """Mark ``fn`` as a formula over arguments named as in the operator's schema (see the module's docstring).
 
     ``aliases`` give a parameter the other names an operator may use for it (``mat1=("batch1", "mat")``: the
@@ -159,7 +160,7 @@ def by_name(fn: Callable[..., T] | None = None, /, *, arguments: tuple[str, ...]
     """
     spelled = {name: (names,) if isinstance(names, str) else tuple(names) for name, names in aliases.items()}
 
-    def make(function: Callable[..., T]) -> Formula[T]:
+    def make(function: Callable[..., _T]) -> Formula[_T]:
         return Formula(function, spelled, arguments)
 
     return make if fn is None else make(fn)
