@@ -14,11 +14,12 @@ attention). Formulas: docs/attention.md.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
-from .base import CountInside, Handle, backward_key, get_shape, numel, prod, shape_of
+from .base import CountInside, Handle, backward_key, get_shape, prod, shape_of
+from .binding import Formula, bind_all, by_name
 
 # ``flops`` convention, per attended pair, besides the products: forward scale, row max, subtract, exp,
 # row sum, normalise (6); backward dS = P·(dP - D) with its scale (3), and a fused kernel's recomputation of P
@@ -76,37 +77,51 @@ class Attention:
     additive_mask: bool = False
 
 
-def _attention(q: list[int], k: list[int], v: list[int], *, heads_first: bool, sequences: int = 1,
-               causal: bool = False, bottom_right: bool = False, window: tuple[int | None, int | None] | None = None,
-               mask: Any = None, dense: bool = False) -> Attention:
-    """Sizes and attended pairs from q/k/v shapes.
+@dataclass(frozen=True)
+class _Call:
+    """What one attention operator says about its attention: q/k/v shapes, layout, causality, window, mask.
 
     ``heads_first``: ``(..., H, L, E)`` (sdpa) or ``(B, L, H, E)`` / varlen ``(T, H, E)`` (flash and
     memory-efficient kernels; ``sequences`` packed sequences are taken as equal in length).
     """
-    if heads_first:
+
+    q: list[int]
+    k: list[int]
+    v: list[int]
+    heads_first: bool
+    sequences: int = 1
+    causal: bool = False
+    bottom_right: bool = False
+    window: tuple[int | None, int | None] | None = None
+    mask: Any = None
+
+
+def _attention(call: _Call, dense: bool = False) -> Attention:
+    """Sizes and attended pairs of ``call`` (every pair when ``dense``)."""
+    q, k, v = call.q, call.k, call.v
+    if call.heads_first:
         heads, lq, s = prod(q[:-2]), q[-2], k[-2]
     elif len(q) == 3:  # varlen: total tokens x heads x dim
-        heads, lq, s = sequences * q[1], q[0] // sequences, k[0] // sequences
+        heads, lq, s = call.sequences * q[1], q[0] // call.sequences, k[0] // call.sequences
     else:
         heads, lq, s = q[0] * q[2], q[1], k[1]
     per_head = lq * s
-    attended = getattr(mask, "attended", None)
+    attended = getattr(call.mask, "attended", None)
     if dense:
         pairs = heads * per_head
     elif attended is not None:
         pairs = attended
-    elif window is not None:
+    elif call.window is not None:
         offset = s - lq
-        left, right = window
+        left, right = call.window
         pairs = heads * band_pairs(lq, s, None if left is None else offset - left,
-                                   0 if causal else (None if right is None else offset + right))
-    elif causal:
-        pairs = heads * causal_pairs(lq, s, bottom_right)
+                                   0 if call.causal else (None if right is None else offset + right))
+    elif call.causal:
+        pairs = heads * causal_pairs(lq, s, call.bottom_right)
     else:
         pairs = heads * per_head
-    mask_dtype = getattr(mask, "dtype", "bool")
-    return Attention(heads, lq, s, q[-1], v[-1], pairs, mask is not None and mask_dtype != "bool")
+    mask_dtype = getattr(call.mask, "dtype", "bool")
+    return Attention(heads, lq, s, q[-1], v[-1], pairs, call.mask is not None and mask_dtype != "bool")
 
 
 def _window(left: Any, right: Any) -> tuple[int | None, int | None] | None:
@@ -121,50 +136,40 @@ def _sequences(cumulative: Any) -> int:
     return 1 if shape is None else max(shape[0] - 1, 1)
 
 
-# --- how each operator describes its attention: (inputs, dense) -> Attention ------------------
-Parse = Callable[[list[Any], bool], "Attention"]
+# --- how each operator describes its attention ----------------------------------------------------
+def _qkv(query: Any, key: Any, value: Any) -> tuple[list[int], list[int], list[int]]:
+    return shape_of(query), shape_of(key), shape_of(value)
 
 
-def _arg(inputs: list[Any], index: int | None) -> Any:
-    """The argument at ``index``, or None where the call did not have it."""
-    return inputs[index] if index is not None and index < len(inputs) else None
+def _sdpa_like(bottom_right: bool) -> Formula[_Call]:
+    """Operators with ``(..., H, L, E)`` q/k/v, ``is_causal`` and a mask (``attn_mask`` or ``attn_bias``, or none);
+    ``bottom_right``: flash kernels, whose causal mask is aligned bottom-right."""
+
+    @by_name(attn_mask="attn_bias")
+    def sdpa_like(query: Any, key: Any, value: Any, is_causal: Any = False, attn_mask: Any = None) -> _Call:
+        return _Call(*_qkv(query, key, value), heads_first=True, causal=bool(is_causal), bottom_right=bottom_right,
+                     mask=attn_mask)
+
+    sdpa_like.__doc__ = _sdpa_like.__doc__
+    return sdpa_like
 
 
-def _sdpa_like(qkv: int, causal: int, mask: int | None, bottom_right: bool = False) -> Parse:
-    """Operators with ``(..., H, L, E)`` q/k/v at ``qkv``, ``is_causal`` and the mask at the given positions."""
-
-    def parse(inputs: list[Any], dense: bool) -> Attention:
-        q, k, v = (shape_of(t) for t in inputs[qkv:qkv + 3])
-        return _attention(q, k, v, heads_first=True, causal=bool(_arg(inputs, causal)), bottom_right=bottom_right,
-                          mask=_arg(inputs, mask), dense=dense)
-
-    return parse
+_SDPA, _SDPA_FLASH = _sdpa_like(False), _sdpa_like(True)
 
 
-def _flash_forward(inputs: list[Any], dense: bool) -> Attention:
-    """``_flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, ..., is_causal, ..., window_left, window_right)``."""
-    q, k, v = (shape_of(t) for t in inputs[:3])
-    return _attention(q, k, v, heads_first=False, sequences=_sequences(inputs[3]), causal=bool(inputs[8]),
-                      bottom_right=True, window=_window(inputs[11], inputs[12]), dense=dense)
+@by_name
+def _flash(query: Any, key: Any, value: Any, cum_seq_q: Any, is_causal: Any, window_size_left: Any = None,
+           window_size_right: Any = None) -> _Call:
+    """``_flash_attention_forward/backward``: ``(B, L, H, E)`` or varlen, bottom-right causal, a sliding window."""
+    return _Call(*_qkv(query, key, value), heads_first=False, sequences=_sequences(cum_seq_q),
+                 causal=bool(is_causal), bottom_right=True, window=_window(window_size_left, window_size_right))
 
 
-def _flash_backward(inputs: list[Any], dense: bool) -> Attention:
-    """``_flash_attention_backward(grad_out, q, k, v, out, lse, cum_seq_q, ..., is_causal, ..., windows)``."""
-    q, k, v = (shape_of(t) for t in inputs[1:4])
-    return _attention(q, k, v, heads_first=False, sequences=_sequences(inputs[6]), causal=bool(inputs[11]),
-                      bottom_right=True, window=_window(inputs[15], inputs[16]), dense=dense)
-
-
-def _efficient(qkv: int, bias: int, cumulative: int, mask_type: int) -> Parse:
+@by_name
+def _efficient(query: Any, key: Any, value: Any, bias: Any, cu_seqlens_q: Any, custom_mask_type: Any) -> _Call:
     """``_efficient_attention_forward/backward``: ``(B, L, H, E)``; mask type 1 causal top-left, 2 bottom-right."""
-
-    def parse(inputs: list[Any], dense: bool) -> Attention:
-        q, k, v = (shape_of(t) for t in inputs[qkv:qkv + 3])
-        kind = inputs[mask_type]
-        return _attention(q, k, v, heads_first=False, sequences=_sequences(inputs[cumulative]), causal=kind in (1, 2),
-                          bottom_right=kind == 2, mask=inputs[bias], dense=dense)
-
-    return parse
+    return _Call(*_qkv(query, key, value), heads_first=False, sequences=_sequences(cu_seqlens_q),
+                 causal=custom_mask_type in (1, 2), bottom_right=custom_mask_type == 2, mask=bias)
 
 
 # --- costs -------------------------------------------------------------------------------------
@@ -191,35 +196,37 @@ def backward_flops(a: Attention, recompute: bool = True) -> int:
 _FORWARD_KEY, _BACKWARD_KEY = "scaled_dot_product_attention", "scaled_dot_product_attention_backward"
 
 # operator -> (how to read it, backward?)
-_KERNELS: dict[str, tuple[Parse, bool]] = {
-    "aten::scaled_dot_product_attention": (_sdpa_like(0, 5, 3), False),
-    **{f"aten::{op}": (_sdpa_like(0, 5, 3), False)
+KERNELS: dict[str, tuple[Formula[_Call], bool]] = {
+    "aten::scaled_dot_product_attention": (_SDPA, False),
+    **{f"aten::{op}": (_SDPA, False)
        for op in ("_scaled_dot_product_attention_math", "_scaled_dot_product_attention_math_for_mps")},
-    "aten::_scaled_dot_product_flash_attention": (_sdpa_like(0, 4, None, bottom_right=True), False),
-    "aten::_scaled_dot_product_flash_attention_backward": (_sdpa_like(1, 11, None, bottom_right=True), True),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": (_sdpa_like(0, 4, 5), False),
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (_sdpa_like(1, 7, 8), True),
-    "aten::_scaled_dot_product_efficient_attention": (_sdpa_like(0, 6, 3), False),
-    "aten::_scaled_dot_product_efficient_attention_backward": (_sdpa_like(1, 11, 4), True),
-    "aten::_scaled_dot_product_cudnn_attention": (_sdpa_like(0, 6, 3), False),
-    "aten::_scaled_dot_product_cudnn_attention_backward": (_sdpa_like(1, 14, 8), True),
-    "aten::_scaled_dot_product_fused_attention_overrideable": (_sdpa_like(0, 5, 3), False),
-    "aten::_scaled_dot_product_fused_attention_overrideable_backward": (_sdpa_like(1, 13, 4), True),
-    "aten::_flash_attention_forward": (_flash_forward, False),
-    "aten::_flash_attention_backward": (_flash_backward, True),
-    "aten::_efficient_attention_forward": (_efficient(0, 3, 4, 9), False),
-    "aten::_efficient_attention_backward": (_efficient(1, 4, 6, 14), True),
+    "aten::_scaled_dot_product_flash_attention": (_SDPA_FLASH, False),
+    "aten::_scaled_dot_product_flash_attention_backward": (_SDPA_FLASH, True),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (_SDPA, False),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (_SDPA, True),
+    "aten::_scaled_dot_product_efficient_attention": (_SDPA, False),
+    "aten::_scaled_dot_product_efficient_attention_backward": (_SDPA, True),
+    "aten::_scaled_dot_product_cudnn_attention": (_SDPA, False),
+    "aten::_scaled_dot_product_cudnn_attention_backward": (_SDPA, True),
+    "aten::_scaled_dot_product_fused_attention_overrideable": (_SDPA, False),
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": (_SDPA, True),
+    "aten::_flash_attention_forward": (_flash, False),
+    "aten::_flash_attention_backward": (_flash, True),
+    "aten::_efficient_attention_forward": (_efficient, False),
+    "aten::_efficient_attention_backward": (_efficient, True),
 }
 
 
-def _kernel_handle(parse: Parse, backward: bool, real_flops: bool, dense: bool, kernel: str) -> Handle:
+def _kernel_handle(op: str, backward: bool, real_flops: bool, dense: bool, kernel: str) -> Handle:
     """The cost of an attention operator as ``kernel`` computes it: a fused kernel over the attended pairs,
     recomputing ``q·k`` backward; the math kernel over every pair, keeping the scores for the backward pass."""
     fused = kernel == "fused"
     dense = dense or not fused
+    formula = KERNELS[op.removeprefix("backward:")][0]
+    parse = formula.bind(op)
 
     def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
-        a = parse(inputs, dense)
+        a = _attention(parse(inputs, outputs), dense)
         if not backward:
             value = forward_flops(a) if real_flops else forward_macs(a)
         elif real_flops:
@@ -230,13 +237,15 @@ def _kernel_handle(parse: Parse, backward: bool, real_flops: bool, dense: bool, 
 
     pairs = "the attended pairs" if fused and not dense else "every pair"
     handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention ({kernel} kernel) over {pairs}. " \
-        f"{parse.__doc__}"
+        f"{formula.__doc__}"
     return handle
 
 
 # --- flex_attention ------------------------------------------------------------------------------
-def flex_attention_pairs(inputs: list[Any], dense: bool) -> Attention:
-    """``flex_attention(q, k, v, score_mod, block_mask, ...)``: the block mask's blocks when their counts are known.
+@by_name(arguments=("query", "key", "value", "score_mod", "block_mask"))
+def flex_attention_pairs(query: Any, key: Any, value: Any, block_mask: Any = None) -> tuple[Attention, int | None]:
+    """``flex_attention(query, key, value, score_mod, block_mask, ...)``: every pair, and the pairs of the block
+    mask's blocks when their counts are known (else None).
 
     The block mask arrives as ``BlockMask.as_tuple()``: ``(q_len, kv_len, kv_num_blocks, kv_indices,
     full_kv_num_blocks, ..., Q_BLOCK_SIZE, KV_BLOCK_SIZE, mask_mod)``; a fused kernel computes
@@ -244,22 +253,25 @@ def flex_attention_pairs(inputs: list[Any], dense: bool) -> Attention:
     (read from ``attended`` of ``kv_num_blocks``/``full_kv_num_blocks``) times the block area, times the
     heads a mask broadcast over one batch or head stands for.
     """
-    q, k, v = (shape_of(t) for t in inputs[:3])
-    a = _attention(q, k, v, heads_first=True, dense=True)
-    blocks = inputs[4] if len(inputs) > 4 and isinstance(inputs[4], list) and len(inputs[4]) > 6 else None
-    if dense or blocks is None:
-        return a
+    a = _attention(_Call(*_qkv(query, key, value), heads_first=True), dense=True)
+    blocks = block_mask if isinstance(block_mask, list) and len(block_mask) > 6 else None
+    if blocks is None:
+        return a, None
     counts = [getattr(blocks[i], "attended", None) for i in (2, 4)]
     if counts[0] is None or (blocks[4] is not None and counts[1] is None):
-        return a
+        return a, None
     area = blocks[-3] * blocks[-2]
     broadcast = a.heads // prod(shape_of(blocks[2])[:-1])
-    return Attention(a.heads, a.lq, a.s, a.e, a.ev, min(a.pairs, (counts[0] + (counts[1] or 0)) * area * broadcast))
+    return a, min(a.pairs, (counts[0] + (counts[1] or 0)) * area * broadcast)
 
 
 def _flex_handle(real_flops: bool, dense: bool) -> Handle:
+    parse = flex_attention_pairs.bind("aten::flex_attention")
+
     def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
-        a = flex_attention_pairs(inputs, dense)
+        a, pairs = parse(inputs, outputs)
+        if pairs is not None and not dense:
+            a = replace(a, pairs=pairs)
         return Counter({"flex_attention": forward_flops(a) if real_flops else forward_macs(a)})
 
     handle.__doc__ = f"Forward flex attention. {flex_attention_pairs.__doc__}"
@@ -273,66 +285,76 @@ def _mha_parts(query: list[int], key: list[int], embed_dim: int, num_heads: int)
     return {"batch": lead, "L": query[-2], "S": key[-2], "E": embed_dim, "H": num_heads}
 
 
-def native_mha_cost(inputs: list[Any], real_flops: bool) -> Counter[str]:
+@cache
+def native_mha_counter(real_flops: bool) -> Formula[Counter[str]]:
     """``_native_multi_head_attention``: q/k/v and output projections plus the (dense) attention products."""
-    p = _mha_parts(shape_of(inputs[0]), shape_of(inputs[1]), inputs[3], inputs[4])
-    b, lq, s, e, h = p["batch"], p["L"], p["S"], p["E"], p["H"]
-    linear = b * (lq * e * e + 2 * s * e * e) + b * lq * e * e
-    a = Attention(b * h, lq, s, e // h, e // h, b * h * lq * s)
-    if not real_flops:
-        return Counter({"linear": linear, _FORWARD_KEY: forward_macs(a)})
-    in_bias, out_bias = (get_shape(inputs[i]) is not None for i in (6, 8))
-    biases = b * (lq * e + 2 * s * e) * in_bias + b * lq * e * out_bias
-    return Counter({"linear": 2 * linear + biases, _FORWARD_KEY: forward_flops(a)})
+
+    @by_name
+    def native_mha_cost(query: Any, key: Any, embed_dim: int, num_head: int, qkv_bias: Any,
+                        proj_bias: Any) -> Counter[str]:
+        p = _mha_parts(shape_of(query), shape_of(key), embed_dim, num_head)
+        b, lq, s, e, h = p["batch"], p["L"], p["S"], p["E"], p["H"]
+        linear = b * (lq * e * e + 2 * s * e * e) + b * lq * e * e
+        a = Attention(b * h, lq, s, e // h, e // h, b * h * lq * s)
+        if not real_flops:
+            return Counter({"linear": linear, _FORWARD_KEY: forward_macs(a)})
+        in_bias, out_bias = get_shape(qkv_bias) is not None, get_shape(proj_bias) is not None
+        biases = b * (lq * e + 2 * s * e) * in_bias + b * lq * e * out_bias
+        return Counter({"linear": 2 * linear + biases, _FORWARD_KEY: forward_flops(a)})
+
+    native_mha_cost.__doc__ = native_mha_counter.__doc__
+    return native_mha_cost
 
 
-def encoder_layer_cost(inputs: list[Any], real_flops: bool) -> Counter[str]:
+@cache
+def encoder_layer_counter(real_flops: bool, fvcore_norms: bool) -> Formula[Counter[str]]:
     """``_transformer_encoder_layer_fwd``: self-attention block, two layer norms and the MLP.
 
-    fvcore/macs: layer norms at fvcore's 5 per element (fvcore) or 0 (macs); flops: every bias, norm,
-    activation and residual add at the per-element costs above.
+    fvcore/macs: layer norms at fvcore's 5 per element (fvcore, ``fvcore_norms``) or 0 (macs); flops: every bias,
+    norm, activation and residual add at the per-element costs above.
     """
-    src, ffn = shape_of(inputs[0]), shape_of(inputs[14])
-    tokens, e, h, f = prod(src[:-1]), src[-1], inputs[2], ffn[0]
-    seq = src[-2] if len(src) > 1 else 1
-    linear = tokens * (4 * e * e + 2 * e * f)
-    a = Attention(tokens // seq * h, seq, seq, e // h, e // h, tokens * h * seq)
-    if not real_flops:
-        return Counter({"linear": linear, _FORWARD_KEY: forward_macs(a)})
-    biases = tokens * (3 * e + e + f + e)
-    return Counter({"linear": 2 * linear + biases, _FORWARD_KEY: forward_flops(a),
-                    "layer_norm": 2 * (LAYER_NORM_ELEMENT_FLOPS * tokens * e + LAYER_NORM_ROW_FLOPS * tokens),
-                    "elementwise": ACTIVATION_FLOPS * tokens * f + 2 * tokens * e})
 
+    @by_name
+    def encoder_layer_cost(src: Any, num_heads: int, ffn_weight_1: Any) -> Counter[str]:
+        shape = shape_of(src)
+        tokens, e, h, f = prod(shape[:-1]), shape[-1], num_heads, shape_of(ffn_weight_1)[0]
+        seq = shape[-2] if len(shape) > 1 else 1
+        linear = tokens * (4 * e * e + 2 * e * f)
+        a = Attention(tokens // seq * h, seq, seq, e // h, e // h, tokens * h * seq)
+        if not real_flops:
+            counts = Counter({"linear": linear, _FORWARD_KEY: forward_macs(a)})
+            if fvcore_norms:
+                counts["layer_norm"] = 2 * 5 * tokens * e
+            return counts
+        biases = tokens * (3 * e + e + f + e)
+        return Counter({"linear": 2 * linear + biases, _FORWARD_KEY: forward_flops(a),
+                        "layer_norm": 2 * (LAYER_NORM_ELEMENT_FLOPS * tokens * e + LAYER_NORM_ROW_FLOPS * tokens),
+                        "elementwise": ACTIVATION_FLOPS * tokens * f + 2 * tokens * e})
 
-def _fused_handle(cost: Any, real_flops: bool, norms: bool) -> Handle:
-    def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
-        counts = cost(inputs, real_flops)
-        if norms:  # fvcore's estimate of the layer's two norms
-            counts["layer_norm"] = 2 * 5 * numel(inputs[0])
-        return counts
-
-    handle.__doc__ = cost.__doc__
-    return handle
+    encoder_layer_cost.__doc__ = encoder_layer_counter.__doc__
+    return encoder_layer_cost
 
 
 # --- activations (fvcore's ActivationCountAnalysis): what the unfused products would output ----------
-def sdpa_activation(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
+@by_name
+def sdpa_activation(query: Any, key: Any, value: Any) -> Counter[str]:
     """The score matrix (L·S) and the result (L·Ev) per head, dense."""
-    q, k, v = (shape_of(t) for t in inputs[:3])
+    q, k, v = _qkv(query, key, value)
     return Counter({_FORWARD_KEY: prod(q[:-2]) * q[-2] * (k[-2] + v[-1])})
 
 
-def native_mha_activation(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
-    p = _mha_parts(shape_of(inputs[0]), shape_of(inputs[1]), inputs[3], inputs[4])
+@by_name
+def native_mha_activation(query: Any, key: Any, embed_dim: int, num_head: int) -> Counter[str]:
+    p = _mha_parts(shape_of(query), shape_of(key), embed_dim, num_head)
     b, lq, s, e, h = p["batch"], p["L"], p["S"], p["E"], p["H"]
     return Counter({"linear": b * (lq * e + 2 * s * e) + b * lq * e, _FORWARD_KEY: b * h * lq * s + b * lq * e})
 
 
-def encoder_layer_activation(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
-    src, ffn = shape_of(inputs[0]), shape_of(inputs[14])
-    tokens, e, h, f = prod(src[:-1]), src[-1], inputs[2], ffn[0]
-    seq = src[-2] if len(src) > 1 else 1
+@by_name
+def encoder_layer_activation(src: Any, num_heads: int, ffn_weight_1: Any) -> Counter[str]:
+    shape = shape_of(src)
+    tokens, e, h, f = prod(shape[:-1]), shape[-1], num_heads, shape_of(ffn_weight_1)[0]
+    seq = shape[-2] if len(shape) > 1 else 1
     return Counter({"linear": tokens * (5 * e + f), _FORWARD_KEY: tokens * h * seq + tokens * e})
 
 
@@ -347,16 +369,17 @@ def handles(convention: str, dense_attention: bool = False,
     check_attention_kernel(attention_kernel)
     real = convention == "flops"
     table: dict[str, Handle | CountInside | None] = {
-        op: _kernel_handle(parse, backward, real, dense_attention, attention_kernel)
-        for op, (parse, backward) in _KERNELS.items()}
+        op: _kernel_handle(op, backward, real, dense_attention, attention_kernel)
+        for op, (_, backward) in KERNELS.items()}
     # The backward pass of a user-level call is counted from the call, as the chosen kernel does it, whichever
     # kernel (or math-path products) autograd runs: the same pairs as its forward, the mask's count included,
     # and the same number on every device.
     sdpa = "aten::scaled_dot_product_attention"
-    table[backward_key(sdpa)] = _kernel_handle(_KERNELS[sdpa][0], True, real, dense_attention, attention_kernel)
+    table[backward_key(sdpa)] = _kernel_handle(backward_key(sdpa), True, real, dense_attention, attention_kernel)
     table["aten::flex_attention"] = _flex_handle(real, dense_attention)
-    table["aten::_native_multi_head_attention"] = _fused_handle(native_mha_cost, real, norms=False)
-    table["aten::_transformer_encoder_layer_fwd"] = _fused_handle(encoder_layer_cost, real, convention == "fvcore")
+    table.update(bind_all({
+        "aten::_native_multi_head_attention": native_mha_counter(real),
+        "aten::_transformer_encoder_layer_fwd": encoder_layer_counter(real, convention == "fvcore")}))
     return table
 
 

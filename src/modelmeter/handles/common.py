@@ -60,8 +60,3 @@ def window(kernel: Any, dims: int) -> int:
     """Elements in one pooling window of a ``dims``-dimensional kernel."""
     return prod(spatial(kernel, dims))
 
-
-def arg(inputs: list[Any], index: int, default: Any = None) -> Any:
-    """Argument ``index`` of a call, or ``default`` when the call did not place it (a user-level call whose
-    Python signature differs from the aten schema records only its positional arguments)."""
-    return inputs[index] if len(inputs) > index else default

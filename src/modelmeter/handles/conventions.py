@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import attention, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
+from .binding import Formula
 from .elementwise import elementwise_flops
 from .fvcore import FLOP_HANDLES
 
@@ -71,12 +73,14 @@ def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
     return Convention(name, _DESCRIPTIONS[name], table, elementwise_flops if name == "flops" else None)
 
 
-def register_handle(op: str, handle: Handle | CountInside | None, *, convention: str | None = None) -> None:
+def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None, *,
+                    convention: str | None = None) -> None:
     """Give operator ``op`` (``"namespace::name"``, e.g. a ``torch.library`` custom op ``"mylib::fused"``)
     a formula in ``convention``, or in every convention when it is None.
 
     ``handle`` has the signature of every handle, ``handle(inputs, outputs) -> int | float | Counter``;
-    ``None`` declares the operator known and free. A formula for one convention wins over one for all.
+    ``None`` declares the operator known and free; a :func:`~.binding.by_name` formula is bound to ``op``'s schema
+    here. A formula for one convention wins over one for all.
     It applies to analyses created afterwards (:func:`get_convention` reads the registry);
     :func:`unregister_handle` removes it.
     """
@@ -84,7 +88,7 @@ def register_handle(op: str, handle: Handle | CountInside | None, *, convention:
         _check_convention(convention)
     if "::" not in op:
         raise ValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r}")
-    _REGISTERED.setdefault(op, {})[convention] = handle
+    _REGISTERED.setdefault(op, {})[convention] = handle.bind(op) if isinstance(handle, Formula) else handle
 
 
 def unregister_handle(op: str, *, convention: str | None = None) -> None:

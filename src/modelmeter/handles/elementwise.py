@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Handle, numel
-from .common import Table, arg, by_convention, first_tensor, float_numel, is_floating
+from .binding import bind_all, by_name
+from .common import Table, by_convention, first_tensor, float_numel, is_floating
 
 
 def elementwise_flops(inputs: list[Any], outputs: list[Any]) -> int:
@@ -41,15 +42,16 @@ def comparison_flops(inputs: list[Any], outputs: list[Any]) -> int:
     return 0 if out is None else numel(out)
 
 
-def dropout_flops(inputs: list[Any], outputs: list[Any]) -> int:
-    """``native_dropout(x, p, train)``: scale the kept mask by ``1/(1-p)`` and multiply, 2 per element
+@by_name
+def dropout_flops(train: Any = True, *, outputs: list[Any]) -> int:
+    """``native_dropout(input, p, train)``: scale the kept mask by ``1/(1-p)`` and multiply, 2 per element
     (as its decomposition, ``bernoulli_``, ``div_``, ``mul``, counts); 0 when not training."""
-    return 0 if arg(inputs, 2, True) is False else 2 * float_numel(first_tensor(outputs))
+    return 0 if train is False else 2 * float_numel(first_tensor(outputs))
 
 
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 
-FLOPS: dict[str, Handle | None] = {
+FLOPS: dict[str, Handle | None] = bind_all({
     # free in classify.FREE_OPS for fvcore and macs, but arithmetic: max(x, 0), x > t ? x : v
     **{f"aten::{op}": elementwise_flops for op in ("relu", "relu_", "threshold", "threshold_")},
     "aten::native_dropout": dropout_flops,
@@ -59,7 +61,7 @@ FLOPS: dict[str, Handle | None] = {
     **{f"aten::{op}": per_output_element(3) for op in ("lerp", "lerp_")},  # a + w · (b - a)
     # comparisons give boolean results (free as integer-only) but compare floating-point values
     **{f"aten::{op}": comparison_flops for op in _COMPARISONS + tuple(f"{c}_" for c in _COMPARISONS)},
-}
+})
 
 
 def handles(convention: str) -> Table:

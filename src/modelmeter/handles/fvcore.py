@@ -1,8 +1,8 @@
 """Formulas of the fvcore convention: one fused multiply-add counts as one flop.
 
-Each function takes ``(inputs, outputs)`` of one recorded call (arguments in the aten schema's
-order, tensors as metadata with ``.shape``) and returns a count. ``FLOP_HANDLES`` and
-``ACTIVATION_HANDLES`` at the bottom map operator names to them, one line per operator family;
+Each formula reads the arguments of one recorded call by their schema names (:mod:`.binding`; tensors as
+metadata with ``.shape``) and returns a count. ``FLOP_HANDLES`` and ``ACTIVATION_HANDLES`` at the bottom
+map operator names to them, one line per operator family, bound into fvcore's ``handle(inputs, outputs)``;
 products and attention (forward and backward) come from :mod:`.products` and :mod:`.attention`.
 """
 
@@ -14,36 +14,36 @@ from typing import Any
 from . import attention, products
 from .attention import encoder_layer_activation, native_mha_activation, sdpa_activation
 from .base import CountInside, Handle, get_shape, numel
-from .common import arg
+from .binding import Formula, bind_all, by_name
 
 
 # --- normalisation, resampling, pooling --------------------------------------------------------
-def norm_flop_counter(affine_arg_index: int) -> Handle:
-    """Norms: 5 flops per element with an affine transform, 4 without (fvcore's estimate)."""
-
-    def norm_flop(inputs: list[Any], outputs: list[Any]) -> int:
-        has_affine = get_shape(inputs[affine_arg_index]) is not None
-        return numel(inputs[0]) * (5 if has_affine else 4)
-
-    return norm_flop
+@by_name
+def norm_flop(input: Any, weight: Any) -> int:
+    """``group_norm``, ``layer_norm``, ``instance_norm``: 5 flops per element with an affine weight, 4 without
+    (fvcore's estimate)."""
+    return numel(input) * (5 if get_shape(weight) is not None else 4)
 
 
-def batchnorm_flop(inputs: list[Any], outputs: list[Any]) -> int:
-    """``batch_norm(x, weight, bias, mean, var, training, ...)``: train as a norm; eval 2 (1 without affine)."""
-    if inputs[5]:
-        return numel(inputs[0]) * (5 if get_shape(inputs[1]) is not None else 4)
-    return numel(inputs[0]) * (2 if get_shape(inputs[1]) is not None else 1)
+@by_name
+def batchnorm_flop(input: Any, weight: Any, training: Any) -> int:
+    """``batch_norm``: training as a norm (5 per element, 4 without affine); eval 2 (1 without affine)."""
+    affine = get_shape(weight) is not None
+    if training:
+        return numel(input) * (5 if affine else 4)
+    return numel(input) * (2 if affine else 1)
 
 
-def elementwise_flop_counter(input_scale: float = 1, output_scale: float = 0) -> Handle:
+def elementwise_flop_counter(input_scale: float = 1, output_scale: float = 0) -> Formula[float]:
     """``input_scale`` flops per input element plus ``output_scale`` per output element."""
 
-    def elementwise_flop(inputs: list[Any], outputs: list[Any]) -> float:
+    @by_name(self="input")
+    def elementwise_flop(self: Any, *, result: Any) -> float:
         total: float = 0
         if input_scale:
-            total += input_scale * numel(inputs[0])
+            total += input_scale * numel(self)
         if output_scale:
-            total += output_scale * numel(outputs[0])
+            total += output_scale * numel(result)
         return int(total) if float(total).is_integer() else total
 
     return elementwise_flop
@@ -74,13 +74,20 @@ CONVOLUTION_CALLS = frozenset(f"aten::{name}" for name in (
 _CONVOLUTION_FLAGS = (False, False, True, True)
 
 
+@by_name
+def _padding(padding: Any = None) -> Any:
+    """The ``padding`` of a user-level convolution call (a string: ``conv2d(..., padding="same")``)."""
+    return padding
+
+
 def fvcore_alias(event: Any, parent: Any) -> tuple[str, list[Any]] | None:
     """fvcore's name for a recorded ``aten::convolution`` (run by the user-level call ``parent``, or None), with
     the arguments fvcore's handle gets: ``aten::_convolution``'s thirteen, or — for a string padding —
     ``aten::_convolution_mode``'s, the user-level call's own. None for any other operator: its name is fvcore's."""
     if event.op != "aten::convolution" or event.level != "dispatch":
         return None
-    if parent is not None and parent.op in CONVOLUTION_CALLS and isinstance(arg(parent.inputs, 4), str):
+    from_call = parent is not None and parent.op in CONVOLUTION_CALLS
+    if from_call and isinstance(_padding.bind(parent.op)(parent.inputs, parent.outputs), str):
         return "aten::_convolution_mode", parent.inputs
     return "aten::_convolution", [*event.inputs, *_CONVOLUTION_FLAGS[max(0, len(event.inputs) - 9):]]
 
@@ -88,24 +95,22 @@ def fvcore_alias(event: Any, parent: Any) -> tuple[str, list[Any]] | None:
 _conv_ops = ("aten::convolution", "aten::_convolution")
 _products = ("linear", "addmm", "baddbmm", "matmul", "mm", "bmm", "_grouped_mm", "einsum")
 
-FLOP_HANDLES: dict[str, Handle | CountInside | None] = {
+FLOP_HANDLES: dict[str, Handle | CountInside | None] = bind_all({
     **products.handles("fvcore"),
     **attention.handles("fvcore"),
     "aten::batch_norm": batchnorm_flop,
-    "aten::group_norm": norm_flop_counter(2),
-    "aten::layer_norm": norm_flop_counter(2),
-    "aten::instance_norm": norm_flop_counter(1),
+    **{f"aten::{op}": norm_flop for op in ("group_norm", "layer_norm", "instance_norm")},
     **{f"aten::upsample_nearest{d}d": elementwise_flop_counter(0, 1) for d in (1, 2, 3)},
     **{f"aten::_upsample_nearest_exact{d}d": elementwise_flop_counter(0, 1) for d in (1, 2, 3)},
     "aten::upsample_bilinear2d": elementwise_flop_counter(0, 4),
     **{f"aten::adaptive_avg_pool{d}d": elementwise_flop_counter(1, 0) for d in (1, 2, 3)},
     "aten::grid_sampler": elementwise_flop_counter(0, 4),
-}
+})
 
-ACTIVATION_HANDLES: dict[str, Handle | CountInside] = {
+ACTIVATION_HANDLES: dict[str, Handle | CountInside] = bind_all({
     **{op: _keyed("conv", generic_activation) for op in _conv_ops},
     **{f"aten::{op}": generic_activation for op in _products},
     "aten::scaled_dot_product_attention": sdpa_activation,
     "aten::_native_multi_head_attention": native_mha_activation,
     "aten::_transformer_encoder_layer_fwd": encoder_layer_activation,
-}
+})

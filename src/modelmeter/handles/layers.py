@@ -33,15 +33,17 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Handle, get_shape, numel, shape_of
-from .common import Table, arg, by_convention, float_numel, is_floating
+from .binding import Formula, bind_all, by_name
+from .common import Table, by_convention, float_numel, is_floating
 
 _MEAN, _SUM = 1, 2
 
 
 # --- embeddings ---------------------------------------------------------------------------------
-def embedding_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name(grad_output="grad")
+def embedding_backward_flops(grad_output: Any, scale_grad_by_freq: Any = False) -> int:
     """``embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)``."""
-    return float_numel(inputs[0]) * (1 + bool(arg(inputs, 4, False)))
+    return float_numel(grad_output) * (1 + bool(scale_grad_by_freq))
 
 
 def _bag(weight: Any, indices: Any, mode: Any, per_sample_weights: Any) -> int:
@@ -49,29 +51,27 @@ def _bag(weight: Any, indices: Any, mode: Any, per_sample_weights: Any) -> int:
     return gathered * (1 + (get_shape(per_sample_weights) is not None and mode != 2))
 
 
-def embedding_bag_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def embedding_bag_flops(weight: Any, indices: Any, mode: Any = 0, per_sample_weights: Any = None, *,
+                        result: Any) -> int:
     """``_embedding_bag(weight, indices, offsets, scale, mode, sparse, per_sample_weights, ...)``."""
-    mode = arg(inputs, 4, 0)
-    return _bag(inputs[0], inputs[1], mode, arg(inputs, 6)) + (float_numel(outputs[0]) if mode == _MEAN else 0)
+    return _bag(weight, indices, mode, per_sample_weights) + (float_numel(result) if mode == _MEAN else 0)
 
 
-def embedding_bag_backward_counter(mode_index: int, weights_index: int) -> Handle:
+@by_name
+def embedding_bag_backward_flops(grad: Any, indices: Any, mode: Any, per_sample_weights: Any) -> int:
     """Backward of ``embedding_bag``: one add per gathered element, a multiply more with per-sample weights,
     a divide more for ``mean``; ``max`` scatters the output gradient (one add per element)."""
-
-    def embedding_bag_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        grad, indices, mode = inputs[0], inputs[1], inputs[mode_index]
-        if mode == 2:
-            return float_numel(grad)
-        n = numel(indices) * shape_of(grad)[-1] if is_floating(grad) else 0
-        return n * (1 + (get_shape(inputs[weights_index]) is not None) + (mode == _MEAN))
-
-    return embedding_bag_backward_flops
+    if mode == 2:
+        return float_numel(grad)
+    n = numel(indices) * shape_of(grad)[-1] if is_floating(grad) else 0
+    return n * (1 + (get_shape(per_sample_weights) is not None) + (mode == _MEAN))
 
 
-def embedding_bag_weights_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def embedding_bag_weights_backward_flops(grad: Any, indices: Any) -> int:
     """``_embedding_bag_per_sample_weights_backward(grad, weight, indices, ...)``: a dot product per index."""
-    return 2 * numel(inputs[2]) * shape_of(inputs[0])[-1] if is_floating(inputs[0]) else 0
+    return 2 * numel(indices) * shape_of(grad)[-1] if is_floating(grad) else 0
 
 
 # --- the fused CPU LSTM -----------------------------------------------------------------------------
@@ -82,29 +82,35 @@ def _rnn_sizes(w_ih: Any, w_hh: Any, output: Any) -> tuple[int, int, int, int]:
     return numel(output) // hidden, gates, in_size, hidden
 
 
-def rnn_layer_macs(inputs: list[Any], outputs: list[Any]) -> int:
-    """``mkldnn_rnn_layer``: ``G·H·(I + H)`` multiply-adds per time step and batch row."""
-    steps, gates, in_size, hidden = _rnn_sizes(inputs[1], inputs[2], outputs[0])
+@by_name
+def rnn_layer_macs(weight0: Any, weight1: Any, *, result: Any) -> int:
+    """``mkldnn_rnn_layer(input, weight0 = W_ih, weight1 = W_hh, ...)``: ``G·H·(I + H)`` multiply-adds per time step
+    and batch row."""
+    steps, gates, in_size, hidden = _rnn_sizes(weight0, weight1, result)
     return steps * gates * (in_size + hidden)
 
 
-def rnn_layer_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def rnn_layer_flops(weight0: Any, weight1: Any, has_biases: Any = True, *, result: Any) -> int:
     """``mkldnn_rnn_layer``: products (2 per multiply-add), their sum, the biases and the LSTM cell (``9H``)."""
-    steps, gates, in_size, hidden = _rnn_sizes(inputs[1], inputs[2], outputs[0])
-    biases = 2 * gates if arg(inputs, 12, True) else 0
+    steps, gates, in_size, hidden = _rnn_sizes(weight0, weight1, result)
+    biases = 2 * gates if has_biases else 0
     return steps * (2 * gates * (in_size + hidden) + gates + biases + 9 * hidden)
 
 
-def rnn_layer_backward_macs(inputs: list[Any], outputs: list[Any]) -> int:
-    """``mkldnn_rnn_layer_backward``: input, hidden-state and both weight gradients, ``2·G·H·(I + H)``."""
-    steps, gates, in_size, hidden = _rnn_sizes(inputs[1], inputs[2], inputs[7])
+@by_name
+def rnn_layer_backward_macs(weight1: Any, weight2: Any, output: Any) -> int:
+    """``mkldnn_rnn_layer_backward(input, weight1 = W_ih, weight2 = W_hh, ..., output, ...)``: input, hidden-state
+    and both weight gradients, ``2·G·H·(I + H)``."""
+    steps, gates, in_size, hidden = _rnn_sizes(weight1, weight2, output)
     return 2 * steps * gates * (in_size + hidden)
 
 
-def rnn_layer_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def rnn_layer_backward_flops(weight1: Any, weight2: Any, output: Any, has_biases: Any = True) -> int:
     """``mkldnn_rnn_layer_backward``: the gradient products, the cell's gradients (``13H``), the biases'."""
-    steps, gates, in_size, hidden = _rnn_sizes(inputs[1], inputs[2], inputs[7])
-    biases = 2 * gates if arg(inputs, 17, True) else 0
+    steps, gates, in_size, hidden = _rnn_sizes(weight1, weight2, output)
+    biases = 2 * gates if has_biases else 0
     return steps * (4 * gates * (in_size + hidden) + 13 * hidden + biases)
 
 
@@ -114,86 +120,80 @@ def _reduce(n: int, reduction: Any) -> int:
     return 0 if reduction not in (_MEAN, _SUM) else n + (reduction == _MEAN)
 
 
-def _reduction(inputs: list[Any], index: int, prediction: Any, loss: Any) -> int:
-    """The ``reduction`` argument; when a user-level call passed it as a string (not placed), read from the
-    result: as many elements as the prediction is ``none``, else ``mean`` (the default)."""
-    value = arg(inputs, index)
+def _reduction(value: Any, prediction: Any, loss: Any) -> int:
+    """The ``reduction`` argument; when a user-level call passed it as a string, read from the result: as many
+    elements as the prediction is ``none``, else ``mean`` (the default)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return 0 if get_shape(loss) is not None and numel(loss) == numel(prediction) > 1 else _MEAN
 
 
-def _weighted(inputs: list[Any], index: int | None) -> bool:
-    return index is not None and get_shape(arg(inputs, index)) is not None
-
-
-def loss_counter(per_element: int, reduction_index: int, weight_index: int | None = None) -> Handle:
+def loss_counter(per_element: int) -> Formula[int]:
     """A loss of ``per_element`` flops per prediction element (a ``weight`` one more), then its reduction."""
 
-    def loss_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        n = float_numel(inputs[0])
-        reduction = _reduction(inputs, reduction_index, inputs[0], outputs[0])
-        return n * (per_element + _weighted(inputs, weight_index)) + _reduce(n, reduction)
+    @by_name
+    def loss_flops(self: Any, reduction: Any, weight: Any = None, *, result: Any) -> int:
+        n = float_numel(self)
+        return n * (per_element + (get_shape(weight) is not None)) + _reduce(n, _reduction(reduction, self, result))
 
     return loss_flops
 
 
-def loss_backward_counter(per_element: int, reduction_index: int, weight_index: int | None = None) -> Handle:
+def loss_backward_counter(per_element: int) -> Formula[int]:
     """A loss gradient: ``per_element`` per prediction element, a multiply more with a weight and a divide
     more for ``mean``."""
 
-    def loss_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        n = float_numel(inputs[1])
-        mean = arg(inputs, reduction_index, _MEAN) == _MEAN
-        return n * (per_element + _weighted(inputs, weight_index) + mean)
+    @by_name
+    def loss_backward_flops(self: Any, reduction: Any = _MEAN, weight: Any = None) -> int:
+        return float_numel(self) * (per_element + (get_shape(weight) is not None) + (reduction == _MEAN))
 
     return loss_backward_flops
 
 
-def nll_loss_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def nll_loss_flops(self: Any, target: Any, weight: Any, reduction: Any = _MEAN) -> int:
     """``nll_loss_forward(self, target, weight, reduction, ignore_index)``: a negate per target, a multiply
     more with a weight, then the reduction (``mean`` with a weight also sums the weights)."""
-    if not is_floating(inputs[0]):
+    if not is_floating(self):
         return 0
-    targets, weighted = numel(inputs[1]), _weighted(inputs, 2)
-    reduction = arg(inputs, 3, _MEAN)
+    targets, weighted = numel(target), get_shape(weight) is not None
     extra = targets if weighted and reduction == _MEAN else 0
     return targets * (1 + weighted) + _reduce(targets, reduction) + extra
 
 
-def nll_loss_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def nll_loss_backward_flops(self: Any, target: Any, weight: Any, reduction: Any = _MEAN) -> int:
     """``nll_loss_backward(grad_output, self, target, weight, reduction, ...)``: per target, the negated
     output gradient, times the weight, over the total weight for ``mean``."""
-    if not is_floating(inputs[1]):
+    if not is_floating(self):
         return 0
-    targets, weighted = numel(inputs[2]), _weighted(inputs, 3)
-    return targets * (1 + weighted + (arg(inputs, 4, _MEAN) == _MEAN))
+    return numel(target) * (1 + (get_shape(weight) is not None) + (reduction == _MEAN))
 
 
-FLOPS: dict[str, Handle | None] = {
+FLOPS: dict[str, Handle | None] = bind_all({
     "aten::embedding": None,
     **{f"aten::{op}": embedding_backward_flops for op in ("embedding_dense_backward", "embedding_backward")},
     **{f"aten::{op}": embedding_bag_flops for op in ("_embedding_bag", "_embedding_bag_forward_only")},
-    "aten::_embedding_bag_backward": embedding_bag_backward_counter(8, 10),
-    "aten::_embedding_bag_dense_backward": embedding_bag_backward_counter(7, 8),
+    **{f"aten::{op}": embedding_bag_backward_flops for op in ("_embedding_bag_backward",
+                                                              "_embedding_bag_dense_backward")},
     "aten::_embedding_bag_per_sample_weights_backward": embedding_bag_weights_backward_flops,
     "aten::mkldnn_rnn_layer": rnn_layer_flops,
     "aten::mkldnn_rnn_layer_backward": rnn_layer_backward_flops,
-    "aten::mse_loss": loss_counter(2, 2),
-    "aten::mse_loss_backward": loss_backward_counter(3, 3),
-    **{f"aten::{op}": loss_counter(5, 2) for op in ("smooth_l1_loss", "huber_loss")},
-    **{f"aten::{op}_backward": loss_backward_counter(5, 3) for op in ("smooth_l1_loss", "huber_loss")},
-    "aten::binary_cross_entropy": loss_counter(8, 3, 2),
-    "aten::binary_cross_entropy_backward": loss_backward_counter(6, 4, 3),
-    "aten::binary_cross_entropy_with_logits": loss_counter(7, 4, 2),
+    "aten::mse_loss": loss_counter(2),
+    "aten::mse_loss_backward": loss_backward_counter(3),
+    **{f"aten::{op}": loss_counter(5) for op in ("smooth_l1_loss", "huber_loss")},
+    **{f"aten::{op}_backward": loss_backward_counter(5) for op in ("smooth_l1_loss", "huber_loss")},
+    "aten::binary_cross_entropy": loss_counter(8),
+    "aten::binary_cross_entropy_backward": loss_backward_counter(6),
+    "aten::binary_cross_entropy_with_logits": loss_counter(7),
     **{f"aten::{op}": nll_loss_flops for op in ("nll_loss_forward", "nll_loss2d_forward")},
     **{f"aten::{op}": nll_loss_backward_flops for op in ("nll_loss_backward", "nll_loss2d_backward")},
-}
+})
 
-MACS: dict[str, Handle] = {
+MACS: dict[str, Handle] = bind_all({
     "aten::mkldnn_rnn_layer": rnn_layer_macs,
     "aten::mkldnn_rnn_layer_backward": rnn_layer_backward_macs,
-}
+})
 
 
 def handles(convention: str) -> Table:

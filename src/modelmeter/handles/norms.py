@@ -25,29 +25,33 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Handle, get_shape, prod, shape_of
+from .binding import bind_all, by_name
 from .common import Table, by_convention, float_numel
 
 
-def _has(inputs: list[Any], index: int) -> bool:
-    return len(inputs) > index and get_shape(inputs[index]) is not None
+def _given(value: Any) -> bool:
+    """True for a tensor argument that was passed (an optional weight or bias)."""
+    return get_shape(value) is not None
 
 
-def _mask(inputs: list[Any], index: int, size: int = 3) -> list[bool]:
-    value = inputs[index] if len(inputs) > index else None
+def _mask(value: Any, size: int = 3) -> list[bool]:
+    """An ``output_mask`` argument; every gradient when the call did not say."""
     return [bool(v) for v in value] if isinstance(value, (list, tuple)) else [True] * size
 
 
-def _training(inputs: list[Any]) -> bool:
-    """The ``training`` flag of a batch-norm call (position 5, or 3 for ``_native_batch_norm_legit.no_stats``)."""
-    for index in (5, 3):
-        if len(inputs) > index and isinstance(inputs[index], bool):
-            return inputs[index]
-    return True
+def _flag(value: Any) -> bool:
+    """A ``training`` flag; a call without one (``_batch_norm_with_update``) uses batch statistics."""
+    return value if isinstance(value, bool) else True
 
 
 def _channels(x: Any) -> int:
     shape = shape_of(x)
     return shape[1] if len(shape) > 1 else 1
+
+
+def _rows(x: Any, normalized_shape: Any) -> int:
+    """Rows of a layer (or RMS) norm: one per group of ``normalized_shape`` elements."""
+    return float_numel(x) // max(prod(normalized_shape), 1)
 
 
 def _stats_flops(n: int, groups: int, weight: bool, bias: bool) -> int:
@@ -64,109 +68,105 @@ def _stats_backward_flops(n: int, groups: int, weight: bool, mask: list[bool]) -
     return total + 2 * n * (grad_weight and weight) + n * grad_bias
 
 
-def batch_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def batch_norm_flops(input: Any, weight: Any, bias: Any, training: Any = True) -> int:
     """``native_batch_norm``/``_native_batch_norm_legit``/``_batch_norm_with_update``/``cudnn_batch_norm``
     (training: statistics per channel) and the eval forms (running statistics)."""
-    return _batch_norm(inputs, _training(inputs))
+    return _batch_norm(input, _given(weight), _given(bias), _flag(training))
 
 
-def batch_norm_eval_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def batch_norm_eval_flops(input: Any, weight: Any, bias: Any) -> int:
     """``_native_batch_norm_legit_no_training``/``_batch_norm_no_update``: running statistics."""
-    return _batch_norm(inputs, False)
+    return _batch_norm(input, _given(weight), _given(bias), False)
 
 
-def _batch_norm(inputs: list[Any], training: bool) -> int:
-    n, c = float_numel(inputs[0]), _channels(inputs[0])
-    weight, bias = _has(inputs, 1), _has(inputs, 2)
+def _batch_norm(x: Any, weight: bool, bias: bool, training: bool) -> int:
+    n, c = float_numel(x), _channels(x)
     if training:
         return _stats_flops(n, c, weight, bias)
     return 2 * n + 2 * c + n * weight + n * bias
 
 
-def batch_norm_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-    """``native_batch_norm_backward``/``batch_norm_backward(grad_out, input, weight, ..., train, eps, mask)``."""
-    n, c = float_numel(inputs[1]), _channels(inputs[1])
-    weight, mask = _has(inputs, 2), _mask(inputs, 9)
-    training = inputs[7] if len(inputs) > 7 and isinstance(inputs[7], bool) else True
-    if training:
-        return _stats_backward_flops(n, c, weight, mask)
+@by_name(train="update")
+def batch_norm_backward_flops(input: Any, weight: Any, train: Any, output_mask: Any) -> int:
+    """``native_batch_norm_backward(grad_out, input, weight, ..., train, eps, output_mask)`` and
+    ``batch_norm_backward`` (its ``update`` flag)."""
+    n, c = float_numel(input), _channels(input)
+    affine, mask = _given(weight), _mask(output_mask)
+    if _flag(train):
+        return _stats_backward_flops(n, c, affine, mask)
     grad_input, grad_weight, grad_bias = mask
-    return (grad_input * (n + 2 * c + c * weight) + 4 * n * (grad_weight and weight) + n * grad_bias)
+    return (grad_input * (n + 2 * c + c * affine) + 4 * n * (grad_weight and affine) + n * grad_bias)
 
 
-def cudnn_batch_norm_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def cudnn_batch_norm_backward_flops(input: Any) -> int:
     """``cudnn_batch_norm_backward(input, grad_output, weight, ...)``: training statistics, every gradient."""
-    n = float_numel(inputs[0])
-    return _stats_backward_flops(n, _channels(inputs[0]), True, [True, True, True])
+    return _stats_backward_flops(float_numel(input), _channels(input), True, [True, True, True])
 
 
-def layer_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def layer_norm_flops(input: Any, normalized_shape: Any, weight: Any, bias: Any) -> int:
     """``native_layer_norm(input, normalized_shape, weight, bias, eps)``: one group per row."""
-    n = float_numel(inputs[0])
-    rows = n // max(prod(inputs[1]), 1)
-    return _stats_flops(n, rows, _has(inputs, 2), _has(inputs, 3))
+    return _stats_flops(float_numel(input), _rows(input, normalized_shape), _given(weight), _given(bias))
 
 
-def layer_norm_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-    """``native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, mask)``."""
-    n = float_numel(inputs[1])
-    rows = n // max(prod(inputs[2]), 1)
-    mask = _mask(inputs, 7)
-    mask[2] = mask[2] and _has(inputs, 6)
-    return _stats_backward_flops(n, rows, _has(inputs, 5), mask)
+@by_name
+def layer_norm_backward_flops(input: Any, normalized_shape: Any, weight: Any, bias: Any, output_mask: Any) -> int:
+    """``native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)``."""
+    mask = _mask(output_mask)
+    mask[2] = mask[2] and _given(bias)
+    return _stats_backward_flops(float_numel(input), _rows(input, normalized_shape), _given(weight), mask)
 
 
-def group_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def group_norm_flops(input: Any, weight: Any, bias: Any, N: int, group: int) -> int:
     """``native_group_norm(input, weight, bias, N, C, HxW, group, eps)``: ``N · group`` groups."""
-    return _stats_flops(float_numel(inputs[0]), inputs[3] * inputs[6], _has(inputs, 1), _has(inputs, 2))
+    return _stats_flops(float_numel(input), N * group, _given(weight), _given(bias))
 
 
-def group_norm_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-    """``native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)``."""
-    return _stats_backward_flops(float_numel(inputs[1]), inputs[5] * inputs[8], _has(inputs, 4), _mask(inputs, 9))
+@by_name
+def group_norm_backward_flops(input: Any, weight: Any, N: int, group: int, output_mask: Any) -> int:
+    """``native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)``."""
+    return _stats_backward_flops(float_numel(input), N * group, _given(weight), _mask(output_mask))
 
 
-def rms_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def rms_norm_flops(input: Any, normalized_shape: Any, weight: Any) -> int:
     """``_fused_rms_norm(input, normalized_shape, weight, eps)``: ``3n + 3·rows``, ``+ n`` with a weight."""
-    n = float_numel(inputs[0])
-    rows = n // max(prod(inputs[1]), 1)
-    return 3 * n + 3 * rows + n * _has(inputs, 2)
+    n = float_numel(input)
+    return 3 * n + 3 * _rows(input, normalized_shape) + n * _given(weight)
 
 
-def rms_norm_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-    """``_fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, mask)``."""
-    n = float_numel(inputs[1])
-    rows = n // max(prod(inputs[2]), 1)
-    grad_input, grad_weight = _mask(inputs, 5, 2)
-    weight = _has(inputs, 4)
+@by_name
+def rms_norm_backward_flops(input: Any, normalized_shape: Any, weight: Any, output_mask: Any) -> int:
+    """``_fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask)``."""
+    n = float_numel(input)
+    grad_input, grad_weight = _mask(output_mask, 2)
+    affine = _given(weight)
     total = n if grad_input or grad_weight else 0
     if grad_input:
-        total += 5 * n + rows + n * weight
-    return total + 2 * n * (grad_weight and weight)
+        total += 5 * n + _rows(input, normalized_shape) + n * affine
+    return total + 2 * n * (grad_weight and affine)
 
 
 # --- fvcore's estimates, per element of the normalised tensor ------------------------------------
-def fvcore_norm_counter(input_index: int, weight_index: int, training: bool | None = True) -> Handle:
-    """fvcore's estimate: 5 per element with an affine weight, 4 without; eval batch norm 2 and 1.
+@by_name(training=("train", "update"))
+def fvcore_norm(input: Any, weight: Any, training: Any = True) -> int:
+    """fvcore's estimate: 5 per element with an affine weight, 4 without; with running statistics (a batch norm's
+    ``training`` flag off) 2 and 1. Backward operators get their forward's estimate, per element of ``input``."""
+    return _fvcore_estimate(float_numel(input), _given(weight), _flag(training))
 
-    ``training=None`` reads the flag of the call (batch norms).
-    """
 
-    def fvcore_norm(inputs: list[Any], outputs: list[Any]) -> int:
-        train = _training(inputs) if training is None else training
-        return _fvcore_estimate(float_numel(inputs[input_index]), _has(inputs, weight_index), train)
-
-    return fvcore_norm
+@by_name
+def fvcore_eval_batch_norm(input: Any, weight: Any) -> int:
+    """fvcore's estimate of a batch norm with running statistics: 2 per element with an affine weight, 1 without."""
+    return _fvcore_estimate(float_numel(input), _given(weight), False)
 
 
 def _fvcore_estimate(n: int, affine: bool, training: bool) -> int:
     return n * ((5 if affine else 4) if training else (2 if affine else 1))
-
-
-def fvcore_batch_norm_backward(inputs: list[Any], outputs: list[Any]) -> int:
-    """fvcore's batch-norm estimate for its backward operator (training flag at position 7)."""
-    train = inputs[7] if len(inputs) > 7 and isinstance(inputs[7], bool) else True
-    return _fvcore_estimate(float_numel(inputs[1]), _has(inputs, 2), train)
 
 
 _TRAINING_BN = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
@@ -174,7 +174,7 @@ _TRAINING_BN = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_
                 "miopen_batch_norm")
 _EVAL_BN = ("_native_batch_norm_legit_no_training", "_batch_norm_no_update")
 
-FLOPS: dict[str, Handle | None] = {
+FLOPS: dict[str, Handle | None] = bind_all({
     **{f"aten::{op}": batch_norm_flops for op in _TRAINING_BN},
     **{f"aten::{op}": batch_norm_eval_flops for op in _EVAL_BN},
     **{f"aten::{op}": batch_norm_backward_flops for op in ("native_batch_norm_backward", "batch_norm_backward")},
@@ -186,19 +186,16 @@ FLOPS: dict[str, Handle | None] = {
     "aten::native_group_norm_backward": group_norm_backward_flops,
     "aten::_fused_rms_norm": rms_norm_flops,
     "aten::_fused_rms_norm_backward": rms_norm_backward_flops,
-}
+})
 
-FVCORE: dict[str, Handle] = {
-    **{f"aten::{op}": fvcore_norm_counter(0, 1, None) for op in _TRAINING_BN},
-    **{f"aten::{op}": fvcore_norm_counter(0, 1, False) for op in _EVAL_BN},
-    **{f"aten::{op}": fvcore_batch_norm_backward for op in ("native_batch_norm_backward", "batch_norm_backward")},
-    **{f"aten::{op}": fvcore_norm_counter(0, 2) for op in ("cudnn_batch_norm_backward",
-                                                           "miopen_batch_norm_backward")},
-    "aten::native_layer_norm": fvcore_norm_counter(0, 2),
-    "aten::native_layer_norm_backward": fvcore_norm_counter(1, 5),
-    "aten::native_group_norm": fvcore_norm_counter(0, 1),
-    "aten::native_group_norm_backward": fvcore_norm_counter(1, 4),
-}
+FVCORE: dict[str, Handle] = bind_all({
+    **{f"aten::{op}": fvcore_norm for op in _TRAINING_BN},
+    **{f"aten::{op}": fvcore_eval_batch_norm for op in _EVAL_BN},
+    **{f"aten::{op}": fvcore_norm for op in ("native_batch_norm_backward", "batch_norm_backward",
+                                             "cudnn_batch_norm_backward", "miopen_batch_norm_backward")},
+    **{f"aten::{op}": fvcore_norm for op in ("native_layer_norm", "native_layer_norm_backward",
+                                             "native_group_norm", "native_group_norm_backward")},
+})
 
 
 def handles(convention: str) -> Table:

@@ -28,44 +28,45 @@ import math
 from typing import Any
 
 from .base import Handle, prod, shape_of
+from .binding import Formula, bind_all, by_name
 from .common import Table, by_convention, float_numel, window
 
 
-def _out(outputs: list[Any]) -> int:
-    return float_numel(outputs[0])
-
-
-def max_pool_counter(dims: int) -> Handle:
+def max_pool_counter(dims: int) -> Formula[int]:
     """``max_pool{d}d(self, kernel_size, ...)``, ``fractional_max_pool{d}d(self, kernel_size, ...)``: ``K``
     comparisons per output element."""
 
-    def max_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return _out(outputs) * window(inputs[1], dims)
+    @by_name
+    def max_pool_flops(kernel_size: Any, *, result: Any) -> int:
+        return float_numel(result) * window(kernel_size, dims)
 
     return max_pool_flops
 
 
-def avg_pool_counter(dims: int) -> Handle:
+def avg_pool_counter(dims: int) -> Formula[int]:
     """``avg_pool{d}d(self, kernel_size, ...)``: ``K`` adds and one divide per output element."""
 
-    def avg_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return _out(outputs) * (window(inputs[1], dims) + 1)
+    @by_name
+    def avg_pool_flops(kernel_size: Any, *, result: Any) -> int:
+        return float_numel(result) * (window(kernel_size, dims) + 1)
 
     return avg_pool_flops
 
 
-def avg_pool_backward_counter(dims: int) -> Handle:
+def avg_pool_backward_counter(dims: int) -> Formula[int]:
     """``avg_pool{d}d_backward(grad_output, self, kernel_size, ...)``: a divide and ``K`` adds per gradient element."""
 
-    def avg_pool_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return float_numel(inputs[0]) * (window(inputs[2], dims) + 1)
+    @by_name
+    def avg_pool_backward_flops(grad_output: Any, kernel_size: Any) -> int:
+        return float_numel(grad_output) * (window(kernel_size, dims) + 1)
 
     return avg_pool_backward_flops
 
 
-def scatter_gradient_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def scatter_gradient_flops(grad_output: Any) -> int:
     """Backward of a selection (max pooling, nearest upsampling): one add per output-gradient element."""
-    return float_numel(inputs[0])
+    return float_numel(grad_output)
 
 
 def _window_sums(size_in: int, size_out: int) -> int:
@@ -82,52 +83,57 @@ def _adaptive(x: Any, out: Any, dims: int) -> tuple[int, int]:
     return lead * taps, lead * prod(spatial_out)
 
 
-def adaptive_avg_pool_counter(dims: int) -> Handle:
+def adaptive_avg_pool_counter(dims: int) -> Formula[int]:
     """``adaptive_avg_pool{d}d``: each output sums its window and divides: window size + 1 per output element
     (as ``mean``, which torch runs for an output size of 1)."""
 
-    def adaptive_avg_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return sum(_adaptive(inputs[0], outputs[0], dims)) if float_numel(inputs[0]) else 0
+    @by_name
+    def adaptive_avg_pool_flops(self: Any, *, result: Any) -> int:
+        return sum(_adaptive(self, result, dims)) if float_numel(self) else 0
 
     return adaptive_avg_pool_flops
 
 
-def adaptive_avg_pool_backward_counter(dims: int) -> Handle:
+def adaptive_avg_pool_backward_counter(dims: int) -> Formula[int]:
     """``_adaptive_avg_pool{d}d_backward(grad_output, self)``: a divide and window-size adds per gradient element."""
 
-    def adaptive_avg_pool_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        taps, n_out = _adaptive(inputs[1], inputs[0], dims)
-        return taps + n_out if float_numel(inputs[0]) else 0
+    @by_name
+    def adaptive_avg_pool_backward_flops(grad_output: Any, self: Any) -> int:
+        taps, n_out = _adaptive(self, grad_output, dims)
+        return taps + n_out if float_numel(grad_output) else 0
 
     return adaptive_avg_pool_backward_flops
 
 
-def adaptive_max_pool_counter(dims: int) -> Handle:
+def adaptive_max_pool_counter(dims: int) -> Formula[int]:
     """``adaptive_max_pool{d}d``: window-size comparisons per output element."""
 
-    def adaptive_max_pool_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return _adaptive(inputs[0], outputs[0], dims)[0] if float_numel(inputs[0]) else 0
+    @by_name
+    def adaptive_max_pool_flops(self: Any, *, result: Any) -> int:
+        return _adaptive(self, result, dims)[0] if float_numel(self) else 0
 
     return adaptive_max_pool_flops
 
 
 # --- interpolation --------------------------------------------------------------------------------
-def interpolate_counter(taps_per_dim: int, dims: int) -> Handle:
+def interpolate_counter(taps_per_dim: int, dims: int) -> Formula[int]:
     """Upsampling with ``T = taps_per_dim^dims`` taps: ``2T`` flops per output element."""
     taps = taps_per_dim ** dims
 
-    def interpolate_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return _out(outputs) * 2 * taps
+    @by_name
+    def interpolate_flops(*, result: Any) -> int:
+        return float_numel(result) * 2 * taps
 
     return interpolate_flops
 
 
-def interpolate_backward_counter(taps_per_dim: int, dims: int) -> Handle:
+def interpolate_backward_counter(taps_per_dim: int, dims: int) -> Formula[int]:
     """Backward of upsampling with ``T`` taps: ``2T`` per output-gradient element (multiply and accumulate)."""
     taps = taps_per_dim ** dims
 
-    def interpolate_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return float_numel(inputs[0]) * 2 * taps
+    @by_name
+    def interpolate_backward_flops(grad_output: Any) -> int:
+        return float_numel(grad_output) * 2 * taps
 
     return interpolate_backward_flops
 
@@ -149,52 +155,69 @@ def _aa_taps(size_in: int, size_out: int, interp_size: int, align_corners: bool,
     return total
 
 
-def _scales(inputs: list[Any], first: int) -> list[Any]:
-    """The per-dimension scale arguments (``scales_h, scales_w``, or a ``scale_factors`` list), None if absent."""
-    value = inputs[first] if len(inputs) > first else None
-    if isinstance(value, (list, tuple)):
-        return list(value) if len(value) == 2 else [None, None]
-    return [value, inputs[first + 1] if len(inputs) > first + 1 else None]
+def _aa_flops(small: Any, big: Any, interp_size: int, align_corners: Any, scales: list[Any]) -> int:
+    """``2T`` per element of ``big`` (the upsampled side), ``T`` the filter's exact taps."""
+    x, out = shape_of(small), shape_of(big)
+    taps = prod(_aa_taps(i, o, interp_size, bool(align_corners), s)
+                for i, o, s in zip(x[-2:], out[-2:], scales, strict=True))
+    return 2 * prod(out[:-2]) * taps
 
 
-def aa_counter(interp_size: int, backward: bool = False) -> Handle:
-    """``_upsample_{bilinear,bicubic}2d_aa`` (``antialias=True``): the filter's exact taps per output.
+def _scales(first: Any, second: Any) -> list[Any]:
+    """The per-dimension scales: ``scales_h, scales_w``, or a ``.vec`` call's ``scale_factors`` list (which a
+    user-level call places where ``scales_h`` is: both overloads take four positional arguments)."""
+    if isinstance(first, (list, tuple)):
+        return list(first) if len(first) == 2 else [None, None]
+    return [first, second]
 
-    ``2T`` per output element, forward and backward.
-    """
 
-    def aa_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        small, big = (outputs[0], inputs[0]) if backward else (inputs[0], outputs[0])
-        x, out = shape_of(small), shape_of(big)
-        align = bool(inputs[3] if backward else inputs[2])
-        scales = _scales(inputs, 4 if backward else 3)
-        taps = prod(_aa_taps(i, o, interp_size, align, s) for i, o, s in zip(x[-2:], out[-2:], scales, strict=True))
-        return 2 * prod(out[:-2]) * taps
+def aa_counter(interp_size: int) -> Formula[int]:
+    """``_upsample_{bilinear,bicubic}2d_aa`` (``antialias=True``): ``2T`` per output element, ``T`` the filter's
+    exact taps."""
+
+    @by_name(self="input", scales_h="scale_factors")
+    def aa_flops(self: Any, align_corners: Any, scales_h: Any = None, scales_w: Any = None, *, result: Any) -> int:
+        return _aa_flops(self, result, interp_size, align_corners, _scales(scales_h, scales_w))
 
     return aa_flops
+
+
+def aa_backward_counter(interp_size: int) -> Formula[int]:
+    """``_upsample_{bilinear,bicubic}2d_aa_backward``: ``2T`` per output-gradient element."""
+
+    @by_name
+    def aa_backward_flops(grad_output: Any, align_corners: Any, scales_h: Any = None, scales_w: Any = None, *,
+                          result: Any) -> int:
+        return _aa_flops(result, grad_output, interp_size, align_corners, _scales(scales_h, scales_w))
+
+    return aa_backward_flops
 
 
 def _grid_taps(mode: Any, dims: int) -> int:
     return {0: 2 ** dims, 1: 1, 2: 4 ** dims}.get(mode, 2 ** dims)
 
 
-def grid_sampler_counter(dims: int) -> Handle:
-    """``grid_sampler_{2,3}d(input, grid, mode, ...)``: ``2T`` per output element (nearest: 0)."""
+def grid_sampler_counter(dims: int) -> Formula[int]:
+    """``grid_sampler_{2,3}d(input, grid, interpolation_mode, ...)``: ``2T`` per output element (nearest: 0)."""
 
-    def grid_sampler_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        return 0 if inputs[2] == 1 else _out(outputs) * 2 * _grid_taps(inputs[2], dims)
+    @by_name
+    def grid_sampler_flops(interpolation_mode: Any, *, result: Any) -> int:
+        if interpolation_mode == 1:
+            return 0
+        return float_numel(result) * 2 * _grid_taps(interpolation_mode, dims)
 
     return grid_sampler_flops
 
 
-def grid_sampler_backward_counter(dims: int) -> Handle:
-    """``grid_sampler_{2,3}d_backward(grad_output, input, grid, mode, ..., output_mask)``: ``2T`` per
+def grid_sampler_backward_counter(dims: int) -> Formula[int]:
+    """``grid_sampler_{2,3}d_backward(grad_output, input, grid, interpolation_mode, ..., output_mask)``: ``2T`` per
     output-gradient element for the input gradient and ``2T`` for the grid gradient (nearest: ``1`` and 0)."""
 
-    def grid_sampler_backward_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        mask = inputs[6] if len(inputs) > 6 and isinstance(inputs[6], (list, tuple)) else [True, True]
-        n, taps = float_numel(inputs[0]), _grid_taps(inputs[3], dims)
-        if inputs[3] == 1:
+    @by_name
+    def grid_sampler_backward_flops(grad_output: Any, interpolation_mode: Any, output_mask: Any = None) -> int:
+        mask = output_mask if isinstance(output_mask, (list, tuple)) else [True, True]
+        n, taps = float_numel(grad_output), _grid_taps(interpolation_mode, dims)
+        if interpolation_mode == 1:
             return n * bool(mask[0])
         return n * 2 * taps * (bool(mask[0]) + bool(mask[1]))
 
@@ -202,20 +225,41 @@ def grid_sampler_backward_counter(dims: int) -> Handle:
 
 
 # --- fvcore's estimates -------------------------------------------------------------------------
-def fvcore_per_element(scale: int, index: int, of_outputs: bool) -> Handle:
-    """``scale`` per element of input ``index`` (or of output ``index``)."""
+def fvcore_per_input(scale: int) -> Formula[int]:
+    """``scale`` per element of the input (``self``)."""
 
-    def fvcore_estimate(inputs: list[Any], outputs: list[Any]) -> int:
-        return scale * float_numel((outputs if of_outputs else inputs)[index])
+    @by_name
+    def fvcore_input_estimate(self: Any) -> int:
+        return scale * float_numel(self)
 
-    return fvcore_estimate
+    return fvcore_input_estimate
+
+
+def fvcore_per_gradient(scale: int) -> Formula[int]:
+    """``scale`` per element of the output gradient (``grad_output``)."""
+
+    @by_name
+    def fvcore_gradient_estimate(grad_output: Any) -> int:
+        return scale * float_numel(grad_output)
+
+    return fvcore_gradient_estimate
+
+
+def fvcore_per_output(scale: int) -> Formula[int]:
+    """``scale`` per element of the output."""
+
+    @by_name
+    def fvcore_output_estimate(*, result: Any) -> int:
+        return scale * float_numel(result)
+
+    return fvcore_output_estimate
 
 
 _D = (1, 2, 3)
 _LINEAR = {"upsample_linear1d": 1, "upsample_bilinear2d": 2, "upsample_trilinear3d": 3}
 _NEAREST = [f"upsample_nearest{d}d" for d in _D] + [f"_upsample_nearest_exact{d}d" for d in _D]
 
-FLOPS: dict[str, Handle | None] = {
+FLOPS: dict[str, Handle | None] = bind_all({
     **{f"aten::max_pool{d}d_with_indices": max_pool_counter(d) for d in _D},
     **{f"aten::max_pool{d}d": max_pool_counter(d) for d in _D},
     "aten::mkldnn_max_pool2d": max_pool_counter(2),
@@ -239,28 +283,27 @@ FLOPS: dict[str, Handle | None] = {
     "aten::upsample_bicubic2d": interpolate_counter(4, 2),
     "aten::upsample_bicubic2d_backward": interpolate_backward_counter(4, 2),
     "aten::_upsample_bilinear2d_aa": aa_counter(2),
-    "aten::_upsample_bilinear2d_aa_backward": aa_counter(2, backward=True),
+    "aten::_upsample_bilinear2d_aa_backward": aa_backward_counter(2),
     "aten::_upsample_bicubic2d_aa": aa_counter(4),
-    "aten::_upsample_bicubic2d_aa_backward": aa_counter(4, backward=True),
+    "aten::_upsample_bicubic2d_aa_backward": aa_backward_counter(4),
     **{f"aten::grid_sampler_{d}d": grid_sampler_counter(d) for d in (2, 3)},
     "aten::_grid_sampler_2d_cpu_fallback": grid_sampler_counter(2),
     **{f"aten::grid_sampler_{d}d_backward": grid_sampler_backward_counter(d) for d in (2, 3)},
     "aten::_grid_sampler_2d_cpu_fallback_backward": grid_sampler_backward_counter(2),
-}
+})
 
-FVCORE: dict[str, Handle] = {
-    **{f"aten::{p}adaptive_avg_pool{d}d": fvcore_per_element(1, 0, False) for d in _D for p in ("", "_")},
-    **{f"aten::{p}adaptive_avg_pool{d}d_backward": fvcore_per_element(1, 1, False) for d in (2, 3)
-       for p in ("", "_")},
-    **{f"aten::{op}": fvcore_per_element(1, 0, True) for op in _NEAREST},
-    **{f"aten::{op}_backward": fvcore_per_element(1, 0, False) for op in _NEAREST},
-    "aten::upsample_bilinear2d": fvcore_per_element(4, 0, True),
-    "aten::upsample_bilinear2d_backward": fvcore_per_element(4, 0, False),
-    **{f"aten::grid_sampler_{d}d": fvcore_per_element(4, 0, True) for d in (2, 3)},
-    "aten::_grid_sampler_2d_cpu_fallback": fvcore_per_element(4, 0, True),
-    **{f"aten::grid_sampler_{d}d_backward": fvcore_per_element(4, 0, False) for d in (2, 3)},
-    "aten::_grid_sampler_2d_cpu_fallback_backward": fvcore_per_element(4, 0, False),
-}
+FVCORE: dict[str, Handle] = bind_all({
+    **{f"aten::{p}adaptive_avg_pool{d}d": fvcore_per_input(1) for d in _D for p in ("", "_")},
+    **{f"aten::{p}adaptive_avg_pool{d}d_backward": fvcore_per_input(1) for d in (2, 3) for p in ("", "_")},
+    **{f"aten::{op}": fvcore_per_output(1) for op in _NEAREST},
+    **{f"aten::{op}_backward": fvcore_per_gradient(1) for op in _NEAREST},
+    "aten::upsample_bilinear2d": fvcore_per_output(4),
+    "aten::upsample_bilinear2d_backward": fvcore_per_gradient(4),
+    **{f"aten::grid_sampler_{d}d": fvcore_per_output(4) for d in (2, 3)},
+    "aten::_grid_sampler_2d_cpu_fallback": fvcore_per_output(4),
+    **{f"aten::grid_sampler_{d}d_backward": fvcore_per_gradient(4) for d in (2, 3)},
+    "aten::_grid_sampler_2d_cpu_fallback_backward": fvcore_per_gradient(4),
+})
 
 
 def handles(convention: str) -> Table:

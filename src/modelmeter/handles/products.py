@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import CountInside, Handle, get_shape, numel, prod, shape_of
+from .binding import Formula, by_name
 
-# (inputs, outputs) -> (multiply-adds, extra element-wise flops counted only by ``flops``)
+# (inputs, outputs) -> (multiply-adds, extra element-wise flops counted only by ``flops``): a formula bound to its op
 Cost = Callable[[list[Any], list[Any]], tuple[int, int]]
 
 
@@ -44,99 +45,108 @@ def _output_terms(out: Any, *present: bool) -> int:
 
 
 # --- costs of each operator family: (multiply-adds, extra flops) ------------------------------
-def convolution_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``convolution(input, weight, bias, stride, padding, dilation, transposed, ...)``; bias: 1 add per output."""
-    w = shape_of(inputs[1])
-    x, out = _batched(shape_of(inputs[0]), w), _batched(shape_of(outputs[0]), w)
-    transposed = bool(inputs[6]) if len(inputs) > 6 else False
-    return conv_macs(x, w, out, transposed), _output_terms(outputs[0], get_shape(inputs[2]) is not None)
+@by_name
+def convolution_cost(input: Any, weight: Any, bias: Any, transposed: bool = False, *, result: Any) -> tuple[int, int]:
+    """``convolution``/``_convolution``; bias: 1 add per output element."""
+    w = shape_of(weight)
+    x, out = _batched(shape_of(input), w), _batched(shape_of(result), w)
+    return conv_macs(x, w, out, bool(transposed)), _output_terms(result, get_shape(bias) is not None)
 
 
-def convolution_backward_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``convolution_backward(grad_output, input, weight, bias_sizes, ..., transposed, ..., output_mask)``.
-
-    The input gradient (a transposed convolution of ``grad_output``) and the weight gradient (a
-    convolution of the input with ``grad_output``) each cost the forward's multiply-adds; the bias
+@by_name
+def convolution_backward_cost(grad_output: Any, input: Any, weight: Any, transposed: bool,
+                              output_mask: list[bool]) -> tuple[int, int]:
+    """``convolution_backward``: the input gradient (a transposed convolution of ``grad_output``) and the weight
+    gradient (a convolution of the input with ``grad_output``) each cost the forward's multiply-adds; the bias
     gradient is a sum over ``grad_output``: one add per element of it.
     """
-    w = shape_of(inputs[2])
-    grad_out, x = _batched(shape_of(inputs[0]), w), _batched(shape_of(inputs[1]), w)
-    grad_input, grad_weight, grad_bias = (bool(m) for m in inputs[10])
-    forward = conv_macs(x, w, grad_out, bool(inputs[7]))
+    w = shape_of(weight)
+    grad_out, x = _batched(shape_of(grad_output), w), _batched(shape_of(input), w)
+    grad_input, grad_weight, grad_bias = (bool(m) for m in output_mask)
+    forward = conv_macs(x, w, grad_out, bool(transposed))
     return forward * (grad_input + grad_weight), prod(grad_out) * grad_bias
 
 
-def linear_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``linear(x, W, b)``: rows of ``x`` x in_features x out_features; bias: 1 add per output."""
-    return numel(outputs[0]) * shape_of(inputs[0])[-1], _output_terms(outputs[0], get_shape(inputs[2]) is not None)
+@by_name
+def linear_cost(input: Any, bias: Any, *, result: Any) -> tuple[int, int]:
+    """``linear(input, weight, bias)``: rows of ``input`` x in_features x out_features; bias: 1 add per output."""
+    return numel(result) * shape_of(input)[-1], _output_terms(result, get_shape(bias) is not None)
 
 
-def matmul_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``matmul``/``mm``/``bmm``/``mv``/``dot``: every output element is a dot product over ``A.shape[-1]``.
+@by_name
+def matmul_cost(self: Any, *, result: Any) -> tuple[int, int]:
+    """``matmul``/``mm``/``bmm``/``mv``/``dot``: every output element is a dot product over ``self.shape[-1]``.
 
     Broadcasting on either side and 1-D operands included.
     """
-    return numel(outputs[0]) * shape_of(inputs[0])[-1], 0
+    return numel(result) * shape_of(self)[-1], 0
 
 
-def addmm_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``addmm``/``baddbmm``/``addmv(self, A, B, *, beta, alpha)``: ``beta·self + alpha·(A @ B)``.
+@by_name(mat1=("batch1", "mat"))
+def addmm_cost(mat1: Any, beta: Any, alpha: Any, *, result: Any) -> tuple[int, int]:
+    """``addmm``/``baddbmm``/``addmv``: ``beta·self + alpha·(mat1 @ mat2)``.
 
     Extra flops per output element: the add (``beta != 0``), ``beta``'s multiply (``beta`` not 0 or 1)
     and ``alpha``'s multiply (``alpha != 1``).
     """
-    beta, alpha = _scalar(inputs[3]), _scalar(inputs[4])
-    macs = numel(outputs[0]) * shape_of(inputs[1])[-1]
-    return macs, _output_terms(outputs[0], beta != 0, beta not in (0, 1), alpha != 1)
+    beta, alpha = _scalar(beta), _scalar(alpha)
+    macs = numel(result) * shape_of(mat1)[-1]
+    return macs, _output_terms(result, beta != 0, beta not in (0, 1), alpha != 1)
 
 
-def addbmm_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``addbmm(self, A, B, *, beta, alpha)``: the batch of products summed into one matrix."""
-    beta, alpha = _scalar(inputs[3]), _scalar(inputs[4])
-    a = shape_of(inputs[1])
-    macs = numel(outputs[0]) * a[0] * a[-1]
-    return macs, _output_terms(outputs[0], beta != 0, beta not in (0, 1), alpha != 1)
+@by_name
+def addbmm_cost(batch1: Any, beta: Any, alpha: Any, *, result: Any) -> tuple[int, int]:
+    """``addbmm(self, batch1, batch2, *, beta, alpha)``: the batch of products summed into one matrix."""
+    beta, alpha = _scalar(beta), _scalar(alpha)
+    a = shape_of(batch1)
+    macs = numel(result) * a[0] * a[-1]
+    return macs, _output_terms(result, beta != 0, beta not in (0, 1), alpha != 1)
 
 
-def grouped_mm_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``_grouped_mm(A, B, offs, bias)`` (mixture-of-experts): each row of ``A`` meets one group's matrix.
-
-    With two 2-D operands the groups split the contracted dimension: ``M·N·K`` in all; otherwise every
-    output element is a dot product over ``A.shape[-1]``. Bias: 1 add per output.
-    """
-    a, b = shape_of(inputs[0]), shape_of(inputs[1])
-    macs = a[0] * a[1] * b[1] if len(a) == 2 and len(b) == 2 else numel(outputs[0]) * a[-1]
-    return macs, _output_terms(outputs[0], get_shape(inputs[3]) is not None)
+def _grouped_macs(a: list[int], b: list[int], out: Any) -> int:
+    """Each row of ``a`` meets one group's matrix. With two 2-D operands the groups split the contracted
+    dimension: ``M·N·K`` in all; otherwise every output element is a dot product over ``a[-1]``."""
+    return a[0] * a[1] * b[1] if len(a) == 2 and len(b) == 2 else numel(out) * a[-1]
 
 
-def scaled_mm_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``_scaled_mm(A, B, scale_a, scale_b, bias, ...)`` (fp8): ``M·N·K``; dequantising scale and bias 1 each."""
-    macs = numel(outputs[0]) * shape_of(inputs[0])[-1]
-    return macs, _output_terms(outputs[0], True, get_shape(inputs[4]) is not None)
+@by_name
+def grouped_mm_cost(self: Any, mat2: Any, bias: Any, *, result: Any) -> tuple[int, int]:
+    """``_grouped_mm(self, mat2, offs, bias)`` (mixture-of-experts); bias: 1 add per output."""
+    macs = _grouped_macs(shape_of(self), shape_of(mat2), result)
+    return macs, _output_terms(result, get_shape(bias) is not None)
 
 
-def scaled_grouped_mm_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``_scaled_grouped_mm(A, B, scale_a, scale_b, offs, bias, ...)``: grouped product, scale and bias."""
-    macs, _ = grouped_mm_cost([inputs[0], inputs[1], inputs[4], None], outputs)
-    return macs, _output_terms(outputs[0], True, get_shape(inputs[5]) is not None)
+@by_name
+def scaled_mm_cost(self: Any, bias: Any, *, result: Any) -> tuple[int, int]:
+    """``_scaled_mm(self, mat2, scale_a, scale_b, bias, ...)`` (fp8): ``M·N·K``; dequantising scale and bias 1 each."""
+    macs = numel(result) * shape_of(self)[-1]
+    return macs, _output_terms(result, True, get_shape(bias) is not None)
 
 
-def quantized_linear_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``quantized::linear(X, packed_W, ...)`` and ``linear_dynamic``: in_features from ``X`` (the weight is packed).
+@by_name
+def scaled_grouped_mm_cost(self: Any, mat2: Any, bias: Any, *, result: Any) -> tuple[int, int]:
+    """``_scaled_grouped_mm(self, mat2, scale_a, scale_b, offs, bias, ...)``: grouped product, scale and bias."""
+    macs = _grouped_macs(shape_of(self), shape_of(mat2), result)
+    return macs, _output_terms(result, True, get_shape(bias) is not None)
 
-    Requantisation and bias cost 2 per output element.
-    """
-    return numel(outputs[0]) * shape_of(inputs[0])[-1], 2 * numel(outputs[0])
 
-
-def quantized_conv_cost(inputs: list[Any], outputs: list[Any]) -> tuple[int, int]:
-    """``quantized::conv{1,2,3}d(X, packed_W, ...)``: needs the packed weight described as a tensor.
+@by_name(x="X")
+def quantized_linear_cost(x: Any, *, result: Any) -> tuple[int, int]:
+    """``quantized::linear(X, W_prepack, ...)`` and ``linear_dynamic``: in_features from ``X`` (the weight is packed).
 
     Requantisation and bias cost 2 per output element.
     """
-    w = shape_of(inputs[1])
-    return conv_macs(_batched(shape_of(inputs[0]), w), w, _batched(shape_of(outputs[0]), w), False), \
-        2 * numel(outputs[0])
+    return numel(result) * shape_of(x)[-1], 2 * numel(result)
+
+
+@by_name(weight="packed_weight")
+def quantized_conv_cost(qx: Any, weight: Any, *, result: Any) -> tuple[int, int]:
+    """``quantized::conv{1,2,3}d(qx, weight, ...)``: needs the packed weight described as a tensor.
+
+    Requantisation and bias cost 2 per output element.
+    """
+    w = shape_of(weight)
+    return conv_macs(_batched(shape_of(qx), w), w, _batched(shape_of(result), w), False), 2 * numel(result)
 
 
 # --- conventions ----------------------------------------------------------------------------
@@ -158,7 +168,8 @@ def _real_flops(cost: Cost, key: str | None) -> Handle:
     return handle
 
 
-_COSTS: dict[str, tuple[Cost, str | None]] = {
+# operator -> (its cost formula, the key of its count: None for the operator's short name)
+COSTS: dict[str, tuple[Formula[tuple[int, int]], str | None]] = {
     **{op: (convolution_cost, "conv") for op in ("aten::convolution", "aten::_convolution")},
     "aten::convolution_backward": (convolution_backward_cost, None),
     "aten::linear": (linear_cost, None),
@@ -178,6 +189,7 @@ def handles(convention: str, dense_attention: bool = False) -> dict[str, Handle 
     wrap = _real_flops if convention == "flops" else _multiply_adds
     if convention not in ("fvcore", "macs", "flops"):
         raise ValueError(f"unknown convention {convention!r}")
-    table: dict[str, Handle | CountInside | None] = {op: wrap(cost, key) for op, (cost, key) in _COSTS.items()}
+    table: dict[str, Handle | CountInside | None] = {
+        op: wrap(cost.bind(op), key) for op, (cost, key) in COSTS.items()}
     table["aten::einsum"] = CountInside("einsum")
     return table

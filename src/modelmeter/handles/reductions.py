@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from .base import Handle, get_shape, numel
+from .binding import Formula, bind_all, by_name
 from .common import Table, by_convention, first_tensor, float_numel, is_floating
 
 
@@ -39,28 +40,32 @@ def _rows(outputs: list[Any]) -> int:
     return 0 if out is None else numel(out)
 
 
-def reduction_counter(per_input: int = 1, per_output: int = 0) -> Handle:
+def reduction_counter(per_input: int = 1, per_output: int = 0) -> Formula[int]:
     """``per_input`` flops per floating-point input element plus ``per_output`` per output element."""
 
-    def reduction_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        n = float_numel(inputs[0])
+    @by_name(self="grad_output")  # the softmax backward operators reduce their output gradient
+    def reduction_flops(self: Any, *, outputs: list[Any]) -> int:
+        n = float_numel(self)
         return per_input * n + per_output * _rows(outputs) if n else 0
 
     reduction_flops.__doc__ = f"{per_input}·n + {per_output}·rows flops (n input, rows output elements)."
     return reduction_flops
 
 
-def max_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def max_flops(self: Any, other: Any = None, *, outputs: list[Any]) -> int:
     """``max``/``min``: a reduction (``n`` comparisons), or with a tensor ``other`` one per output element."""
-    if len(inputs) > 1 and get_shape(inputs[1]) is not None:
+    if get_shape(other) is not None:
         return float_numel(first_tensor(outputs))
-    return float_numel(inputs[0])
+    return float_numel(self)
 
 
-def vector_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
-    """``linalg_vector_norm``/``norm(x, ord)``: 2-norm ``2n + rows``; 1, inf, 0: ``2n``; other ord ``3n + rows``."""
-    n = float_numel(inputs[0])
-    order = inputs[1] if len(inputs) > 1 and isinstance(inputs[1], (int, float)) else 2
+@by_name(ord="p")
+def vector_norm_flops(self: Any, ord: Any = 2, *, outputs: list[Any]) -> int:
+    """``linalg_vector_norm(self, ord)``/``norm(self, p)``: 2-norm ``2n + rows``; 1, inf, 0: ``2n``; other orders
+    ``3n + rows``."""
+    n = float_numel(self)
+    order = ord if isinstance(ord, (int, float)) else 2
     if not n:
         return 0
     if order == 2:
@@ -70,40 +75,37 @@ def vector_norm_flops(inputs: list[Any], outputs: list[Any]) -> int:
     return 3 * n + _rows(outputs)
 
 
-def _softmax_rows(inputs: list[Any]) -> int:
-    shape = get_shape(inputs[0]) or []
-    n = float_numel(inputs[0])
+def _softmax_rows(x: Any, dim: int) -> int:
+    shape = get_shape(x) or []
+    n = float_numel(x)
     if not shape:
         return n
-    return n // shape[inputs[1] % len(shape)] if shape[inputs[1] % len(shape)] else 0
+    size = shape[dim % len(shape)]
+    return n // size if size else 0
 
 
-def log_softmax_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def log_softmax_flops(self: Any, dim: int) -> int:
     """``_log_softmax``: max, subtract, exp, sum and subtract per element, a log per row: ``5n + rows``."""
-    return 5 * float_numel(inputs[0]) + _softmax_rows(inputs)
+    return 5 * float_numel(self) + _softmax_rows(self, dim)
 
 
-def source_counter(source_index: int) -> Handle:
-    """Accumulating scatters: one add per element of the source argument."""
-
-    def scatter_flops(inputs: list[Any], outputs: list[Any]) -> int:
-        source = inputs[source_index] if len(inputs) > source_index else None
-        return float_numel(source) if get_shape(source) is not None else 0
-
-    scatter_flops.__doc__ = f"One add per element of argument {source_index} (the source)."
-    return scatter_flops
+@by_name(source="src")
+def scatter_flops(source: Any) -> int:
+    """Accumulating scatters (``index_add``, ``scatter_add``, ...): one add per element of the source."""
+    return float_numel(source) if get_shape(source) is not None else 0
 
 
-def index_put_flops(inputs: list[Any], outputs: list[Any]) -> int:
+@by_name
+def index_put_flops(values: Any, accumulate: Any) -> int:
     """``index_put(self, indices, values, accumulate)``: an add per value when accumulating, else a copy."""
-    accumulate = len(inputs) > 3 and bool(inputs[3])
-    return float_numel(inputs[2]) if accumulate and is_floating(inputs[2]) else 0
+    return float_numel(values) if accumulate and is_floating(values) else 0
 
 
 _PLAIN = ("sum", "nansum", "prod", "amax", "amin", "argmax", "argmin")
 _SELECTION = ("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "histc", "bincount")
 
-FLOPS: dict[str, Handle | None] = {
+FLOPS: dict[str, Handle | None] = bind_all({
     **{f"aten::{op}": reduction_counter() for op in _PLAIN},
     **{f"aten::{op}": max_flops for op in ("max", "min")},
     "aten::aminmax": reduction_counter(2),
@@ -119,12 +121,12 @@ FLOPS: dict[str, Handle | None] = {
     **{f"aten::{op}": reduction_counter(5) for op in ("_softmax", "_safe_softmax")},
     "aten::_log_softmax": log_softmax_flops,
     **{f"aten::{op}": reduction_counter(4) for op in ("_softmax_backward_data", "_log_softmax_backward_data")},
-    **{f"aten::{op}": source_counter(3) for op in ("index_add", "index_add_", "scatter_add", "scatter_add_",
+    **{f"aten::{op}": scatter_flops for op in ("index_add", "index_add_", "scatter_add", "scatter_add_",
                                                     "scatter_reduce", "scatter_reduce_", "index_reduce",
                                                     "index_reduce_")},
     **{f"aten::{op}": index_put_flops for op in ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put")},
     **{f"aten::{op}": None for op in _SELECTION},
-}
+})
 
 
 def handles(convention: str) -> Table:

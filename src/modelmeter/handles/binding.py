@@ -1,0 +1,244 @@
+"""Formulas that read an operator's arguments by name, bound to the fvcore-style ``handle(inputs, outputs)``.
+
+A handle gets the arguments of a call in the operator's schema order (``inputs``), as fvcore's handles do. A
+formula written with :func:`by_name` names the arguments it reads instead, as the aten schema names them::
+
+    @by_name
+    def linear_cost(input, bias, *, result): ...
+
+Bound to an operator (:meth:`Formula.bind`, or :func:`bind_all` for a table keyed by operator), it becomes such a
+handle: each parameter is read at the position its name has in the schema of the overload that was called (told
+apart by the number of arguments, which the recorder always places in full), so one formula serves every operator
+and overload that names its arguments alike, wherever they sit. Defaults are settled here, in one place: an
+argument the call did not place takes the schema's default, else the formula's own default (which also stands for
+an argument the operator does not have); with neither, the call fails with an error naming the operator and the
+argument. Two keyword-only parameters are not arguments: ``result`` (the first output, None when there is none)
+and ``outputs`` (all of them, flattened).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+import torch
+
+_T = TypeVar("_T")
+
+RESULT, OUTPUTS = "result", "outputs"
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class _Argument:
+    name: str
+    default: Any = _MISSING  # the schema's default, as the recorder places it; _MISSING when it has none
+
+
+@dataclass(frozen=True)
+class _Overload:
+    name: str
+    arguments: tuple[_Argument, ...]
+    writes_out: bool  # an ``.out`` form (it writes into an argument): chosen only when no other form fits
+
+    def index(self, names: tuple[str, ...]) -> int | None:
+        """Position of the first of ``names`` among the arguments, or None."""
+        for name in names:
+            for i, argument in enumerate(self.arguments):
+                if argument.name == name:
+                    return i
+        return None
+
+
+@dataclass(frozen=True)
+class _Parameter:
+    name: str
+    aliases: tuple[str, ...]  # the name, then the other argument names it stands for
+    default: Any
+
+
+class Formula(Generic[_T]):
+    """A cost formula with named parameters; :meth:`bind` makes it the handle of one operator."""
+
+    def __init__(self, fn: Callable[..., _T], aliases: Mapping[str, tuple[str, ...]],
+                 arguments: tuple[str, ...] | None) -> None:
+        self.fn = fn
+        self.arguments = arguments
+        self.parameters, self.wants = _parameters(fn, aliases)
+        self._bound: dict[str, BoundFormula[_T]] = {}
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+
+    def bind(self, op: str) -> BoundFormula[_T]:
+        """This formula as the handle of ``op`` (``"aten::addmm"``; a ``backward:`` key reads its forward call).
+
+        Raises ``TypeError`` naming the operator and the parameter when a parameter without a default is not an
+        argument of any overload of ``op``.
+        """
+        bound = self._bound.get(op)
+        if bound is None:
+            bound = self._bound[op] = BoundFormula(self, op, _overloads(op, self.arguments))
+        return bound
+
+
+class BoundFormula(Generic[_T]):
+    """A :class:`Formula` bound to one operator: a handle ``(inputs, outputs) -> _T``."""
+
+    def __init__(self, formula: Formula[_T], op: str, overloads: tuple[_Overload, ...] | None) -> None:
+        self.formula, self.op, self.overloads = formula, op, overloads
+        self.__doc__ = formula.__doc__
+        self.__name__ = formula.__name__
+        # per number of arguments: (position or -1, value when -1) of each parameter
+        self._layouts: dict[int, tuple[tuple[int, Any], ...]] = {}
+        if overloads is not None:
+            self._check(overloads)
+
+    def __call__(self, inputs: list[Any], outputs: list[Any]) -> _T:
+        layout = self._layouts.get(len(inputs))
+        if layout is None:
+            layout = self._layout(len(inputs))
+        values = [inputs[i] if i >= 0 else value for i, value in layout]
+        wanted = {name: outputs if name == OUTPUTS else (outputs[0] if outputs else None)
+                  for name in self.formula.wants}
+        return self.formula.fn(*values, **wanted)
+
+    def _check(self, overloads: tuple[_Overload, ...]) -> None:
+        for parameter in self.formula.parameters:
+            if parameter.default is _MISSING and all(o.index(parameter.aliases) is None for o in overloads):
+                known = sorted({a.name for o in overloads for a in o.arguments})
+                raise TypeError(f"{self.formula.__name__} reads argument {_spelled(parameter)}, which {self.op} "
+                                f"does not have (its arguments: {', '.join(known) or 'none'})")
+
+    def _layout(self, given: int) -> tuple[tuple[int, Any], ...]:
+        """Where each parameter is in a call that placed ``given`` arguments."""
+        layout: tuple[tuple[int, Any], ...] = ()
+        if self.formula.parameters:  # (a formula of the outputs only suits any operator, schema or not)
+            chosen = _overload_for(self._known_overloads(), given)
+            layout = tuple(self._place(parameter, chosen, given) for parameter in self.formula.parameters)
+        self._layouts[given] = layout
+        return layout
+
+    def _place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
+        """(position, None) of a parameter the call placed, else (-1, its default)."""
+        index = chosen.index(parameter.aliases)
+        if index is not None and index < given:
+            return index, None
+        default = parameter.default
+        if index is not None and chosen.arguments[index].default is not _MISSING:
+            default = chosen.arguments[index].default
+        if default is _MISSING:
+            raise TypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which the "
+                            f"call did not give ({given} argument{'s' if given != 1 else ''}) and which has no "
+                            "default")
+        return -1, default
+
+    def _known_overloads(self) -> tuple[_Overload, ...]:
+        if self.overloads is None:
+            raise TypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has no "
+                            f"schema for {self.op}")
+        return self.overloads
+
+
+@overload
+def by_name(fn: Callable[..., _T], /) -> Formula[_T]: ...
+
+
+@overload
+def by_name(*, arguments: tuple[str, ...] | None = None,
+            **aliases: str | tuple[str, ...]) -> Callable[[Callable[..., _T]], Formula[_T]]: ...
+
+
+def by_name(fn: Callable[..., _T] | None = None, /, *, arguments: tuple[str, ...] | None = None,
+            **aliases: str | tuple[str, ...]) -> Formula[_T] | Callable[[Callable[..., _T]], Formula[_T]]:
+    """Mark ``fn`` as a formula over arguments named as in the operator's schema (see the module's docstring).
+
+    ``aliases`` give a parameter the other names an operator may use for it (``mat1=("batch1", "mat")``: the
+    multiplied matrix of ``addmm``, ``baddbmm`` and ``addmv``). ``arguments`` spells out the argument names for an
+    operator that has no schema in torch (``flex_attention``); otherwise the schema is read from ``torch.ops``.
+    """
+    spelled = {name: (names,) if isinstance(names, str) else tuple(names) for name, names in aliases.items()}
+
+    def make(function: Callable[..., _T]) -> Formula[_T]:
+        return Formula(function, spelled, arguments)
+
+    return make if fn is None else make(fn)
+
+
+def bind_all(table: Mapping[str, Any]) -> dict[str, Any]:
+    """``table`` with every :class:`Formula` bound to its operator (the key); other entries unchanged."""
+    return {op: entry.bind(op) if isinstance(entry, Formula) else entry for op, entry in table.items()}
+
+
+def _parameters(fn: Callable[..., Any], aliases: Mapping[str, tuple[str, ...]]) -> tuple[
+        tuple[_Parameter, ...], tuple[str, ...]]:
+    """The argument parameters of ``fn`` and the output parameters (``result``, ``outputs``) it wants."""
+    parameters, wants = [], []
+    for p in inspect.signature(fn).parameters.values():
+        default = _MISSING if p.default is inspect.Parameter.empty else p.default
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in (RESULT, OUTPUTS):
+            wants.append(p.name)
+        elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name not in (RESULT, OUTPUTS):
+            parameters.append(_Parameter(p.name, (p.name, *aliases.get(p.name, ())), default))
+        else:
+            raise TypeError(f"{fn.__name__}: parameter {p.name!r} must name an argument (a plain parameter) or be "
+                            f"the keyword-only {RESULT!r} or {OUTPUTS!r}")
+    unknown = set(aliases) - {p.name for p in parameters}
+    if unknown:
+        raise TypeError(f"{fn.__name__}: aliases for parameters it does not have: {', '.join(sorted(unknown))}")
+    return tuple(parameters), tuple(wants)
+
+
+def _spelled(parameter: _Parameter) -> str:
+    return " or ".join(repr(name) for name in parameter.aliases)
+
+
+_SCHEMAS: dict[str, tuple[_Overload, ...] | None] = {}
+
+
+def _overloads(op: str, arguments: tuple[str, ...] | None) -> tuple[_Overload, ...] | None:
+    """The overloads of ``op`` (its forward call's for a ``backward:`` key), or the spelled-out ``arguments``;
+    None when torch has no such operator (one of another version or device: checked when it is called)."""
+    if arguments is not None:
+        return (_Overload("default", tuple(_Argument(name) for name in arguments), False),)
+    name = op.removeprefix("backward:")
+    if name not in _SCHEMAS:
+        _SCHEMAS[name] = _read_schemas(name)
+    return _SCHEMAS[name]
+
+
+def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
+    namespace, _, name = op.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        schemas = [(overload_, getattr(packet, overload_)._schema) for overload_ in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return None
+    return tuple(_overload(overload_, schema) for overload_, schema in schemas) or None
+
+
+def _overload(name: str, schema: torch.FunctionSchema) -> _Overload:
+    arguments = tuple(_Argument(a.name, _plain(a.default_value) if a.has_default_value() else _MISSING)
+                      for a in schema.arguments)
+    writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return _Overload(name, arguments, writes_out)
+
+
+def _plain(value: Any) -> Any:
+    """A schema default as the recorder places it: lists as lists, dtypes and layouts as their names."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
+        return str(value)
+    return value
+
+
+def _overload_for(overloads: tuple[_Overload, ...], given: int) -> _Overload:
+    """The overload a call with ``given`` arguments was placed by: the one with that many arguments (an ``.out``
+    form only when nothing else fits); for a call that placed another number (a user-level call that passed only
+    its positional arguments), the ``default`` overload, else the first."""
+    fits = sorted((o for o in overloads if len(o.arguments) == given), key=lambda o: o.writes_out)
+    if fits:
+        return fits[0]
+    return next((o for o in overloads if o.name == "default"), overloads[0])
