@@ -21,9 +21,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _T = TypeVar("_T")
 
@@ -209,6 +210,8 @@ def _overloads(op: str, arguments: tuple[str, ...] | None) -> tuple[_Overload, .
 
 
 def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
+    import torch  # here, not above: the handle tables are imported by the reports, which need no torch
+
     namespace, _, name = op.partition("::")
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
@@ -227,6 +230,8 @@ def _overload(name: str, schema: torch.FunctionSchema) -> _Overload:
 
 def _plain(value: Any) -> Any:
     """A schema default as the recorder places it: lists as lists, dtypes and layouts as their names."""
+    import torch
+
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):

@@ -53,6 +53,12 @@ class Convention:
     elementwise: Handle | None = None
 
 
+def describe_convention(name: str) -> str:
+    """What convention ``name`` counts, in one line (without building its table)."""
+    _check_convention(name)
+    return _DESCRIPTIONS[name]
+
+
 def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
                    attention_kernel: str = "fused") -> Convention:
     """The convention called ``name``; ``dense_attention=True`` counts masked attention as if dense;
