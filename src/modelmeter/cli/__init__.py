@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from ..errors import ModelMeterError
 from .commands import COMMANDS, DEFAULT, command
 from .errors import ModelSpecError
-from .output import check_paths, parse, print_error, refuse_nul_paths
+from .output import check_paths, parse, print_error
 
 __all__ = ["main"]
 
@@ -44,7 +44,6 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] == name:
         argv = argv[1:]
     try:
-        refuse_nul_paths(argv)
         subcommand = command(name)
         args = parse(subcommand.build_parser(), argv)
         if isinstance(args, int):  # a usage error argparse printed, or --help

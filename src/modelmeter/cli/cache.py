@@ -6,17 +6,18 @@ import argparse
 import json
 
 from .errors import ModelSpecError
-from .output import UsageParser, add_output_options, emit
+from .options import subcommand_parser
+from .output import add_output_options, emit
 
 SUMMARY = "shows (info) or empties (clear) the trace cache"
 ACTIONS = ("info", "clear")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = UsageParser(prog="modelmeter cache", usage="modelmeter cache {info,clear} [--cache-dir DIR] "
-                                                        "[--format {table,json}] [--output FILE]",
-                         description="The trace cache: traces of earlier runs, kept on disk so that an unchanged "
-                                     "model is not run again (docs/caching.md).")
+    parser = subcommand_parser(
+        "modelmeter cache", "modelmeter cache {info,clear} [--cache-dir DIR] [--format {table,json}] [--output FILE]",
+        "The trace cache: traces of earlier runs, kept on disk so that an unchanged model is not run again "
+        "(docs/caching.md).")
     parser.add_argument("action", nargs="?", metavar="{info,clear}",
                         help="info: the cache's folder, entries, size and size limit; clear: delete every cached "
                              "trace")

@@ -8,16 +8,17 @@ import json
 
 from ..errors import ModelMeterError
 from .errors import ModelSpecError
-from .output import UsageParser, add_output_options, emit
+from .options import subcommand_parser
+from .output import add_output_options, emit
 
 SUMMARY = "compares two saved analyses or baselines, module by module"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = UsageParser(prog="modelmeter diff", usage="modelmeter diff BEFORE AFTER [--format {table,json}] "
-                         "[--output FILE]", description="The differences between two saved analyses "
-                         "(`modelmeter MODEL --format json --output FILE`) or baseline files (--save-baseline), "
-                         "per module and metric, the largest change first.")
+    parser = subcommand_parser(
+        "modelmeter diff", "modelmeter diff BEFORE AFTER [--format {table,json}] [--output FILE]",
+        "The differences between two saved analyses (`modelmeter MODEL --format json --output FILE`) or baseline "
+        "files (--save-baseline), per module and metric, the largest change first.")
     parser.add_argument("before", metavar="BEFORE", help="the earlier analysis or baseline (a JSON file)")
     parser.add_argument("after", metavar="AFTER", help="the later analysis or baseline (a JSON file)")
     add_output_options(parser, ("table", "json"), "the differences")

@@ -6,15 +6,16 @@ import argparse
 import json
 
 from ..zoo.catalog import CATALOG
-from .output import UsageParser, add_output_options, emit
+from .options import subcommand_parser
+from .output import add_output_options, emit
 
 SUMMARY = "lists the built-in models"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = UsageParser(prog="modelmeter list", usage="modelmeter list [--format {table,json}] [--output FILE]",
-                         description="The built-in models (random weights, nothing "
-                         "downloaded), the shape and dtype of their default input (batch 1), and what they are.")
+    parser = subcommand_parser("modelmeter list", "modelmeter list [--format {table,json}] [--output FILE]",
+                               "The built-in models (random weights, nothing downloaded), the shape and dtype of "
+                               "their default input (batch 1), and what they are.")
     add_output_options(parser, ("table", "json"), "the list")
     return parser
 

@@ -138,11 +138,29 @@ def build_parser(usage: str | None = None, commands: str = "") -> argparse.Argum
                "pair). key=value arguments override the transformers config or go to the builder. Traces are "
                "cached on disk (`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit "
                "status: 0 success, 2 usage error, 1 the model failed to build or run, 130 interrupted.",
+        parents=[analysis_options()],
     )
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
                         help="what to analyse (default resnet50); `modelmeter list` shows the built-in models")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides (transformers) or builder / factory keyword arguments")
+    return parser
+
+
+def subcommand_parser(prog: str, usage: str, description: str) -> argparse.ArgumentParser:
+    """The parser of another subcommand, before its own arguments are added: like every subcommand it accepts
+    the analysis's options (``--no-cache``, ``--depth``...) and ignores those it has no use for, as the command
+    always did, but its help names only its own."""
+    hidden = analysis_options()
+    for action in hidden._actions:
+        action.help = argparse.SUPPRESS
+    return UsageParser(prog=prog, usage=usage, description=description, parents=[hidden],
+                       conflict_handler="resolve")
+
+
+def analysis_options() -> argparse.ArgumentParser:
+    """The analysis's options, in their groups (a parent parser: no positionals, no --help)."""
+    parser = UsageParser(add_help=False)
     _input_options(parser)
     _run_options(parser)
     out = parser.add_argument_group("output")

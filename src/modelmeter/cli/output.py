@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from .errors import ModelSpecError, one_line
 
-# Every option of the command that names a file or folder (refused with a NUL character, whatever the subcommand)
+# Every option of the command that names a file or folder
 PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir")
 # The options whose file the command writes at the end: checked before any model is built
 WRITTEN_PATHS = ("--output", "--html", "--save-baseline")
@@ -53,29 +53,13 @@ def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> 
     return out
 
 
-def refuse_nul_paths(argv: Sequence[str]) -> None:
-    """A path option whose value holds a NUL character, refused before any parser reads it: no file has such a
-    name, whichever subcommand was given the option."""
-    for i, arg in enumerate(argv):
-        option, sep, value = arg.partition("=")
-        if option not in PATH_OPTIONS:
-            continue
-        if not sep:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-        _refuse_nul(option, value)
-
-
-def _refuse_nul(option: str, path: str | None) -> None:
-    if path is not None and "\0" in path:
-        raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
-
-
 def check_paths(args: argparse.Namespace) -> None:
     """Refuse, before any model is built, a path no file can have, a file the command could not write at the
     end, and a cache directory that is a file (for the path options ``args`` has)."""
     paths = {option: getattr(args, option[2:].replace("-", "_"), None) for option in PATH_OPTIONS}
-    for option, path in paths.items():  # also the options given abbreviated (--out), which argparse accepts
-        _refuse_nul(option, path)
+    for option, path in paths.items():
+        if path is not None and "\0" in path:
+            raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
     for option in WRITTEN_PATHS:
         path = paths[option]
         if path is not None:
