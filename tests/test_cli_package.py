@@ -59,7 +59,7 @@ def test_the_commands_choices_are_the_librarys() -> None:
     assert options.FORMATS == FORMATS
     assert options.CONVENTIONS == CONVENTIONS
     assert options.ATTENTION_KERNELS == ATTENTION_KERNELS
-    assert options.OPTIMIZERS == tuple(OPTIMIZERS)
+    assert tuple(OPTIMIZERS) == options.OPTIMIZERS
     assert all(isinstance(getattr(torch, name), torch.dtype) for name in options.INPUT_DTYPES.values())
 
 
