@@ -10,7 +10,7 @@ import warnings
 from .commands import overview
 from .options import build_parser as analysis_parser
 
-SUMMARY = "what MODEL costs: FLOPs, activations, parameters (and memory) by module (the default command)"
+SUMMARY = "shows what MODEL costs, by module (the default: `modelmeter MODEL` is the same)"
 
 
 def build_parser() -> argparse.ArgumentParser:

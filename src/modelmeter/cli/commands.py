@@ -23,9 +23,8 @@ def overview() -> tuple[str, str]:
     usage = ["modelmeter [analyse] [MODEL] [key=value ...] [options]"]
     summaries = []
     for name in COMMANDS:
-        if name == DEFAULT:
-            continue
         module = command(name)
-        usage.append(module.build_parser().format_usage().removeprefix("usage: ").strip())
         summaries.append(f"`modelmeter {name}` {module.SUMMARY}")
+        if name != DEFAULT:  # its usage is the first line
+            usage.append(module.build_parser().format_usage().removeprefix("usage: ").strip())
     return "\n       ".join(usage), f"Commands: {'; '.join(summaries)} (each with its own --help). "
