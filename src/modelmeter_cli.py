@@ -7,12 +7,10 @@ instead of a traceback.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from collections.abc import Sequence
 
-INTERRUPTED = 130  # the shell's status for a command ended by SIGINT (128 + 2)
+INTERRUPTED = 130  # the shell's status for a command ended by SIGINT (128 + 2), as modelmeter.cli.interrupt's
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,13 +20,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("modelmeter: interrupted", file=sys.stderr)
         return INTERRUPTED
     return command(argv)
-
-
-def quit_on_interrupt() -> None:
-    """The start of the command's worker processes (``--sweep``, ``--check-baseline``), before they import torch:
-    Ctrl-C, which the terminal sends to every process of the command, ends a worker at once and silently; the
-    command itself prints the one line."""
-    signal.signal(signal.SIGINT, lambda *_: os._exit(INTERRUPTED))
 
 
 if __name__ == "__main__":

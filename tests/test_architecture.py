@@ -28,8 +28,6 @@ ROOT = "modelmeter"
 KNOWN_UNTIL_ANALYSIS_REFACTOR = frozenset({
     "cycle: modelmeter.analysis <-> modelmeter.memory <-> modelmeter.reports.fvcore_tables <-> "
     "modelmeter.reports.result",
-    "cycle: modelmeter.cli <-> modelmeter_cli",
-    "layer: modelmeter.cli (cli) imports modelmeter_cli (launcher)",
     "layer: modelmeter.reports.fvcore_tables (reports) imports modelmeter.analysis (session)",
     "layer: modelmeter.reports.result (reports) imports modelmeter.analysis (session)",
     "layer: modelmeter.reports.result (reports) imports modelmeter.memory (session)",
@@ -66,7 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),
     ("session", ("modelmeter.analysis", "modelmeter.memory"), ("runner", "cache", "reports")),
     ("zoo", ("modelmeter.zoo",), ("base",)),
-    ("loaders", ("modelmeter.models", "modelmeter.cli.models"), ("engine", "zoo")),  # the latter after the cli/ split
+    # the command's model loaders, and the words of its errors they share with it
+    ("loaders", ("modelmeter.cli.models", "modelmeter.cli.errors"), ("engine", "zoo")),
     ("guard", ("modelmeter.guard",), ("session", "loaders")),
     ("cli", ("modelmeter.cli", "modelmeter.__main__"), ("guard",)),
     ("launcher", ("modelmeter_cli",), ("cli",)),  # the console script: imports the command lazily

@@ -1010,7 +1010,7 @@ def test_code_made_by_exec_is_the_users_only_when_the_user_made_it(monkeypatch: 
 FAMILIES_RUNNER = """
 import json, sys
 import modelmeter
-from modelmeter.models import load_model
+from modelmeter.cli.models import load_model
 
 out = {}
 for spec in sys.argv[1:]:

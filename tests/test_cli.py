@@ -21,9 +21,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, cli
-from modelmeter.cli import largest_fitting, main
-from modelmeter.models import parse_overrides
+from modelmeter import ActivationCountAnalysis, FlopCountAnalysis
+from modelmeter.cli import fit, main
+from modelmeter.cli.fit import largest_fitting
+from modelmeter.cli.job import Job, job_argv
+from modelmeter.cli.models import parse_overrides
 from modelmeter.reports import FORMATS
 from modelmeter.zoo import get_model
 
@@ -126,8 +128,8 @@ def test_attention_kernel_flag(capsys: pytest.CaptureFixture[str]) -> None:
             flops.by_phase()["forward"], flops.by_phase()["backward"])
     # causal attention: the math kernel computes every pair, and its backward recomputes nothing
     assert math_kernel["forward_flops"] > fused["forward_flops"]
-    job = cli.Job(spec="gpt2_tiny", attention_kernel="math")
-    assert cli._job_argv(job)[-2:] == ["--attention-kernel", "math"]  # a baseline entry runs it the same way
+    job = Job(spec="gpt2_tiny", attention_kernel="math")
+    assert job_argv(job)[-2:] == ["--attention-kernel", "math"]  # a baseline entry runs it the same way
     run(capsys, "gpt2_tiny", "--attention-kernel", "flash", code=2)
 
 
@@ -330,7 +332,7 @@ def test_html_report_and_compare(capsys: pytest.CaptureFixture[str], tmp_path: A
 def library_memory(spec: str, batch: int | None = None, **options: Any) -> Any:
     """The library's MemoryAnalysis of a built-in model on its default inputs (the command's numbers' oracle)."""
     from modelmeter import MemoryAnalysis
-    from modelmeter.models import load_model
+    from modelmeter.cli.models import load_model
 
     loaded = load_model(spec, (), device="meta")
     return MemoryAnalysis(loaded.model, loaded.inputs(batch=batch, seq_len=16), **options)
@@ -440,7 +442,7 @@ def test_fit_finds_the_largest_batch(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_fit_stops_at_its_cap(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "FIT_CAP", 4)
+    monkeypatch.setattr(fit, "FIT_CAP", 4)
     data = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", "1TiB")
     assert [t["batch"] for t in data["tried"]] == [1, 2, 4] and data["capped"] and data["next"] is None
     assert data["step"] == "inference"

@@ -21,9 +21,10 @@ import pytest
 import torch
 
 import modelmeter.analysis
-from modelmeter import FlopCountAnalysis, ModelRunError, cli
-from modelmeter.cli import main
-from modelmeter.models import load_model
+from modelmeter import FlopCountAnalysis, ModelRunError
+from modelmeter.cli import job, main, output
+from modelmeter.cli.models import load_model
+from modelmeter.cli.options import build_parser
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="what happens where CUDA cannot run")
@@ -122,9 +123,9 @@ def test_model_argument_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureF
 def test_a_negative_value_reaches_its_options_check(capsys: pytest.CaptureFixture[str]) -> None:
     """argparse reads ``-1x3`` as an option; the command hands it to --input, whose check says what is wrong, and
     a value for a short option (``-o``) the same way."""
-    assert cli._attach_negative_values(cli.build_parser(), ["m", "--input", "-1x3", "-o", "-2.txt", "--backward"]) \
+    assert output.attach_negative_values(build_parser(), ["m", "--input", "-1x3", "-o", "-2.txt", "--backward"]) \
         == ["m", "--input=-1x3", "-o-2.txt", "--backward"]
-    assert cli._attach_negative_values(cli.build_parser(), ["m", "--backward", "-1"]) == ["m", "--backward", "-1"]
+    assert output.attach_negative_values(build_parser(), ["m", "--backward", "-1"]) == ["m", "--backward", "-1"]
 
 
 # --- paths: checked before the model runs ----------------------------------------------------------------------
@@ -142,7 +143,7 @@ def test_an_unwritable_path_is_refused_before_the_run(capsys: pytest.CaptureFixt
     assert f"the folder {a_file} is not a directory" in err
     # no permission (the tests may run as root, whom chmod does not stop: the permission check itself is patched)
     denied = {str(tmp_path)}
-    monkeypatch.setattr(cli.os, "access", lambda path, mode: os.fspath(path) not in denied)
+    monkeypatch.setattr(output.os, "access", lambda path, mode: os.fspath(path) not in denied)
     err = one_line_error(capsys, ["resnet18", option, str(tmp_path / "out")], 2)
     assert f"{option} {tmp_path / 'out'}: no permission to write there" in err
     assert not (tmp_path / "out").exists()
@@ -362,7 +363,7 @@ def test_ctrl_c_while_building_is_one_line(capsys: pytest.CaptureFixture[str],
     def interrupted(*_: Any, **__: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "load_model", interrupted)
+    monkeypatch.setattr(job, "load_model", interrupted)
     assert main(["resnet18"]) == 130
     assert capsys.readouterr() == ("", "modelmeter: interrupted\n")
 
@@ -442,8 +443,8 @@ def test_ctrl_c_during_a_sweep_ends_the_workers_quietly(tmp_path: Path) -> None:
     (tmp_path / "slow_helper.py").write_text(SLOW_POINT)
     markers = tmp_path / "markers"
     markers.mkdir()
-    code = ("import sys, modelmeter_cli, slow_helper; from modelmeter import cli; "
-            "cli.sweep_point = slow_helper.slow_point; "
+    code = ("import sys, modelmeter_cli, slow_helper; from modelmeter.cli import sweep; "
+            "sweep.sweep_point = slow_helper.slow_point; "
             "sys.exit(modelmeter_cli.main(['resnet18', '--sweep', 'batch=1,2', '--jobs', '2', '--no-cache']))")
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{tmp_path}", "MARKERS": str(markers)}
     command = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -15,8 +15,11 @@ import torch
 from torch import nn
 
 from modelmeter import analyze
-from modelmeter.cli import Job, _job_argv, analyse, build_parser, main
-from modelmeter.cli import _job as cli_job
+from modelmeter.cli import main
+from modelmeter.cli.job import Job, analyse
+from modelmeter.cli.job import job_argv as _job_argv
+from modelmeter.cli.job import job_from_args as cli_job
+from modelmeter.cli.options import build_parser
 from modelmeter.errors import ModelMeterError
 from modelmeter.guard import (
     BaselineFile,

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..reports.format import aligned_table
 from ..reports.fvcore_tables import format_size
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
@@ -98,8 +99,6 @@ def render_diff(differences: list[Difference], limit: int | None = None) -> str:
     if not differences:
         return "no differences"
     rows = [["module", "metric", "before", "after", "change", "%"], *(d.row() for d in differences[:limit])]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in rows]
+    lines = aligned_table(rows, ["left", "left", "right", "right", "right", "right"])
     more = len(differences) - len(rows) + 1
     return "\n".join(lines + ([f"... and {more} more"] if more > 0 else []))

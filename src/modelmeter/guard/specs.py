@@ -24,9 +24,9 @@ import re
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..models import ModelSpecError, on_path, parse_overrides
+from ..cli.models import ModelSpecError, on_path, parse_overrides
 
-# What ``modelmeter.cli._job_argv`` writes into an entry: flags, and options followed by one value.
+# What ``modelmeter.cli.job.job_argv`` writes into an entry: flags, and options followed by one value.
 SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach"})
 SPEC_OPTIONS = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention",
                           "--execution", "--attention-kernel", "--optimizer", "--state-dtype"})

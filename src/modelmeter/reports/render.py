@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..handles.conventions import CONVENTIONS, describe_convention
+from .format import aligned_table, format_bytes
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from .result import BYTE_METRICS, ModuleRow, Result
 
@@ -33,15 +34,6 @@ def render(result: Result, fmt: str = "table", depth: int = 3) -> str:
 def convention_note(name: str) -> str:
     """``"macs (multiply-adds of ...)"``: a convention's name with what it counts."""
     return f"{name} ({describe_convention(name)})" if name in CONVENTIONS else name
-
-
-def format_bytes(n: float) -> str:
-    """Bytes in binary units with three significant figures: ``1536 -> "1.5KiB"``, ``225699420 -> "215MiB"``."""
-    for scale, suffix in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if abs(n) >= scale:
-            value = n / scale
-            return f"{value:.3g}{suffix}" if abs(value) < 999.5 else f"{value:.0f}{suffix}"
-    return f"{int(n)}B"
 
 
 def format_metric(metric: str, value: float) -> str:
@@ -107,13 +99,7 @@ def memory_note(memory: dict[str, Any]) -> str:
 def _table(result: Result, depth: int) -> str:
     rows = _shown(result, depth)
     headers, aligns, cells = _summary(result, rows)
-    widths = [max([len(h), *(len(line[i]) for line in cells)]) for i, h in enumerate(headers)]
-
-    def line(values: list[str]) -> str:
-        padded = (v.ljust(w) if a == "left" else v.rjust(w) for v, w, a in zip(values, widths, aligns, strict=True))
-        return "  ".join(padded).rstrip()
-
-    text = "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(c) for c in cells)])
+    text = "\n".join(aligned_table([headers, *cells], aligns, rule=True))
     footer = _footer(result, rows, code=str)
     return text + "\n\n" + "\n".join(footer) if footer else text
 

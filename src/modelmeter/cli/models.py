@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -41,8 +40,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .engine.inputs import map_tensors
-from .errors import ModelMeterError, cuda_failure
+from ..engine.inputs import map_tensors
+from ..errors import ModelMeterError, cuda_failure
+from .errors import MAX_TENSOR_BYTES, ModelSpecError, one_line, suggest
 
 __all__ = [
     "InputKind",
@@ -60,11 +60,6 @@ InputKind = Literal["image", "tokens", "tensor", "custom"]
 _EXTRAS = {"torchvision": "vision", "timm": "timm", "transformers": "transformers"}
 _DEFAULT_SEQ_LEN = 128
 _DEFAULT_IMAGE = (3, 224, 224)
-MAX_TENSOR_BYTES = (1 << 63) - 1  # torch counts a tensor's bytes in an int64
-
-
-class ModelSpecError(ModelMeterError, ValueError):
-    """The spec names nothing that exists (unknown name, missing file or factory, bad override): a usage error."""
 
 
 class ModelLoadError(ModelMeterError, RuntimeError):
@@ -223,12 +218,6 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def suggest(name: str, choices: Sequence[str], n: int = 3) -> list[str]:
-    """Close matches of ``name`` among ``choices`` (case-insensitive), best first."""
-    lowered = {c.lower(): c for c in choices}
-    return [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)]
-
-
 def _unknown(what: str, name: str, choices: Sequence[str], fallback: str) -> ModelSpecError:
     close = suggest(name, choices)
     hint = f"did you mean {', '.join(close)}?" if close else fallback
@@ -292,12 +281,6 @@ def _building(what: str) -> Iterator[None]:
         raise ModelLoadError(f"could not build {what}: {reason}") from exc
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """An exception's message on one line, at most ``limit`` characters (for the command's error output)."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: torch.device,
            size_key: str | None = None, resolution: int | None = None) -> nn.Module:
     """``builder(**kwargs)`` on ``device``; with ``resolution``, first try passing it as ``size_key``
@@ -329,7 +312,7 @@ def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: s
 
 
 def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolution: int | None) -> LoadedModel:
-    from .zoo import ZOO, available_models, get_model
+    from ..zoo import ZOO, available_models, get_model
 
     if name not in ZOO:
         raise _unknown("model", name, available_models(),

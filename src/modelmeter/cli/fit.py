@@ -1,0 +1,105 @@
+"""``--fit SIZE``: the largest batch whose predicted peak memory fits in SIZE (docs/memory.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..errors import ModelMeterError
+from ..reports.format import format_bytes, titled_table
+from .errors import ModelSpecError
+from .job import Job, analyse
+from .output import emit
+
+FIT_CAP = 1 << 20  # --fit tries no batch larger than this
+
+
+def largest_fitting(fits: Callable[[int], bool], cap: int) -> int:
+    """The largest ``n`` in 1..``cap`` with ``fits(n)``, for a ``fits`` true up to some size and false above:
+    doubling from 1 until one does not fit (or ``cap`` is reached), then bisection. 0 when 1 does not fit."""
+    if not fits(1):
+        return 0
+    low, high = 1, 0  # low fits; high (once found) does not
+    while not high:
+        if low >= cap:
+            return cap
+        trial = min(2 * low, cap)
+        if fits(trial):
+            low = trial
+        else:
+            high = trial
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+class DoesNotFit(ModelMeterError):
+    """Batch 1 is already over the --fit size (exit 1)."""
+
+
+def run_fit(args: argparse.Namespace, job: Job) -> int:
+    """``--fit SIZE``: one analysis per batch tried; the batches tried, and the largest whose peak <= SIZE."""
+    if args.format == "tree":
+        raise ModelSpecError("--fit prints the batches it tried: use --format table, markdown, csv or json")
+    limit = int(args.fit)  # peaks are whole bytes
+    peaks: dict[int, int] = {}
+    memory: dict[str, Any] = {}
+
+    def fits(batch: int) -> bool:
+        result, _, seconds, _ = analyse(replace(job, batch=batch))
+        memory.update(result.memory)
+        peaks[batch] = int(result.memory["peak"])
+        print(f"fit: batch {batch}: peak {format_bytes(peaks[batch])} ({seconds:.1f} s)", file=sys.stderr)
+        return peaks[batch] <= limit
+
+    largest = largest_fitting(fits, FIT_CAP)
+    step = _step_phrase(memory)
+    if not largest:
+        raise DoesNotFit(f"batch 1 does not fit in {format_bytes(limit)}: its {step} peaks at "
+                         f"{format_bytes(peaks[1])} ({peaks[1]:,} bytes)")
+    emit(_fit_report(job, limit, step, peaks, largest, args.format), args.output)
+    return 0
+
+
+def _step_phrase(memory: dict[str, Any]) -> str:
+    """``"inference"``, ``"training step"`` or ``"training step with adamw (bfloat16 state, foreach)"``."""
+    if not memory.get("training"):
+        return "inference"
+    optimizer = memory.get("optimizer")
+    if not optimizer:
+        return "training step"
+    details = [f"{optimizer['state_dtype']} state" if optimizer.get("state_dtype") else "",
+               "foreach" if optimizer.get("foreach") else ""]
+    notes = ", ".join(filter(None, details))
+    return f"training step with {optimizer['name']}" + (f" ({notes})" if notes else "")
+
+
+def _fit_report(job: Job, limit: int, step: str, peaks: dict[int, int], largest: int, fmt: str) -> str:
+    tried = sorted(peaks)
+    above = largest + 1 if largest + 1 in peaks else None
+    if fmt == "json":
+        return json.dumps({"model": job.model, "limit": limit, "step": step,
+                           "tried": [{"batch": b, "peak": peaks[b], "fits": peaks[b] <= limit} for b in tried],
+                           "largest": largest, "peak": peaks[largest],
+                           "next": None if above is None else {"batch": above, "peak": peaks[above]},
+                           "capped": above is None}, indent=2)
+    if fmt == "csv":
+        return "\n".join(["batch,peak,fits", *(f"{b},{peaks[b]},{peaks[b] <= limit}" for b in tried)])
+    table = [[str(b), format_bytes(peaks[b]), "yes" if peaks[b] <= limit else "no"] for b in tried]
+    lines = titled_table(["batch", "peak", "fits"], table, fmt,
+                         f"{job.model}: the largest batch in {format_bytes(limit)} ({step})")
+    if above is None:
+        final = (f"batch {largest} fits in {format_bytes(limit)} (peak {format_bytes(peaks[largest])}): the search "
+                 f"stops at batch {FIT_CAP}, larger ones were not tried")
+    else:
+        final = (f"largest batch that fits in {format_bytes(limit)}: {largest} (peak {format_bytes(peaks[largest])}; "
+                 f"batch {above} needs {format_bytes(peaks[above])})")
+    return "\n".join([*lines, "", final])

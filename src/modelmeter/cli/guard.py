@@ -1,0 +1,143 @@
+"""The cost guard on the command line (docs/guard.md): ``--budget``, ``--check-baseline`` and ``--save-baseline``
+for one model, and ``--check-baseline FILE`` without a model: every model of FILE, in parallel."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from typing import Any
+
+from ..guard import (
+    BaselineFile,
+    BaselineMismatch,
+    Entry,
+    check_budget,
+    compare,
+    entry_from_result,
+    record,
+)
+from ..guard.specs import check_spec, project_of
+from ..guard.values import GuardFileError
+from ..reports.result import Result
+from .errors import ModelSpecError
+from .job import Job, job_argv, job_from_args, worker_row
+from .options import build_parser
+from .parallel import in_parallel
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """A baseline or saved analysis that cannot be used, or runs that cannot be compared: a usage error (exit
+    2), one line."""
+    try:
+        yield
+    except (BaselineMismatch, GuardFileError) as exc:
+        raise ModelSpecError(str(exc)) from None
+
+
+def _entry_name(args: argparse.Namespace, job: Job) -> str:
+    return args.name or job.model
+
+
+def baseline_entry(args: argparse.Namespace, job: Job) -> Entry | None:
+    """The entry --check-baseline compares with, read (and the file --save-baseline will write, if there is one,
+    checked) before the model runs."""
+    with usage_errors():
+        if args.save_baseline and os.path.exists(args.save_baseline):
+            BaselineFile.load(args.save_baseline)
+        if not args.check_baseline:
+            return None
+        return BaselineFile.load(args.check_baseline).entry(_entry_name(args, job), args.check_baseline)
+
+
+def guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | None) -> int:
+    """--budget, --check-baseline (against ``expected``) and then --save-baseline for one analysed model: 0, or
+    1 when a cost is too high. The baseline is saved only when every check passed, so a failed check never
+    overwrites the baseline it failed against."""
+    status = 0
+    name = _entry_name(args, job)
+    if args.budget:
+        try:
+            over = check_budget(result, args.budget)
+        except ValueError as exc:
+            raise ModelSpecError(str(exc)) from None
+        for item in over:
+            print(f"modelmeter: over budget: {name}: {item}", file=sys.stderr)
+        status = 1 if over else status
+    entry = entry_from_result(result, spec=job_argv(job))
+    if expected is not None:
+        with usage_errors():
+            comparison = compare(name, expected, entry, args.tolerance)
+        print(comparison.report(), file=sys.stderr)
+        status = 1 if not comparison.ok else status
+    if args.save_baseline and status:
+        print(f"modelmeter: did not save the baseline of {name} in {args.save_baseline}: a check failed",
+              file=sys.stderr)
+    elif args.save_baseline:
+        with usage_errors():
+            record(args.save_baseline, name, entry)
+        print(f"modelmeter: saved the baseline of {name} in {args.save_baseline}", file=sys.stderr)
+    return status
+
+
+def baseline_point(job: Job) -> dict[str, Any]:
+    """Worker of a baseline check (top level, for spawned processes): the entry as data."""
+    return worker_row(job, lambda result, _: {"entry": asdict(entry_from_result(result, spec=job_argv(job)))})
+
+
+# What a check of every model of a baseline takes from each entry: giving it on the command line is a mistake
+_PER_ENTRY = {"--budget": "budget", "--save-baseline": "save_baseline", "--name": "name", "--input": "input",
+              "--batch": "batch", "--resolution": "resolution", "--seq-len": "seq_len", "--dtype": "dtype",
+              "--sweep": "sweep", "--fit": "fit", "--html": "html", "--compare": "compare", "--output": "output",
+              "--backward": "backward", "--dense-attention": "dense_attention", "--memory": "memory",
+              "--optimizer": "optimizer", "--state-dtype": "state_dtype", "--foreach": "foreach"}
+
+
+def check_all(args: argparse.Namespace) -> int:
+    """``modelmeter --check-baseline FILE``: every model of FILE analysed again (in parallel) and compared. What
+    an entry may run is checked for every entry before any model is built (modelmeter.guard.specs)."""
+    ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
+    ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
+    ignored += ["--attention-kernel"] * (args.attention_kernel != "fused")
+    ignored += ["--format"] * (args.format != "table")  # the reports are text
+    if ignored:
+        raise ModelSpecError(f"{', '.join(ignored)}: a check of every model of {args.check_baseline} runs each "
+                             "entry as it was saved; name a MODEL to check one model with other options")
+    with usage_errors():
+        baselines = BaselineFile.load(args.check_baseline)
+    if not baselines.entries:
+        raise ModelSpecError(f"the baseline {args.check_baseline!r} holds no models")
+    project = str(project_of(args.check_baseline))
+    jobs = {}
+    for name, entry in baselines.entries.items():
+        parsed = check_spec(entry.spec, name, args.check_baseline, build_parser())
+        try:
+            job = job_from_args(parsed)
+        except ModelSpecError as exc:
+            raise ModelSpecError(f"the baseline entry {name!r}: {exc}") from None
+        jobs[name] = replace(job, cache=False, project=project)  # guards run the model
+    outcomes = in_parallel(baseline_point, jobs, args.jobs, "baselines")
+    codes = [_report_check(name, baselines.entries[name], outcome, args.tolerance)
+             for name, outcome in outcomes.items()]
+    print(f"modelmeter: checked {len(codes)} model{'s' * (len(codes) != 1)} of {args.check_baseline}: "
+          f"{codes.count(0)} within the baseline, {codes.count(1)} over it or failed, {codes.count(2)} not "
+          "comparable or refused", file=sys.stderr)
+    return max(codes)
+
+
+def _report_check(name: str, expected: Entry, outcome: dict[str, Any], tolerance: float) -> int:
+    """Print the comparison of one entry of a check of every model; its exit status."""
+    if "error" in outcome:
+        print(f"modelmeter: {name}: {outcome['error']}", file=sys.stderr)
+        return int(outcome["code"])
+    try:
+        comparison = compare(name, expected, Entry(**outcome["entry"]), tolerance)
+    except BaselineMismatch as exc:
+        print(f"modelmeter: {exc}", file=sys.stderr)
+        return 2
+    print(comparison.report())
+    return 0 if comparison.ok else 1

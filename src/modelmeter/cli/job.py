@@ -1,0 +1,195 @@
+"""One analysis of the command: the :class:`Job` that describes it (from the command line, or a baseline entry's
+arguments), the run itself, and the command-line arguments that run it again."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..engine.tracer import Execution
+from ..errors import ModelExitError, ModelMeterError
+from ..reports.result import BYTE_METRICS, Result
+from .errors import ModelSpecError, one_line
+from .models import LoadedModel, load_model
+from .options import OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything one analysis needs; plain picklable data, so a worker process can run it."""
+
+    spec: str
+    overrides: tuple[str, ...] = ()
+    shapes: tuple[tuple[tuple[int, ...], torch.dtype | None], ...] = ()
+    batch: int | None = None
+    resolution: int | None = None
+    seq_len: int | None = None
+    dtype: torch.dtype | None = None
+    execution: Execution = "auto"
+    convention: str = "fvcore"
+    backward: bool = False
+    dense_attention: bool = False
+    attention_kernel: str = "fused"
+    cache: bool = True
+    cache_dir: str | None = None
+    memory: bool = False
+    optimizer: str | None = None
+    state_dtype: str | None = None
+    foreach: bool | None = None
+    project: str | None = None  # set for a model named by a baseline file: what it may call is confined to this
+
+    @property
+    def model(self) -> str:
+        """The model as the command line named it: the spec and its key=value arguments."""
+        return " ".join([self.spec, *self.overrides])
+
+
+def job_from_args(args: argparse.Namespace) -> Job:
+    """The analysis the command line asks for; :class:`ModelSpecError` for options that contradict each other."""
+    given = {"batch": args.batch, "resolution": args.resolution, "seq_len": args.seq_len}
+    if args.input and (any(v is not None for v in given.values()) or args.sweep):
+        raise ModelSpecError("--input fixes the input shapes: drop --batch/--resolution/--seq-len/--sweep, "
+                             "or drop --input")
+    if args.sweep and given[args.sweep[0]] is not None:
+        raise ModelSpecError(f"--sweep {args.sweep[0].replace('_', '-')}=... and "
+                             f"--{args.sweep[0].replace('_', '-')} both set; keep one")
+    if args.compare and not args.html:
+        raise ModelSpecError("--compare shows the difference in the HTML report: add --html FILE")
+    if args.sweep and (args.budget or args.save_baseline or args.check_baseline or args.html):
+        raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
+                             "per run")
+    _check_memory_options(args)
+    backward = args.backward or args.optimizer is not None
+    memory = (args.memory or args.optimizer is not None or args.fit is not None
+              or any(metric in BYTE_METRICS for metric in args.budget or {}))
+    # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
+    guarded = bool(args.budget or args.save_baseline or args.check_baseline)
+    return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
+               dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
+               convention=args.convention, backward=backward, dense_attention=args.dense_attention,
+               attention_kernel=args.attention_kernel,
+               cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
+               state_dtype=args.state_dtype, foreach=args.foreach, **given)
+
+
+def _check_memory_options(args: argparse.Namespace) -> None:
+    """Usage errors of the memory options: optimizer settings without an optimizer, saved bytes without a
+    backward pass, --fit with what fixes or varies the batch, or with what reports one run."""
+    loose = [flag for flag, value in (("--state-dtype", args.state_dtype), ("--foreach", args.foreach)) if value]
+    if loose and args.optimizer is None:
+        raise ModelSpecError(f"{' and '.join(loose)} describe{'s' if len(loose) == 1 else ''} the optimizer's "
+                             f"step: add --optimizer {{{','.join(OPTIMIZERS)}}}")
+    if "saved_bytes" in (args.budget or {}) and not (args.backward or args.optimizer):
+        raise ModelSpecError("--budget saved_bytes=...: the bytes saved for the backward pass exist in a training "
+                             "step: add --backward (or --optimizer)")
+    if args.fit is not None and (args.input or args.batch or args.sweep):
+        raise ModelSpecError("--fit searches the batch size: drop --batch/--input/--sweep")
+    if args.fit is not None and (args.budget or args.save_baseline or args.check_baseline or args.html):
+        raise ModelSpecError("--fit analyses many batches: use --budget / --save-baseline / --check-baseline / "
+                             "--html on one run (--batch N)")
+
+
+def job_argv(job: Job) -> list[str]:
+    """The command-line arguments that build and run ``job`` again (what a baseline entry keeps)."""
+    argv = [job.spec, *job.overrides]
+    for shape, dtype in job.shapes:
+        argv += ["--input", "x".join(map(str, shape)) + (f":{str(dtype).removeprefix('torch.')}" if dtype else "")]
+    for flag, value in (("--batch", job.batch), ("--resolution", job.resolution), ("--seq-len", job.seq_len)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if job.dtype is not None:
+        argv += ["--dtype", str(job.dtype).removeprefix("torch.")]
+    argv += ["--convention", job.convention, "--execution", job.execution]
+    argv += ["--backward"] * job.backward + ["--dense-attention"] * job.dense_attention
+    argv += ["--attention-kernel", job.attention_kernel] if job.attention_kernel != "fused" else []
+    argv += ["--memory"] * job.memory + (["--optimizer", job.optimizer] if job.optimizer else [])
+    argv += (["--state-dtype", job.state_dtype] if job.state_dtype else []) + ["--foreach"] * bool(job.foreach)
+    return argv
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
+    """Build and run the model once (or read its trace from the cache); the structured Result (flops,
+    activations and, with ``job.memory``, memory), the model, seconds, and whether the trace came from the
+    cache. Model code that calls ``sys.exit`` is a :class:`ModelExitError`."""
+    with model_code(job.spec):
+        return _analyse(job)
+
+
+@contextlib.contextmanager
+def model_code(what: str) -> Iterator[None]:
+    """SystemExit (``sys.exit``) and the other BaseExceptions that are neither Exceptions nor KeyboardInterrupt,
+    raised by the model's code, end the analysis as a failure naming the model (exit 1), never as a quiet exit
+    (os._exit cannot be caught: docs/guard.md)."""
+    try:
+        yield
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise ModelExitError(what, exc) from None
+
+
+def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
+    from ..analysis import analyze  # looked up at each run: tests replace it to prove that no model ran
+
+    real = job.execution == "real"
+    check = None
+    if job.project is not None:
+        from ..guard.specs import check_factory
+
+        check = functools.partial(check_factory, spec=job.spec, project=job.project)
+    loaded = load_model(job.spec, job.overrides, device="cpu" if real else "meta", resolution=job.resolution,
+                        factory_check=check)
+    if job.dtype is not None:
+        loaded.model.to(job.dtype)
+    if job.shapes:
+        inputs = loaded.explicit_inputs(job.shapes, job.dtype, real=real)
+    else:
+        inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype,
+                               real=real)
+    start = time.perf_counter()
+    with _quiet_fake_tensor_log():
+        try:
+            analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
+                               backward=job.backward, execution=job.execution, cache=job.cache,
+                               cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
+                               optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach,
+                               attention_kernel=job.attention_kernel)
+        except TypeError as exc:  # the inputs do not fit the model's forward()
+            raise ModelSpecError(str(exc)) from None
+        result = analysis.result(name=loaded.name)
+    result.assumptions = [*loaded.notes, *result.assumptions]
+    return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence torch's FakeTensor logger while a model runs: it logs a traceback (ERROR) when an operator rejects
+    its inputs, before raising the error that the command reports in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def worker_row(job: Job, row: Callable[[Result, float], dict[str, Any]]) -> dict[str, Any]:
+    """What a worker process sends back: ``row(result, seconds)``, or the error as data (some exceptions,
+    ModelRunError among them, do not survive pickling)."""
+    try:
+        result, _, seconds, _ = analyse(job)
+    except ModelSpecError as exc:
+        return {"error": one_line(exc), "code": 2}
+    except ModelMeterError as exc:
+        return {"error": one_line(exc), "code": 1}
+    return row(result, seconds)

@@ -1,0 +1,103 @@
+"""What every subcommand shares: its parser's one-line usage errors, its report written to stdout or a file, its
+error line, and the paths checked before anything runs. Imports no torch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from .errors import ModelSpecError, one_line
+
+# Every option of the command that names a file or folder
+PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir")
+# The options whose file the command writes at the end: checked before any model is built
+WRITTEN_PATHS = ("--output", "--html", "--save-baseline")
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse with usage errors on one line, ``modelmeter: argument --fit: ...`` (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"modelmeter: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def add_output_options(parser: argparse.ArgumentParser, formats: Sequence[str], what: str) -> None:
+    """``--format`` (``formats``, the first the default) and ``--output FILE``: where ``what`` goes."""
+    parser.add_argument("--format", choices=formats, default=formats[0],
+                        help=f"output format (default {formats[0]})")
+    parser.add_argument("--output", "-o", metavar="FILE", help=f"write {what} to FILE instead of stdout")
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """``argv`` parsed, or the exit status when argparse stopped (a usage error, or ``--help``)."""
+    try:
+        return parser.parse_intermixed_args(attach_negative_values(parser, argv))
+    except SystemExit as exc:  # argparse printed the usage error (or --help)
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--input -1x3`` as ``--input=-1x3``: argparse takes a value that starts with ``-`` for an option and says
+    only "expected one argument"; attached, the value reaches the option's own check, which says what is wrong."""
+    takes_value = {flag for action in parser._actions if action.nargs is None for flag in action.option_strings}
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in takes_value and len(arg) > 1 and arg[0] == "-" and (arg[1].isdigit() or arg[1] == "."):
+            flag = out.pop()
+            arg = f"{flag}={arg}" if flag.startswith("--") else flag + arg
+        out.append(arg)
+    return out
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any model is built, a path no file can have, a file the command could not write at the
+    end, and a cache directory that is a file (for the path options ``args`` has)."""
+    paths = {option: getattr(args, option[2:].replace("-", "_"), None) for option in PATH_OPTIONS}
+    for option, path in paths.items():
+        if path is not None and "\0" in path:
+            raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
+    for option in WRITTEN_PATHS:
+        path = paths[option]
+        if path is not None:
+            _check_writable(option, path)
+    cache_dir = paths["--cache-dir"]
+    if cache_dir is not None:
+        folder = Path(cache_dir).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise ModelSpecError(f"--cache-dir {cache_dir} is not a directory")
+
+
+def _check_writable(option: str, path: str) -> None:
+    target = Path(path).expanduser()
+    folder = target.parent
+    if target.is_dir():
+        raise ModelSpecError(f"{option} {path} is a directory: give a file name (e.g. {target / 'report'})")
+    if not folder.is_dir():
+        reason = "is not a directory" if folder.exists() else "does not exist: create it first"
+        raise ModelSpecError(f"{option} {path}: the folder {folder} {reason}")
+    # the HTML report and baselines are written next to their target, then renamed: the folder must be writable
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ModelSpecError(f"{option} {path}: no permission to write there")
+
+
+def emit(text: str, output: str | None) -> None:
+    """The report: to stdout, or to the file ``output`` (with a line on stderr that says so)."""
+    if not text.endswith("\n"):
+        text += "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot write --output {output}: {exc.strerror or exc}") from None
+    print(f"modelmeter: wrote {output}", file=sys.stderr)
+
+
+def print_error(exc: BaseException) -> None:
+    print(f"modelmeter: {one_line(exc, 600)}", file=sys.stderr)  # room for long paths and torch's own words

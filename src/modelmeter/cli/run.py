@@ -1,0 +1,81 @@
+"""The analysis command once parsed: which job it is (one model, ``--sweep``, ``--fit``, every model of a
+baseline), the run, and the report with its header line, the HTML report and the cost guard."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..reports.format import format_bytes
+from ..reports.html import write_html
+from ..reports.render import render
+from ..reports.result import Result
+from ..zoo import ZOO
+from .commands import COMMANDS
+from .errors import ModelSpecError, one_line, suggest
+from .fit import run_fit
+from .guard import baseline_entry, check_all, guard
+from .job import Job, analyse, job_from_args
+from .output import emit
+from .sweep import run_sweep
+
+
+def run_analysis(args: argparse.Namespace) -> int:
+    if args.model is None and args.check_baseline:
+        return check_all(args)
+    _check_command_typo(args.model)
+    job = job_from_args(args)
+    if args.fit is not None:
+        return run_fit(args, job)
+    if args.sweep:
+        return run_sweep(args, job)
+    return _run_one(args, job)
+
+
+def _check_command_typo(model: str | None) -> None:
+    """``modelmeter cahce info`` names no model: say which command was meant (its arguments would otherwise be
+    read as key=value overrides, and the error would be about them)."""
+    if model is None or ":" in model or model in ZOO:
+        return
+    if model in COMMANDS:  # `modelmeter --depth 1 list`: a subcommand must be the first argument
+        raise ModelSpecError(f"{model!r} is a command, not a model: give it first (`modelmeter {model} ...`)")
+    close = suggest(model, list(COMMANDS), n=1)
+    if close:
+        raise ModelSpecError(f"unknown model or command {model!r}; did you mean `modelmeter {close[0]}`?")
+
+
+def _run_one(args: argparse.Namespace, job: Job) -> int:
+    expected = baseline_entry(args, job)  # a missing or broken baseline fails before the model runs
+    other = _read_compare(args.compare) if args.compare else None  # before the run: a bad file wastes no time
+    result, _, seconds, cached = analyse(job)
+    text = render(result, args.format, args.depth)
+    if args.format in ("table", "tree"):
+        inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
+        source = ", from the cache" if cached else ""
+        passes = "forward + backward" if job.backward else "forward"
+        passes += f" + {job.optimizer} step" if job.optimizer else ""
+        peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
+        text = (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
+                f"{result.convention} convention, {seconds:.2f} s{peak})\n{text}")
+    emit(text, args.output)
+    if args.html:
+        _write_html(args.html, result, other)
+    return guard(args, job, result, expected)
+
+
+def _read_compare(path: str) -> Result:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Result.from_json(f.read())
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read --compare {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelSpecError(f"--compare {path}: not a saved analysis (--format json): {one_line(exc)}") from None
+
+
+def _write_html(path: str, result: Result, other: Result | None) -> None:
+    try:
+        write_html(result, path, compare=other)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot write --html {path}: {exc.strerror or exc}") from None
+    print(f"modelmeter: wrote {path}", file=sys.stderr)

@@ -1,0 +1,92 @@
+"""``--sweep AXIS=V1,V2,...``: one analysis per value (in worker processes), one row each, and how the cost grows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..reports.format import format_bytes, titled_table
+from ..reports.fvcore_tables import format_size
+from .errors import ModelSpecError
+from .job import Job, model_code, worker_row
+from .models import load_model
+from .output import emit
+from .parallel import in_parallel
+
+
+def run_sweep(args: argparse.Namespace, job: Job) -> int:
+    if args.format == "tree":
+        raise ModelSpecError("--sweep prints one row per value: use --format table, markdown, csv or json")
+    axis, values = args.sweep
+    jobs = [replace(job, **{axis: v}) for v in values]
+    workers = min(args.jobs or os.cpu_count() or 1, len(values))
+    if workers > 1:  # fail fast, before starting processes, on a spec or an axis that does not fit the model
+        probe = replace(job, **{axis: values[0]})
+        with model_code(probe.spec):
+            loaded = load_model(probe.spec, probe.overrides, device="meta", resolution=probe.resolution)
+        loaded.inputs(batch=probe.batch, resolution=probe.resolution, seq_len=probe.seq_len)
+        del loaded, probe
+    rows = in_parallel(sweep_point, dict(zip(values, jobs, strict=True)), workers, f"sweep {axis.replace('_', '-')}")
+    failed = [(v, rows[v]) for v in values if "error" in rows[v]]
+    if failed:
+        value, row = failed[0]
+        print(f"modelmeter: {axis.replace('_', '-')}={value}: {row['error']}", file=sys.stderr)
+        return int(row["code"])
+    emit(_sweep_report(job, axis, values, [rows[v] for v in values], args.format), args.output)
+    return 0
+
+
+def sweep_point(job: Job) -> dict[str, Any]:
+    """The sweep's worker (top level, so spawned processes can import it): one row."""
+    return worker_row(job, lambda result, seconds: {
+        "params": result.root.params, "flops": result.total("flops"), "activations": result.total("activations"),
+        "peak_memory": result.memory.get("peak"), "seconds": seconds, "execution": result.execution})
+
+
+def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:
+    label = axis.replace("_", "-")
+    base = rows[0]["flops"]
+    for row in rows:
+        row["flops_ratio"] = row["flops"] / base if base else math.nan
+    # (table header, key, table cell); a memory run adds its peak
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("#params", "params", format_size), ("flops", "flops", format_size),
+        ("activations", "activations", format_size)]
+    if job.memory:
+        columns.append(("peak memory", "peak_memory", format_bytes))
+    columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
+    if fmt == "json":
+        return json.dumps({"model": job.model, "axis": label, "execution": rows[0]["execution"],
+                           "rows": [{label: v, **{key: r[key] for _, key, _ in columns}}
+                                    for v, r in zip(values, rows, strict=True)]}, indent=2)
+    if fmt == "csv":
+        lines = [",".join([label, *(key for _, key, _ in columns)])]
+        lines += [",".join([str(v), *(f"{r[key]:.6g}" if key == "flops_ratio" else str(r[key])
+                                      for _, key, _ in columns)])
+                  for v, r in zip(values, rows, strict=True)]
+        return "\n".join(lines)
+    header = [label, *(title for title, _, _ in columns)]
+    table = [[str(v), *(cell(r[key]) for _, key, cell in columns)] for v, r in zip(values, rows, strict=True)]
+    lines = titled_table(header, table, fmt, f"{job.model}: sweep of {label} ({rows[0]['execution']} run)")
+    growth = [_growth("flops", label, values, [r["flops"] for r in rows])]
+    if job.memory:
+        growth.append(_growth("peak memory", label, values, [r["peak_memory"] for r in rows]))
+    if any(growth):
+        lines += ["", *filter(None, growth)]
+    return "\n".join(lines)
+
+
+def _growth(what: str, label: str, values: list[int], amounts: list[float]) -> str:
+    """``flops grow 2.94x from resolution 224 to 384, about resolution^2.00`` (first to last value)."""
+    if len(values) < 2 or values[0] == values[-1] or not amounts[0] or not amounts[-1]:
+        return ""
+    ratio = amounts[-1] / amounts[0]
+    exponent = math.log(ratio) / math.log(values[-1] / values[0])
+    verb = "grow" if what.endswith("s") else "grows"
+    return f"{what} {verb} {ratio:.2f}x from {label} {values[0]} to {values[-1]}, about {label}^{exponent:.2f}"

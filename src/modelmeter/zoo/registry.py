@@ -1,0 +1,89 @@
+"""The zoo's models as :class:`ZooEntry` objects (builders, torch dtypes), built from :mod:`.catalog`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+
+import torch
+from torch import nn
+
+from .catalog import CATALOG
+
+__all__ = ["ZOO", "ZooEntry", "available_models", "get_model", "input_shape"]
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A zoo model: its builder, the default input's shape (batch 1) and dtype, and a one-line description.
+
+    `meta_default`: `get_model` builds it on the meta device when no `device` is given.
+    """
+
+    name: str
+    builder: Callable[..., nn.Module]
+    input_shape: tuple[int, ...]
+    description: str
+    input_dtype: torch.dtype = torch.float32
+    meta_default: bool = False
+
+    @property
+    def default_device(self) -> torch.device | None:
+        """Where `get_model(name)` builds it: meta, or None for torch's current default device."""
+        return torch.device("meta") if self.meta_default else None
+
+
+def _builder(path: str) -> Callable[..., nn.Module]:
+    """``"resnet:resnet18"`` -> the function ``resnet18`` of this package's module ``resnet``."""
+    module, _, function = path.partition(":")
+    return getattr(import_module(f"{__package__}.{module}"), function)
+
+
+ZOO: dict[str, ZooEntry] = {
+    e.name: ZooEntry(e.name, _builder(e.builder), e.input_shape, e.description, getattr(torch, e.input_dtype),
+                     e.meta_default)
+    for e in CATALOG
+}
+
+
+def _entry(name: str) -> ZooEntry:
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; available: {', '.join(available_models())}") from None
+
+
+def available_models() -> list[str]:
+    """Names accepted by `get_model`, sorted."""
+    return sorted(ZOO)
+
+
+def get_model(name: str, *, device: str | torch.device | None = None, **kwargs: object) -> nn.Module:
+    """Build zoo model `name` with random weights; `kwargs` go to its builder (e.g. `num_classes`).
+
+    `device="meta"` creates every parameter and buffer on the meta device, allocating no storage, which
+    is enough for shape-level analysis of even the largest models. `device=None` means the entry's
+    `default_device`: meta for the full-size language models (`meta_default=True`), torch's current
+    default device for the others.
+    """
+    entry = _entry(name)
+    device = entry.default_device if device is None else device
+    if device is None:
+        return entry.builder(**kwargs)
+    with torch.device(device):
+        return entry.builder(**kwargs)
+
+
+def input_shape(name: str, batch: int = 1, resolution: int | None = None) -> tuple[int, ...]:
+    """Shape of `name`'s input for `batch` samples.
+
+    `resolution` replaces the default image side (square images) or, for token models, the sequence
+    length. ViTs fix their resolution at build time: pass the same value as `image_size` to `get_model`.
+    """
+    shape = _entry(name).input_shape
+    if resolution is None:
+        return (batch, *shape[1:])
+    if len(shape) == 4:
+        return (batch, shape[1], resolution, resolution)
+    return (batch, resolution)
