@@ -7,10 +7,11 @@ import argparse
 import contextlib
 import functools
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +21,9 @@ from ..reports.result import BYTE_METRICS, Result
 from .errors import ModelSpecError, one_line
 from .models import LoadedModel, load_model
 from .options import OPTIMIZERS
+
+if TYPE_CHECKING:
+    from ..analysis import Analysis
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,9 @@ def job_from_args(args: argparse.Namespace) -> Job:
                              f"--{args.sweep[0].replace('_', '-')} both set; keep one")
     if args.compare and not args.html:
         raise ModelSpecError("--compare shows the difference in the HTML report: add --html FILE")
-    if args.sweep and (args.budget or args.save_baseline or args.check_baseline or args.html):
+    if args.sweep and (args.budget or args.save_baseline or args.check_baseline or args.html or args.save_trace):
         raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
-                             "per run")
+                             "/ --save-trace per run")
     _check_memory_options(args)
     backward = args.backward or args.optimizer is not None
     memory = (args.memory or args.optimizer is not None or args.fit is not None
@@ -92,9 +96,10 @@ def _check_memory_options(args: argparse.Namespace) -> None:
                              "step: add --backward (or --optimizer)")
     if args.fit is not None and (args.input or args.batch or args.sweep):
         raise ModelSpecError("--fit searches the batch size: drop --batch/--input/--sweep")
-    if args.fit is not None and (args.budget or args.save_baseline or args.check_baseline or args.html):
+    if args.fit is not None and (args.budget or args.save_baseline or args.check_baseline or args.html
+                                 or args.save_trace):
         raise ModelSpecError("--fit analyses many batches: use --budget / --save-baseline / --check-baseline / "
-                             "--html on one run (--batch N)")
+                             "--html / --save-trace on one run (--batch N)")
 
 
 def job_argv(job: Job) -> list[str]:
@@ -116,12 +121,13 @@ def job_argv(job: Job) -> list[str]:
 
 
 # --- the run ---------------------------------------------------------------------------------------------
-def analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
+def analyse(job: Job, save_trace: str | None = None) -> tuple[Result, LoadedModel, float, bool]:
     """Build and run the model once (or read its trace from the cache); the structured Result (flops,
     activations and, with ``job.memory``, memory), the model, seconds, and whether the trace came from the
-    cache. Model code that calls ``sys.exit`` is a :class:`ModelExitError`."""
+    cache; the run saved to ``save_trace`` when given. Model code that calls ``sys.exit`` is a
+    :class:`ModelExitError`."""
     with model_code(job.spec):
-        return _analyse(job)
+        return _analyse(job, save_trace)
 
 
 @contextlib.contextmanager
@@ -137,7 +143,7 @@ def model_code(what: str) -> Iterator[None]:
         raise ModelExitError(what, exc) from None
 
 
-def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
+def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, float, bool]:
     from ..analysis import analyze  # looked up at each run: tests replace it to prove that no model ran
 
     real = job.execution == "real"
@@ -165,9 +171,21 @@ def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
                                attention_kernel=job.attention_kernel)
         except TypeError as exc:  # the inputs do not fit the model's forward()
             raise ModelSpecError(str(exc)) from None
+        analysis.trace.assumptions[:0] = loaded.notes  # what the loader assumed is an assumption of the run
         result = analysis.result(name=loaded.name)
-    result.assumptions = [*loaded.notes, *result.assumptions]
+    if save_trace is not None:
+        _save(analysis, save_trace, loaded.name)
     return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+def _save(analysis: Analysis, path: str, name: str) -> None:
+    from ..trace_files import save_trace
+
+    try:
+        save_trace(analysis, path, name=name)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot write --save-trace {path}: {exc.strerror or exc}") from None
+    print(f"modelmeter: wrote {path}", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -63,7 +63,7 @@ def positive(text: str) -> int:
     return value
 
 
-def _depth(text: str) -> int:
+def depth(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -166,11 +166,14 @@ def analysis_options() -> argparse.ArgumentParser:
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
-    out.add_argument("--depth", type=_depth, default=2, metavar="N", help="module depth shown (default 2)")
+    out.add_argument("--depth", type=depth, default=2, metavar="N", help="module depth shown (default 2)")
     out.add_argument("--html", metavar="FILE",
                      help="also write a self-contained interactive HTML report (module chart, tables) to FILE")
-    out.add_argument("--compare", metavar="RESULT.json",
-                     help="with --html: show the difference per module to another analysis (saved with --format json)")
+    out.add_argument("--compare", metavar="RESULT",
+                     help="with --html: show the difference per module to another analysis (a result saved with "
+                          "--format json, or a saved trace)")
+    out.add_argument("--save-trace", metavar="FILE",
+                     help="also save the run to FILE (.mmtrace): `modelmeter report FILE` renders it without the model")
     _guard_options(parser)
     _memory_options(parser)
     return parser

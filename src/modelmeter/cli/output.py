@@ -8,14 +8,18 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import ModelSpecError, one_line
 
+if TYPE_CHECKING:
+    from ..reports.result import Result
+
 # Every option of the command that names a file or folder
-PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir")
+PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir",
+                "--save-trace")
 # The options whose file the command writes at the end: checked before any model is built
-WRITTEN_PATHS = ("--output", "--html", "--save-baseline")
+WRITTEN_PATHS = ("--output", "--html", "--save-baseline", "--save-trace")
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -101,3 +105,34 @@ def emit(text: str, output: str | None) -> None:
 
 def print_error(exc: BaseException) -> None:
     print(f"modelmeter: {one_line(exc, 600)}", file=sys.stderr)  # room for long paths and torch's own words
+
+
+def read_result(path: str, option: str) -> Result:
+    """The Result in ``path``, a saved trace's or one saved with ``--format json``; a usage error naming ``option``
+    for anything else."""
+    from ..reports.result import Result
+    from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
+
+    if is_saved_trace(path):
+        try:
+            return read_saved_trace(path).result
+        except SavedTraceError as exc:
+            raise ModelSpecError(f"{option}: {exc}") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Result.from_json(f.read())
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read {option} {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelSpecError(f"{option} {path}: not a saved analysis (--format json): {one_line(exc)}") from None
+
+
+def write_html_report(path: str, result: Result, other: Result | None) -> None:
+    """The HTML report of ``result`` (compared with ``other``) written to ``path``, with a line on stderr."""
+    from ..reports.html import write_html
+
+    try:
+        write_html(result, path, compare=other)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot write --html {path}: {exc.strerror or exc}") from None
+    print(f"modelmeter: wrote {path}", file=sys.stderr)

@@ -7,7 +7,6 @@ import argparse
 import sys
 
 from ..reports.format import format_bytes
-from ..reports.html import write_html
 from ..reports.render import render
 from ..reports.result import Result
 from ..zoo import ZOO
@@ -16,7 +15,7 @@ from .errors import ModelSpecError, one_line, suggest
 from .fit import run_fit
 from .guard import baseline_entry, check_all, guard
 from .job import Job, analyse, job_from_args
-from .output import emit
+from .output import emit, read_result, write_html_report
 from .sweep import run_sweep
 
 
@@ -46,8 +45,8 @@ def _check_command_typo(model: str | None) -> None:
 
 def _run_one(args: argparse.Namespace, job: Job) -> int:
     expected = baseline_entry(args, job)  # a missing or broken baseline fails before the model runs
-    other = _read_compare(args.compare) if args.compare else None  # before the run: a bad file wastes no time
-    result, _, seconds, cached = analyse(job)
+    other = read_result(args.compare, "--compare") if args.compare else None  # before the run: a bad file wastes no time
+    result, _, seconds, cached = analyse(job, save_trace=args.save_trace)
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):
         inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
@@ -59,23 +58,5 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
                 f"{result.convention} convention, {seconds:.2f} s{peak})\n{text}")
     emit(text, args.output)
     if args.html:
-        _write_html(args.html, result, other)
+        write_html_report(args.html, result, other)
     return guard(args, job, result, expected)
-
-
-def _read_compare(path: str) -> Result:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return Result.from_json(f.read())
-    except OSError as exc:
-        raise ModelSpecError(f"cannot read --compare {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ModelSpecError(f"--compare {path}: not a saved analysis (--format json): {one_line(exc)}") from None
-
-
-def _write_html(path: str, result: Result, other: Result | None) -> None:
-    try:
-        write_html(result, path, compare=other)
-    except OSError as exc:
-        raise ModelSpecError(f"cannot write --html {path}: {exc.strerror or exc}") from None
-    print(f"modelmeter: wrote {path}", file=sys.stderr)

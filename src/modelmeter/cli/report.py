@@ -1,0 +1,91 @@
+"""``modelmeter report FILE``: a saved trace (``--save-trace``) rendered as the analysis printed it, with no model.
+
+Rendering the result the file was saved with imports neither torch nor any model code; ``--convention``,
+``--attention-kernel`` and ``--dense-attention`` recount it from the trace under other settings (that needs
+torch, not the model). docs/reports.md, "Saved traces"."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+from .errors import ModelSpecError
+from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, subcommand_parser
+from .output import emit, read_result, write_html_report
+
+if TYPE_CHECKING:
+    from ..reports.result import Result
+    from ..reports.saved import SavedTrace
+
+SUMMARY = "renders a saved trace (--save-trace FILE) without the model"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = subcommand_parser(
+        "modelmeter report", "modelmeter report FILE [--format FORMAT] [--depth N] [--output FILE] [--html FILE] "
+                             "[--compare RESULT] [--convention C] [--attention-kernel K] [--dense-attention]",
+        "The report of a saved trace (`modelmeter MODEL --save-trace FILE`), as the analysis printed it, without "
+        "building or running the model. Counting options recount it from the trace under other settings.")
+    parser.add_argument("trace", metavar="FILE", help="a saved trace (.mmtrace)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    out.add_argument("--depth", type=depth, default=2, metavar="N", help="module depth shown (default 2)")
+    out.add_argument("--html", metavar="FILE", help="also write the interactive HTML report to FILE")
+    out.add_argument("--compare", metavar="RESULT",
+                     help="with --html: show the difference per module to another analysis (a saved trace or a "
+                          "result saved with --format json)")
+    recount = parser.add_argument_group("recounting (from the trace, under other settings than it was saved with)")
+    recount.add_argument("--convention", choices=CONVENTIONS, default=None, help="the FLOP convention")
+    recount.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
+                         help="the attention kernel whose cost attention is counted at")
+    recount.add_argument("--dense-attention", action="store_true", default=None,
+                         help="count masked attention as dense")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.compare and not args.html:
+        raise ModelSpecError("--compare shows the difference in the HTML report: add --html FILE")
+    from ..reports.saved import SavedTraceError, read_saved_trace
+
+    try:
+        saved = read_saved_trace(args.trace)
+    except SavedTraceError as exc:
+        raise ModelSpecError(str(exc)) from None
+    other = read_result(args.compare, "--compare") if args.compare else None
+    changes = {name: value for name, value in (("convention", args.convention),
+                                                ("attention_kernel", args.attention_kernel),
+                                                ("dense_attention", args.dense_attention)) if value is not None}
+    result = saved.result
+    if any(saved.settings[name] != value for name, value in changes.items()):
+        from ..trace_files import recount
+
+        result = recount(saved, **changes)
+    from ..reports.render import render
+
+    text = render(result, args.format, args.depth)
+    if args.format in ("table", "tree"):
+        text = f"{_header(saved, result, os.path.basename(args.trace))}\n{text}"
+    emit(text, args.output)
+    if args.html:
+        write_html_report(args.html, result, other)
+    return 0
+
+
+def _header(saved: SavedTrace, result: Result, source: str) -> str:
+    """The line above a table: the model, its inputs, how it ran and what was counted, as the analysis prints it
+    (with the file it was saved to instead of the seconds it took)."""
+    from ..reports.format import format_bytes
+
+    inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
+    passes = "forward + backward" if saved.trace.backward else "forward"
+    optimizer = result.memory.get("optimizer") if result.memory else None
+    if optimizer:
+        passes += f" + {optimizer['name']} step"
+    peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
+    return (f"{result.model} on input {inputs} ({result.execution} run, saved trace {source}, {passes}, "
+            f"{result.convention} convention{peak})")
+
+
