@@ -328,7 +328,9 @@ def _analyse(job: Job) -> tuple[Result, LoadedModel, float, bool]:
 def _quiet_fake_tensor_log() -> Iterator[None]:
     """Silence torch's FakeTensor logger while a model runs: it logs a traceback (ERROR) when an operator rejects
     its inputs, before raising the error that the command reports in one line."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    from ._torch_compat import FAKE_TENSOR_LOGGER
+
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:

@@ -10,11 +10,13 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from .._torch_compat import children_of
+
 
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """Like ``named_modules()`` but yields a shared module once per path that reaches it."""
     yield prefix, model
-    for name, child in model._modules.items():
+    for name, child in children_of(model).items():
         if child is None:
             continue
         yield from named_modules_with_dup(child, f"{prefix}.{name}" if prefix else name)

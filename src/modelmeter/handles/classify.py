@@ -13,6 +13,8 @@ from functools import cache
 
 import torch
 
+from .._torch_compat import OpOverload, schema_of
+
 FREE_OPS = frozenset({
     # copies, conversions, memory layout
     "clone", "copy_", "_to_copy", "to", "contiguous", "detach", "detach_", "lift_fresh", "lift_fresh_copy",
@@ -73,7 +75,7 @@ def _short(op: str) -> str:
 
 
 @cache
-def _overload(op: str) -> torch._ops.OpOverload | None:
+def _overload(op: str) -> OpOverload | None:
     namespace, _, name = op.partition("::")
     packet = getattr(getattr(torch.ops, namespace, None), name, None) if name else None
     if packet is None:
@@ -93,7 +95,7 @@ def is_view(op: str) -> bool:
     overload = _overload(op)
     if overload is None:
         return False
-    returns = overload._schema.returns
+    returns = schema_of(overload).returns
     return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
