@@ -1,11 +1,12 @@
-"""Every private PyTorch API modelmeter uses, and the two patches of torch it makes during a run: the one place to
-read on a torch upgrade.
+"""Every private PyTorch API modelmeter uses, and the patches of torch a run makes: the one place to read on a torch
+upgrade (docs/torch.md).
 
 No other module of the package names a private ``torch`` module, class, function or attribute
 (``tests/test_torch_compat.py`` enforces it); they import what they need from here. Each name says why it is needed
-and since when torch has it (checked against torch 2.14.1, the version this release is tested with; the public API
-says nothing of these, so an upgrade may move any of them). Operators are not listed: ``torch.ops.aten._to_copy``
-and the like are dispatcher operators, named by their schema as the trace records them.
+and, where known, since which torch version it exists; all were checked against torch 2.14.1, the version this
+release is tested with. torch promises nothing about any of them, so an upgrade may move one. Operators are not
+listed: ``torch.ops.aten._to_copy`` and the like are dispatcher operators, named by their schema as the trace
+records them.
 """
 
 from __future__ import annotations
@@ -74,17 +75,19 @@ FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 
 
 def fake_from_meta(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A FakeTensor of ``mode`` on ``device`` wrapping ``meta`` (``FakeTensorConverter.from_meta_and_device``, since
-    2.0): ten times faster than ``mode.from_tensor`` converting the original, which matters for large models."""
+    """A FakeTensor of ``mode`` on ``device`` wrapping ``meta`` (``FakeTensorConverter.from_meta_and_device``, in
+    2.14.1): ten times faster than ``mode.from_tensor`` converting the original, which matters for large models."""
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, device)
 
 
 class EagerDispatchMode(TorchDispatchMode):
     """A TorchDispatchMode whose ``__torch_dispatch__`` is not wrapped in ``torch._disable_dynamo``.
 
-    Since 2.6 torch wraps a mode's ``__torch_dispatch__`` unless the private class hook ``_should_skip_dynamo`` says
-    False: the guard costs microseconds per operator, and a second to import ``torch._dynamo`` on its first use in a
-    process. A recorded run is eager (compiled wrappers are made transparent), so the guard is not needed.
+    ``TorchDispatchMode.__init_subclass__`` wraps a subclass's ``__torch_dispatch__`` unless the private class hook
+    ``_should_skip_dynamo`` says False (2.14.1; "a temporary measure", its docstring says): the guard costs
+    microseconds per operator, and a second to import ``torch._dynamo`` on its first use in a process. A recorded run
+    is eager (compiled wrappers are made transparent), so the guard is not needed. Should torch drop the hook, the
+    override is inert and only the speed changes.
     """
 
     @classmethod
@@ -192,7 +195,7 @@ def weights_only_allowed_globals() -> frozenset[str] | None:
 
 
 def python2_pickle_mappings() -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
-    """torch's (IMPORT_MAPPING, NAME_MAPPING) from Python 2 names to Python 3 ones (``torch._utils``, since 2.4),
+    """torch's (IMPORT_MAPPING, NAME_MAPPING) from Python 2 names to Python 3 ones (``torch._utils``, in 2.14.1),
     which its unpickler applies before looking a global up."""
     from torch._utils import IMPORT_MAPPING, NAME_MAPPING
 
@@ -207,9 +210,11 @@ def cuda_lazy_init_code() -> Any:
 
 
 # --- patches made while recording ------------------------------------------------------------------------------------
-# Two things a run must see have no hook: neither is a torch function (no __torch_function__) nor an operator (no
-# __torch_dispatch__). Each is replaced for the run only, on torch's own object, and put back afterwards (also when
-# the run raises); the replacement acts on the recording thread only, and calls straight through on any other.
+# The only changes a run makes to torch, each because torch offers no public alternative. Two calls a run must see
+# have no hook (neither is a torch function, which a TorchFunctionMode would see, nor an operator, which a
+# TorchDispatchMode would see): each is replaced for the run only, on torch's own object, acts on the recording thread
+# only (another thread calls straight through, unrecorded) and is put back afterwards, also when the run raises. The
+# third is flex attention's compile switch, a module flag. (The collector pause is in engine/gc_pause.py.)
 
 @contextlib.contextmanager
 def intercepted_function_apply(intercept: Callable[[type, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
@@ -270,10 +275,11 @@ def eager_flex_attention() -> Iterator[None]:
     """Run ``flex_attention`` as its plain higher-order operator while open (torch otherwise compiles a wrapper around
     it, which cannot run under the recorders: dynamo refuses the modes' calls).
 
-    The module flag ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`` (since 2.5) is the only switch: it is read inside
-    ``flex_attention`` on each call, so it is set for the run, only where the module is imported already (a model
-    that calls ``flex_attention`` has imported it; importing it pulls in ``torch._dynamo``, sympy and triton, seconds
-    in a fresh process), and put back afterwards.
+    The module flag ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`` (since 2.9, pytorch/pytorch#158534, meant for debugging
+    ``score_mod``) is the only switch, and a module global cannot be set for one thread: ``flex_attention`` reads it
+    on each call, so it is set for the run, only where the module is imported already (a model that calls
+    ``flex_attention`` has imported it; importing it pulls in ``torch._dynamo``, sympy and triton, seconds in a fresh
+    process), and put back afterwards.
     """
     flex = sys.modules.get(FLEX_ATTENTION_MODULE)
     flag = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
