@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 import modelmeter
 from modelmeter import FlopCountAnalysis
-from modelmeter._torch_compat import FLEX_ATTENTION_MODULE, OpOverload, OpOverloadPacket, TorchDispatchMode
+from modelmeter._torch_compat import OpOverload, OpOverloadPacket, TorchDispatchMode
 from modelmeter.engine.naming import ModuleNames
 from modelmeter.engine.tracer import record_trace
 from modelmeter.errors import ModelRunError
@@ -279,16 +279,6 @@ def test_the_rng_state_an_activation_checkpoint_keeps_is_recorded() -> None:
     states = [s for s in trace.storages if s.kind == "other" and s.dtype == "uint8"]
     assert [s.nbytes for s in states] == [torch.get_rng_state().numel()]
     assert states[0].born >= 0 and states[0].died > states[0].born  # dropped once the backward pass replayed
-
-
-def test_flex_attention_flag_is_untouched_when_the_module_is_not_imported() -> None:
-    """The flex switch is set only in a process that imported flex_attention (importing it takes seconds)."""
-    import sys
-
-    if FLEX_ATTENTION_MODULE in sys.modules:
-        pytest.skip("flex_attention imported by an earlier test")
-    _record(nn.Linear(2, 2), torch.randn(1, 2))
-    assert FLEX_ATTENTION_MODULE not in sys.modules
 
 
 def test_flex_attention_flag_is_put_back() -> None:
