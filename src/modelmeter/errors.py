@@ -35,11 +35,12 @@ def cuda_failure(exc: BaseException) -> str | None:
     Decided by origin, not by the wording of torch's message: torch's CUDA initialisation on the failing stack, or
     a fake run that met a tensor on CUDA next to the model's own."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    from ._torch_compat import FakeTensorDeviceMismatchError, cuda_lazy_init_code
 
     if torch.cuda.is_available():
         return None
-    lazy_init = torch.cuda._lazy_init.__code__
+    lazy_init = cuda_lazy_init_code()
     for error in _chain(exc):
         mixed = isinstance(error, FakeTensorDeviceMismatchError) and "cuda" in (
             error.device.type, error.common_device.type)

@@ -56,6 +56,14 @@ import torch
 from torch import nn
 
 from .. import _version as modelmeter_version
+from .._torch_compat import (
+    buffers_of,
+    children_of,
+    forward_hook_tables,
+    global_forward_hooks,
+    non_persistent_buffers,
+    parameters_of,
+)
 from ..engine.naming import named_modules_with_dup
 from .serialize import FORMAT_VERSION, schema_signature
 
@@ -562,23 +570,20 @@ class _Fingerprint:
                 self.add("alias", path, canonical)
                 continue
             self.add("module", path, self.klass(type(module)), module.training,
-                     tuple((n, None if p is None else self.tensor(p)) for n, p in module._parameters.items()),
-                     tuple((n, None if b is None else self.tensor(b), n in module._non_persistent_buffers_set)
-                           for n, b in module._buffers.items()),
-                     tuple((n, c is None) for n, c in module._modules.items()),
+                     tuple((n, None if p is None else self.tensor(p)) for n, p in parameters_of(module).items()),
+                     tuple((n, None if b is None else self.tensor(b), n in non_persistent_buffers(module))
+                           for n, b in buffers_of(module).items()),
+                     tuple((n, c is None) for n, c in children_of(module).items()),
                      self._hooks(module),
                      tuple((k, self.value(v)) for k, v in module.__dict__.items()
                            if k not in _MODULE_INTERNALS and not _VOLATILE.fullmatch(k)))
-        hooks = nn.modules.module
-        self.add("global hooks", *(tuple(self.value(h) for h in getattr(hooks, table, {}).values())
-                                   for table in ("_global_forward_pre_hooks", "_global_forward_hooks")))
+        self.add("global hooks", *(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks()))
 
     def _hooks(self, module: nn.Module) -> Any:
         def table(hooks: dict[int, Any], *flags: dict[int, Any]) -> Any:
             return tuple((self.value(h), *(i in f for f in flags)) for i, h in hooks.items())
 
-        return (table(module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),
-                table(module._forward_hooks, module._forward_hooks_with_kwargs, module._forward_hooks_always_called))
+        return tuple(table(*tables) for tables in forward_hook_tables(module))
 
 
 def _run_options(execution: str) -> tuple[Any, ...]:

@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from .._gc import no_gc
+from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"

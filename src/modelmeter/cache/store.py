@@ -27,7 +27,7 @@ from contextlib import suppress
 from typing import Any
 
 from .. import _version
-from .._gc import no_gc
+from ..engine.gc_pause import no_gc
 from ..engine.trace import Trace
 from ..io.atomic import atomic_write, owner_gone
 from .serialize import MAX_ENTRY_BYTES, gunzip, parse, trace_from_parsed, trace_to_dict

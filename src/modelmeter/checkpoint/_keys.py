@@ -8,6 +8,8 @@ from typing import Any
 
 from torch import nn
 
+from .._torch_compat import buffers_of, children_of, parameters_of, set_state_dict_metadata, state_dict_metadata
+
 __all__ = [
     "WRAPPER_TYPES",
     "clean_key_map",
@@ -66,7 +68,7 @@ def strip_prefix_if_present(state_dict: dict[str, Any], prefix: str) -> None:
     for key in list(state_dict):
         if key:
             state_dict[key[len(prefix) :]] = state_dict.pop(key)
-    metadata = getattr(state_dict, "_metadata", None)
+    metadata = state_dict_metadata(state_dict)
     if metadata is None:
         return
     bare = prefix.rstrip(".")
@@ -91,7 +93,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """Like ``named_modules()`` but a module reachable by several paths is yielded once per path."""
     yield prefix, model
-    for name, child in model._modules.items():
+    for name, child in children_of(model).items():
         if child is not None:
             yield from named_modules_with_dup(child, f"{prefix}.{name}" if prefix else name)
 
@@ -104,7 +106,7 @@ def _module_path_map(model: nn.Module) -> dict[str, str]:
     mapping: dict[str, str] = {}
 
     def walk(module: nn.Module, actual: str, clean: str) -> None:
-        for name, child in module._modules.items():
+        for name, child in children_of(module).items():
             if child is None:
                 continue
             child_actual = f"{actual}.{name}" if actual else name
@@ -145,14 +147,14 @@ def unwrap_state_dict(model: nn.Module, state_dict: dict[str, Any]) -> dict[str,
     result: dict[str, Any] = type(state_dict)() if isinstance(state_dict, OrderedDict) else {}
     for key, value in state_dict.items():
         result[key_map.get(key, key)] = value
-    metadata = getattr(state_dict, "_metadata", None)
+    metadata = state_dict_metadata(state_dict)
     if metadata is not None:
         paths = _module_path_map(model)
         new_metadata: dict[str, Any] = OrderedDict()
         # Inner paths come later, so the wrapped module's entry wins over its wrapper's.
         for key, value in metadata.items():
             new_metadata[paths.get(key, key)] = value
-        result._metadata = new_metadata  # type: ignore[attr-defined]
+        set_state_dict_metadata(result, new_metadata)
     return result
 
 
@@ -166,7 +168,7 @@ def filter_reused_missing_keys(model: nn.Module, keys: Iterable[str]) -> list[st
     missing_set = set(missing)
     names_of: dict[int, set[str]] = defaultdict(set)
     for prefix, module in named_modules_with_dup(model):
-        tensors: Mapping[str, Any] = {**module._parameters, **module._buffers}
+        tensors: Mapping[str, Any] = {**parameters_of(module), **buffers_of(module)}
         for name, tensor in tensors.items():
             if tensor is not None:
                 names_of[id(tensor)].add(f"{prefix}.{name}" if prefix else name)

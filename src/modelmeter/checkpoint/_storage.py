@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import torch
 
+from .._torch_compat import WEIGHTS_ONLY_UNPICKLER, python2_pickle_mappings, weights_only_allowed_globals
 from .errors import CheckpointError
 
 __all__ = [
@@ -78,28 +79,15 @@ def first_line(exc: BaseException) -> str:
 # releases. The verdict therefore never reads torch's message: the pickles in the file are disassembled here
 # (pickletools, nothing is executed) and compared with the allow-list the refusal was made against.
 
-_WEIGHTS_ONLY_UNPICKLER = "torch._weights_only_unpickler"
 _MAX_SCANNED_PICKLE = 256 * 1024 * 1024  # bytes of one zip member; torch's own data.pkl is a few KB to MB
 _LEGACY_PICKLES = 5  # magic number, protocol, sys info, the object, the storage keys (then raw storage bytes)
 _ZIP_MAGIC = b"PK\x03\x04"
 _DOTTED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def _allowed_global_names() -> frozenset[str] | None:
-    """``module.name`` of every global torch's weights-only unpickler accepts right now (its defaults, globals added
-    with ``add_safe_globals`` and the active ``safe_globals`` contexts); ``None`` if this torch does not say."""
-    from torch import _weights_only_unpickler as wou
-
-    try:
-        return frozenset(wou._get_allowed_globals()) | frozenset(wou._get_user_allowed_globals())
-    except (AttributeError, TypeError, ValueError):  # torch moved its internals, or a malformed safe_globals entry
-        return None
-
-
 def _global_name(module: str, name: str) -> str:
     """The name torch's unpickler looks up for ``GLOBAL module name`` (Python 2 names mapped as torch maps them)."""
-    from torch._utils import IMPORT_MAPPING, NAME_MAPPING
-
+    IMPORT_MAPPING, NAME_MAPPING = python2_pickle_mappings()
     if (module, name) in NAME_MAPPING:
         module, name = NAME_MAPPING[(module, name)]
     elif module in IMPORT_MAPPING:
@@ -185,7 +173,7 @@ def _legacy_pickles(f: IO[bytes]) -> Iterator[IO[bytes]]:
 
 def _scan_checkpoint(source: str | IO[bytes]) -> tuple[str | None, bool]:
     """(the first refused import in any of the file's pickles, whether all of them are well-formed pickles)."""
-    allowed = _allowed_global_names()
+    allowed = weights_only_allowed_globals()
     for stream in _pickle_streams(source):
         if stream is None:
             return None, False
@@ -223,7 +211,7 @@ def exception_chain(exc: BaseException) -> Iterator[BaseException]:
 def _weights_only_refusal(exc: BaseException) -> BaseException | None:
     """The UnpicklingError torch's weights-only unpickler raised, wherever in ``exc``'s chain torch re-raised it."""
     for inner in exception_chain(exc):
-        if isinstance(inner, pickle.UnpicklingError) and _raised_in(inner, _WEIGHTS_ONLY_UNPICKLER):
+        if isinstance(inner, pickle.UnpicklingError) and _raised_in(inner, WEIGHTS_ONLY_UNPICKLER):
             return inner
     return None
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from .._torch_compat import state_dict_metadata
 from ..io.atomic import atomic_write, fsync_dir, remove_stale_temp_files
 from ._keys import (
     clean_key_map,
@@ -230,7 +231,7 @@ def _model_state_dict(checkpoint: dict[str, Any], file: str) -> dict[str, Any]:
     elif not all(isinstance(k, str) for k in state):
         bad = next(k for k in state if not isinstance(k, str))
         problem = f"the model state dict has a {type(bad).__name__} key {bad!r} where names are strings"
-    elif not _valid_metadata(getattr(state, "_metadata", None)):
+    elif not _valid_metadata(state_dict_metadata(state)):
         problem = "the model state dict carries malformed _metadata"
     else:
         for key, value in state.items():

@@ -4,14 +4,12 @@ baseline), the run, and the report with its header line, the HTML report and the
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..reports.format import format_bytes
 from ..reports.render import render
-from ..reports.result import Result
 from ..zoo import ZOO
 from .commands import COMMANDS
-from .errors import ModelSpecError, one_line, suggest
+from .errors import ModelSpecError, suggest
 from .fit import run_fit
 from .guard import baseline_entry, check_all, guard
 from .job import Job, analyse, job_from_args
@@ -45,7 +43,8 @@ def _check_command_typo(model: str | None) -> None:
 
 def _run_one(args: argparse.Namespace, job: Job) -> int:
     expected = baseline_entry(args, job)  # a missing or broken baseline fails before the model runs
-    other = read_result(args.compare, "--compare") if args.compare else None  # before the run: a bad file wastes no time
+    # --compare is read before the run: a bad file wastes no time
+    other = read_result(args.compare, "--compare") if args.compare else None
     result, _, seconds, cached = analyse(job, save_trace=args.save_trace)
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
 
+from .._torch_compat import FakeTensor, disable_current_modes
 from .trace import TensorMeta
 
 # user-level attention operators -> position of the mask in their schema
@@ -50,7 +49,7 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
     if mask is None:
         return False
     full = torch.broadcast_shapes(tuple(mask.shape), (*query.shape[:-1], key.shape[-2]))
-    with _disable_current_modes(), torch.no_grad():
+    with disable_current_modes(), torch.no_grad():
         if mask.dtype == torch.bool:
             passed = int(torch.count_nonzero(mask))
         else:
@@ -82,6 +81,6 @@ def _summarize_block_mask(inputs: list[Any], args: tuple[Any, ...], values: Valu
         count = _with_values(count, values)
         if count is None:
             return False
-        with _disable_current_modes(), torch.no_grad():
+        with disable_current_modes(), torch.no_grad():
             described[index] = dataclasses.replace(described[index], attended=int(count.sum()))
     return True

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from .._torch_compat import pytree
 from .metadata import NESTED_STRIDED
 
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._prims_common import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
 
+from .._torch_compat import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
 from .metadata import recorded_device
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default

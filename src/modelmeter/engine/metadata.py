@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._torch_compat import schema_of
 from .trace import TensorMeta
 
 _PLAIN = (int, float, bool, str, type(None), complex)
@@ -136,7 +137,7 @@ def _overloads(name: str) -> tuple[torch.FunctionSchema, ...]:
     if packet is None:
         return ()
     try:
-        return tuple(getattr(packet, o)._schema for o in packet.overloads())
+        return tuple(schema_of(getattr(packet, o)) for o in packet.overloads())
     except (AttributeError, RuntimeError):
         return ()
 

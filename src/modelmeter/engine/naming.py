@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from .._torch_compat import children_of, class_name, parameters_of
 from .metadata import dtype_name
 from .trace import ModuleInfo, ParameterInfo
 
@@ -22,7 +23,7 @@ _NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """Like ``named_modules()`` but yields a shared module once per path that reaches it."""
     yield prefix, model
-    for name, child in model._modules.items():
+    for name, child in children_of(model).items():
         if child is None:
             continue
         yield from named_modules_with_dup(child, f"{prefix}.{name}" if prefix else name)
@@ -51,14 +52,14 @@ class ModuleNames:
         out = []
         for name, module in self.modules.items():
             params = []
-            for key, param in module._parameters.items():
+            for key, param in parameters_of(module).items():
                 if param is not None and id(param) not in seen:
                     seen.add(id(param))
                     params.append(ParameterInfo(key, tuple(param.shape), dtype_name(param.dtype),
                                                 param.numel() * param.element_size()))
             children = tuple((key, None if child is None else self.by_id[id(child)])
-                             for key, child in module._modules.items())
-            out.append(ModuleInfo(name, type(module).__name__, module._get_name(), _extra_repr(module), children,
+                             for key, child in children_of(module).items())
+            out.append(ModuleInfo(name, type(module).__name__, class_name(module), _extra_repr(module), children,
                                   tuple(params), _has_forward(module)))
         return out
 

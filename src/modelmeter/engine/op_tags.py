@@ -13,6 +13,8 @@ from functools import cache
 
 import torch
 
+from .._torch_compat import schema_of
+
 VIEW = "view"
 POINTWISE = "pointwise"
 
@@ -43,7 +45,7 @@ def registry_tags(op: str) -> tuple[str, ...]:
         return ()
     found = []
     default = getattr(packet, "default" if "default" in overloads else overloads[0])
-    returns = default._schema.returns
+    returns = schema_of(default).returns
     if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
         found.append(VIEW)
     if any(torch.Tag.pointwise in getattr(packet, o).tags for o in overloads):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -18,12 +17,22 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
+from .._torch_compat import (
+    EagerDispatchMode,
+    FakeTensor,
+    HigherOrderOperator,
+    JaggedTensor,
+    OpOverload,
+    OpOverloadPacket,
+    current_autograd_node,
+    intercepted_function_apply,
+    pop_mode_temporarily,
+    pytree,
+    qualified_name,
+    schema_of,
+)
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
 from .meta_kernels import direct_kernel, fused_on_meta
@@ -68,8 +77,8 @@ _NOT_OPERATORS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.
 
 def function_op_name(func: Any) -> str | None:
     """The aten-style name of a user-level call, or None for calls that are not operators."""
-    if isinstance(func, torch._ops.OpOverloadPacket):  # torch.ops.quantized.linear(...): its own namespace
-        return str(func._qualified_op_name)
+    if isinstance(func, OpOverloadPacket):  # torch.ops.quantized.linear(...): its own namespace
+        return qualified_name(func)
     name = getattr(func, "__name__", None)
     if name is None or name in ("__get__", "__set__") or func in _NOT_OPERATORS:
         return None
@@ -80,7 +89,7 @@ def function_op_name(func: Any) -> str | None:
     return f"aten::{_CONVERSIONS.get(name, name)}"
 
 
-def dispatch_op_name(func: torch._ops.OpOverload) -> str:
+def dispatch_op_name(func: OpOverload) -> str:
     """``aten::addmm`` for ``aten.addmm.default``: the operator without its overload."""
     ns, _, rest = func.name().partition("::")
     return f"{ns}::{rest.split('.')[0]}"
@@ -206,7 +215,7 @@ class Recorder:
             return self._scope, "forward", -1
         if self._stack:  # a module runs inside the backward pass: recomputation
             return self._scope, "recompute", -1
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         scope, origin = _metadata(node).get(_NODE_TAG, (self._root_scope, -1)) if node is not None else \
             (self._root_scope, -1)
         return scope, "backward", origin
@@ -340,7 +349,7 @@ class FunctionRecorder(TorchFunctionMode):
             finally:
                 self._active.pop()
         if higher_order:  # flex_attention & co. have no rule for a Python dispatch mode: counted as a whole
-            with _pop_mode_temporarily():
+            with pop_mode_temporarily():
                 return func(*args, **kwargs)
         # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
         fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
@@ -357,7 +366,7 @@ def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], 
         raise NotImplementedError("the backward pass of attention on jagged nested tensors cannot be counted "
                                   "(PyTorch runs it per sequence, unseen): count the forward pass, or run each "
                                   "sequence as a dense tensor")
-    with _pop_mode_temporarily():
+    with pop_mode_temporarily():
         result = func(*args, **kwargs)
         count = len(next(t for t in tensors if isinstance(t, JaggedTensor)).offsets()) - 1
         calls = [(_sequence(args, i), _sequence(kwargs, i), _sequence(result, i)) for i in range(count)]
@@ -379,9 +388,8 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
         return _FUNCTION_CALLS[func]
     except (KeyError, TypeError):  # not seen yet, or not hashable
         pass
-    op = None if isinstance(func, torch._ops.OpOverload) else function_op_name(func)
-    call = None if op is None else \
-        (op, isinstance(func, types.FunctionType), isinstance(func, torch._ops.HigherOrderOperator))
+    op = None if isinstance(func, OpOverload) else function_op_name(func)
+    call = None if op is None else (op, isinstance(func, types.FunctionType), isinstance(func, HigherOrderOperator))
     with contextlib.suppress(TypeError):
         _FUNCTION_CALLS[func] = call
     return call
@@ -399,44 +407,32 @@ def python_op_name(function: type) -> str:
 
 @contextlib.contextmanager
 def autograd_functions(recorder: Recorder) -> Iterator[None]:
-    """Record every ``torch.autograd.Function.apply`` as a user-level call named :func:`python_op_name`.
+    """Record every ``torch.autograd.Function.apply`` on this thread as a user-level call named
+    :func:`python_op_name`.
 
-    ``apply`` is implemented in C and reaches neither recorder mode, so it is wrapped for the run, and the
-    original put back afterwards (also when the run fails). What the Function's forward runs is recorded
-    inside the call; its outputs tag the autograd node, so its backward is attributed to it as well.
+    ``apply`` is implemented in C and reaches neither recorder mode: it is intercepted for the run (the one patch of
+    torch a run makes, see :func:`intercepted_function_apply`). What the Function's forward runs is recorded inside
+    the call; its outputs tag the autograd node, so its backward is attributed to it as well.
     """
-    original = torch.autograd.Function.__dict__["apply"]
-    thread = threading.get_ident()  # the recorder modes are the running thread's: so is this
 
-    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-        run = original.__get__(None, cls)
-        if recorder.paused or threading.get_ident() != thread:
+    def record(cls: type, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if recorder.paused:
             return run(*args, **kwargs)
-        op = python_op_name(cls)
         # The tensor arguments, in order: what fvcore passes a PythonOp's handle.
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
-        return recorder.call(op, tensors, {}, lambda: run(*args, **kwargs), operator=True)
+        return recorder.call(python_op_name(cls), tensors, {}, lambda: run(*args, **kwargs), operator=True)
 
-    torch.autograd.Function.apply = classmethod(apply)
-    try:
+    with intercepted_function_apply(record):
         yield
-    finally:
-        torch.autograd.Function.apply = original
 
 
-class DispatchRecorder(TorchDispatchMode):
-    """Sees every aten operator that reaches the dispatcher, and records its metadata."""
+class DispatchRecorder(EagerDispatchMode):
+    """Sees every aten operator that reaches the dispatcher, and records its metadata (with no guard against
+    torch.compile around each operator: see :class:`EagerDispatchMode`)."""
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No guard against torch.compile around each operator: a recorded run is eager (compiled wrappers are
-        made transparent), and the guard costs microseconds per operator — and a second to import
-        ``torch._dynamo`` on its first use in a process."""
-        return False
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -497,8 +493,8 @@ class _Operator(NamedTuple):
     direct: tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None
 
 
-def _operator(func: torch._ops.OpOverload) -> _Operator:
-    found = _OPERATORS[func] = _Operator(dispatch_op_name(func), func._schema, func.namespace == "prim",
+def _operator(func: OpOverload) -> _Operator:
+    found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema_of(func), func.namespace == "prim",
                                          direct_kernel(func))
     return found
 

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._torch_compat import MODULE_TABLES
+
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
 Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
 
@@ -147,7 +149,7 @@ _ATOMS = frozenset({bool, int, float, complex, str, bytes, type(None), type, tor
 _TABLES = frozenset({dict, OrderedDict, list, set, deque})
 # The attributes every nn.Module has; its tables of parameters, buffers and submodules, and of hooks.
 _MODULE_KEYS = frozenset(nn.Module().__dict__)
-_HELD_KEYS = ("_parameters", "_buffers", "_modules")
+_HELD_KEYS = MODULE_TABLES
 _held_tables = itemgetter(*_HELD_KEYS)
 _hook_tables = itemgetter(*[name for name, value in nn.Module().__dict__.items()
                             if type(value) in _TABLES and name not in _HELD_KEYS])

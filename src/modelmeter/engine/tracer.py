@@ -10,25 +10,29 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (
+
+from .._torch_compat import (
+    COMPILED_MODULE_ATTRIBUTE,
+    COMPILED_MODULE_CLASS,
+    MODULE_CALL_IMPL,
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensorMode,
     UnsupportedFakeTensorException,
+    eager_flex_attention,
+    fake_from_meta,
+    observed_cpu_rng_states,
     unset_fake_temporarily,
 )
-
-from .._gc import no_gc
 from ..errors import ModelRunError, cuda_failure
+from .gc_pause import no_gc
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
@@ -203,8 +207,10 @@ class _Run:
                                         message=r"Using `torch.compile\(module\)` when there are global hooks")
                 for wrapper in parts.wrappers:
                     stack.enter_context(wrapper)
-                stack.enter_context(_eager_flex_attention())
-                stack.enter_context(_followed_rng_states(recorder))
+                stack.enter_context(eager_flex_attention())
+                # the CPU RNG states an activation checkpoint keeps: made outside the dispatcher, unseen otherwise
+                stack.enter_context(observed_cpu_rng_states(
+                    lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
                 _note_existing_storages(recorder, parts, args, kwargs)
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
@@ -301,44 +307,6 @@ class _Gradients:
             tensor.grad = grad
 
 
-@contextlib.contextmanager
-def _eager_flex_attention() -> Iterator[None]:
-    """Run ``flex_attention`` as its plain higher-order operator while recording (torch otherwise compiles a
-    wrapper around it, which would not run under the recorders); the recorder counts the call as a whole.
-
-    Only where the module is imported already (a model that calls ``flex_attention`` has imported it): importing
-    it pulls in ``torch._dynamo``, sympy and triton, seconds in a fresh process."""
-    flex = sys.modules.get("torch.nn.attention.flex_attention")
-    flag = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
-    before = getattr(flex, flag, None)
-    if before is None:
-        yield
-        return
-    setattr(flex, flag, True)
-    try:
-        yield
-    finally:
-        setattr(flex, flag, before)
-
-
-@contextlib.contextmanager
-def _followed_rng_states(recorder: Recorder) -> Iterator[None]:
-    """Follow the CPU RNG states taken while recording (an activation checkpoint keeps one per call to replay
-    dropout): tensors made outside the dispatcher, invisible to the recorders otherwise."""
-    original = torch.get_rng_state
-
-    def get_rng_state() -> torch.Tensor:
-        state = original()
-        recorder.storages.outputs(state, len(recorder.trace.events), "other")
-        return state
-
-    torch.get_rng_state = get_rng_state
-    try:
-        yield
-    finally:
-        torch.get_rng_state = original
-
-
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
     """The default loss: the sum of every floating-point output tensor that requires grad (of a jagged one, of its
     values: a plain sum, whose backward is free as for a dense output)."""
@@ -422,7 +390,7 @@ def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device |
         return mode.from_tensor(tensor, static_shapes=True)
     with unset_fake_temporarily():
         meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-    fake = mode.fake_tensor_converter.from_meta_and_device(mode, meta, device or tensor.device)
+    fake = fake_from_meta(mode, meta, device or tensor.device)
     return fake.requires_grad_(True) if tensor.requires_grad else fake
 
 
@@ -556,14 +524,15 @@ def _wrapped_attribute(module: nn.Module) -> str | None:
         return None
     if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         return "module"
-    if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
-        return "_orig_mod"
+    if type(module).__name__ == COMPILED_MODULE_CLASS and hasattr(module, COMPILED_MODULE_ATTRIBUTE):
+        return COMPILED_MODULE_ATTRIBUTE
     if len(_PLAIN_CLASSES) < 4096:
         _PLAIN_CLASSES.add(type(module))
     return None
 
 
 _PLAIN_CLASSES: set[type] = set()  # module classes that are no wrapper
+_MODULE_CALL_FRAMES = (MODULE_CALL_IMPL, "forward")  # the frames of a module's call
 
 
 def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, exc: Exception) -> ModelRunError:
@@ -592,7 +561,7 @@ def _innermost_module(exc: BaseException, names: ModuleNames) -> str | None:
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code.co_name in ("_call_impl", "forward"):
+        if frame.f_code.co_name in _MODULE_CALL_FRAMES:
             owner = frame.f_locals.get("self")
             if isinstance(owner, nn.Module) and id(owner) in names.by_id:
                 found = names.by_id[id(owner)]

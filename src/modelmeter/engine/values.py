@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
@@ -31,20 +32,20 @@ class Shadows:
 
     def seed(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """``fake`` stands for the real tensor ``real`` (an input, a buffer): its values are known."""
-        if real.is_meta or real.numel() > LIMIT or isinstance(real, torch._subclasses.FakeTensor):
+        if real.is_meta or real.numel() > LIMIT or isinstance(real, FakeTensor):
             return
-        with _disable_current_modes(), torch.no_grad():
+        with disable_current_modes(), torch.no_grad():
             setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         """The values of ``tensor`` when known."""
         return getattr(tensor, _VALUES, None) if isinstance(tensor, torch.Tensor) else None
 
-    def propagate(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
+    def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
                   result: Any) -> None:
         """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise."""
         first = args[0] if args else None
-        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not func._schema.is_mutable:
+        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not schema_of(func).is_mutable:
             return  # the common case, decided at once: the first operand (an activation, a weight) has no values
         outputs = _tensors(result)
         if not outputs:
@@ -52,11 +53,11 @@ class Shadows:
         # stops at the first tensor without values: most operators read an activation or a parameter first
         if not all(hasattr(t, _VALUES) for t in _each_tensor((args, kwargs))) \
                 or any(t.numel() > LIMIT for t in outputs):
-            if func._schema.is_mutable:  # an in-place update by unknown values: the old values are wrong now
+            if schema_of(func).is_mutable:  # an in-place update by unknown values: the old values are wrong now
                 _forget(outputs)
             return
         try:
-            with _disable_current_modes(), torch.no_grad():
+            with disable_current_modes(), torch.no_grad():
                 values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
             _forget(outputs)

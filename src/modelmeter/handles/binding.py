@@ -212,10 +212,12 @@ def _overloads(op: str, arguments: tuple[str, ...] | None) -> tuple[_Overload, .
 def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
     import torch  # here, not above: the handle tables are imported by the reports, which need no torch
 
+    from .._torch_compat import schema_of
+
     namespace, _, name = op.partition("::")
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
-        schemas = [(overload_, getattr(packet, overload_)._schema) for overload_ in packet.overloads()]
+        schemas = [(overload_, schema_of(getattr(packet, overload_))) for overload_ in packet.overloads()]
     except (AttributeError, RuntimeError):
         return None
     return tuple(_overload(overload_, schema) for overload_, schema in schemas) or None

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from .._torch_compat import parameters_of
 from ..engine.naming import ModuleNames
 
 
@@ -29,10 +30,11 @@ def count_by_prefix(modules: Iterable[tuple[str, nn.Module]]) -> defaultdict[str
     seen: set[int] = set()
     chains: dict[str, tuple[str, ...]] = {"": ("",)}
     for prefix, module in modules:
-        if not module._parameters:
+        own_parameters = parameters_of(module)
+        if not own_parameters:
             continue
         own, total = [], 0
-        for name, param in module._parameters.items():
+        for name, param in own_parameters.items():
             if param is not None and id(param) not in seen:
                 seen.add(id(param))
                 size = param.numel()

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from .._torch_compat import children_of, class_name
 from ..analysis import ModelAnalysis
 from ..metrics.parameters import parameter_count
 
@@ -328,8 +329,8 @@ def flop_count_str(flops: ModelAnalysis, activations: ModelAnalysis | None = Non
         lines = extra.split("\n") if extra else []
         if stats.get(name):
             lines.append(", ".join(f"{k}: {v}" for k, v in stats[name].items()))
-        children = [(key, block(child, f"{name}.{key}" if name else key)) for key, child in module._modules.items()]
-        return annotated_repr(module._get_name(), lines, children)
+        children = [(key, block(child, f"{name}.{key}" if name else key)) for key, child in children_of(module).items()]
+        return annotated_repr(class_name(module), lines, children)
 
     text = block(model, "")
     return f"{UNCALLED_NOTE}\n{text}" if all_uncalled else text

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from .._gc import no_gc
 from ..analysis import ModelAnalysis
+from ..engine.gc_pause import no_gc
 from ..metrics.parameters import count_by_prefix
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._gc import no_gc
 from ..cache.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
+from ..engine.gc_pause import no_gc
 from ..engine.trace import Trace
 from ..errors import ModelMeterError
 from ..io.atomic import atomic_write

@@ -201,7 +201,8 @@ class Bert(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         t = input_ids.shape[1]
         limit = self.config.max_position_embeddings
-        torch._assert(t <= limit, f"sequence length exceeds max_position_embeddings {limit}")
+        if t > limit:
+            raise AssertionError(f"sequence length exceeds max_position_embeddings {limit}")
         mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()  # (b, 1, 1, s)
         x = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
         return x, self.pooler(x)

@@ -101,7 +101,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: Tensor) -> Tensor:
         t = idx.shape[1]
-        torch._assert(t <= self.config.block_size, f"sequence length exceeds block_size {self.config.block_size}")
+        if t > self.config.block_size:
+            raise AssertionError(f"sequence length exceeds block_size {self.config.block_size}")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.h:

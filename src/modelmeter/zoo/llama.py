@@ -190,7 +190,8 @@ class Llama(nn.Module):
     def forward(self, input_ids: Tensor) -> Tensor:
         t = input_ids.shape[1]
         limit = self.config.max_position_embeddings
-        torch._assert(t <= limit, f"sequence length exceeds max_position_embeddings {limit}")
+        if t > limit:
+            raise AssertionError(f"sequence length exceeds max_position_embeddings {limit}")
         return self.lm_head(self.model(input_ids))
 
 

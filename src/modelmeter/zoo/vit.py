@@ -102,7 +102,8 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         n, _, h, w = x.shape
-        torch._assert(h == self.image_size and w == self.image_size, f"expected {self.image_size}px input")
+        if h != self.image_size or w != self.image_size:
+            raise AssertionError(f"expected {self.image_size}px input")
         x = self.conv_proj(x)  # (n, hidden, h/p, w/p)
         x = x.reshape(n, self.hidden_dim, -1).permute(0, 2, 1)  # (n, seq, hidden)
         x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1)

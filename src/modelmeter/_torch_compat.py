@@ -1,0 +1,294 @@
+"""Every private PyTorch API modelmeter uses, and the patches of torch a run makes: the one place to read on a torch
+upgrade (docs/torch.md).
+
+No other module of the package names a private ``torch`` module, class, function or attribute
+(``tests/test_torch_compat.py`` enforces it); they import what they need from here. Each name says why it is needed
+and, where known, since which torch version it exists; all were checked against torch 2.14.1, the version this
+release is tested with. torch promises nothing about any of them, so an upgrade may move one. Operators are not
+listed: ``torch.ops.aten._to_copy`` and the like are dispatcher operators, named by their schema as the trace
+records them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+# Operator types (torch._ops, since 1.13): what a mode is called with, an aten overload (``aten.addmm.default``), a
+# packet called directly (``torch.ops.quantized.linear``) or a higher-order operator (``flex_attention``).
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
+
+# Dense-layout test and contiguous strides (torch._prims_common, since 2.0): the rules torch's own meta kernels
+# follow, so the direct meta kernels give the same strides.
+from torch._prims_common import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
+
+# FakeTensors (torch._subclasses.fake_tensor, since 2.0): a fake run replaces parameters, buffers and inputs by
+# FakeTensors (metadata, no storage); FakeTensorMode and FakeTensor have no public home. The three ``...Exception``s
+# tell "the model needs values" (fall back to real kernels) from a failure of the model; FakeTensorDeviceMismatchError
+# tells a model that mixes in CUDA tensors; unset_fake_temporarily makes a meta tensor inside the mode that stays meta.
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorDeviceMismatchError,
+    FakeTensorMode,
+    UnsupportedFakeTensorException,
+    unset_fake_temporarily,
+)
+
+# Jagged nested tensors (torch.nested._internal.nested_tensor): inputs of ``torch.jagged`` layout have no public
+# class to test for.
+from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
+
+# pytree (torch.utils._pytree): maps over the nested containers of a call's arguments.
+from torch.utils import _pytree as pytree
+
+# Dispatch modes (torch.utils._python_dispatch): TorchDispatchMode is documented but lives in a private module.
+# _disable_current_modes runs real kernels for the values of small tensors in the middle of a fake run;
+# _pop_mode_temporarily runs a higher-order operator or a jagged attention call with the dispatch recorder set aside.
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_temporarily
+
+__all__ = [  # what the package imports from here
+    "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER", "FLEX_ATTENTION_MODULE",
+    "MODULE_CALL_IMPL", "MODULE_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
+    "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
+    "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
+    "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
+    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
+    "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
+    "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "non_persistent_buffers",
+    "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily", "python2_pickle_mappings", "pytree",
+    "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
+    "weights_only_allowed_globals",
+]
+
+# The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+
+
+def fake_from_meta(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A FakeTensor of ``mode`` on ``device`` wrapping ``meta`` (``FakeTensorConverter.from_meta_and_device``, in
+    2.14.1): ten times faster than ``mode.from_tensor`` converting the original, which matters for large models."""
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, device)
+
+
+class EagerDispatchMode(TorchDispatchMode):
+    """A TorchDispatchMode whose ``__torch_dispatch__`` is not wrapped in ``torch._disable_dynamo``.
+
+    ``TorchDispatchMode.__init_subclass__`` wraps a subclass's ``__torch_dispatch__`` unless the private class hook
+    ``_should_skip_dynamo`` says False (2.14.1; "a temporary measure", its docstring says): the guard costs
+    microseconds per operator, and a second to import ``torch._dynamo`` on its first use in a process. A recorded run
+    is eager (compiled wrappers are made transparent), so the guard is not needed. Should torch drop the hook, the
+    override is inert and only the speed changes.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+def schema_of(op: OpOverload) -> torch.FunctionSchema:
+    """An overload's schema (``OpOverload._schema``, since 1.13): argument names, defaults, aliasing, mutability."""
+    return op._schema
+
+
+def qualified_name(packet: OpOverloadPacket) -> str:
+    """``quantized::linear`` for ``torch.ops.quantized.linear`` (``OpOverloadPacket._qualified_op_name``, 1.13)."""
+    return str(packet._qualified_op_name)
+
+
+# --- autograd (torch._C, since 2.0) ----------------------------------------------------------------------------------
+# The autograd node running now (None outside a backward pass): attributes a backward operator to the forward call
+# that made the node. torch.autograd.graph uses it itself; there is no public wrapper.
+current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+
+
+# --- nn.Module's own tables ----------------------------------------------------------------------------------------
+# A module keeps its parameters, buffers and submodules in the dicts ``_parameters``, ``_buffers`` and ``_modules``
+# (all versions): the walks read them directly, as ``named_modules()`` does, but see every path to a shared module
+# and every ``None`` entry, and the snapshot puts their entries back after a run.
+MODULE_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+def parameters_of(module: nn.Module) -> dict[str, nn.Parameter | None]:
+    """The module's own parameters by name (``None`` for one registered as None)."""
+    return module._parameters
+
+
+def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
+    """The module's own buffers by name (``None`` for one registered as None)."""
+    return module._buffers
+
+
+def children_of(module: nn.Module) -> dict[str, nn.Module | None]:
+    """The module's direct submodules by name, a shared one under each of its names (``None`` kept)."""
+    return module._modules
+
+
+def non_persistent_buffers(module: nn.Module) -> set[str]:
+    """Names of buffers left out of the state dict (``persistent=False``; ``_non_persistent_buffers_set``, 1.6)."""
+    return module._non_persistent_buffers_set
+
+
+def forward_hook_tables(module: nn.Module) -> tuple[tuple[dict[int, Any], ...], tuple[dict[int, Any], ...]]:
+    """The module's forward pre-hooks and forward hooks, each with the tables of their flags: (pre-hooks, with
+    kwargs), (hooks, with kwargs, always called). ``with_kwargs`` since 2.0, ``always_called`` since 2.1."""
+    return ((module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),
+            (module._forward_hooks, module._forward_hooks_with_kwargs, module._forward_hooks_always_called))
+
+
+def global_forward_hooks() -> tuple[dict[int, Any], dict[int, Any]]:
+    """The hooks ``register_module_forward_pre_hook`` / ``register_module_forward_hook`` added (every module's
+    call runs them): the module globals ``_global_forward_pre_hooks`` and ``_global_forward_hooks`` (since 1.13)."""
+    hooks = nn.modules.module
+    return getattr(hooks, "_global_forward_pre_hooks", {}), getattr(hooks, "_global_forward_hooks", {})
+
+
+def class_name(module: nn.Module) -> str:
+    """The name ``repr(module)`` shows (``Module._get_name``, all versions): a class may override it."""
+    return module._get_name()
+
+
+# The function a module's call runs its hooks and ``forward`` in (``Module._call_impl``, all versions; the module's
+# ``self`` is a local there): a failure is attributed to the innermost model module on its stack.
+MODULE_CALL_IMPL = "_call_impl"
+
+# ``torch.compile(module)`` returns an ``OptimizedModule`` (since 2.0) keeping the module under ``_orig_mod``.
+COMPILED_MODULE_CLASS = "OptimizedModule"
+COMPILED_MODULE_ATTRIBUTE = "_orig_mod"
+
+
+# --- state dicts -----------------------------------------------------------------------------------------------------
+def state_dict_metadata(state_dict: Any) -> Any:
+    """The per-module versions ``Module.state_dict()`` attaches to its result as ``_metadata`` (all versions), or
+    None; ``load_state_dict`` hands them to each module's ``_load_from_state_dict``."""
+    return getattr(state_dict, "_metadata", None)
+
+
+def set_state_dict_metadata(state_dict: Any, metadata: Any) -> None:
+    state_dict._metadata = metadata
+
+
+# --- torch.load (torch._weights_only_unpickler, torch._utils) --------------------------------------------------------
+# The module whose frames raise a weights-only refusal (since 1.13): a refusal is told from a corrupt file by origin.
+WEIGHTS_ONLY_UNPICKLER = "torch._weights_only_unpickler"
+
+
+def weights_only_allowed_globals() -> frozenset[str] | None:
+    """``module.name`` of every global the weights-only unpickler accepts now: its defaults and what
+    ``add_safe_globals``/``safe_globals`` added (``_get_allowed_globals``/``_get_user_allowed_globals``, since 2.4);
+    ``None`` if this torch does not say."""
+    from torch import _weights_only_unpickler as unpickler
+
+    try:
+        return frozenset(unpickler._get_allowed_globals()) | frozenset(unpickler._get_user_allowed_globals())
+    except (AttributeError, TypeError, ValueError):  # torch moved its internals, or a malformed safe_globals entry
+        return None
+
+
+def python2_pickle_mappings() -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
+    """torch's (IMPORT_MAPPING, NAME_MAPPING) from Python 2 names to Python 3 ones (``torch._utils``, in 2.14.1),
+    which its unpickler applies before looking a global up."""
+    from torch._utils import IMPORT_MAPPING, NAME_MAPPING
+
+    return IMPORT_MAPPING, NAME_MAPPING
+
+
+# --- CUDA ------------------------------------------------------------------------------------------------------------
+def cuda_lazy_init_code() -> Any:
+    """The code of ``torch.cuda._lazy_init`` (all versions), on the stack of every failure to initialise CUDA: a
+    failure is told by origin, not by the wording of its message."""
+    return torch.cuda._lazy_init.__code__
+
+
+# --- patches made while recording ------------------------------------------------------------------------------------
+# The only changes a run makes to torch, each because torch offers no public alternative. Two calls a run must see
+# have no hook (neither is a torch function, which a TorchFunctionMode would see, nor an operator, which a
+# TorchDispatchMode would see): each is replaced for the run only, on torch's own object, acts on the recording thread
+# only (another thread calls straight through, unrecorded) and is put back afterwards, also when the run raises. The
+# third is flex attention's compile switch, a module flag. (The collector pause is in engine/gc_pause.py.)
+
+@contextlib.contextmanager
+def intercepted_function_apply(intercept: Callable[[type, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+                               ) -> Iterator[None]:
+    """While open, ``SomeFunction.apply(*args, **kwargs)`` on this thread returns ``intercept(SomeFunction, run,
+    args, kwargs)``, ``run`` calling the original ``apply``.
+
+    A custom ``torch.autograd.Function``'s ``apply`` is implemented in C (``_FunctionBase.apply``) and reaches
+    neither mode, so ``torch.autograd.Function.apply`` is replaced (a classmethod since 1.3, all versions since).
+    """
+    function = torch.autograd.Function
+    original = function.__dict__["apply"]
+    thread = threading.get_ident()  # the recorder modes are the running thread's: so is this
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        run = original.__get__(None, cls)
+        if threading.get_ident() != thread:
+            return run(*args, **kwargs)
+        return intercept(cls, run, args, kwargs)
+
+    function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        function.apply = original
+
+
+@contextlib.contextmanager
+def observed_cpu_rng_states(observe: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """While open, every ``torch.get_rng_state()`` on this thread passes the state it returns to ``observe``.
+
+    An activation checkpoint keeps the CPU RNG state of each call (``torch.utils.checkpoint``, all versions) to replay
+    dropout: a tensor made by the generator in C, outside the dispatcher, that no mode sees; its bytes are memory of
+    the step. ``torch.get_rng_state`` is looked up on ``torch`` at each call, so the attribute is replaced for the
+    run. (Python 3.12's ``sys.monitoring`` could watch its code object instead; this package supports 3.10.)
+    """
+    original = torch.get_rng_state
+    thread = threading.get_ident()
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        if threading.get_ident() == thread:
+            observe(state)
+        return state
+
+    torch.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original
+
+
+FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
+
+
+@contextlib.contextmanager
+def eager_flex_attention() -> Iterator[None]:
+    """Run ``flex_attention`` as its plain higher-order operator while open (torch otherwise compiles a wrapper around
+    it, which cannot run under the recorders: dynamo refuses the modes' calls).
+
+    The module flag ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`` (since 2.9, pytorch/pytorch#158534, meant for debugging
+    ``score_mod``) is the only switch, and a module global cannot be set for one thread: ``flex_attention`` reads it
+    on each call, so it is set for the run, only where the module is imported already (a model that calls
+    ``flex_attention`` has imported it; importing it pulls in ``torch._dynamo``, sympy and triton, seconds in a fresh
+    process), and put back afterwards.
+    """
+    flex = sys.modules.get(FLEX_ATTENTION_MODULE)
+    flag = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+    before = getattr(flex, flag, None)
+    if before is None:
+        yield
+        return
+    setattr(flex, flag, True)
+    try:
+        yield
+    finally:
+        setattr(flex, flag, before)
