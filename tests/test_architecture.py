@@ -52,7 +52,7 @@ KNOWN_UNTIL_ANALYSIS_REFACTOR = frozenset({
 # layer naming the longest prefix of its dotted name (the package root only by its own name). It may import its own
 # layer and every layer it sits on, directly or through others; nothing sits on the package root.
 LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("base", ("modelmeter.errors", "modelmeter._gc", "modelmeter._version"), ()),
+    ("base", ("modelmeter.errors", "modelmeter._version", "modelmeter._torch_compat"), ()),
     ("io", ("modelmeter.io",), ("base",)),
     ("checkpoint", ("modelmeter.checkpoint",), ("io",)),
     ("engine", ("modelmeter.engine",), ("base",)),
@@ -62,7 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("format", ("modelmeter.cache.serialize",), ("engine",)),  # the Trace as JSON: kept by the cache, saved by reports
     ("cache", ("modelmeter.cache",), ("format", "io")),
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),
-    ("session", ("modelmeter.analysis", "modelmeter.memory"), ("runner", "cache", "reports")),
+    ("session", ("modelmeter.analysis", "modelmeter.memory", "modelmeter.trace_files"), ("runner", "cache", "reports")),
     ("zoo", ("modelmeter.zoo",), ("base",)),
     # the command's model loaders, and the words of its errors they share with it
     ("loaders", ("modelmeter.cli.models", "modelmeter.cli.errors"), ("engine", "zoo")),

@@ -192,7 +192,9 @@ def _save(analysis: Analysis, path: str, name: str) -> None:
 def _quiet_fake_tensor_log() -> Iterator[None]:
     """Silence torch's FakeTensor logger while a model runs: it logs a traceback (ERROR) when an operator rejects
     its inputs, before raising the error that the command reports in one line."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    from .._torch_compat import FAKE_TENSOR_LOGGER
+
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
