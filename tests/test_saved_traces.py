@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from modelmeter import analyze
+from modelmeter import Result, analyze, load_trace, save_trace
 from modelmeter.guard import load_costs
 from modelmeter.guard.values import GuardFileError
 from modelmeter.reports.saved import SavedTrace, SavedTraceError, read_saved_trace, write_saved_trace
@@ -95,3 +98,131 @@ def test_diff_reads_saved_traces_beside_json_results(tmp_path: Path) -> None:
     _rewrite(path, lambda d: d.update(version=2))
     with pytest.raises(GuardFileError, match="format version 2"):
         load_costs(path)
+
+
+# --- the feature: save in one process, report in another that never builds the model ------------------------------
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.conv(x))))
+
+
+def build():
+    return Tiny(), torch.randn(2, 3, 8, 8)
+'''
+
+
+def command(*argv: str, cwd: Path, check_no_torch: bool = False) -> subprocess.CompletedProcess[str]:
+    """``modelmeter ARGV`` in a fresh process; with ``check_no_torch``, fails if torch or the model's file was
+    imported."""
+    code = f"import sys; from modelmeter_cli import main; status = main({list(argv)!r}); "
+    if check_no_torch:
+        code += "assert 'torch' not in sys.modules and 'm' not in sys.modules, 'torch or the model was imported'; "
+    code += "sys.exit(status)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": SRC})
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    (tmp_path / "m.py").write_text(MODEL_FILE)
+    return tmp_path
+
+
+def body(table: str) -> str:
+    """A table report without its first line (which says how long the run took, or which file it came from)."""
+    return table.split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("options", [[], ["--backward", "--memory", "--optimizer", "adamw"]])
+def test_a_saved_trace_renders_identical_reports_in_a_process_without_the_model(model_file: Path,
+                                                                                  options: list[str]) -> None:
+    ran = command("m.py:build", *options, "--no-cache", "--save-trace", "run.mmtrace", cwd=model_file)
+    assert ran.returncode == 0, ran.stderr
+    assert "wrote run.mmtrace" in ran.stderr
+    for fmt in ("json", "markdown", "csv", "tree", "table"):
+        analysed = command("m.py:build", *options, "--no-cache", "--format", fmt, "--depth", "3", cwd=model_file)
+        reported = command("report", "run.mmtrace", "--format", fmt, "--depth", "3", cwd=model_file,
+                           check_no_torch=True)
+        assert reported.returncode == 0, reported.stderr
+        if fmt in ("table", "tree"):
+            assert body(reported.stdout) == body(analysed.stdout)
+            assert "saved trace run.mmtrace" in reported.stdout.split("\n", 1)[0]
+        else:
+            assert reported.stdout == analysed.stdout
+    # conv: 8*3*9 multiply-adds at 2*6*6 positions; the linear layer 2*288*10 (fvcore's convention)
+    flops = json.loads(command("report", "run.mmtrace", "--format", "json", cwd=model_file).stdout)["modules"][0]
+    assert flops["metrics"]["forward_flops" if options else "flops"] == 8 * 3 * 9 * 2 * 36 + 2 * 288 * 10
+
+
+def test_report_recounts_under_another_convention(model_file: Path) -> None:
+    assert command("m.py:build", "--no-cache", "--save-trace", "run.mmtrace", cwd=model_file).returncode == 0
+    recounted = command("report", "run.mmtrace", "--convention", "flops", "--format", "json", cwd=model_file)
+    analysed = command("m.py:build", "--no-cache", "--convention", "flops", "--format", "json", cwd=model_file)
+    assert recounted.returncode == 0, recounted.stderr
+    assert recounted.stdout == analysed.stdout
+    assert json.loads(recounted.stdout)["convention"] == "flops"
+
+
+def test_diff_and_compare_take_saved_traces(model_file: Path) -> None:
+    assert command("m.py:build", "--no-cache", "--save-trace", "a.mmtrace", cwd=model_file).returncode == 0
+    assert command("m.py:build", "--no-cache", "--backward", "--save-trace", "b.mmtrace", cwd=model_file) \
+        .returncode == 0
+    diffed = command("diff", "a.mmtrace", "b.mmtrace", "--format", "json", cwd=model_file)
+    assert diffed.returncode == 0, diffed.stderr
+    changes = {(d["module"], d["metric"]): d for d in json.loads(diffed.stdout)}
+    # the backward pass of the convolution: input and weight gradients each cost the forward's multiply-adds
+    assert changes[("conv", "flops")]["before"] == 8 * 3 * 9 * 2 * 36
+    assert changes[("conv", "flops")]["after"] == 8 * 3 * 9 * 2 * 36 * 3
+    html = command("report", "b.mmtrace", "--html", "b.html", "--compare", "a.mmtrace", cwd=model_file)
+    assert html.returncode == 0, html.stderr
+    assert (model_file / "b.html").read_text().count("<html") == 1
+
+
+def test_report_mistakes_are_one_line(model_file: Path) -> None:
+    (model_file / "bad.mmtrace").write_bytes(b"\x1f\x8bnot really")
+    for argv, message in ((["report", "missing.mmtrace"], "cannot read the saved trace"),
+                          (["report", "bad.mmtrace"], "is not a readable saved trace"),
+                          (["report", "bad.mmtrace", "--compare", "x.json"], "--compare shows the difference"),
+                          (["report"], "the following arguments are required: FILE"),
+                          (["m.py:build", "--sweep", "batch=1,2", "--save-trace", "s.mmtrace"], "--save-trace")):
+        done = command(*argv, cwd=model_file)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_report_has_its_own_help(model_file: Path) -> None:
+    done = command("report", "--help", cwd=model_file, check_no_torch=True)
+    assert done.returncode == 0
+    for option in ("FILE", "--format", "--depth", "--html", "--compare", "--convention", "--attention-kernel"):
+        assert option in done.stdout
+    assert "--budget" not in done.stdout  # the analysis's own options stay out of its help
+
+
+def test_load_trace_in_another_process_gives_the_analysis_result(tmp_path: Path) -> None:
+    """The library: save_trace in this process, load_trace in one that never built the model."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 5))
+    analysis = analyze(model, torch.randn(2, 3, 16, 16), backward=True, memory=True, optimizer="adam")
+    save_trace(analysis, tmp_path / "run.mmtrace", name="tiny")
+    assert load_trace(tmp_path / "run.mmtrace") == analysis.result(name="tiny")
+    code = ("import sys, json; from modelmeter import load_trace; "
+            f"print(load_trace({str(tmp_path / 'run.mmtrace')!r}).to_json()); "
+            "print(json.dumps(load_trace(sys.argv[1], convention='macs', memory=False).to_dict()))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.mmtrace")], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    saved_json, macs_json = done.stdout.split("\n", 1)
+    assert Result.from_json(saved_json) == analysis.result(name="tiny")
+    macs = analyze(model, torch.randn(2, 3, 16, 16), backward=True, convention="macs").result()
+    assert json.loads(macs_json) == macs.to_dict() | {"model": "tiny"}
