@@ -14,26 +14,20 @@ from .analysis import (
     ModelAnalysis,
     activation_count,
     analyze,
+    build_result,
     flop_count,
 )
 from .engine.inputs import Args
-from .engine.trace import OpEvent, TensorMeta, Trace
+from .engine.spec import RunSpec
+from .engine.trace import ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
 from .errors import ModelMeterError, ModelRunError
+from .fvcore_api import flop_count_str, flop_count_table, parameter_count, parameter_count_table
 from .handles.base import CountInside, Handle, backward_key, get_shape
 from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
 from .memory import MemoryAnalysis
 from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
-from .metrics.parameters import parameter_count
-from .reports import (
-    Result,
-    build_result,
-    flop_count_str,
-    flop_count_table,
-    parameter_count_table,
-    render,
-    render_html,
-    write_html,
-)
+from .reports import Result, render, render_html, write_html
+from .session import Session, result_from_trace
 
 __version__ = "0.1.0"
 
@@ -51,11 +45,15 @@ __all__ = [
     "ModelAnalysis",
     "ModelMeterError",
     "ModelRunError",
+    "ModuleInfo",
     "OpEvent",
     "OptimizerSpec",
+    "ParameterInfo",
     "Peak",
     "Point",
     "Result",
+    "RunSpec",
+    "Session",
     "TensorMeta",
     "Trace",
     "__version__",
@@ -73,6 +71,7 @@ __all__ = [
     "register_handle",
     "render",
     "render_html",
+    "result_from_trace",
     "unregister_handle",
     "write_html",
 ]
