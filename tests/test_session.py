@@ -123,6 +123,8 @@ def test_a_session_records_once_and_views_made_from_it_share_the_run() -> None:
     assert flops.trace is acts.trace is session.trace and session.recorded and not session.from_cache
     with pytest.raises(ValueError, match="loss_fn is only used for the backward pass"):
         RunSpec.of(model, x, loss_fn=torch.sum)
+    direct = FlopCountAnalysis.from_session(Session(RunSpec(model, (x,))))  # a spec made without .of
+    assert direct.copy(new_model=nn.Sequential(nn.Linear(4, 2))).total() == 3 * 4 * 2
 
 
 def test_separate_analyses_of_one_call_share_a_run_through_adopt() -> None:

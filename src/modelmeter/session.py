@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from torch import nn
+
 from ._gc import no_gc
 from .cache import TraceCache, cached_trace
 from .engine.spec import Execution, LossFn, RunSpec
@@ -64,7 +66,7 @@ class Session:
         self._memory: MemoryModel | None = None
 
     @property
-    def model(self) -> Any:
+    def model(self) -> nn.Module:
         """The model of the run (``spec.model``)."""
         return self.spec.model
 

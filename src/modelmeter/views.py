@@ -240,11 +240,7 @@ class ModelAnalysis(MetricView):
         """
         session = self._session
         if new_model is not None or new_inputs is not None:
-            spec = session.spec
-            model = spec.model if new_model is None else new_model
-            inputs = spec.inputs if new_inputs is None else new_inputs
-            session = session.with_spec(RunSpec.of(model, inputs, execution=spec.execution, backward=spec.backward,
-                                                   loss_fn=spec.loss_fn))
+            session = session.with_spec(session.spec.with_call(new_model, new_inputs))
         other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         other._session = session

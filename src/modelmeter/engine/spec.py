@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .inputs import check_inputs, split_inputs
+from .inputs import Args, check_inputs, split_inputs
 
 Execution = Literal["auto", "fake", "real"]
 LossFn = Callable[[Any], torch.Tensor]
@@ -45,3 +45,10 @@ class RunSpec:
         if loss_fn is not None and not backward:
             raise ValueError("loss_fn is only used for the backward pass: pass backward=True with it")
         return cls(model, args, kwargs, inputs, execution, backward, loss_fn)
+
+    def with_call(self, model: nn.Module | None = None, inputs: Any = None) -> RunSpec:
+        """The same run of another model and/or other inputs (``None``: this spec's), checked as by :meth:`of`."""
+        if inputs is None:
+            inputs = self.inputs if self.inputs is not None else Args(*self.args, **self.kwargs)
+        return RunSpec.of(self.model if model is None else model, inputs, execution=self.execution,
+                          backward=self.backward, loss_fn=self.loss_fn)
