@@ -54,6 +54,7 @@ def test_result_from_trace_is_the_analysis_result(options: dict[str, Any]) -> No
     expected = analysis.result().to_dict()
     recorded = {k: v for k, v in options.items() if k != "backward"}
     assert result_from_trace(analysis.trace, **recorded).to_dict() == expected
+    assert result_from_trace(analysis.trace, **analysis.settings).to_dict() == expected  # what a saved trace keeps
     assert result_from_trace(loads(dumps(analysis.trace)), **recorded).to_dict() == expected
     assert result_from_trace(analysis.trace, name="mine", **recorded).model == "mine"
     assert expected["model"] == type(model).__name__ and expected["modules"][0]["params"] == parameter_count(model)[""]

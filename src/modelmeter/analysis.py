@@ -80,6 +80,11 @@ class Analysis:
             raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
         self.inputs = inputs
+        self._settings: dict[str, Any] = {
+            "convention": convention, "dense_attention": dense_attention, "attention_kernel": attention_kernel,
+            "memory": memory, "optimizer": optimizer,
+            "state_dtype": None if state_dtype is None else str(state_dtype).removeprefix("torch."),
+            "foreach": foreach}
         spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
         #: The one run every view reads: its spec, its trace, the caches.
         self.session = Session(spec, cache=cache, cache_dir=cache_dir)
@@ -101,6 +106,13 @@ class Analysis:
     def trace(self) -> Trace:
         """The one recorded run every metric is computed from."""
         return self.session.trace
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The options the result was counted with — ``convention``, ``dense_attention``, ``attention_kernel``,
+        ``memory``, ``optimizer``, ``state_dtype``, ``foreach`` — so that ``result_from_trace(trace, **settings)``
+        gives :meth:`result` from the trace alone (handles set with ``set_op_handle`` are not among them)."""
+        return dict(self._settings)
 
     @property
     def from_cache(self) -> bool:
