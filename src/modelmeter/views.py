@@ -8,6 +8,7 @@ views here and :class:`~modelmeter.MemoryAnalysis` — and nothing more.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from typing import Any, ClassVar, TypeVar
 
@@ -27,7 +28,7 @@ F = TypeVar("F", bound="FlopCountAnalysis")
 _NONE: Counter[str] = Counter()  # what a module without counts has (read only, never handed out)
 
 
-class MetricView:
+class MetricView(ABC):
     """What a view of one metric over a session answers: counts by module, operator and dtype, the modules
     that never ran, and the session's model, trace and assumptions. Subclasses give :meth:`statistics`."""
 
@@ -35,9 +36,9 @@ class MetricView:
     # The phases this metric counts: every phase by default.
     _phases: ClassVar[tuple[Phase, ...]] = PHASES
 
+    @abstractmethod
     def statistics(self) -> Statistics:
         """The metric's tables over the trace (computed once per setting; read them, do not change them)."""
-        raise NotImplementedError
 
     @property
     def session(self) -> Session:
