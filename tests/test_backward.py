@@ -240,7 +240,7 @@ def test_cache_keeps_forward_and_backward_runs_apart(tmp_path: Any) -> None:
     backward = flops(model, x, cache_dir=tmp_path)
     assert backward.by_phase() == {"forward": 32, "backward": 32}
     again = flops(model, x, cache_dir=tmp_path)
-    assert again.by_phase() == backward.by_phase() and again._trace_was_cached
+    assert again.by_phase() == backward.by_phase() and again.session.from_cache
 
 
 @pytest.mark.parametrize("execution", ["fake", "real"])

@@ -34,15 +34,16 @@ from modelmeter import (
     Args,
     FlopCountAnalysis,
     OpEvent,
+    RunSpec,
     TensorMeta,
     Trace,
     analyze,
     flop_count_table,
 )
 from modelmeter.cache import TraceCache, cache_info, clear_cache, parse_size, trace_from_dict, trace_key, trace_to_dict
-from modelmeter.cache.serialize import dumps, loads
 from modelmeter.cli import main
 from modelmeter.engine.inputs import split_inputs
+from modelmeter.engine.serialize import dumps, loads
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +93,7 @@ def runs(model: nn.Module) -> int:
 
 def key(model: nn.Module, inputs: Any, execution: str = "auto") -> str:
     args, kwargs = split_inputs(inputs)
-    k = trace_key(model, args, kwargs, execution)
+    k = trace_key(RunSpec(model, args, kwargs, execution=execution))
     assert k is not None
     return k
 
@@ -774,10 +775,10 @@ def test_code_the_key_cannot_see_into_is_not_cached(monkeypatch: pytest.MonkeyPa
             return x * (self.checksum(b"x") % 3)
 
     x = torch.randn(2, 3)
-    assert trace_key(Native(), (x,), {}, "auto") is not None  # zlib is installed: keyed by Python's version
+    assert trace_key(RunSpec(Native(), (x,))) is not None  # zlib is installed: keyed by Python's version
     monkeypatch.setattr(zlib.adler32, "__module__", "my_native_extension")
     with caplog.at_level(logging.INFO, logger="modelmeter.cache"):
-        assert trace_key(Native(), (x,), {}, "auto") is None
+        assert trace_key(RunSpec(Native(), (x,))) is None
         analysis = analyze(Native(), x, cache=True)
     assert analysis.flops.total() == FlopCountAnalysis(Native(), x).total() and not entries(cache_env)
     assert "my_native_extension.adler32 is compiled code outside the installed packages" in caplog.text

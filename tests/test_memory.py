@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memory_oracle import inference, measure_peak, resident_bytes, training_step, warm_up
 from modelmeter import MemoryAnalysis, analyze
-from modelmeter.cache.serialize import dumps, loads
+from modelmeter.engine.serialize import dumps, loads
 from modelmeter.metrics.memory import OPTIMIZERS, optimizer_spec
 
 F32 = 4

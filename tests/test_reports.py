@@ -15,19 +15,15 @@ import torch
 from torch import nn
 
 import modelmeter
-from modelmeter import ActivationCountAnalysis, FlopCountAnalysis
-from modelmeter.reports import (
-    FORMATS,
-    ModuleRow,
-    Result,
+from modelmeter import (
+    ActivationCountAnalysis,
+    FlopCountAnalysis,
     build_result,
     flop_count_str,
     flop_count_table,
-    format_size,
-    fvcore_tables,
     parameter_count_table,
-    render,
 )
+from modelmeter.reports import FORMATS, ModuleRow, Result, format_size, fvcore_tables, render
 from opaque_ops import blur
 
 render_module = importlib.import_module("modelmeter.reports.render")  # the package attribute is the function
@@ -413,7 +409,7 @@ def test_flop_count_str_uncalled_is_na() -> None:
 
 # the analyses passed in ------------------------------------------------------------------------
 def _settings(analysis: modelmeter.ModelAnalysis) -> tuple[bool, bool, str]:
-    return analysis._warn_unsupported, analysis._warn_uncalled, analysis._tracer_warnings
+    return analysis._warn_unsupported, analysis._warn_uncalled, analysis.session.tracer_warnings_mode
 
 
 @pytest.mark.parametrize("printer", [flop_count_table, flop_count_str])
@@ -655,6 +651,10 @@ def test_csv_keeps_fractions_exact() -> None:
 
 
 def test_exports() -> None:
-    for name in ("flop_count_table", "flop_count_str", "parameter_count_table", "Result", "build_result", "render"):
+    for name in ("Result", "render"):
         assert name in modelmeter.__all__
         assert getattr(modelmeter, name) is getattr(modelmeter.reports, name)
+    for name in ("flop_count_table", "flop_count_str", "parameter_count_table"):  # adapters above the reports
+        assert name in modelmeter.__all__
+        assert getattr(modelmeter, name) is getattr(modelmeter.fvcore_api, name)
+    assert "build_result" in modelmeter.__all__ and modelmeter.build_result is modelmeter.analysis.build_result

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 import modelmeter
 from modelmeter import FlopCountAnalysis
 from modelmeter._torch_compat import OpOverload, OpOverloadPacket, TorchDispatchMode
-from modelmeter.engine.naming import ModuleNames
+from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.tracer import record_trace
 from modelmeter.errors import ModelRunError
 
@@ -232,7 +232,7 @@ class _OtherThread(nn.Module):
 
 
 def _record(model: nn.Module, x: torch.Tensor, execution: str = "real") -> Any:
-    return record_trace(model, (x,), {}, ModuleNames(model), execution)  # type: ignore[arg-type]
+    return record_trace(RunSpec.of(model, x, execution=execution))  # type: ignore[arg-type]
 
 
 def test_a_run_puts_torch_back_and_touches_no_other_thread() -> None:
@@ -275,7 +275,7 @@ def test_the_rng_state_an_activation_checkpoint_keeps_is_recorded() -> None:
     (a tensor no mode sees) until the backward pass replays the block."""
     model = _Checkpointed().train()
     x = torch.randn(2, 8, requires_grad=True)
-    trace = record_trace(model, (x,), {}, ModuleNames(model), "fake", backward=True)
+    trace = record_trace(RunSpec.of(model, x, execution="fake", backward=True))
     states = [s for s in trace.storages if s.kind == "other" and s.dtype == "uint8"]
     assert [s.nbytes for s in states] == [torch.get_rng_state().numel()]
     assert states[0].born >= 0 and states[0].died > states[0].born  # dropped once the backward pass replayed

@@ -8,21 +8,26 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-# Every public name -> the module that defines it, imported on first use: `modelmeter --help` and
-# `modelmeter list` import this package without torch (shared/design.md)
+# Every public name -> the module that defines it, imported on first use: `modelmeter --help`, `modelmeter list`
+# and `modelmeter report` import this package without torch (shared/design.md)
 _EXPORTS = {
     "analysis": ("ActivationCountAnalysis", "Analysis", "FlopCountAnalysis", "JitModelAnalysis", "ModelAnalysis",
-                 "activation_count", "analyze", "flop_count"),
+                 "activation_count", "analyze", "build_result", "flop_count"),
     "engine.inputs": ("Args",),
-    "engine.trace": ("OpEvent", "TensorMeta", "Trace"),
+    "engine.spec": ("RunSpec",),
+    "engine.trace": ("ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
     "errors": ("ModelMeterError", "ModelRunError"),
+    "fvcore_api": ("flop_count_str", "flop_count_table", "parameter_count", "parameter_count_table"),
     "handles.base": ("CountInside", "Handle", "backward_key", "get_shape"),
     "handles.conventions": ("CONVENTIONS", "get_convention", "register_handle", "unregister_handle"),
     "memory": ("MemoryAnalysis",),
     "metrics.memory": ("OPTIMIZERS", "OptimizerSpec", "Peak", "Point"),
-    "metrics.parameters": ("parameter_count",),
-    "reports": ("Result", "build_result", "flop_count_str", "flop_count_table", "parameter_count_table", "render",
-                "render_html", "write_html"),
+    "reports.html": ("render_html", "write_html"),
+    "reports.render": ("render",),
+    "reports.result": ("Result",),
+    "reports.saved": ("SavedTraceError",),
+    "session": ("Session", "result_from_trace"),
+    "trace_files": ("load_trace", "save_trace"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -35,26 +40,24 @@ if TYPE_CHECKING:
         ModelAnalysis,
         activation_count,
         analyze,
+        build_result,
         flop_count,
     )
     from .engine.inputs import Args
-    from .engine.trace import OpEvent, TensorMeta, Trace
+    from .engine.spec import RunSpec
+    from .engine.trace import ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
     from .errors import ModelMeterError, ModelRunError
+    from .fvcore_api import flop_count_str, flop_count_table, parameter_count, parameter_count_table
     from .handles.base import CountInside, Handle, backward_key, get_shape
     from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
     from .memory import MemoryAnalysis
     from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
-    from .metrics.parameters import parameter_count
-    from .reports import (
-        Result,
-        build_result,
-        flop_count_str,
-        flop_count_table,
-        parameter_count_table,
-        render_html,
-        write_html,
-    )
+    from .reports.html import render_html, write_html
     from .reports.render import render
+    from .reports.result import Result
+    from .reports.saved import SavedTraceError
+    from .session import Session, result_from_trace
+    from .trace_files import load_trace, save_trace
 
 
 def __getattr__(name: str) -> Any:
@@ -91,11 +94,16 @@ __all__ = [
     "ModelAnalysis",
     "ModelMeterError",
     "ModelRunError",
+    "ModuleInfo",
     "OpEvent",
     "OptimizerSpec",
+    "ParameterInfo",
     "Peak",
     "Point",
     "Result",
+    "RunSpec",
+    "SavedTraceError",
+    "Session",
     "TensorMeta",
     "Trace",
     "__version__",
@@ -108,11 +116,14 @@ __all__ = [
     "flop_count_table",
     "get_convention",
     "get_shape",
+    "load_trace",
     "parameter_count",
     "parameter_count_table",
     "register_handle",
     "render",
     "render_html",
+    "result_from_trace",
+    "save_trace",
     "unregister_handle",
     "write_html",
 ]

@@ -4,42 +4,27 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
-from .analysis import ModelAnalysis
+from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Phase, Trace
-from .engine.tracer import Execution, LossFn
-from .metrics.counting import Statistics, _Ancestors
-from .metrics.memory import (
-    MemoryModel,
-    OptimizerSpec,
-    Peak,
-    Point,
-    activation_bytes,
-    activation_dtypes,
-    module_peaks,
-    optimizer_spec,
-    peak,
-    saved_bytes,
-    timeline,
-)
-
-if TYPE_CHECKING:
-    import torch
-
-    from .cache import TraceCache
+from .metrics.counting import Statistics
+from .metrics.memory import OptimizerSpec, Peak, Point, activation_statistics, module_peaks, peak, saved_bytes, timeline
+from .session import CacheSetting, MemoryColumns, Session, memory_columns, memory_optimizer
+from .views import MetricView
 
 
-class MemoryAnalysis(ModelAnalysis):
+class MemoryAnalysis(MetricView):
     """Memory of inference (``training=False``) or of one training step, from one run on fake tensors.
 
     Every tensor storage the run makes is followed from the operator that allocates it to the moment it is
     freed (by Python's reference counts, as in a real run), and what autograd saves for the backward pass is
     observed with saved-tensor hooks. The counted metric (:meth:`total`, :meth:`by_module`,
-    :meth:`by_operator`) is **activation bytes**: what the forward pass's operators allocate (views and
-    in-place results allocate nothing). On top of it:
+    :meth:`by_operator`, :meth:`by_dtype`) is **activation bytes**: what the forward pass's operators allocate
+    (views and in-place results allocate nothing). On top of it:
 
     - :meth:`peak` / :meth:`peak_info`: the most bytes live at once — model state, inputs, activations,
       gradients and, with ``optimizer``, its state and the temporaries of its ``step()`` — and where;
@@ -54,6 +39,10 @@ class MemoryAnalysis(ModelAnalysis):
     taken in steady state: the optimizer's state exists and gradients are ``None`` when it starts (as after
     ``zero_grad()``). Inference runs under ``torch.no_grad()``. docs/memory.md has the model in full.
 
+    A view over a :class:`~modelmeter.Session`, composed with it rather than a counting analysis: memory is
+    attributed to the module that owns each operator, with no handles, so it has no ``set_op_handle``,
+    ``clear_op_handles`` or ``ancestor_mode``.
+
     Example::
 
         mem = MemoryAnalysis(model, torch.randn(32, 3, 224, 224), training=True, optimizer="adamw")
@@ -65,24 +54,32 @@ class MemoryAnalysis(ModelAnalysis):
     def __init__(self, model: nn.Module, inputs: Any, *, training: bool = False,
                  optimizer: str | OptimizerSpec | None = None, state_dtype: str | torch.dtype | None = None,
                  foreach: bool | None = None, loss_fn: LossFn | None = None, execution: Execution = "auto",
-                 trace: Trace | None = None, cache: bool | TraceCache | None = None,
+                 trace: Trace | None = None, cache: CacheSetting = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
-        if optimizer is not None and not training:
-            raise ValueError("optimizer is part of a training step: pass training=True with it")
-        if (state_dtype is not None or foreach is not None) and optimizer is None:
-            raise ValueError("state_dtype and foreach describe the optimizer: pass optimizer= with them")
+        spec = memory_optimizer(training, optimizer, state_dtype, foreach)
         if trace is not None and trace.backward != training:
             raise ValueError(f"the given trace {'has' if trace.backward else 'has no'} backward pass, but "
                              f"training={training}: record it with backward={training}")
-        self._spec = None if optimizer is None else optimizer_spec(
-            optimizer, state_dtype=None if state_dtype is None else str(state_dtype), foreach=foreach)
-        super().__init__(model, inputs, execution=execution, trace=trace, cache=cache, cache_dir=cache_dir,
-                         backward=training, loss_fn=loss_fn)
-        self._memory: MemoryModel | None = None
+        run = RunSpec.of(model, inputs, execution=execution, backward=training, loss_fn=loss_fn)
+        self._attach(Session(run, trace=trace, cache=cache, cache_dir=cache_dir), spec)
+
+    @classmethod
+    def from_session(cls, session: Session, *, optimizer: str | OptimizerSpec | None = None,
+                     state_dtype: str | torch.dtype | None = None, foreach: bool | None = None) -> MemoryAnalysis:
+        """The memory of ``session``'s run (a training step when its spec has a backward pass), sharing it with
+        the session's other views."""
+        view = cls.__new__(cls)
+        view._attach(session, memory_optimizer(session.spec.backward, optimizer, state_dtype, foreach))
+        return view
+
+    def _attach(self, session: Session, spec: OptimizerSpec | None) -> None:
+        self._session = session
+        self._spec = spec
+        self._stats: Statistics | None = None
 
     @property
     def training(self) -> bool:
-        return self._backward
+        return self._session.spec.backward
 
     @property
     def optimizer(self) -> OptimizerSpec | None:
@@ -96,38 +93,34 @@ class MemoryAnalysis(ModelAnalysis):
 
     def peak_info(self) -> Peak:
         """The peak, the operator, module and phase it happened in, and the live bytes by kind."""
-        return peak(self._model_memory(), self._spec)
+        return peak(self._session.memory_model(), self._spec)
 
     def timeline(self) -> list[Point]:
         """Live bytes during every aten operator in run order (and the optimizer's step, last)."""
-        return timeline(self._model_memory(), self._spec)
+        return timeline(self._session.memory_model(), self._spec)
 
     def saved_for_backward(self, module_name: str = "") -> int:
         """Bytes the forward pass saved for the backward pass inside ``module_name`` (each storage once; the
         parameters, buffers and inputs autograd also keeps are no extra memory and not included). 0 for
         inference; activation checkpointing and ``torch.no_grad`` regions save less, exactly."""
-        table = saved_bytes(self._model_memory()).get(self.canonical_module_name(module_name), Counter())
-        return sum(table.values())
+        saved = saved_bytes(self._session.memory_model())
+        return sum(saved.get(self.canonical_module_name(module_name), Counter()).values())
 
     def saved_by_module_and_operator(self) -> dict[str, Counter[str]]:
         """Saved-for-backward bytes by module, then by the operator that made the storage."""
-        saved = saved_bytes(self._model_memory())
-        return {name: Counter(saved.get(name, Counter())) for name in self._names.canonical}
+        saved = saved_bytes(self._session.memory_model())
+        return {name: Counter(saved.get(name, Counter())) for name in self.trace.module_table().canonical}
 
     def module_peaks(self) -> Counter[str]:
         """Per module: the most bytes live while one of its operators ran."""
-        return module_peaks(self._model_memory(), self._spec)
+        return module_peaks(self._session.memory_model(), self._spec)
 
-    # internals -------------------------------------------------------------------------------
-    def _model_memory(self) -> MemoryModel:
-        if self._memory is None or self._memory.trace is not self.trace:  # copy() may bring another trace
-            self._memory = MemoryModel(self.trace, self._names)
-        return self._memory
+    def columns(self) -> MemoryColumns:
+        """What this analysis adds to a :class:`~modelmeter.Result` (saved bytes, module peaks, the summary)."""
+        return memory_columns(self._session.memory_model(), self._spec)
 
-    def _analyze(self) -> Statistics:
+    def statistics(self) -> Statistics:
+        """Activation bytes over the trace: by module and operator, by dtype, and the modules that never ran."""
         if self._stats is None:
-            model = self._model_memory()
-            counts = activation_bytes(model)
-            uncalled = _Ancestors(self.trace, "owner").uncalled(self._names)
-            self._stats = Statistics(counts, {"forward": counts}, activation_dtypes(model), {}, uncalled)
+            self._stats = activation_statistics(self._session.memory_model())
         return self._stats

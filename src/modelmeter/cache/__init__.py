@@ -16,11 +16,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
-
+from ..engine.serialize import FORMAT_VERSION, trace_from_dict, trace_to_dict
+from ..engine.spec import RunSpec
 from ..engine.trace import Trace
 from .fingerprint import Uncacheable, cache_key, trace_key, watch_code
-from .serialize import FORMAT_VERSION, trace_from_dict, trace_to_dict
 from .store import DEFAULT_SIZE_LIMIT, SIZE_ENV, TraceCache, parse_size
 
 __all__ = [
@@ -54,10 +53,8 @@ def clear_cache(cache_dir: CacheDir = None) -> int:
     return TraceCache(cache_dir).clear()
 
 
-def cached_trace(cache: TraceCache, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 execution: str, record: Callable[[], Trace], *, backward: bool = False,
-                 loss_fn: Callable[[Any], Any] | None = None) -> tuple[Trace, bool]:
-    """The trace of ``model(*args, **kwargs)`` from ``cache``, else ``record()`` (then stored); and whether it hit.
+def cached_trace(cache: TraceCache, spec: RunSpec, record: Callable[[], Trace]) -> tuple[Trace, bool]:
+    """The trace of the run ``spec`` describes from ``cache``, else ``record()`` (then stored); and whether it hit.
 
     Never fails because of the cache: a model or inputs that cannot be fingerprinted, or a trace that cannot
     be stored, are recorded as without a cache (with a WARNING). Nothing is cached where the key cannot be
@@ -66,7 +63,7 @@ def cached_trace(cache: TraceCache, model: nn.Module, args: tuple[Any, ...], kwa
     does not cover may have steered it).
     """
     try:
-        key = cache_key(model, args, kwargs, execution, backward=backward, loss_fn=loss_fn)
+        key = cache_key(spec)
     except Uncacheable as exc:
         logger.info("Not caching the trace: %s.", exc)
         return record(), False
@@ -84,7 +81,7 @@ def cached_trace(cache: TraceCache, model: nn.Module, args: tuple[Any, ...], kwa
         return trace
 
     def storable(trace: Trace) -> bool:
-        if execution == "auto" and trace.execution != "fake":
+        if spec.execution == "auto" and trace.execution != "fake":
             logger.info("Not caching the trace: the fake run fell back to real kernels, whose run may depend on "
                         "values the cache key does not cover.")
             return False

@@ -65,7 +65,8 @@ from .._torch_compat import (
     parameters_of,
 )
 from ..engine.naming import named_modules_with_dup
-from .serialize import FORMAT_VERSION, schema_signature
+from ..engine.serialize import FORMAT_VERSION, schema_signature
+from ..engine.spec import RunSpec
 
 KEY_VERSION = 2
 
@@ -636,20 +637,20 @@ class Key:
                       for code, user in executed.items() if user and code not in self.code)
 
 
-def cache_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str, *,
-              backward: bool = False, loss_fn: Any = None) -> Key:
-    """The cache key of running ``model(*args, **kwargs)`` with ``execution`` (and a backward pass of
-    ``loss_fn``, when ``backward``), with the code it covers; :class:`Uncacheable` when it cannot be sure.
+def cache_key(spec: RunSpec) -> Key:
+    """The cache key of running ``spec`` — ``model(*args, **kwargs)`` with ``execution`` (and a backward pass of
+    ``loss_fn``, when ``backward``) — with the code it covers; :class:`Uncacheable` when it cannot be sure.
 
     For ``execution="real"`` the values of every tensor (parameters, buffers, tensor attributes, inputs)
     are hashed as well, since real kernels may depend on them.
     """
+    execution = spec.execution
     fp = _Fingerprint()
-    fp.model(model)
-    fp.add("inputs", fp.value((args, kwargs)))
+    fp.model(spec.model)
+    fp.add("inputs", fp.value((spec.args, spec.kwargs)))
     fp.add("run", _run_options(execution))
-    if backward:
-        fp.add("backward", None if loss_fn is None else fp.value(loss_fn))
+    if spec.backward:
+        fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
     fp.user_modules()
     constants = list(fp.constant_tensors.values())
     constant_values = _bytes_digest(constants)
@@ -666,12 +667,11 @@ def cache_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], e
     return Key(fp.hexdigest(), _with_nested(fp.code))
 
 
-def trace_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], execution: str, *,
-              backward: bool = False, loss_fn: Any = None) -> str | None:
+def trace_key(spec: RunSpec) -> str | None:
     """The cache key (64 hex digits) of :func:`cache_key`; ``None`` when the run cannot be keyed (the reason
     is logged)."""
     try:
-        return cache_key(model, args, kwargs, execution, backward=backward, loss_fn=loss_fn).digest
+        return cache_key(spec).digest
     except Uncacheable as exc:
         logger.info("Not caching: %s.", exc)
         return None

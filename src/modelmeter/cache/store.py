@@ -28,9 +28,9 @@ from typing import Any
 
 from .. import _version
 from ..engine.gc_pause import no_gc
+from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, parse, trace_from_parsed, trace_to_dict
 from ..engine.trace import Trace
 from ..io.atomic import atomic_write, owner_gone
-from .serialize import MAX_ENTRY_BYTES, gunzip, parse, trace_from_parsed, trace_to_dict
 
 try:
     import fcntl

@@ -8,6 +8,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING
 
+from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from .errors import MAX_TENSOR_BYTES
 from .output import UsageParser
 
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("table", "markdown", "json", "csv", "tree")  # modelmeter.reports.FORMATS
-CONVENTIONS = ("fvcore", "macs", "flops")  # modelmeter.CONVENTIONS
-ATTENTION_KERNELS = ("fused", "math")  # modelmeter.handles.attention.ATTENTION_KERNELS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")  # modelmeter.OPTIMIZERS
 SWEEP_AXES = {"resolution": "resolution", "batch": "batch", "seq-len": "seq_len", "seq_len": "seq_len"}
 # --input's dtype names -> torch's

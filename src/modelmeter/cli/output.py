@@ -127,12 +127,13 @@ def read_result(path: str, option: str) -> Result:
         raise ModelSpecError(f"{option} {path}: not a saved analysis (--format json): {one_line(exc)}") from None
 
 
-def write_html_report(path: str, result: Result, other: Result | None) -> None:
-    """The HTML report of ``result`` (compared with ``other``) written to ``path``, with a line on stderr."""
+def write_html_report(path: str, result: Result, other: Result | None, torch_version: str | None = None) -> None:
+    """The HTML report of ``result`` (compared with ``other``; recorded by ``torch_version``, by default this
+    process's torch) written to ``path``, with a line on stderr."""
     from ..reports.html import write_html
 
     try:
-        write_html(result, path, compare=other)
+        write_html(result, path, compare=other, torch_version=torch_version)
     except OSError as exc:
         raise ModelSpecError(f"cannot write --html {path}: {exc.strerror or exc}") from None
     print(f"modelmeter: wrote {path}", file=sys.stderr)

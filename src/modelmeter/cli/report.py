@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         text = f"{_header(saved, result, os.path.basename(args.trace))}\n{text}"
     emit(text, args.output)
     if args.html:
-        write_html_report(args.html, result, other)
+        write_html_report(args.html, result, other, saved.trace.versions.get("torch", "unknown"))
     return 0
 
 

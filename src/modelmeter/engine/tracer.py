@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,19 +40,15 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .snapshot import Held as _Held
 from .snapshot import ModelSnapshot
+from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows
 
-Execution = Literal["auto", "fake", "real"]
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
 
-LossFn = Callable[[Any], torch.Tensor]
-
-
-def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
-                 execution: Execution = "auto", *, backward: bool = False, loss_fn: LossFn | None = None) -> Trace:
-    """Run ``model(*args, **kwargs)`` once and record every operator call.
+def record_trace(spec: RunSpec) -> Trace:
+    """Run ``spec.model(*spec.args, **spec.kwargs)`` once and record every operator call.
 
     ``execution``: ``"fake"`` (no kernels: meta stand-ins or FakeTensors), ``"real"`` (real kernels on the given
     tensors) or ``"auto"`` (fake, falling back to real when the model needs values).
@@ -65,10 +61,11 @@ def record_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     runs on meta stand-ins first. The garbage collector is paused during the run: storages are freed by
     reference counts alone, where the model's code drops them.
     """
-    if execution not in ("auto", "fake", "real"):
-        raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {execution!r}")
+    if spec.execution not in ("auto", "fake", "real"):
+        raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     with no_gc():
-        return _record(model, args, kwargs, names, execution, backward, loss_fn)
+        return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
+                       spec.loss_fn)
 
 
 def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,

@@ -20,6 +20,7 @@ from typing import Any
 
 from .base import CountInside, Handle, backward_key, get_shape, prod, shape_of
 from .binding import Formula, bind_all, by_name
+from .catalog import ATTENTION_KERNELS
 
 # ``flops`` convention, per attended pair, besides the products: forward scale, row max, subtract, exp,
 # row sum, normalise (6); backward dS = P·(dP - D) with its scale (3), and a fused kernel's recomputation of P
@@ -30,7 +31,6 @@ FORWARD_PAIR_FLOPS = 6
 BACKWARD_PAIR_FLOPS = 3
 RECOMPUTE_PAIR_FLOPS = 3
 BACKWARD_OUTPUT_FLOPS = 2
-ATTENTION_KERNELS = ("fused", "math")
 # fused encoder layer (``flops``), as the unfused layer counts: an affine layer norm costs 7 per element and 4
 # per row (:mod:`.norms`), the MLP activation and each residual add 1 per element (:mod:`.elementwise`)
 LAYER_NORM_ELEMENT_FLOPS, LAYER_NORM_ROW_FLOPS = 7, 4

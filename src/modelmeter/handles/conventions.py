@@ -20,20 +20,11 @@ from typing import Any
 from . import attention, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
 from .binding import Formula
+from .catalog import CONVENTIONS, DESCRIPTIONS
 from .elementwise import elementwise_flops
 from .fvcore import FLOP_HANDLES
 
 HandleTable = Mapping[str, "Handle | CountInside | None"]
-
-CONVENTIONS = ("fvcore", "macs", "flops")
-
-_DESCRIPTIONS = {
-    "fvcore": "one fused multiply-add = 1 flop; fvcore's per-element estimates for norms, adaptive average "
-              "pooling and upsampling; everything else free",
-    "macs": "multiply-adds of matrix products, convolutions and attention only",
-    "flops": "real floating-point operations: a multiply-add = 2 flops, plus the documented per-element costs "
-             "of element-wise operators, norms, softmax, pooling, reductions and bias adds",
-}
 
 # Formulas added with register_handle: operator -> {convention or None (all) -> entry}, latest last.
 _REGISTERED: dict[str, dict[str | None, Handle | CountInside | None]] = {}
@@ -53,12 +44,6 @@ class Convention:
     elementwise: Handle | None = None
 
 
-def describe_convention(name: str) -> str:
-    """What convention ``name`` counts, in one line (without building its table)."""
-    _check_convention(name)
-    return _DESCRIPTIONS[name]
-
-
 def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
                    attention_kernel: str = "fused") -> Convention:
     """The convention called ``name``; ``dense_attention=True`` counts masked attention as if dense;
@@ -76,7 +61,7 @@ def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
             table[op] = entries[None]
         if name in entries:
             table[op] = entries[name]
-    return Convention(name, _DESCRIPTIONS[name], table, elementwise_flops if name == "flops" else None)
+    return Convention(name, DESCRIPTIONS[name], table, elementwise_flops if name == "flops" else None)
 
 
 def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None, *,

@@ -12,7 +12,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..engine.naming import ModuleNames
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles.base import CountInside, Handle, backward_key
 from ..handles.classify import BRIDGE_OPS, Classifier
@@ -35,7 +34,7 @@ class Statistics:
     uncalled: set[str]
 
 
-def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
+def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
           user: HandleTable | None = None, elementwise: Handle | None = None,
           phases: Collection[str] = PHASES) -> Statistics:
     """Apply ``handles`` (a convention's table) and ``user`` (the handles set on the analysis, which win) to the
@@ -67,7 +66,7 @@ def count(trace: Trace, names: ModuleNames, handles: HandleTable, ancestor_mode:
         if trace.events[root].phase in visitor.tally.by_phase:
             visitor.visit(root, None, None, _OPEN)
     return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
-                      visitor.ancestors.uncalled(names))
+                      visitor.ancestors.uncalled())
 
 
 # Where user handles apply: everywhere; only they (inside a Python-level call the table ignores); not at all
@@ -85,7 +84,7 @@ class _Visitor:
         self.handles, self.user, self.elementwise = handles, user, elementwise
         self.tally = _Tally({p: {} for p in phases})
         self.unsupported: dict[str, Counter[str]] = {}
-        self.ancestors = _Ancestors(trace, ancestor_mode)
+        self.ancestors = Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
         self.classify = Classifier(trace.op_tags)  # torch's facts about the operators, as the run recorded them
 
@@ -286,8 +285,9 @@ def _check_number(op: str, value: Any) -> None:
                          "must return an int or float (64-bit), or a Counter of them")
 
 
-class _Ancestors:
-    """Which modules an event counts toward, per scope (cached: scopes repeat)."""
+class Ancestors:
+    """Which modules an event counts toward, per scope (cached: scopes repeat): in ``"owner"`` mode the module
+    that owns it and its parents by name, in ``"caller"`` mode every module whose call is on the stack."""
 
     def __init__(self, trace: Trace, mode: AncestorMode) -> None:
         self.trace = trace
@@ -302,12 +302,14 @@ class _Ancestors:
             self.cache[scope] = found
         return found
 
-    def uncalled(self, names: ModuleNames) -> set[str]:
+    def uncalled(self) -> set[str]:
+        """Canonical names of the modules that never ran (in ``"owner"`` mode: neither directly nor through a
+        child)."""
         seen = set(self.trace.called)
         if self.mode == "owner":
             for name in self.trace.called:
                 seen.update(_prefixes(name))
-        return set(names.canonical) - seen
+        return set(self.trace.module_table().canonical) - seen
 
 
 def _prefixes(name: str) -> frozenset[str]:

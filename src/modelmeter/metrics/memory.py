@@ -13,9 +13,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from ..engine.naming import ModuleNames
 from ..engine.trace import Storage, Trace
-from .counting import _Ancestors
+from .counting import Ancestors, Statistics
 
 OPTIMIZER_PHASE = "optimizer"
 
@@ -132,9 +131,8 @@ def optimizer_bytes(trace: Trace, spec: OptimizerSpec) -> tuple[int, int]:
 class MemoryModel:
     """Live bytes of one trace, event by event, with module and operator names resolved once."""
 
-    def __init__(self, trace: Trace, names: ModuleNames) -> None:
+    def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self.names = names
         events = trace.events
         allocated = [0] * (len(events) + 1)
         self.resident = 0
@@ -151,7 +149,7 @@ class MemoryModel:
             live.append(running)
         self.live = live  # bytes live during each event
         self.at_end = running + allocated[-1]  # after the last event: outputs, gradients, the model's state
-        self._ancestors = _Ancestors(trace, "owner")
+        self._ancestors = Ancestors(trace, "owner")
 
     def module(self, event: int) -> str:
         stack = self.trace.scopes[self.trace.events[event].scope]
@@ -278,3 +276,11 @@ def saved_bytes(model: MemoryModel) -> dict[str, Counter[str]]:
             for module in model.modules_of(s.saved_scope):
                 out.setdefault(module, Counter())[op] += s.nbytes
     return out
+
+
+def activation_statistics(model: MemoryModel) -> Statistics:
+    """Activation bytes as a counted metric (forward pass only): by module and operator, by dtype, and the modules
+    that never ran (neither directly nor through a child)."""
+    counts = activation_bytes(model)
+    uncalled = Ancestors(model.trace, "owner").uncalled()
+    return Statistics(counts, {"forward": counts}, activation_dtypes(model), {}, uncalled)

@@ -1,51 +1,36 @@
-"""Parameter counts by module: every dotted prefix of every parameter name, shared parameters once."""
+"""Parameter counts by module, from the trace's module table: every dotted prefix of every parameter name, shared
+parameters once."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
 
-from torch import nn
-
-from .._torch_compat import parameters_of
-from ..engine.naming import ModuleNames
+from ..engine.trace import ModuleInfo
 
 
-def parameter_count(model: nn.Module) -> defaultdict[str, int]:
-    """Number of parameter elements under every name prefix; ``""`` is the whole model.
-
-    A parameter shared by several modules counts once, under its first name (as fvcore does).
-    Works on the meta device: only shapes are read.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return count_by_prefix(ModuleNames(model).modules.items())
-
-
-def count_by_prefix(modules: Iterable[tuple[str, nn.Module]]) -> defaultdict[str, int]:
-    """:func:`parameter_count` over ``(canonical name, module)`` pairs in ``named_modules()`` order (what
-    :class:`ModuleNames` holds): each parameter added to ``""``, every prefix of its module and its own name,
-    once, in ``named_parameters()`` order."""
+def count_by_prefix(modules: Iterable[ModuleInfo]) -> defaultdict[str, int]:
+    """Number of parameter elements under every name prefix (``""`` is the whole model), over the module table
+    (``Trace.modules``, in ``named_modules()`` order, each parameter under its first owner only): each parameter
+    added to ``""``, every prefix of its module and its own name, in ``named_parameters()`` order."""
     counts: defaultdict[str, int] = defaultdict(int)
-    seen: set[int] = set()
     chains: dict[str, tuple[str, ...]] = {"": ("",)}
-    for prefix, module in modules:
-        own_parameters = parameters_of(module)
-        if not own_parameters:
+    for module in modules:
+        if not module.parameters:
             continue
-        own, total = [], 0
-        for name, param in own_parameters.items():
-            if param is not None and id(param) not in seen:
-                seen.add(id(param))
-                size = param.numel()
-                own.append((name, size))
-                total += size
-        if own:  # the prefixes first (in one go), then the parameters' own names: named_parameters()'s key order
-            for key in _chain(prefix, chains):
-                counts[key] += total
-            for name, size in own:
-                counts[f"{prefix}.{name}" if prefix else name] += size
+        own = [(param.name, param.numel()) for param in module.parameters]
+        total = sum(size for _, size in own)
+        for key in _chain(module.name, chains):  # the prefixes first (in one go), then the parameters' own names
+            counts[key] += total
+        for name, size in own:
+            counts[f"{module.name}.{name}" if module.name else name] += size
     return counts
+
+
+def parameter_shapes(modules: Iterable[ModuleInfo]) -> dict[str, tuple[int, ...]]:
+    """Full parameter name -> shape, in ``named_parameters()`` order (shared parameters under their first name)."""
+    return {f"{module.name}.{param.name}" if module.name else param.name: param.shape
+            for module in modules for param in module.parameters}
 
 
 def _chain(name: str, chains: dict[str, tuple[str, ...]]) -> tuple[str, ...]:

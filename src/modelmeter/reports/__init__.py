@@ -1,19 +1,18 @@
-"""Reports: the structured :class:`Result`, its renderers, and fvcore's printed tables."""
+"""Reports: the structured :class:`Result` and its renderers (tables, CSV, JSON, HTML, fvcore's printed tables).
 
-from .fvcore_tables import flop_count_str, flop_count_table, format_size, parameter_count_table
+Renderers take a Result or plain data only; they never run or read an analysis.
+"""
+
+from .fvcore_tables import format_size
 from .html import render_html, write_html
 from .render import FORMATS, render
-from .result import ModuleRow, Result, build_result
+from .result import ModuleRow, Result
 
 __all__ = [
     "FORMATS",
     "ModuleRow",
     "Result",
-    "build_result",
-    "flop_count_str",
-    "flop_count_table",
     "format_size",
-    "parameter_count_table",
     "render",
     "render_html",
     "write_html",

@@ -1,23 +1,19 @@
-"""fvcore's printed reports: ``flop_count_table``, ``flop_count_str`` and ``parameter_count_table``.
+"""The renderers of fvcore's printed reports (``flop_count_table``, ``flop_count_str``, ``parameter_count_table``)
+over plain data: per-module numbers and the trace's module table, never an analysis or a model (the public
+functions, in ``modelmeter.fvcore_api``, collect the data and call these).
 
 The output matches fvcore character for character, as fvcore printed it with tabulate 0.9 (indentation
 kept). The pipe table is rendered here, so tabulate (whose 0.10 release drops fvcore's indentation) is
-not needed. Unlike fvcore, the analyses passed in keep their warning settings: the reports read quiet
-copies that share the recorded trace.
+not needed.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from torch import nn
-
-from .._torch_compat import children_of, class_name
-from ..analysis import ModelAnalysis
-from ..metrics.parameters import parameter_count
+from ..engine.trace import ModuleInfo
 
 Align = Literal["left", "right"]
 
@@ -184,47 +180,6 @@ def _drop_zero_rows(stats: Stats, keep: set[str], keep_parents: bool) -> Stats:
     return {name: row for name, row in stats.items() if name in kept}
 
 
-def _quiet(analysis: ModelAnalysis) -> ModelAnalysis:
-    """A copy of ``analysis`` that logs nothing, sharing its trace (recorded now, model warnings hidden).
-
-    The analysis itself keeps its settings; only its trace cache gets filled.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _ = analysis.trace  # records the run once, on the analysis itself
-    return analysis.copy().unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
-    return isinstance(a, (bool, int, float, complex, str, type(None))) and bool(a == b)
-
-
-def _share_trace(flops: ModelAnalysis, other: ModelAnalysis) -> None:
-    """Let ``other`` reuse the run of ``flops`` when it has not run yet and analyses the same call."""
-    if other._trace is not None or other is flops:
-        return
-    same_call = (other.model is flops.model and other._execution == flops._execution
-                 and _same_value((other._args, other._kwargs), (flops._args, flops._kwargs)))
-    if same_call:
-        other._trace = flops.trace
-
-
-def _views(flops: ModelAnalysis, activations: ModelAnalysis | None) -> tuple[ModelAnalysis, ModelAnalysis | None]:
-    flop_view = _quiet(flops)
-    if activations is None:
-        return flop_view, None
-    _share_trace(flops, activations)
-    return flop_view, _quiet(activations)
-
-
 def _stats_table(stats: dict[str, dict[str, str]], max_depth: int, columns: Sequence[str]) -> str:
     """fvcore's statistics table: single-child chains with compatible values merged into one row."""
     kids = _children(stats)
@@ -265,81 +220,69 @@ def _stats_table(stats: dict[str, dict[str, str]], max_depth: int, columns: Sequ
     return pipe_table(["module", *columns], table)
 
 
-# public ----------------------------------------------------------------------------------------
-def flop_count_table(flops: ModelAnalysis, max_depth: int = 3, activations: ModelAnalysis | None = None,
-                     show_param_shapes: bool = True) -> str:
-    """Parameters and flops (and activations) per module as fvcore's markdown table.
+# renderers ---------------------------------------------------------------------------------------
+def flop_count_table_text(params: Mapping[str, int], shapes: Mapping[str, tuple[int, ...]],
+                          counts: Mapping[str, Mapping[str, Any]], uncalled: Mapping[str, set[str]],
+                          max_depth: int = 3, show_param_shapes: bool = True) -> str:
+    """fvcore's ``flop_count_table``: ``params`` (parameter elements by name prefix) and ``counts`` (column ->
+    count by canonical module name, e.g. ``{"#flops": ...}``) per module; ``shapes`` (parameter name -> shape)
+    as rows when ``show_param_shapes``; ``uncalled`` (column -> modules never called) left blank.
 
-    Rows to ``max_depth`` levels; all-zero modules dropped; a chain of single children with equal
-    values shown as one row named by the deepest module; parameter shapes as rows when
-    ``show_param_shapes``. An ``activations`` analysis that has not run yet reuses the flops run.
+    Rows to ``max_depth`` levels; all-zero modules dropped; a chain of single children with equal values shown
+    as one row named by the deepest module.
     """
     params_header = "#parameters or shape" if show_param_shapes else "#parameters"
-    model = flops.model
-    flop_view, act_view = _views(flops, activations)
-    columns: dict[str, Mapping[str, Any]] = {params_header: parameter_count(model), "#flops": flop_view.by_module()}
-    uncalled = {"#flops": flop_view.uncalled_modules()}
-    if act_view is not None:
-        columns["#activations"] = act_view.by_module()
-        uncalled["#activations"] = act_view.uncalled_modules()
-
+    columns: dict[str, Mapping[str, Any]] = {params_header: params, **counts}
     numbers = _drop_zero_rows(_group_by_module(columns), keep={""}, keep_parents=True)
     stats = {name: {c: format_size(v) for c, v in row.items()} for name, row in numbers.items()}
     for column, names in uncalled.items():
         for name in names & stats.keys():
             stats[name][column] = ""
-    for name, param in model.named_parameters():
+    for name, shape in shapes.items():
         if name in stats:
             if show_param_shapes:
-                stats[name][params_header] = str(tuple(param.shape))
+                stats[name][params_header] = str(shape)
             else:
                 del stats[name]
     return _stats_table(stats, max_depth, list(columns))
 
 
-def flop_count_str(flops: ModelAnalysis, activations: ModelAnalysis | None = None) -> str:
-    """``repr(model)`` with ``#params``, ``#flops`` (and ``#acts``) added to every module, as fvcore prints it.
-
-    Modules whose values are all zero get no line; uncalled modules show ``N/A``, with a note on top.
-    """
-    model = flops.model
-    flop_view, act_view = _views(flops, activations)
-    columns: dict[str, dict[str, Any]] = {"#params": dict(parameter_count(model)),
-                                          "#flops": dict(flop_view.by_module())}
-    uncalled = {"#flops": flop_view.uncalled_modules()}
-    if act_view is not None:
-        columns["#acts"] = dict(act_view.by_module())
-        uncalled["#acts"] = act_view.uncalled_modules()
+def flop_count_str_text(modules: Sequence[ModuleInfo], columns: Mapping[str, Mapping[str, Any]],
+                        uncalled: Mapping[str, set[str]]) -> str:
+    """fvcore's ``flop_count_str``: ``repr(model)``, rebuilt from the module table (``Trace.modules``: labels,
+    ``extra_repr`` and child slots), with ``columns`` (e.g. ``{"#params": ..., "#flops": ...}``, by canonical
+    module name) added to every module. Modules whose values are all zero get no line; ``uncalled`` (column ->
+    modules never called) show ``N/A``, with a note on top."""
+    table = {info.name: info for info in modules}
+    values = {column: {name: numbers.get(name, 0) for name in (*numbers, *table)}
+              for column, numbers in columns.items()}
     all_uncalled = set().union(*uncalled.values())
-
-    for name, _ in model.named_modules():
-        for values in columns.values():
-            values.setdefault(name, 0)
     # fvcore keeps the root only when no module is uncalled (its force-keep set replaces the root)
-    numbers = _drop_zero_rows(_group_by_module(columns), keep=all_uncalled or {""}, keep_parents=False)
+    numbers = _drop_zero_rows(_group_by_module(values), keep=all_uncalled or {""}, keep_parents=False)
     stats = {name: {c: format_size(v, sig_figs=2) for c, v in row.items()} for name, row in numbers.items()}
     for column, names in uncalled.items():
         for name in names:
             stats.setdefault(name, {})[column] = "N/A"
 
-    def block(module: nn.Module | None, name: str) -> str:
-        if module is None:
+    def block(info: ModuleInfo | None, path: str) -> str:
+        """One module's repr; ``path`` is how it was reached (a shared module's second path has no numbers)."""
+        if info is None:
             return "None"
-        extra = module.extra_repr()
-        lines = extra.split("\n") if extra else []
-        if stats.get(name):
-            lines.append(", ".join(f"{k}: {v}" for k, v in stats[name].items()))
-        children = [(key, block(child, f"{name}.{key}" if name else key)) for key, child in children_of(module).items()]
-        return annotated_repr(class_name(module), lines, children)
+        lines = info.extra_repr.split("\n") if info.extra_repr else []
+        if stats.get(path):
+            lines.append(", ".join(f"{k}: {v}" for k, v in stats[path].items()))
+        children = [(key, block(None if child is None else table[child], f"{path}.{key}" if path else key))
+                    for key, child in info.children]
+        return annotated_repr(info.label, lines, children)
 
-    text = block(model, "")
+    text = block(modules[0], "")
     return f"{UNCALLED_NOTE}\n{text}" if all_uncalled else text
 
 
-def parameter_count_table(model: nn.Module, max_depth: int = 3) -> str:
-    """Parameters per module (and parameter shapes) to ``max_depth`` levels, as fvcore's markdown table."""
-    counts = parameter_count(model)
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+def parameter_count_table_text(counts: Mapping[str, int], shapes: Mapping[str, tuple[int, ...]],
+                               max_depth: int = 3) -> str:
+    """fvcore's ``parameter_count_table``: ``counts`` (parameter elements by name prefix) per module and
+    ``shapes`` (parameter name -> shape) to ``max_depth`` levels."""
     kids = _children(counts)
     table = [["model", _format_param_size(counts.get("", 0))]]
 
@@ -356,4 +299,3 @@ def parameter_count_table(model: nn.Module, max_depth: int = 3) -> str:
 
     fill("", 0)
     return pipe_table(["name", "#elements or shape"], table)
-

@@ -14,8 +14,6 @@ import json
 import os
 from typing import Any
 
-import torch
-
 from .. import _version
 from ..io.atomic import atomic_write
 from .render import convention_note, memory_note
@@ -80,14 +78,15 @@ def _operators(result: Result, compare: Result | None) -> list[list[Any]]:
     return rows
 
 
-def html_data(result: Result, compare: Result | None = None) -> dict[str, Any]:
+def html_data(result: Result, compare: Result | None = None, torch_version: str | None = None) -> dict[str, Any]:
     """The JSON the page reads: the header, one compact row per module, operator totals, notes, deltas.
 
     ``modules`` rows are ``[name, type, called, params, value per metric]``; with ``compare``, modules only it
     has follow (zero values, ``status`` ``"-"``; ``"+"`` marks modules only ``result`` has) and ``deltas`` holds
     ``[params delta, delta per metric]`` per row. ``byte_metrics`` are shown in binary units, ``chart_metrics``
     (params and the additive metrics) can size the chart, ``operators`` rows hold the ``operator_metrics``;
-    ``memory`` is the peak's summary line (or None).
+    ``memory`` is the peak's summary line (or None). ``torch_version``: the torch that recorded the run (a saved
+    trace's), by default this process's.
     """
     rows: list[list[Any]] = [
         [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
@@ -98,7 +97,7 @@ def html_data(result: Result, compare: Result | None = None) -> dict[str, Any]:
         "convention": convention_note(result.convention),
         "execution": result.execution,
         "version": _version.__version__,
-        "torch": torch.__version__,
+        "torch": _this_torch() if torch_version is None else torch_version,
         "metrics": result.metrics,
         "byte_metrics": [metric for metric in result.metrics if metric in BYTE_METRICS],
         "chart_metrics": ["params", *(metric for metric in result.metrics if metric not in NOT_ADDITIVE)],
@@ -133,18 +132,26 @@ def _json_for_script(data: dict[str, Any]) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render_html(result: Result, *, compare: Result | None = None) -> str:
-    """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string."""
+def _this_torch() -> str:
+    import torch  # here: a report of a saved trace names the torch that recorded it and needs none
+
+    return str(torch.__version__)
+
+
+def render_html(result: Result, *, compare: Result | None = None, torch_version: str | None = None) -> str:
+    """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string;
+    ``torch_version`` as for :func:`html_data`."""
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
     return (_PAGE.replace("{{TITLE}}", html.escape(title))
             .replace("{{STYLE}}", _STYLE)
             .replace("{{SCRIPT}}", _SCRIPT)
-            .replace("{{DATA}}", _json_for_script(html_data(result, compare))))
+            .replace("{{DATA}}", _json_for_script(html_data(result, compare, torch_version))))
 
 
-def write_html(result: Result, path: str | os.PathLike[str], *, compare: Result | None = None) -> None:
+def write_html(result: Result, path: str | os.PathLike[str], *, compare: Result | None = None,
+               torch_version: str | None = None) -> None:
     """Write :func:`render_html`'s page to ``path`` atomically (a reader never sees half a file)."""
-    page = render_html(result, compare=compare).encode("utf-8")
+    page = render_html(result, compare=compare, torch_version=torch_version).encode("utf-8")
     atomic_write(os.fspath(path), lambda f: f.write(page))
 
 

@@ -7,7 +7,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from ..handles.conventions import CONVENTIONS, describe_convention
+from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
 from .format import aligned_table, format_bytes
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from .result import BYTE_METRICS, ModuleRow, Result
@@ -33,7 +33,7 @@ def render(result: Result, fmt: str = "table", depth: int = 3) -> str:
 
 def convention_note(name: str) -> str:
     """``"macs (multiply-adds of ...)"``: a convention's name with what it counts."""
-    return f"{name} ({describe_convention(name)})" if name in CONVENTIONS else name
+    return f"{name} ({DESCRIPTIONS[name]})" if name in CONVENTIONS else name
 
 
 def format_metric(metric: str, value: float) -> str:

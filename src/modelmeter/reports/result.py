@@ -1,25 +1,15 @@
 """The structured result every renderer reads: module tree x metrics x operators, with totals.
 
-Built from analyses that share one trace; plain data, so it serialises to JSON (a documented,
-versioned schema, see docs/reports.md) and back without a model.
+Built by the session layer from a trace (``modelmeter.session.result_from_trace``, ``Analysis.result()``);
+plain data, so it serialises to JSON (a documented, versioned schema, see docs/reports.md) and back without a
+model.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from torch import nn
-
-from ..analysis import ModelAnalysis
-from ..engine.gc_pause import no_gc
-from ..metrics.parameters import count_by_prefix
-
-if TYPE_CHECKING:
-    from ..memory import MemoryAnalysis
+from typing import Any
 
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
@@ -115,71 +105,3 @@ class Result:
     @classmethod
     def from_json(cls, text: str) -> Result:
         return cls.from_dict(json.loads(text))
-
-
-def build_result(model: nn.Module, analyses: dict[str, ModelAnalysis], *, name: str | None = None,
-                 memory: MemoryAnalysis | None = None) -> Result:
-    """Collect ``analyses`` (metric name -> analysis of ``model``, ideally sharing one trace) into a Result.
-
-    Rows follow the model's module order (canonical names only); parameters come from
-    ``parameter_count``, so shared parameters count once. ``memory`` adds the saved-for-backward bytes and
-    module peaks of a :class:`~modelmeter.MemoryAnalysis` and its summary.
-    """
-    if not analyses:
-        raise ValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
-    with no_gc():
-        return _build(model, analyses, name, memory)
-
-
-def _build(model: nn.Module, analyses: dict[str, ModelAnalysis], name: str | None,
-           memory: MemoryAnalysis | None) -> Result:
-    first = next(iter(analyses.values()))
-    names = first._names
-    params = count_by_prefix(names.modules.items())  # parameter_count(model), from the names already walked
-    per_metric: dict[str, Mapping[str, Mapping[str, Any]]] = {}
-    for metric, analysis in analyses.items():  # after a backward pass, each metric is followed by its phases
-        stats = analysis._analyze()  # the analysis's own tables, read here without copies
-        per_metric[metric] = stats.counts
-        phases = analysis.phases()
-        if len(phases) > 1:
-            for phase in phases:
-                per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
-    peaks: Counter[str] = Counter()
-    if memory is not None:
-        if memory.training:
-            per_metric["saved_bytes"] = memory.saved_by_module_and_operator()
-        peaks = memory.module_peaks()
-    metrics = list(per_metric) + (["peak_memory"] if memory is not None else [])
-    uncalled = first.uncalled_modules()
-    empty: dict[str, Any] = {}
-    rows = []
-    for module_name, module in names.modules.items():
-        by_operator = {metric: dict(table.get(module_name, empty)) for metric, table in per_metric.items()}
-        values = {metric: sum(ops.values()) for metric, ops in by_operator.items()}
-        if memory is not None:
-            values["peak_memory"] = peaks.get(module_name, 0)
-        rows.append(ModuleRow(module_name, type(module).__name__, params.get(module_name, 0), values, by_operator,
-                              module_name not in uncalled))
-    trace = first.trace
-    return Result(
-        model=name or type(model).__name__,
-        inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],
-        metrics=metrics,
-        modules=rows,
-        convention=str(getattr(first, "convention", "fvcore")),
-        execution=trace.execution,
-        unsupported=dict(first.unsupported_ops()),
-        assumptions=list(trace.assumptions),
-        dtypes={metric: dict(analysis.by_dtype()) for metric, analysis in analyses.items()},
-        memory=_memory_summary(memory) if memory is not None else {},
-    )
-
-
-def _memory_summary(memory: MemoryAnalysis) -> dict[str, Any]:
-    top = memory.peak_info()
-    spec = memory.optimizer
-    return {"peak": top.bytes, "phase": top.at.phase, "module": top.at.module, "operator": top.at.operator,
-            "by_kind": dict(top.by_kind), "training": memory.training,
-            "optimizer": None if spec is None else {"name": spec.name, "state_dtype": spec.state_dtype,
-                                                    "foreach": spec.foreach},
-            "saved_bytes": memory.saved_for_backward()}

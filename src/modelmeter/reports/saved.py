@@ -6,7 +6,7 @@ A file is gzipped UTF-8 JSON (schema in docs/reports.md, "Saved traces")::
      "saved_by": {"modelmeter": "0.1.0", "torch": "2.14.1"},
      "settings": {"name": ..., "convention": ..., ...},      # how the result was counted
      "result": {...},                                       # Result.to_dict() of those settings
-     "trace": {...}}                                        # the whole Trace (modelmeter.cache.serialize)
+     "trace": {...}}                                        # the whole Trace (modelmeter.engine.serialize)
 
 The trace is the record: every metric can be recounted from it, under any settings, without the model. The
 result is kept beside it so that reading a file as it was saved (``modelmeter report``, ``modelmeter diff``)
@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cache.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
 from ..engine.gc_pause import no_gc
+from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
 from ..engine.trace import Trace
 from ..errors import ModelMeterError
 from ..io.atomic import atomic_write

@@ -28,8 +28,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.gc_pause import no_gc
-from ..engine.trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
+from .gc_pause import no_gc
+from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
 FORMAT_VERSION = 2  # 2: the module table and the run's description (model, versions)

@@ -1,0 +1,54 @@
+"""The run spec: everything that decides what one recorded run of a model is, as one object passed whole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .inputs import Args, check_inputs, split_inputs
+
+Execution = Literal["auto", "fake", "real"]
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """``model(*args, **kwargs)`` run once with ``execution`` (``"auto"``, ``"fake"`` or ``"real"``), and its
+    backward pass of ``loss_fn(output)`` when ``backward`` (the default loss: the sum of the output's
+    floating-point tensors). ``inputs`` are the inputs as the user gave them (what :meth:`of` split into
+    ``args`` and ``kwargs``), kept so that an analysis can be copied with the same inputs.
+
+    The recorder (``record_trace``), the cache key (``trace_key``) and the trace cache (``cached_trace``) all
+    take the spec whole. Compared by identity: inputs hold tensors, whose ``==`` is element-wise.
+    """
+
+    model: nn.Module
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: Any = None
+    execution: Execution = "auto"
+    backward: bool = False
+    loss_fn: LossFn | None = None
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: Any, *, execution: Execution = "auto", backward: bool = False,
+           loss_fn: LossFn | None = None) -> RunSpec:
+        """The spec of running ``model`` on ``inputs`` (a tensor, a tuple of positional arguments, a dict of
+        keyword arguments or :class:`modelmeter.Args`), checked before anything runs: inputs that do not fit
+        ``model.forward``, numpy arrays, a ``loss_fn`` without ``backward`` are rejected with a clear error."""
+        args, kwargs = split_inputs(inputs)
+        check_inputs(model, args, kwargs)
+        if loss_fn is not None and not backward:
+            raise ValueError("loss_fn is only used for the backward pass: pass backward=True with it")
+        return cls(model, args, kwargs, inputs, execution, backward, loss_fn)
+
+    def with_call(self, model: nn.Module | None = None, inputs: Any = None) -> RunSpec:
+        """The same run of another model and/or other inputs (``None``: this spec's), checked as by :meth:`of`."""
+        if inputs is None:
+            inputs = self.inputs if self.inputs is not None else Args(*self.args, **self.kwargs)
+        return RunSpec.of(self.model if model is None else model, inputs, execution=self.execution,
+                          backward=self.backward, loss_fn=self.loss_fn)

@@ -1,0 +1,317 @@
+"""The session: one run spec, the trace recorded from it once (or read from the disk cache), and what is computed
+over that trace — and the :class:`~modelmeter.Result`, built from a trace alone.
+
+The analyses (``FlopCountAnalysis``, ``ActivationCountAnalysis``, ``MemoryAnalysis``) are views over a session:
+views that share a session share its one run. :func:`result_from_trace` needs no model at all: every column of
+a Result is a pure function of the trace and the settings (convention, optimizer), so a saved trace can be
+reported on in a process that never built the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from torch import nn
+
+from .cache import TraceCache, cached_trace
+from .engine.gc_pause import no_gc
+from .engine.spec import Execution, LossFn, RunSpec
+from .engine.trace import PHASES, Trace
+from .engine.tracer import record_trace
+from .handles.conventions import get_convention
+from .handles.fvcore import ACTIVATION_HANDLES
+from .metrics.counting import Statistics, count
+from .metrics.memory import (
+    MemoryModel,
+    OptimizerSpec,
+    activation_statistics,
+    module_peaks,
+    optimizer_spec,
+    peak,
+    saved_bytes,
+)
+from .metrics.parameters import count_by_prefix
+from .reports.result import ModuleRow, Result
+
+__all__ = ["Execution", "LossFn", "RunSpec", "Session", "result_from_trace"]
+
+logger = logging.getLogger("modelmeter")
+CacheSetting = bool | TraceCache | None
+TRACER_WARNING_MODES = ("all", "no_tracer_warning", "none")
+
+
+class Session:
+    """One run of a model: its :class:`RunSpec`, the trace recorded from it (once, on first use, or read from the
+    disk cache), and what is computed over that trace and shared by every view of it.
+
+    ``trace``: a trace recorded before (of the same model and inputs), used instead of running the model.
+    ``cache=True`` (or a ``cache_dir``, or a :class:`modelmeter.cache.TraceCache`) keeps the trace on disk,
+    keyed by a fingerprint of the spec (docs/caching.md).
+    """
+
+    def __init__(self, spec: RunSpec, *, trace: Trace | None = None, cache: CacheSetting = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.spec = spec
+        self._trace = trace
+        self._cache = cache
+        self._cache_dir = cache_dir
+        self._from_cache = False
+        self._tracer_warnings = "no_tracer_warning"
+        self._memory: MemoryModel | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The model of the run (``spec.model``)."""
+        return self.spec.model
+
+    @property
+    def trace(self) -> Trace:
+        """The recorded run (plain data), recorded on first use (or read from the cache, when enabled)."""
+        if self._trace is None:
+            with warnings.catch_warnings():
+                if self._tracer_warnings == "none":
+                    warnings.simplefilter("ignore")
+                self._trace = self._load_or_record()
+        return self._trace
+
+    @property
+    def recorded(self) -> bool:
+        """True once the session has its trace (recorded, read from the cache, or given)."""
+        return self._trace is not None
+
+    @property
+    def from_cache(self) -> bool:
+        """True when the trace was read from the persistent cache instead of running the model."""
+        return self._from_cache
+
+    @property
+    def tracer_warnings_mode(self) -> str:
+        """What happens to warnings the model raises while it runs (see :meth:`tracer_warnings`)."""
+        return self._tracer_warnings
+
+    def tracer_warnings(self, mode: str) -> Session:
+        """``"all"`` or ``"no_tracer_warning"`` keep warnings the model raises while it runs; ``"none"`` hides
+        them."""
+        if mode not in TRACER_WARNING_MODES:
+            raise ValueError(f"Unrecognized tracer warning mode {mode}.")
+        self._tracer_warnings = mode
+        return self
+
+    def with_spec(self, spec: RunSpec) -> Session:
+        """A new session of ``spec`` with this one's cache settings and tracer warning mode (nothing recorded)."""
+        other = Session(spec, cache=self._cache, cache_dir=self._cache_dir)
+        other._tracer_warnings = self._tracer_warnings
+        return other
+
+    def adopt(self, other: Session) -> bool:
+        """Take ``other``'s trace (recording it if needed) when this session has none yet and runs the same
+        call — the same model object, execution and equal inputs — so a second analysis of that call does not
+        run the model again. True when it did."""
+        if self._trace is not None or other is self:
+            return False
+        mine, theirs = self.spec, other.spec
+        same_call = (mine.model is theirs.model and mine.execution == theirs.execution
+                     and same_value((mine.args, mine.kwargs), (theirs.args, theirs.kwargs)))
+        if same_call:
+            self._trace = other.trace
+        return same_call
+
+    def memory_model(self) -> MemoryModel:
+        """Live bytes of the trace, event by event (made once per session)."""
+        trace = self.trace
+        if self._memory is None or self._memory.trace is not trace:
+            self._memory = MemoryModel(trace)
+        return self._memory
+
+    def parameters(self) -> defaultdict[str, int]:
+        """Parameter elements under every name prefix (``""`` is the total), from the trace's module table."""
+        return count_by_prefix(self.trace.modules)
+
+    def _load_or_record(self) -> Trace:
+        def record() -> Trace:
+            return record_trace(self.spec)
+
+        store = self._trace_cache()
+        if store is None:
+            return record()
+        trace, self._from_cache = cached_trace(store, self.spec, record)
+        return trace
+
+    def _trace_cache(self) -> TraceCache | None:
+        if isinstance(self._cache, TraceCache):
+            return self._cache
+        if self._cache is False or (self._cache is None and self._cache_dir is None):
+            return None
+        try:
+            return TraceCache(self._cache_dir)
+        except OSError as exc:
+            logger.warning("The trace cache is unavailable (%s); running the model without it.", exc)
+            return None
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are the same object, or equal plain values (numbers, strings, None) in equal
+    tuples, lists and dicts; tensors only when they are the same object."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return isinstance(a, (bool, int, float, complex, str, type(None))) and bool(a == b)
+
+
+# warnings ----------------------------------------------------------------------------------------
+def log_statistics(trace: Trace, stats: Statistics, *, unsupported: bool = True, uncalled: bool = True) -> None:
+    """Log (WARNING) the operators no handle counted and the modules with a ``forward`` that never ran."""
+    if unsupported:
+        for op, freq in stats.unsupported.get("", Counter()).items():
+            logger.warning("Unsupported operator %s encountered %d time(s)", op, freq)
+    if uncalled:
+        table = trace.module_table()
+        names = sorted(n for n in stats.uncalled if table[n].has_forward)
+        if names:
+            logger.warning(
+                "The following submodules of the model were never called during the trace of the graph. "
+                "They may be unused, or they were accessed by direct calls to .forward() or via other "
+                "python methods. In the latter case they will have zeros for statistics, though their "
+                "statistics will still contribute to their parent calling module.\n%s", ", ".join(names))
+
+
+# memory ------------------------------------------------------------------------------------------
+def memory_optimizer(training: bool, optimizer: str | OptimizerSpec | None, state_dtype: Any,
+                     foreach: bool | None) -> OptimizerSpec | None:
+    """The optimizer a memory analysis models, its options checked (``state_dtype`` may be a ``torch.dtype``)."""
+    if optimizer is not None and not training:
+        raise ValueError("optimizer is part of a training step: pass training=True with it")
+    if (state_dtype is not None or foreach is not None) and optimizer is None:
+        raise ValueError("state_dtype and foreach describe the optimizer: pass optimizer= with them")
+    if optimizer is None:
+        return None
+    return optimizer_spec(optimizer, state_dtype=None if state_dtype is None else str(state_dtype), foreach=foreach)
+
+
+@dataclass(frozen=True)
+class MemoryColumns:
+    """What the memory analysis adds to a Result: saved-for-backward bytes by module and operator, each module's
+    peak, and the summary (``Result.memory``)."""
+
+    training: bool
+    saved: Mapping[str, Mapping[str, int]]
+    peaks: Counter[str]
+    summary: dict[str, Any]
+
+
+def memory_columns(model: MemoryModel, spec: OptimizerSpec | None) -> MemoryColumns:
+    """The memory columns of a trace (a training step when it has a backward pass) with optimizer ``spec``."""
+    training = model.trace.backward
+    saved = saved_bytes(model)
+    top = peak(model, spec)
+    summary = {"peak": top.bytes, "phase": top.at.phase, "module": top.at.module, "operator": top.at.operator,
+               "by_kind": dict(top.by_kind), "training": training,
+               "optimizer": None if spec is None else {"name": spec.name, "state_dtype": spec.state_dtype,
+                                                       "foreach": spec.foreach},
+               "saved_bytes": sum(saved.get("", Counter()).values())}
+    return MemoryColumns(training, saved, module_peaks(model, spec), summary)
+
+
+# the result --------------------------------------------------------------------------------------
+class Counted(NamedTuple):
+    """One counted metric of a Result: its statistics and the phases it counts that the run has."""
+
+    stats: Statistics
+    phases: Sequence[str]
+
+
+def counted_phases(trace: Trace, counts: Sequence[str]) -> list[str]:
+    """The phases of ``counts`` (the phases a metric counts) that the run has events of, in run order."""
+    return [phase for phase in trace.phases() if phase in counts]
+
+
+def assemble_result(trace: Trace, metrics: Mapping[str, Counted], *, name: str | None = None,
+                    convention: str = "fvcore", memory: MemoryColumns | None = None) -> Result:
+    """The Result of ``metrics`` (metric name -> statistics over ``trace``; the first gives the unsupported
+    operators and the uncalled modules), with rows from the trace's module table and, with ``memory``, the
+    memory columns. A metric counted over several phases is followed by one column per phase."""
+    if not metrics:
+        raise ValueError("a result needs at least one metric, e.g. the flops")
+    with no_gc():
+        return _assemble(trace, metrics, name, convention, memory)
+
+
+def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, convention: str,
+              memory: MemoryColumns | None) -> Result:
+    per_metric: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+    for metric, (stats, phases) in metrics.items():  # after a backward pass, each metric is followed by its phases
+        per_metric[metric] = stats.counts
+        if len(phases) > 1:
+            for phase in phases:
+                per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
+    peaks: Counter[str] = Counter()
+    if memory is not None:
+        if memory.training:
+            per_metric["saved_bytes"] = memory.saved
+        peaks = memory.peaks
+    columns = list(per_metric) + (["peak_memory"] if memory is not None else [])
+    first = next(iter(metrics.values())).stats
+    params = count_by_prefix(trace.modules)
+    empty: dict[str, Any] = {}
+    rows = []
+    for info in trace.modules:
+        by_operator = {metric: dict(table.get(info.name, empty)) for metric, table in per_metric.items()}
+        values = {metric: sum(ops.values()) for metric, ops in by_operator.items()}
+        if memory is not None:
+            values["peak_memory"] = peaks.get(info.name, 0)
+        rows.append(ModuleRow(info.name, info.type, params.get(info.name, 0), values, by_operator,
+                              info.name not in first.uncalled))
+    return Result(
+        model=name or trace.model,
+        inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],
+        metrics=columns,
+        modules=rows,
+        convention=convention,
+        execution=trace.execution,
+        unsupported=dict(first.unsupported.get("", empty)),
+        assumptions=list(trace.assumptions),
+        dtypes={metric: dict(stats.dtypes.get("", empty)) for metric, (stats, _) in metrics.items()},
+        memory=memory.summary if memory is not None else {},
+    )
+
+
+def result_from_trace(trace: Trace, *, name: str | None = None, convention: str = "fvcore",
+                      dense_attention: bool = False, attention_kernel: str = "fused", memory: bool = False,
+                      optimizer: str | OptimizerSpec | None = None, state_dtype: str | None = None,
+                      foreach: bool | None = None, quiet: bool = True) -> Result:
+    """The :class:`~modelmeter.Result` of a recorded run, from the trace alone (no model): what
+    ``analyze(model, inputs, <the same options>).result(name)`` gives for the run the trace records.
+
+    ``convention``, ``dense_attention`` and ``attention_kernel`` choose what the FLOPs count; ``memory=True``
+    adds the memory columns (of a training step when the trace has a backward pass, with ``optimizer``,
+    ``state_dtype`` and ``foreach`` as for :class:`~modelmeter.MemoryAnalysis`). ``quiet=False`` logs the
+    unsupported operators and the modules that never ran, as an analysis does. ``name`` defaults to the
+    model's class name (``trace.model``).
+    """
+    if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
+        raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
+    spec = memory_optimizer(trace.backward, optimizer, state_dtype, foreach) if memory else None
+    chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
+    flops = count(trace, chosen.handles, elementwise=chosen.elementwise)
+    if not quiet:
+        log_statistics(trace, flops)
+    activations = count(trace, ACTIVATION_HANDLES, phases=("forward",))
+    metrics = {"flops": Counted(flops, counted_phases(trace, PHASES)),
+               "activations": Counted(activations, counted_phases(trace, ("forward",)))}
+    columns = None
+    if memory:
+        model = MemoryModel(trace)
+        metrics["activation_bytes"] = Counted(activation_statistics(model), counted_phases(trace, ("forward",)))
+        columns = memory_columns(model, spec)
+    return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns)

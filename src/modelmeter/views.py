@@ -1,0 +1,336 @@
+"""The fvcore-compatible counting analyses: views over a :class:`~modelmeter.session.Session` that count a metric
+(FLOPs, activations) by module and operator with a handle table, a convention and an ancestor mode.
+
+:class:`MetricView` holds the read-only queries every metric view answers from its statistics — the counting
+views here and :class:`~modelmeter.MemoryAnalysis` — and nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections import Counter, defaultdict
+from typing import Any, ClassVar, TypeVar
+
+from torch import nn
+
+from .engine.spec import Execution, LossFn, RunSpec
+from .engine.trace import PHASES, Phase, Trace
+from .handles.base import CountInside, Handle
+from .handles.conventions import get_convention
+from .handles.fvcore import ACTIVATION_HANDLES
+from .metrics.counting import AncestorMode, Statistics, count
+from .session import CacheSetting, Session, counted_phases, log_statistics
+
+V = TypeVar("V", bound="MetricView")
+T = TypeVar("T", bound="ModelAnalysis")
+F = TypeVar("F", bound="FlopCountAnalysis")
+_NONE: Counter[str] = Counter()  # what a module without counts has (read only, never handed out)
+
+
+class MetricView(ABC):
+    """What a view of one metric over a session answers: counts by module, operator and dtype, the modules
+    that never ran, and the session's model, trace and assumptions. Subclasses give :meth:`statistics`."""
+
+    _session: Session
+    # The phases this metric counts: every phase by default.
+    _phases: ClassVar[tuple[Phase, ...]] = PHASES
+
+    @abstractmethod
+    def statistics(self) -> Statistics:
+        """The metric's tables over the trace (computed once per setting; read them, do not change them)."""
+
+    @property
+    def session(self) -> Session:
+        """The session this view reads: its run spec and its one trace (shared with the views of it)."""
+        return self._session
+
+    def total(self, module_name: str = "") -> int:
+        """The count of ``module_name`` (the whole model by default)."""
+        stats = self.statistics()
+        return sum(stats.counts.get(self.canonical_module_name(module_name), _NONE).values())
+
+    def by_operator(self, module_name: str = "") -> Counter[str]:
+        """Counts of one module by operator (a copy)."""
+        return Counter(self.statistics().counts.get(self.canonical_module_name(module_name), _NONE))
+
+    def by_module_and_operator(self, phase: str | None = None) -> dict[str, Counter[str]]:
+        """Counts by canonical module name, then by operator (copies); of one phase only when ``phase`` is
+        given (``"forward"``, ``"backward"``, ``"recompute"``)."""
+        stats = self.statistics()
+        if phase is not None and phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
+        table = stats.counts if phase is None else stats.by_phase.get(phase, {})
+        return {name: Counter(table.get(name, _NONE)) for name in self.trace.module_table().canonical}
+
+    def phases(self) -> list[str]:
+        """The phases this analysis counts that the recorded run has events of, in run order."""
+        return counted_phases(self.trace, self._phases)
+
+    def by_module(self) -> Counter[str]:
+        """Total count of every canonical module name, in model order."""
+        counts = self.statistics().counts
+        return Counter({name: sum(counts.get(name, _NONE).values()) for name in self.trace.module_table().canonical})
+
+    def by_dtype(self, module_name: str = "") -> Counter[str]:
+        """The count of ``module_name`` by the dtype the work was done in (``"float32"``, ``"bfloat16"``, ...;
+        the dtype of an operator's first floating-point input), e.g. to compute model FLOPs utilisation."""
+        return Counter(self.statistics().dtypes.get(self.canonical_module_name(module_name), Counter()))
+
+    def uncalled_modules(self) -> set[str]:
+        """Canonical names of the modules that never ran (called neither directly nor via a child)."""
+        return set(self.statistics().uncalled)
+
+    def canonical_module_name(self, name: str) -> str:
+        """The name results are keyed by, for any name (or alias) of a submodule."""
+        return self.trace.module_table().resolve(name)
+
+    @property
+    def model(self) -> nn.Module:
+        """The analysed model."""
+        return self._session.model
+
+    @property
+    def trace(self) -> Trace:
+        """The recorded run (plain data), recorded on first use (or read from the cache, when enabled)."""
+        return self._session.trace
+
+    def assumptions(self) -> list[str]:
+        """Placeholder values and fallbacks the run needed (empty when it needed none)."""
+        return list(self.trace.assumptions)
+
+    def tracer_warnings(self: V, mode: str) -> V:
+        """``"all"`` or ``"no_tracer_warning"`` keep warnings the model raises while it runs; ``"none"`` hides them
+        (a setting of the session: it applies to the one run every view of it shares)."""
+        self._session.tracer_warnings(mode)
+        return self
+
+
+class ModelAnalysis(MetricView):
+    """Counts a metric over one run of ``model`` on ``inputs``, by module and by operator.
+
+    The model runs once, lazily, on FakeTensors by default (``execution="auto"``); every query and
+    every change of handles or ancestor mode is answered from that one recorded trace.
+    ``inputs``: a tensor, a tuple of positional arguments, a dict of keyword arguments, or
+    :class:`modelmeter.Args`. ``trace``: the trace of another analysis of the same model and
+    inputs, so a second metric reuses it instead of running the model again.
+
+    ``cache=True`` (or a ``cache_dir``, or a :class:`modelmeter.cache.TraceCache`) keeps the trace on disk
+    under ``get_cache_dir(cache_dir)/traces``, keyed by a fingerprint of the model, the inputs and the run
+    options, and reads it from there next time instead of running the model (docs/caching.md). Off by default.
+
+    ``backward=True`` runs the backward pass too: the gradients of ``loss_fn(output)`` (default: the sum
+    of the output's floating-point tensors) with respect to the parameters and inputs that require grad.
+    Backward operators count toward the module whose forward made them; :meth:`by_phase` splits the totals.
+
+    An analysis is a view over a :class:`~modelmeter.Session` (its own, unless made by :meth:`from_session`):
+    views of one session share its run.
+    """
+
+    _default_handles: ClassVar[dict[str, Handle | CountInside]] = {}
+
+    def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
+                 trace: Trace | None = None, cache: CacheSetting = None,
+                 cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
+                 loss_fn: LossFn | None = None) -> None:
+        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
+        self._attach(Session(spec, trace=trace, cache=cache, cache_dir=cache_dir))
+
+    @classmethod
+    def from_session(cls: type[T], session: Session) -> T:
+        """A view of ``session`` (with the class's default handles), sharing its run with its other views."""
+        view = cls.__new__(cls)
+        view._attach(session)
+        return view
+
+    def _attach(self, session: Session) -> None:
+        self._session = session
+        self._op_handles: dict[str, Handle | CountInside | None] = dict(self._default_handles)  # the convention's
+        self._user_handles: dict[str, Handle | CountInside | None] = {}  # set_op_handle's, keyed by fvcore's names
+        self._elementwise: Handle | None = None
+        self._stats: Statistics | None = None
+        self._ancestor_mode: AncestorMode = "owner"
+        self._warn_unsupported = True
+        self._warn_uncalled = True
+
+    # results ---------------------------------------------------------------------------------
+    def statistics(self) -> Statistics:
+        """The counts over the trace with the current handles and ancestor mode (computed once per setting, and
+        the unsupported operators and uncalled modules logged then, unless turned off); read them, do not
+        change them."""
+        if self._stats is None:
+            self._stats = count(self.trace, self._op_handles, self._ancestor_mode, user=self._user_handles,
+                                elementwise=self._elementwise, phases=self._phases)
+            log_statistics(self.trace, self._stats, unsupported=self._warn_unsupported, uncalled=self._warn_uncalled)
+        return self._stats
+
+    def by_phase(self, module_name: str = "") -> dict[str, int]:
+        """The count of ``module_name`` split by phase: ``{"forward": n, "backward": n}`` (backward is 0
+        unless the analysis ran it), plus ``"recompute"`` — forward work re-run during the backward pass by
+        activation checkpointing — when there was any. The values add up to :meth:`total`."""
+        stats = self.statistics()
+        module = self.canonical_module_name(module_name)
+        out = {phase: sum(stats.by_phase.get(phase, {}).get(module, Counter()).values())
+               for phase in ("forward", "backward")}
+        recompute = stats.by_phase.get("recompute", {})
+        if any(recompute.values()):
+            out["recompute"] = sum(recompute.get(module, Counter()).values())
+        return out
+
+    def by_phase_and_operator(self, module_name: str = "") -> dict[str, Counter[str]]:
+        """Counts of one module by phase, then by operator (copies)."""
+        stats = self.statistics()
+        module = self.canonical_module_name(module_name)
+        return {phase: Counter(table.get(module, Counter())) for phase, table in stats.by_phase.items()}
+
+    def unsupported_ops(self, module_name: str = "") -> Counter[str]:
+        """Operators no handle counted, with how often each ran inside ``module_name``."""
+        return Counter(self.statistics().unsupported.get(self.canonical_module_name(module_name), _NONE))
+
+    # settings --------------------------------------------------------------------------------
+    def set_op_handle(self: T, *args: Any, **kwargs: Handle | None) -> T:
+        """Set handles by ``(name, handle)`` pairs or ``name=handle``; a ``None`` handle ignores the op.
+
+        Names are fvcore's: a handle counts the calls ``torch.jit`` would record under that name
+        (``aten::_convolution`` for every convolution, ``prim::PythonOp.<class name>`` for a custom autograd
+        Function; see docs/handles.md), and replaces whatever counted them before."""
+        if len(args) % 2:
+            raise TypeError("set_op_handle should be called with pairs of names and handles!")
+        pairs = dict(zip(args[::2], args[1::2], strict=True))
+        pairs.update(kwargs)
+        for name, handle in pairs.items():
+            if not isinstance(name, str):
+                raise TypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
+            if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
+                raise TypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
+            self._user_handles[name] = handle
+        self._stats = None
+        return self
+
+    def clear_op_handles(self: T) -> T:
+        """Remove every handle: afterwards every formerly counted operator is reported unsupported
+        (element-wise operators become free)."""
+        self._op_handles = {}
+        self._user_handles = {}
+        self._elementwise = None
+        self._stats = None
+        return self
+
+    def ancestor_mode(self: T, mode: str) -> T:
+        """``"owner"``: an op counts toward the module that owns it and that module's parents by name.
+        ``"caller"``: toward every module whose call is on the stack. Recomputes from the trace."""
+        if mode not in ("owner", "caller"):
+            raise ValueError(f"Unrecognized ancestor mode: {mode}")
+        if mode != self._ancestor_mode:
+            self._ancestor_mode = mode  # type: ignore[assignment]
+            self._stats = None
+        return self
+
+    def unsupported_ops_warnings(self: T, enabled: bool) -> T:
+        self._warn_unsupported = enabled
+        return self
+
+    def uncalled_modules_warnings(self: T, enabled: bool) -> T:
+        self._warn_uncalled = enabled
+        return self
+
+    def copy(self: T, new_model: nn.Module | None = None, new_inputs: Any = None) -> T:
+        """The same analysis (class, handles, modes, warnings) of a new model and/or inputs.
+
+        With neither given, the copy is a view of the same session: it shares this one's run.
+        """
+        session = self._session
+        if new_model is not None or new_inputs is not None:
+            session = session.with_spec(session.spec.with_call(new_model, new_inputs))
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other._session = session
+        other._op_handles = dict(self._op_handles)
+        other._user_handles = dict(self._user_handles)
+        other._stats = None
+        return other
+
+
+JitModelAnalysis = ModelAnalysis
+
+
+class FlopCountAnalysis(ModelAnalysis):
+    """FLOPs under a counting ``convention`` (docs/handles.md has every operator's formula under each):
+
+    - ``"fvcore"`` (default): one fused multiply-add is one flop, element-wise operators are free — fvcore's
+      numbers;
+    - ``"macs"``: multiply-adds of matrix products, convolutions and attention only (torchvision's "GFLOPS");
+    - ``"flops"``: real floating-point operations — a multiply-add is two, plus the documented per-element
+      costs of element-wise operators, norms, softmax, pooling and bias adds.
+
+    Masked attention (``is_causal``, causal or sliding-window masks whose values are known) counts only the
+    attended (query, key) pairs; ``dense_attention=True`` counts every pair. ``backward=True`` adds the
+    backward pass (see :class:`ModelAnalysis`). ``attention_kernel``: the kernel whose cost attention is counted
+    at, ``"fused"`` (default) or ``"math"`` (every pair, no recomputation backward; docs/attention.md).
+
+    Example::
+
+        flops = FlopCountAnalysis(model, torch.randn(1, 3, 224, 224))
+        flops.total(); flops.by_module(); flops.by_operator("layer1")
+        FlopCountAnalysis(model, x, convention="flops", backward=True).by_phase()
+    """
+
+    def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
+                 execution: Execution = "auto", trace: Trace | None = None, cache: CacheSetting = None,
+                 cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
+                 loss_fn: LossFn | None = None, attention_kernel: str = "fused") -> None:
+        get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)  # checked first
+        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
+        self._attach_counting(Session(spec, trace=trace, cache=cache, cache_dir=cache_dir), convention,
+                              dense_attention, attention_kernel)
+
+    @classmethod
+    def from_session(cls: type[F], session: Session, *, convention: str = "fvcore", dense_attention: bool = False,
+                     attention_kernel: str = "fused") -> F:
+        """A view of ``session`` counting under ``convention``, sharing its run with its other views."""
+        view = cls.__new__(cls)
+        view._attach_counting(session, convention, dense_attention, attention_kernel)
+        return view
+
+    def _attach_counting(self, session: Session, convention: str, dense_attention: bool,
+                         attention_kernel: str) -> None:
+        chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
+        self._attach(session)
+        self._convention = chosen.name
+        self._op_handles = dict(chosen.handles)
+        self._elementwise = chosen.elementwise
+
+    @property
+    def convention(self) -> str:
+        """The counting convention: ``"fvcore"``, ``"macs"`` or ``"flops"``."""
+        return self._convention
+
+
+class ActivationCountAnalysis(ModelAnalysis):
+    """Activations in fvcore's sense: elements of the first output of conv, linear and matrix products,
+    in the forward pass (a backward pass, when run, is not counted: its outputs are gradients)."""
+
+    _default_handles = ACTIVATION_HANDLES
+    _phases: ClassVar[tuple[Phase, ...]] = ("forward",)
+
+
+def _per_operator(analysis: ModelAnalysis, supported_ops: dict[str, Handle | None] | None, scale: float
+                  ) -> tuple[defaultdict[str, float], Counter[str]]:
+    if supported_ops:
+        analysis.set_op_handle(**supported_ops)
+    result: defaultdict[str, float] = defaultdict(float)
+    for op, value in analysis.by_operator().items():
+        result[op] = value / scale
+    return result, analysis.unsupported_ops()
+
+
+def flop_count(model: nn.Module, inputs: Any, supported_ops: dict[str, Handle | None] | None = None
+               ) -> tuple[defaultdict[str, float], Counter[str]]:
+    """GFLOPs by operator and the unsupported operators, as fvcore's ``flop_count``."""
+    return _per_operator(FlopCountAnalysis(model, inputs), supported_ops, 1e9)
+
+
+def activation_count(model: nn.Module, inputs: Any, supported_ops: dict[str, Handle | None] | None = None
+                     ) -> tuple[defaultdict[str, float], Counter[str]]:
+    """Mega-activations by operator and the unsupported operators, as fvcore's ``activation_count``."""
+    return _per_operator(ActivationCountAnalysis(model, inputs), supported_ops, 1e6)
