@@ -965,7 +965,7 @@ def test_a_decompression_bomb_is_refused_within_the_size_limit(tmp_path: Path, m
                                                               caplog: pytest.LogCaptureFixture) -> None:
     import tracemalloc
 
-    from modelmeter.cache import serialize
+    from modelmeter.engine import serialize
 
     assert serialize.MAX_ENTRY_BYTES <= 1 << 30  # the default keeps a bomb far from the memory of a laptop
     monkeypatch.setattr(serialize, "MAX_ENTRY_BYTES", 4 << 20)
