@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from modelmeter import Result, analyze, load_trace, save_trace
+from modelmeter import OptimizerSpec, Result, analyze, load_trace, save_trace
 from modelmeter.guard import load_costs
 from modelmeter.guard.values import GuardFileError
 from modelmeter.reports.saved import SavedTrace, SavedTraceError, read_saved_trace, write_saved_trace
@@ -228,3 +228,16 @@ def test_load_trace_in_another_process_gives_the_analysis_result(tmp_path: Path)
     assert Result.from_json(saved_json) == analysis.result(name="tiny")
     macs = analyze(model, torch.randn(2, 3, 16, 16), backward=True, convention="macs").result()
     assert json.loads(macs_json) == macs.to_dict() | {"model": "tiny"}
+
+
+def test_an_optimizer_of_the_users_and_a_torch_dtype_are_saved_as_data(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    lion = OptimizerSpec("lion", states=1, temporaries=1)  # one momentum buffer, one temporary in its step
+    analysis = analyze(model, torch.randn(8, 16), backward=True, memory=True, optimizer=lion,
+                       state_dtype=torch.bfloat16)
+    save_trace(analysis, tmp_path / "lion.mmtrace")
+    saved = read_saved_trace(tmp_path / "lion.mmtrace")
+    assert saved.settings["optimizer"]["name"] == "lion" and saved.settings["state_dtype"] == "bfloat16"
+    assert load_trace(tmp_path / "lion.mmtrace") == analysis.result() == saved.result
+    # the optimizer's state: one bfloat16 buffer per parameter element (16*16 + 16 + 16*4 + 4 = 340)
+    assert saved.result.memory["by_kind"]["optimizer_state"] == 340 * 2

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .engine.trace import Trace
+from .metrics.memory import OptimizerSpec
 from .reports.saved import SavedTrace, check_settings, read_saved_trace, write_saved_trace
 from .session import result_from_trace
 
@@ -25,7 +27,7 @@ def save_trace(analysis: Analysis, path: str | os.PathLike[str], *, name: str | 
     The file keeps what the conventions count: handles set with ``set_op_handle`` are code, so they are not
     saved, and the saved result is the one the analysis's settings give without them.
     """
-    settings = check_settings({**analysis.settings, "name": name})
+    settings = check_settings({**_plain(analysis.settings), "name": name})
     trace = analysis.trace
     saved_by = {"modelmeter": __version__, "torch": trace.versions.get("torch", "")}
     write_saved_trace(SavedTrace(trace, _count(trace, settings), settings, saved_by), path)
@@ -47,4 +49,16 @@ def recount(saved: SavedTrace, **changes: Any) -> Result:
 def _count(trace: Trace, settings: dict[str, Any]) -> Result:
     if not settings["memory"]:  # the optimizer's options mean nothing without the memory analysis
         settings = {**settings, "optimizer": None, "state_dtype": None, "foreach": None}
+    elif isinstance(settings["optimizer"], dict):  # an OptimizerSpec of the user's, saved as its fields
+        settings = {**settings, "optimizer": OptimizerSpec(**settings["optimizer"])}
     return result_from_trace(trace, quiet=True, **settings)
+
+
+def _plain(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as JSON data: an OptimizerSpec as its fields, a ``torch.dtype`` as its name."""
+    out = dict(settings)
+    if isinstance(out.get("optimizer"), OptimizerSpec):
+        out["optimizer"] = dataclasses.asdict(out["optimizer"])
+    if out.get("state_dtype") is not None:
+        out["state_dtype"] = str(out["state_dtype"]).removeprefix("torch.")
+    return out
