@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from model_helpers import Fn
@@ -296,3 +297,15 @@ def test_addmm_and_bmm_formulas_equal_the_hand_count(b: int, m: int, k: int, n: 
     bmm_in = place_arguments(A.bmm.default._schema, (x.reshape(-1, m, k), y.reshape(-1, k, n)), {})
     bmm_out = flat_outputs(A.bmm.default(x.reshape(-1, m, k), y.reshape(-1, k, n)))
     assert products.handles("fvcore")["aten::bmm"](bmm_in, bmm_out) == macs  # type: ignore[operator]
+
+
+def test_set_op_handle_binds_a_formula_by_name() -> None:
+    """A user's formula over named arguments, bound to fvcore's ``aten::linear`` key: it reads ``weight`` where that
+    operator's schema puts it."""
+    @by_name
+    def weight_rows_times_batch(input: Any, weight: Any, *, result: Any) -> int:
+        return input.shape[0] * weight.shape[0]
+
+    model = nn.Sequential(nn.Linear(8, 5), nn.Linear(5, 3))
+    flops = FlopCountAnalysis(model, torch.randn(4, 8)).set_op_handle("aten::linear", weight_rows_times_batch)
+    assert flops.by_operator() == {"linear": 4 * 5 + 4 * 3}

@@ -17,6 +17,7 @@ from torch import nn
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Phase, Trace
 from .handles.base import CountInside, Handle
+from .handles.binding import Formula
 from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import AncestorMode, Statistics, count
@@ -188,12 +189,13 @@ class ModelAnalysis(MetricView):
         return Counter(self.statistics().unsupported.get(self.canonical_module_name(module_name), _NONE))
 
     # settings --------------------------------------------------------------------------------
-    def set_op_handle(self: T, *args: Any, **kwargs: Handle | None) -> T:
+    def set_op_handle(self: T, *args: Any, **kwargs: Handle | Formula[Any] | None) -> T:
         """Set handles by ``(name, handle)`` pairs or ``name=handle``; a ``None`` handle ignores the op.
 
         Names are fvcore's: a handle counts the calls ``torch.jit`` would record under that name
         (``aten::_convolution`` for every convolution, ``prim::PythonOp.<class name>`` for a custom autograd
-        Function; see docs/handles.md), and replaces whatever counted them before."""
+        Function; see docs/handles.md), and replaces whatever counted them before. A
+        :func:`~modelmeter.handles.binding.by_name` formula is bound to the operator's schema here."""
         if len(args) % 2:
             raise TypeError("set_op_handle should be called with pairs of names and handles!")
         pairs = dict(zip(args[::2], args[1::2], strict=True))
@@ -201,6 +203,8 @@ class ModelAnalysis(MetricView):
         for name, handle in pairs.items():
             if not isinstance(name, str):
                 raise TypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
+            if isinstance(handle, Formula):
+                handle = handle.bind(name)
             if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
                 raise TypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
             self._user_handles[name] = handle
