@@ -26,3 +26,16 @@ def _opaque(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 blur = _opaque("blur")
 warp = _opaque("warp")
 mix = _opaque("mix")
+
+
+def scale_op(namespace: str) -> Callable[[torch.Tensor, float], torch.Tensor]:
+    """``NAMESPACE::scale(x, factor)``: a custom operator with a scalar argument, for formulas that read it."""
+    @torch.library.custom_op(f"{namespace}::scale", mutates_args=())
+    def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return x * factor
+
+    @scale.register_fake
+    def _(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return scale

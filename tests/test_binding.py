@@ -20,6 +20,7 @@ from modelmeter.engine.metadata import flat_outputs, place_arguments
 from modelmeter.handles import attention, fvcore, products
 from modelmeter.handles.binding import BoundFormula, Formula, bind_all, by_name
 from modelmeter.handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
+from opaque_ops import scale_op
 
 PROPERTY = settings(max_examples=40, deadline=None)
 A = torch.ops.aten
@@ -180,14 +181,7 @@ def test_aliases_of_missing_parameters_are_an_error() -> None:
 
 
 # --- a registered formula for a custom operator --------------------------------------------------------
-@torch.library.custom_op("modelmeter_binding_test::scale", mutates_args=())
-def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
-    return x * factor
-
-
-@scale.register_fake
-def _(x: torch.Tensor, factor: float) -> torch.Tensor:
-    return torch.empty_like(x)
+scale = scale_op("modelmeter_binding_test")
 
 
 def test_register_handle_binds_a_formula_to_the_custom_operators_schema() -> None:

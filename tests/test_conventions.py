@@ -33,6 +33,7 @@ from modelmeter.handles import attention, elementwise, layers, norms, pooling, p
 from modelmeter.handles.classify import is_elementwise, is_free
 from modelmeter.handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
 from modelmeter.handles.fvcore import FLOP_HANDLES
+from opaque_ops import scale_op
 
 PROPERTY = settings(max_examples=25, deadline=None)
 FAMILIES = (elementwise, reductions, norms, pooling, layers)
@@ -703,14 +704,7 @@ def test_zoo_has_no_unsupported_operators(name: str, make: Callable[[], nn.Modul
 
 
 # --- register_handle ---------------------------------------------------------------------------------------
-@torch.library.custom_op("modelmeter_test::scale", mutates_args=())
-def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
-    return x * factor
-
-
-@scale.register_fake
-def _(x: torch.Tensor, factor: float) -> torch.Tensor:
-    return torch.empty_like(x)
+scale = scale_op("modelmeter_test")
 
 
 @pytest.fixture
