@@ -137,3 +137,19 @@ def write_html_report(path: str, result: Result, other: Result | None, torch_ver
     except OSError as exc:
         raise ModelSpecError(f"cannot write --html {path}: {exc.strerror or exc}") from None
     print(f"modelmeter: wrote {path}", file=sys.stderr)
+
+
+def header_line(result: Result, *, backward: bool, source: str = "", seconds: float | None = None) -> str:
+    """The line above a table: the model, its inputs, how it ran (``source``: where the run came from, e.g.
+    ``", from the cache"``), what was counted, the seconds it took and the peak memory."""
+    from ..reports.format import format_bytes
+
+    inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
+    passes = "forward + backward" if backward else "forward"
+    optimizer = result.memory.get("optimizer") if result.memory else None
+    if optimizer:
+        passes += f" + {optimizer['name']} step"
+    timing = f", {seconds:.2f} s" if seconds is not None else ""
+    peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
+    return (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
+            f"{result.convention} convention{timing}{peak})")

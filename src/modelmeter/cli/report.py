@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
 
 from .errors import ModelSpecError
 from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, subcommand_parser
-from .output import emit, read_result, write_html_report
-
-if TYPE_CHECKING:
-    from ..reports.result import Result
-    from ..reports.saved import SavedTrace
+from .output import emit, header_line, read_result, write_html_report
 
 SUMMARY = "renders a saved trace (--save-trace FILE) without the model"
 
@@ -67,25 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):
-        text = f"{_header(saved, result, os.path.basename(args.trace))}\n{text}"
+        source = f", saved trace {os.path.basename(args.trace)}"
+        text = f"{header_line(result, backward=saved.trace.backward, source=source)}\n{text}"
     emit(text, args.output)
     if args.html:
         write_html_report(args.html, result, other, saved.trace.versions.get("torch", "unknown"))
     return 0
-
-
-def _header(saved: SavedTrace, result: Result, source: str) -> str:
-    """The line above a table: the model, its inputs, how it ran and what was counted, as the analysis prints it
-    (with the file it was saved to instead of the seconds it took)."""
-    from ..reports.format import format_bytes
-
-    inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
-    passes = "forward + backward" if saved.trace.backward else "forward"
-    optimizer = result.memory.get("optimizer") if result.memory else None
-    if optimizer:
-        passes += f" + {optimizer['name']} step"
-    peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
-    return (f"{result.model} on input {inputs} ({result.execution} run, saved trace {source}, {passes}, "
-            f"{result.convention} convention{peak})")
-
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..reports.format import format_bytes
 from ..reports.render import render
 from ..zoo import ZOO
 from .commands import COMMANDS
@@ -13,7 +12,7 @@ from .errors import ModelSpecError, suggest
 from .fit import run_fit
 from .guard import baseline_entry, check_all, guard
 from .job import Job, analyse, job_from_args
-from .output import emit, read_result, write_html_report
+from .output import emit, header_line, read_result, write_html_report
 from .sweep import run_sweep
 
 
@@ -48,13 +47,8 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     result, _, seconds, cached = analyse(job, save_trace=args.save_trace)
     text = render(result, args.format, args.depth)
     if args.format in ("table", "tree"):
-        inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
         source = ", from the cache" if cached else ""
-        passes = "forward + backward" if job.backward else "forward"
-        passes += f" + {job.optimizer} step" if job.optimizer else ""
-        peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
-        text = (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
-                f"{result.convention} convention, {seconds:.2f} s{peak})\n{text}")
+        text = f"{header_line(result, backward=job.backward, source=source, seconds=seconds)}\n{text}"
     emit(text, args.output)
     if args.html:
         write_html_report(args.html, result, other)

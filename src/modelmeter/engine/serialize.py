@@ -32,7 +32,7 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 2  # 2: the module table and the run's description (model, versions)
+FORMAT_VERSION = 2  # 2: the module table, the run's description (model, versions) and the operators' tags
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
