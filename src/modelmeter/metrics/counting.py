@@ -21,6 +21,17 @@ AncestorMode = Literal["owner", "caller"]
 HandleTable = Mapping[str, "Handle | CountInside | None"]
 
 
+@dataclass(frozen=True)
+class Unit:
+    """One count the tally took: the event it was counted at, its total, and whether a ``backward:`` formula of
+    the forward call ``events[event].origin`` counted it (for the whole backward pass of that call). Metrics that
+    combine two counts operator by operator (the roofline time pairs FLOPs with bytes) read these."""
+
+    event: int
+    total: Any
+    whole_backward: bool = False
+
+
 @dataclass
 class Statistics:
     """Per canonical module name: counts by operator (all phases, and per phase), by the dtype the work was
@@ -36,7 +47,8 @@ class Statistics:
 
 def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
           user: HandleTable | None = None, elementwise: Handle | None = None,
-          phases: Collection[str] = PHASES) -> Statistics:
+          phases: Collection[str] = PHASES, fallback: Handle | None = None,
+          units: list[Unit] | None = None) -> Statistics:
     """Apply ``handles`` (a convention's table) and ``user`` (the handles set on the analysis, which win) to the
     events of ``trace`` in ``phases``.
 
@@ -53,6 +65,10 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     operators without a handle cost ``elementwise`` (free when it is None). Each count is also kept under the
     event's phase and under the dtype the work was done in (see :func:`work_dtype`).
 
+    ``fallback`` is for a metric every kernel has (the bytes it moves): it counts any aten operator without an
+    entry that is not a view — free operators, integer results and unknown operators included — so nothing is
+    reported as unsupported. ``units``, when given, receives every count taken (see :class:`Unit`).
+
     ``user`` handles follow fvcore's names (docs/handles.md, "fvcore's operator names"): they count the calls
     ``torch.jit`` records under their name — the outermost C-level call, not the operators it ran (a handle
     for ``aten::view`` counts ``x.view``, not the ``view`` inside ``flatten``; inside a free, element-wise or
@@ -61,7 +77,7 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     custom autograd Function (``prim::PythonOp.<class name>``) without a handle counts what it ran, and is
     reported as unsupported when it returned tensors without running any visible computation.
     """
-    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases)
+    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units)
     for root in visitor.children[-1]:
         if trace.events[root].phase in visitor.tally.by_phase:
             visitor.visit(root, None, None, _OPEN)
@@ -78,11 +94,12 @@ class _Visitor:
     """One counting pass over a trace (see :func:`count`)."""
 
     def __init__(self, trace: Trace, handles: HandleTable, user: HandleTable, ancestor_mode: AncestorMode,
-                 elementwise: Handle | None, phases: Collection[str]) -> None:
+                 elementwise: Handle | None, phases: Collection[str], fallback: Handle | None,
+                 units: list[Unit] | None) -> None:
         self.events = trace.events
         self.children = trace.children()
-        self.handles, self.user, self.elementwise = handles, user, elementwise
-        self.tally = _Tally({p: {} for p in phases})
+        self.handles, self.user, self.elementwise, self.fallback = handles, user, elementwise, fallback
+        self.tally = _Tally({p: {} for p in phases}, units)
         self.unsupported: dict[str, Counter[str]] = {}
         self.ancestors = Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
@@ -100,7 +117,7 @@ class _Visitor:
 
     def visit(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
         event = self.events[index]
-        if event.origin >= 0 and event.phase == "backward" and self.covered_backward(event, into):
+        if event.origin >= 0 and event.phase == "backward" and self.covered_backward(index, into):
             return
         key, inputs = event.op, event.inputs
         alias = fvcore_alias(event, self.events[event.parent] if event.parent >= 0 else None) \
@@ -118,36 +135,45 @@ class _Visitor:
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
             self.visit_children(index, None, inside, _CLOSED)
-            self.tally.add(event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
+            self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
             return
         if handle is _MISSING:
             if event.level == "function":
                 self.look_into(index, user_op, into, mode)
                 return
-            if mode == _USER_ONLY or self.classify.is_free(event.op) or _integer_only(event.outputs):
+            if mode == _USER_ONLY:
                 return
-            if not self.classify.is_elementwise(event.op):
+            if self.fallback is not None:
+                if self.classify.is_view(event.op):
+                    return
+                handle = self.fallback
+            elif self.classify.is_free(event.op) or _integer_only(event.outputs):
+                return
+            elif not self.classify.is_elementwise(event.op):
                 if into is None:
                     if user_op is not None and not self.classify.is_free(user_op):
                         self.report(event, user_op)
                     else:
                         self.report(event, _fvcore_name(self, event))
                 return
-            handle = self.elementwise
-            if handle is None:
-                return
-        self.tally.add(event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)), into)
+            else:
+                handle = self.elementwise
+                if handle is None:
+                    return
+        self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
+                       into)
 
-    def covered_backward(self, event: OpEvent, into: Counter[str] | None) -> bool:
-        """Count a backward operator by its forward call's ``backward:`` formula; False when it has none."""
+    def covered_backward(self, index: int, into: Counter[str] | None) -> bool:
+        """Count backward operator ``index`` by its forward call's ``backward:`` formula; False when it has none."""
+        event = self.events[index]
         origin = self.events[event.origin]
         whole, _ = self.lookup(backward_key(origin.op), _OPEN)
         if whole is _MISSING or whole is None or isinstance(whole, CountInside):
             return False
         if event.origin not in self.covered:  # a formula of its own: counted once
             self.covered.add(event.origin)
-            self.tally.add(event, self.ancestors(event.scope),
-                           _as_items(origin.op, whole(origin.inputs, origin.outputs)), into)
+            self.tally.add(index, event, self.ancestors(event.scope),
+                           _as_items(origin.op, whole(origin.inputs, origin.outputs)), into, whole_backward=True)
         return True
 
     def look_into(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
@@ -206,21 +232,25 @@ def work_dtype(event: OpEvent) -> str:
 
 
 class _Tally:
-    """Counts by phase, module and operator, and by module and dtype."""
+    """Counts by phase, module and operator, and by module and dtype (and each count as a :class:`Unit`)."""
 
-    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]]) -> None:
+    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]], units: list[Unit] | None) -> None:
         self.by_phase = by_phase
         self.dtypes: dict[str, dict[str, Any]] = {}
+        self.units = units
 
-    def add(self, event: OpEvent, modules: Collection[str], items: list[tuple[str, Any]],
-            into: Counter[str] | None) -> None:
-        """Add ``items`` ((operator key, count) pairs) to every module of ``modules``, or into ``into``."""
+    def add(self, index: int, event: OpEvent, modules: Collection[str], items: list[tuple[str, Any]],
+            into: Counter[str] | None, whole_backward: bool = False) -> None:
+        """Add ``items`` ((operator key, count) pairs) of event ``index`` to every module of ``modules``, or into
+        ``into``."""
         if into is not None:
             for key, count in items:
                 into[key] += count
             return
         table, dtypes = self.by_phase[event.phase], self.dtypes
         total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
+        if self.units is not None:
+            self.units.append(Unit(index, total, whole_backward))
         dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)
