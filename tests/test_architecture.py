@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("engine", ("modelmeter.engine",), ("base",)),
     ("runner", ("modelmeter.engine.tracer",), ("engine",)),  # runs the model: nothing below it may
     ("handles", ("modelmeter.handles",), ("engine",)),
-    ("metrics", ("modelmeter.metrics",), ("handles",)),
+    ("devices", ("modelmeter.devices",), ("base",)),  # the accelerators' datasheets: plain data, torch-free
+    ("metrics", ("modelmeter.metrics",), ("handles", "devices")),
     ("format", ("modelmeter.engine.serialize",), ("engine",)),  # the Trace as JSON: kept by the cache, saved by reports
     ("cache", ("modelmeter.cache",), ("format", "io")),
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),
