@@ -10,13 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from .devices import Device
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Trace
 from .fvcore_api import flop_count_table
 from .memory import MemoryAnalysis
 from .metrics.memory import OptimizerSpec
+from .metrics.roofline import Roofline, roofline
 from .reports.result import Result
-from .session import CacheSetting, Counted, Session, assemble_result
+from .session import CacheSetting, Counted, Session, assemble_result, roofline_settings
 from .views import (
     ActivationCountAnalysis,
     FlopCountAnalysis,
@@ -41,12 +43,13 @@ __all__ = [
 
 
 def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str | None = None,
-                 memory: MemoryAnalysis | None = None) -> Result:
+                 memory: MemoryAnalysis | None = None, time: Roofline | None = None) -> Result:
     """Collect ``analyses`` (metric name -> analysis of ``model``, ideally sharing one trace) into a Result.
 
     Rows follow the trace's module table (canonical names only, in the model's order); parameters are counted
     as :func:`parameter_count` does, so shared parameters count once. ``memory`` adds the saved-for-backward
-    bytes and module peaks of a :class:`~modelmeter.MemoryAnalysis` and its summary. The same builder as
+    bytes and module peaks of a :class:`~modelmeter.MemoryAnalysis` and its summary; ``time`` the roofline's
+    columns (:attr:`Analysis.roofline`). The same builder as
     :func:`modelmeter.session.result_from_trace`, over the analyses' own statistics.
     """
     if not analyses:
@@ -55,7 +58,7 @@ def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str
     metrics = {metric: Counted(analysis.statistics(), analysis.phases()) for metric, analysis in analyses.items()}
     return assemble_result(first.trace, metrics, name=name or type(model).__name__,
                            convention=str(getattr(first, "convention", "fvcore")),
-                           memory=None if memory is None else memory.columns())
+                           memory=None if memory is None else memory.columns(), time=time)
 
 
 class Analysis:
@@ -67,7 +70,8 @@ class Analysis:
     :class:`~modelmeter.MemoryAnalysis` of the same trace (of a training step when ``backward=True``, with
     ``optimizer``), and the result has memory columns. Handles and modes of each analysis can be changed as
     usual: they recompute from the trace. ``quiet=True`` logs no unsupported operators or uncalled modules
-    and hides warnings the model raises while it runs (the command's choice: it reports them itself).
+    and hides warnings the model raises while it runs (the command's choice: it reports them itself). With a
+    ``device``, :attr:`roofline` predicts the time on it and the result has the roofline's columns.
     """
 
     def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
@@ -75,7 +79,8 @@ class Analysis:
                  cache: CacheSetting = None, cache_dir: str | os.PathLike[str] | None = None,
                  quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
                  state_dtype: str | torch.dtype | None = None, foreach: bool | None = None,
-                 attention_kernel: str = "fused") -> None:
+                 attention_kernel: str = "fused", device: str | Device | None = None, efficiency: float = 1.0,
+                 launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None) -> None:
         if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
             raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
@@ -84,7 +89,11 @@ class Analysis:
             "convention": convention, "dense_attention": dense_attention, "attention_kernel": attention_kernel,
             "memory": memory, "optimizer": optimizer,
             "state_dtype": None if state_dtype is None else str(state_dtype).removeprefix("torch."),
-            "foreach": foreach}
+            "foreach": foreach, "device": device, "efficiency": efficiency, "launch_overhead": launch_overhead,
+            "tf32": tf32, "measured_time": measured_time}
+        self._time = roofline_settings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
+                                       measured_time=measured_time)
+        self._roofline: Roofline | None = None
         spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
         #: The one run every view reads: its spec, its trace, the caches.
         self.session = Session(spec, cache=cache, cache_dir=cache_dir)
@@ -110,7 +119,8 @@ class Analysis:
     @property
     def settings(self) -> dict[str, Any]:
         """The options the result was counted with — ``convention``, ``dense_attention``, ``attention_kernel``,
-        ``memory``, ``optimizer``, ``state_dtype``, ``foreach`` — so that ``result_from_trace(trace, **settings)``
+        ``memory``, ``optimizer``, ``state_dtype``, ``foreach``, and the time's ``device``, ``efficiency``,
+        ``launch_overhead``, ``tf32``, ``measured_time`` — so that ``result_from_trace(trace, **settings)``
         gives :meth:`result` from the trace alone (handles set with ``set_op_handle`` are not among them)."""
         return dict(self._settings)
 
@@ -132,13 +142,25 @@ class Analysis:
             found["activation_bytes"] = self.memory
         return found
 
+    @property
+    def roofline(self) -> Roofline | None:
+        """The predicted time on the analysis's ``device`` (bytes, FLOPs, seconds, bound, by module, operator and
+        phase; docs/roofline.md), None without a device. Computed once, from the trace."""
+        if self._time is None:
+            return None
+        if self._roofline is None:
+            settings = self._settings
+            self._roofline = roofline(self.trace, self._time, attention_kernel=settings["attention_kernel"],
+                                      dense_attention=settings["dense_attention"])
+        return self._roofline
+
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed."""
         return list(self.trace.assumptions)
 
     def result(self, name: str | None = None) -> Result:
         """The structured :class:`~modelmeter.Result` (modules x metrics x operators)."""
-        return build_result(self.model, self.metrics, name=name, memory=self.memory)
+        return build_result(self.model, self.metrics, name=name, memory=self.memory, time=self.roofline)
 
     def table(self, max_depth: int = 3, show_param_shapes: bool = True) -> str:
         """fvcore's ``flop_count_table`` with parameters, flops and activations."""
@@ -154,7 +176,8 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
             cache: CacheSetting = None, cache_dir: str | os.PathLike[str] | None = None,
             quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
             state_dtype: str | torch.dtype | None = None, foreach: bool | None = None,
-            attention_kernel: str = "fused") -> Analysis:
+            attention_kernel: str = "fused", device: str | Device | None = None, efficiency: float = 1.0,
+            launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None) -> Analysis:
     """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
 
     Example::
@@ -168,8 +191,16 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
     off by default. The model runs when ``analyze`` is called, so a failure surfaces here. ``quiet=True``
     keeps the log and the model's own warnings silent. ``memory=True`` adds the memory analysis (inference, or
     a training step with ``backward=True`` and an ``optimizer``; see :class:`~modelmeter.MemoryAnalysis`).
+
+    ``device`` (a name from ``modelmeter devices``, or a :class:`~modelmeter.Device`) predicts the time on that
+    accelerator by the roofline (docs/roofline.md): every operator takes ``max(FLOPs / peak, bytes / bandwidth)``;
+    ``efficiency`` (a fraction of the peaks reached, default 1), ``launch_overhead`` (seconds per kernel, default
+    0) and ``tf32`` (float32 products on tensor cores) adjust it; ``measured_time``, the seconds a measured step
+    took, gives the MFU and HFU. The result then has the ``bytes``, ``time``, ``intensity`` and
+    ``compute_bound`` columns and a ``roofline`` summary.
     """
     return Analysis(model, inputs, convention=convention, dense_attention=dense_attention, backward=backward,
                     loss_fn=loss_fn, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet,
                     memory=memory, optimizer=optimizer, state_dtype=state_dtype, foreach=foreach,
-                    attention_kernel=attention_kernel)
+                    attention_kernel=attention_kernel, device=device, efficiency=efficiency,
+                    launch_overhead=launch_overhead, tf32=tf32, measured_time=measured_time)

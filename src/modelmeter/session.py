@@ -10,6 +10,7 @@ reported on in a process that never built the model.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import warnings
 from collections import Counter, defaultdict
@@ -20,6 +21,7 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from .cache import TraceCache, cached_trace
+from .devices import Device, device_from_dict, get_device
 from .engine.gc_pause import no_gc
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Trace
@@ -37,6 +39,7 @@ from .metrics.memory import (
     saved_bytes,
 )
 from .metrics.parameters import count_by_prefix
+from .metrics.roofline import Roofline, RooflineSettings, roofline
 from .reports.result import ModuleRow, Result
 
 __all__ = ["Execution", "LossFn", "RunSpec", "Session", "result_from_trace"]
@@ -237,30 +240,53 @@ def counted_phases(trace: Trace, counts: Sequence[str]) -> list[str]:
 
 
 def assemble_result(trace: Trace, metrics: Mapping[str, Counted], *, name: str | None = None,
-                    convention: str = "fvcore", memory: MemoryColumns | None = None) -> Result:
+                    convention: str = "fvcore", memory: MemoryColumns | None = None,
+                    time: Roofline | None = None) -> Result:
     """The Result of ``metrics`` (metric name -> statistics over ``trace``; the first gives the unsupported
     operators and the uncalled modules), with rows from the trace's module table and, with ``memory``, the
-    memory columns. A metric counted over several phases is followed by one column per phase."""
+    memory columns, with ``time`` the roofline's. A metric counted over several phases is followed by one
+    column per phase."""
     if not metrics:
         raise ValueError("a result needs at least one metric, e.g. the flops")
     with no_gc():
-        return _assemble(trace, metrics, name, convention, memory)
+        return _assemble(trace, metrics, name, convention, memory, time)
+
+
+def _with_phases(per_metric: dict[str, Mapping[str, Mapping[str, Any]]], metric: str, counted: Counted) -> None:
+    """Add ``metric``'s column and, after a backward pass, one column per phase."""
+    stats, phases = counted
+    per_metric[metric] = stats.counts
+    if len(phases) > 1:
+        for phase in phases:
+            per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
+
+
+def _ratio(numerator: Mapping[str, Any], denominator: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    """A module's ratio of two metrics, in all and per operator (0 where the denominator is 0)."""
+    per_op = {op: numerator.get(op, 0) / value for op, value in denominator.items() if value}
+    below = sum(denominator.values())
+    return (sum(numerator.values()) / below if below else 0.0), per_op
 
 
 def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, convention: str,
-              memory: MemoryColumns | None) -> Result:
+              memory: MemoryColumns | None, time: Roofline | None) -> Result:
     per_metric: dict[str, Mapping[str, Mapping[str, Any]]] = {}
-    for metric, (stats, phases) in metrics.items():  # after a backward pass, each metric is followed by its phases
-        per_metric[metric] = stats.counts
-        if len(phases) > 1:
-            for phase in phases:
-                per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
+    for metric, counted in metrics.items():
+        _with_phases(per_metric, metric, counted)
     peaks: Counter[str] = Counter()
     if memory is not None:
         if memory.training:
             per_metric["saved_bytes"] = memory.saved
         peaks = memory.peaks
     columns = list(per_metric) + (["peak_memory"] if memory is not None else [])
+    ratios: dict[str, tuple[Statistics, Statistics]] = {}
+    if time is not None:
+        traffic: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        for metric, stats in (("bytes", time.bytes), ("time", time.time)):
+            _with_phases(traffic, metric, Counted(stats, counted_phases(trace, PHASES)))
+        per_metric.update(traffic)
+        ratios = {"intensity": (time.flops, time.bytes), "compute_bound": (time.compute_bound_time, time.time)}
+        columns += [*traffic, *ratios]
     first = next(iter(metrics.values())).stats
     params = count_by_prefix(trace.modules)
     empty: dict[str, Any] = {}
@@ -270,6 +296,9 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
         values = {metric: sum(ops.values()) for metric, ops in by_operator.items()}
         if memory is not None:
             values["peak_memory"] = peaks.get(info.name, 0)
+        for metric, (numerator, denominator) in ratios.items():
+            values[metric], by_operator[metric] = _ratio(numerator.counts.get(info.name, empty),
+                                                         denominator.counts.get(info.name, empty))
         rows.append(ModuleRow(info.name, info.type, params.get(info.name, 0), values, by_operator,
                               info.name not in first.uncalled))
     return Result(
@@ -283,22 +312,28 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
         assumptions=list(trace.assumptions),
         dtypes={metric: dict(stats.dtypes.get("", empty)) for metric, (stats, _) in metrics.items()},
         memory=memory.summary if memory is not None else {},
+        roofline=time.summary if time is not None else {},
     )
 
 
 def result_from_trace(trace: Trace, *, name: str | None = None, convention: str = "fvcore",
                       dense_attention: bool = False, attention_kernel: str = "fused", memory: bool = False,
                       optimizer: str | OptimizerSpec | None = None, state_dtype: str | None = None,
-                      foreach: bool | None = None, quiet: bool = True) -> Result:
+                      foreach: bool | None = None, quiet: bool = True, device: str | Device | None = None,
+                      efficiency: float = 1.0, launch_overhead: float = 0.0, tf32: bool = False,
+                      measured_time: float | None = None) -> Result:
     """The :class:`~modelmeter.Result` of a recorded run, from the trace alone (no model): what
     ``analyze(model, inputs, <the same options>).result(name)`` gives for the run the trace records.
 
     ``convention``, ``dense_attention`` and ``attention_kernel`` choose what the FLOPs count; ``memory=True``
     adds the memory columns (of a training step when the trace has a backward pass, with ``optimizer``,
-    ``state_dtype`` and ``foreach`` as for :class:`~modelmeter.MemoryAnalysis`). ``quiet=False`` logs the
-    unsupported operators and the modules that never ran, as an analysis does. ``name`` defaults to the
-    model's class name (``trace.model``).
+    ``state_dtype`` and ``foreach`` as for :class:`~modelmeter.MemoryAnalysis`). ``device`` adds the roofline's
+    bytes, time, intensity and bound on that device, with ``efficiency``, ``launch_overhead``, ``tf32`` and
+    ``measured_time`` as for :func:`~modelmeter.analyze`. ``quiet=False`` logs the unsupported operators and the
+    modules that never ran, as an analysis does. ``name`` defaults to the model's class name (``trace.model``).
     """
+    time = roofline_settings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
+                             measured_time=measured_time)
     if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
         raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
     spec = memory_optimizer(trace.backward, optimizer, state_dtype, foreach) if memory else None
@@ -314,4 +349,43 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
         model = MemoryModel(trace)
         metrics["activation_bytes"] = Counted(activation_statistics(model), counted_phases(trace, ("forward",)))
         columns = memory_columns(model, spec)
-    return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns)
+    predicted = None
+    if time is not None:
+        predicted = roofline(trace, time, attention_kernel=attention_kernel, dense_attention=dense_attention)
+    return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns, time=predicted)
+
+
+# time --------------------------------------------------------------------------------------------
+def roofline_settings(device: str | Device | Mapping[str, Any] | None, *, efficiency: float = 1.0,
+                      launch_overhead: float = 0.0, tf32: bool = False,
+                      measured_time: float | None = None) -> RooflineSettings | None:
+    """The roofline's settings, checked; None without a ``device`` (a name in the catalog, a :class:`Device`, or
+    a device's fields as a saved trace keeps a user's device). A ValueError names the option that is wrong."""
+    if device is None:
+        if (efficiency, launch_overhead, tf32, measured_time) != (1.0, 0.0, False, None):
+            raise ValueError("efficiency, launch_overhead, tf32 and measured_time describe the time on a device: "
+                             "pass device= with them (e.g. device='h100')")
+        return None
+    if isinstance(device, str):
+        device = get_device(device)
+    elif isinstance(device, Mapping):
+        device = device_from_dict(device)
+    elif not isinstance(device, Device):
+        raise TypeError(f"device must be a device name (see `modelmeter devices`) or a Device, got "
+                        f"{type(device).__name__}")
+    if not _number(efficiency) or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be a fraction of the peak in (0, 1], got {efficiency!r}")
+    if not _number(launch_overhead) or not 0 <= launch_overhead < 1:
+        raise ValueError(f"launch_overhead must be seconds per kernel, >= 0 and under 1 (e.g. 5e-6), got "
+                         f"{launch_overhead!r}")
+    if measured_time is not None and (not _number(measured_time) or not 0 < measured_time < 1e9):
+        raise ValueError(f"measured_time must be the seconds a measured step took, > 0, got {measured_time!r}")
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32 must be True or False, got {tf32!r}")
+    return RooflineSettings(device, efficiency=float(efficiency), launch_overhead=float(launch_overhead),
+                            tf32=tf32, measured_time=None if measured_time is None else float(measured_time))
+
+
+def _number(value: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

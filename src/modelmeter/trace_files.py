@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .devices import DEVICES, Device
 from .engine.trace import Trace
 from .metrics.memory import OptimizerSpec
 from .reports.saved import SavedTrace, check_settings, read_saved_trace, write_saved_trace
@@ -55,8 +56,12 @@ def _count(trace: Trace, settings: dict[str, Any]) -> Result:
 
 
 def _plain(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` as JSON data: an OptimizerSpec as its fields, a ``torch.dtype`` as its name."""
+    """``settings`` as JSON data: an OptimizerSpec as its fields, a ``torch.dtype`` as its name, a device as its
+    name when it is the catalog's, else as its fields."""
     out = dict(settings)
+    device = out.get("device")
+    if isinstance(device, Device):
+        out["device"] = device.name if DEVICES.get(device.name) == device else dataclasses.asdict(device)
     if isinstance(out.get("optimizer"), OptimizerSpec):
         out["optimizer"] = dataclasses.asdict(out["optimizer"])
     if out.get("state_dtype") is not None:

@@ -17,13 +17,36 @@ import torch
 
 from ..engine.tracer import Execution
 from ..errors import ModelExitError, ModelMeterError
-from ..reports.result import BYTE_METRICS, Result
+from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
 from .errors import ModelSpecError, one_line
 from .models import LoadedModel, load_model
 from .options import OPTIMIZERS
 
 if TYPE_CHECKING:
     from ..analysis import Analysis
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """The device the time is predicted on (a name, from the catalog or ``devices_file``), and the roofline's
+    options (docs/roofline.md)."""
+
+    name: str
+    devices_file: str | None = None
+    efficiency: float = 1.0
+    launch_overhead: float = 0.0
+    tf32: bool = False
+    measured_time: float | None = None
+
+    def argv(self) -> list[str]:
+        """The command-line arguments that choose these options again."""
+        argv = ["--device", self.name]
+        argv += ["--devices-file", self.devices_file] if self.devices_file else []
+        argv += ["--efficiency", repr(self.efficiency)] if self.efficiency != 1.0 else []
+        argv += ["--launch-overhead", repr(self.launch_overhead)] if self.launch_overhead else []
+        argv += ["--tf32"] * self.tf32
+        argv += ["--measured-time", repr(self.measured_time)] if self.measured_time is not None else []
+        return argv
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,7 @@ class Job:
     optimizer: str | None = None
     state_dtype: str | None = None
     foreach: bool | None = None
+    device: DeviceOptions | None = None
     project: str | None = None  # set for a model named by a baseline file: what it may call is confined to this
 
     @property
@@ -71,9 +95,10 @@ def job_from_args(args: argparse.Namespace) -> Job:
         raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
                              "/ --save-trace per run")
     _check_memory_options(args)
+    device = _device_options(args)
     backward = args.backward or args.optimizer is not None
     memory = (args.memory or args.optimizer is not None or args.fit is not None
-              or any(metric in BYTE_METRICS for metric in args.budget or {}))
+              or any(metric in MEMORY_METRICS for metric in args.budget or {}))
     # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
     guarded = bool(args.budget or args.save_baseline or args.check_baseline)
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
@@ -81,7 +106,29 @@ def job_from_args(args: argparse.Namespace) -> Job:
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
                attention_kernel=args.attention_kernel,
                cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
-               state_dtype=args.state_dtype, foreach=args.foreach, **given)
+               state_dtype=args.state_dtype, foreach=args.foreach, device=device, **given)
+
+
+def _device_options(args: argparse.Namespace) -> DeviceOptions | None:
+    """The device options, the device looked up now (an unknown name is a usage error before any model runs)."""
+    loose = [flag for flag, given in (("--devices-file", args.devices_file), ("--measured-time", args.measured_time),
+                                      ("--efficiency", args.efficiency != 1.0),
+                                      ("--launch-overhead", args.launch_overhead), ("--tf32", args.tf32)) if given]
+    timed = [metric for metric in args.budget or {} if metric in ROOFLINE_METRICS]
+    if args.device is None:
+        if loose or timed:
+            what = " and ".join(loose) or f"--budget {timed[0]}=..."
+            raise ModelSpecError(f"{what} describe{'s' if len(loose) < 2 else ''} the time on a device: add "
+                                 "--device NAME (`modelmeter devices` lists them)")
+        return None
+    from ..devices import DeviceError, get_device
+
+    try:
+        get_device(args.device, devices_file=args.devices_file)
+    except (DeviceError, OSError) as exc:
+        raise ModelSpecError(str(exc)) from None
+    return DeviceOptions(args.device, args.devices_file, args.efficiency, args.launch_overhead, args.tf32,
+                         args.measured_time)
 
 
 def _check_memory_options(args: argparse.Namespace) -> None:
@@ -117,7 +164,7 @@ def job_argv(job: Job) -> list[str]:
     argv += ["--attention-kernel", job.attention_kernel] if job.attention_kernel != "fused" else []
     argv += ["--memory"] * job.memory + (["--optimizer", job.optimizer] if job.optimizer else [])
     argv += (["--state-dtype", job.state_dtype] if job.state_dtype else []) + ["--foreach"] * bool(job.foreach)
-    return argv
+    return argv + (job.device.argv() if job.device is not None else [])
 
 
 # --- the run ---------------------------------------------------------------------------------------------
@@ -161,6 +208,7 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
     else:
         inputs = loaded.inputs(batch=job.batch, resolution=job.resolution, seq_len=job.seq_len, dtype=job.dtype,
                                real=real)
+    timing = _timing(job.device)
     start = time.perf_counter()
     with _quiet_fake_tensor_log():
         try:
@@ -168,7 +216,7 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
                                backward=job.backward, execution=job.execution, cache=job.cache,
                                cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
                                optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach,
-                               attention_kernel=job.attention_kernel)
+                               attention_kernel=job.attention_kernel, **timing)
         except TypeError as exc:  # the inputs do not fit the model's forward()
             raise ModelSpecError(str(exc)) from None
         analysis.trace.assumptions[:0] = loaded.notes  # what the loader assumed is an assumption of the run
@@ -176,6 +224,17 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
     if save_trace is not None:
         _save(analysis, save_trace, loaded.name)
     return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+def _timing(options: DeviceOptions | None) -> dict[str, Any]:
+    """``analyze``'s time options for ``options``."""
+    if options is None:
+        return {}
+    from ..devices import get_device
+
+    return {"device": get_device(options.name, devices_file=options.devices_file),
+            "efficiency": options.efficiency, "launch_overhead": options.launch_overhead, "tf32": options.tf32,
+            "measured_time": options.measured_time}
 
 
 def _save(analysis: Analysis, path: str, name: str) -> None:

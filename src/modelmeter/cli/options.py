@@ -175,6 +175,7 @@ def analysis_options() -> argparse.ArgumentParser:
                      help="also save the run to FILE (.mmtrace): `modelmeter report FILE` renders it without the model")
     _guard_options(parser)
     _memory_options(parser)
+    time_options(parser)
     return parser
 
 
@@ -225,6 +226,45 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
     guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
                        help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
     guard.add_argument("--name", metavar="NAME", help="the baseline entry's name (default: MODEL and key=value)")
+
+
+def duration(text: str) -> float:
+    """``5ms``, ``120us``, ``0.25s`` or ``0.25`` (seconds) as seconds."""
+    from ..reports.format import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(text: str) -> float:
+    """A fraction of the peak in (0, 1]: ``0.7`` or ``70%``."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a fraction: {text!r} (e.g. 0.7 or 70%)") from None
+    if not 0 < value <= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"a fraction of the peak is in (0, 1], got {text!r}")
+    return value
+
+
+def time_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the time on a device (the analysis's, and ``report``'s to recount a saved trace)."""
+    time = parser.add_argument_group("time on a device (docs/roofline.md)")
+    time.add_argument("--device", metavar="NAME",
+                      help="predict the time on this accelerator (roofline): adds the bytes, time, FLOPs per byte and "
+                           "bound columns; `modelmeter devices` lists them")
+    time.add_argument("--devices-file", metavar="FILE",
+                      help="a JSON or TOML file of devices of your own, for --device (docs/devices.md)")
+    time.add_argument("--measured-time", type=duration, metavar="T",
+                      help="the time a measured step took (e.g. 123ms): gives the MFU and HFU")
+    time.add_argument("--efficiency", type=_fraction, default=1.0, metavar="F",
+                      help="the fraction of the peaks kernels reach, e.g. 0.7 (default 1: the pure roofline)")
+    time.add_argument("--launch-overhead", type=duration, default=0.0, metavar="T",
+                      help="time added per kernel launched, e.g. 4us (default 0)")
+    time.add_argument("--tf32", action="store_true",
+                      help="float32 matrix products on tensor cores at the TF32 peak (default: the float32 peak)")
 
 
 def _memory_options(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from .errors import ModelSpecError
-from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, subcommand_parser
+from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, subcommand_parser, time_options
 from .output import emit, header_line, read_result, write_html_report
 
 SUMMARY = "renders a saved trace (--save-trace FILE) without the model"
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the attention kernel whose cost attention is counted at")
     recount.add_argument("--dense-attention", action="store_true", default=None,
                          help="count masked attention as dense")
+    time_options(parser)
     return parser
 
 
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     changes = {name: value for name, value in (("convention", args.convention),
                                                 ("attention_kernel", args.attention_kernel),
                                                 ("dense_attention", args.dense_attention)) if value is not None}
+    changes.update(_time_changes(args, saved.settings))
     result = saved.result
     if any(saved.settings[name] != value for name, value in changes.items()):
         from ..trace_files import recount
@@ -68,4 +71,24 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         write_html_report(args.html, result, other, saved.trace.versions.get("torch", "unknown"))
     return 0
+
+
+def _time_changes(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """The time settings the command line changes: a ``--device`` (the saved one when only its options are
+    given), with every option of the time as given."""
+    given = (args.devices_file, args.measured_time, args.efficiency != 1.0, args.launch_overhead, args.tf32)
+    if args.device is None and not any(given):
+        return {}
+    device = settings["device"] if args.device is None else args.device
+    if device is None:
+        raise ModelSpecError("the trace was saved without a device: add --device NAME (`modelmeter devices`)")
+    if args.device is not None:
+        from ..devices import DeviceError, get_device
+
+        try:
+            device = get_device(args.device, devices_file=args.devices_file)
+        except (DeviceError, OSError) as exc:
+            raise ModelSpecError(str(exc)) from None
+    return {"device": device, "efficiency": args.efficiency, "launch_overhead": args.launch_overhead,
+            "tf32": args.tf32, "measured_time": args.measured_time}
 

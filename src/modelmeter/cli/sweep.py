@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..reports.format import format_bytes, titled_table
+from ..reports.format import format_bytes, format_time, titled_table
 from ..reports.fvcore_tables import format_size
+from ..reports.render import format_bound
 from .errors import ModelSpecError
 from .job import Job, model_code, worker_row
 from .models import load_model
@@ -46,7 +47,10 @@ def sweep_point(job: Job) -> dict[str, Any]:
     """The sweep's worker (top level, so spawned processes can import it): one row."""
     return worker_row(job, lambda result, seconds: {
         "params": result.root.params, "flops": result.total("flops"), "activations": result.total("activations"),
-        "peak_memory": result.memory.get("peak"), "seconds": seconds, "execution": result.execution})
+        "peak_memory": result.memory.get("peak"), "seconds": seconds, "execution": result.execution,
+        "time": result.total("time"), "throughput": result.roofline.get("throughput"),
+        "unit": (result.roofline.get("items") or {}).get("unit"), "intensity": result.total("intensity"),
+        "compute_bound": result.total("compute_bound")})
 
 
 def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:
@@ -60,6 +64,9 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
         ("activations", "activations", format_size)]
     if job.memory:
         columns.append(("peak memory", "peak_memory", format_bytes))
+    if job.device is not None:
+        columns += [("time", "time", format_time), (f"{rows[0]['unit']}/s", "throughput", lambda n: f"{n:,.4g}"),
+                    ("flops/byte", "intensity", lambda n: f"{n:.3g}"), ("bound", "compute_bound", format_bound)]
     columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
         return json.dumps({"model": job.model, "axis": label, "execution": rows[0]["execution"],
@@ -77,9 +84,24 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
     growth = [_growth("flops", label, values, [r["flops"] for r in rows])]
     if job.memory:
         growth.append(_growth("peak memory", label, values, [r["peak_memory"] for r in rows]))
+    if job.device is not None:
+        growth.append(_turn(label, values, [r["compute_bound"] for r in rows]))
     if any(growth):
         lines += ["", *filter(None, growth)]
     return "\n".join(lines)
+
+
+def _turn(label: str, values: list[int], shares: list[float]) -> str:
+    """Where the model turns compute-bound (most of its time in compute-bound operators), if it does."""
+    bound = [share >= 0.5 for share in shares]
+    if all(bound):
+        return f"compute-bound at every {label} swept"
+    if not any(bound):
+        return f"memory-bound at every {label} swept"
+    first = bound.index(True)
+    if first and all(bound[first:]):
+        return f"turns compute-bound between {label} {values[first - 1]} and {values[first]}"
+    return f"compute-bound at {label} " + ", ".join(str(v) for v, b in zip(values, bound, strict=True) if b)
 
 
 def _growth(what: str, label: str, values: list[int], amounts: list[float]) -> str:

@@ -3,6 +3,6 @@
 Plain data, without torch, so ``modelmeter devices`` lists them in an instant.
 """
 
-from .catalog import DEVICES, Device, DeviceError, get_device
+from .catalog import DEVICES, Device, DeviceError, device_from_dict, get_device
 
-__all__ = ["DEVICES", "Device", "DeviceError", "get_device"]
+__all__ = ["DEVICES", "Device", "DeviceError", "device_from_dict", "get_device"]

@@ -58,9 +58,16 @@ DEVICES: dict[str, Device] = {
 }
 
 
-def get_device(name: str) -> Device:
+def get_device(name: str, devices_file: str | None = None) -> Device:
     """The device called ``name`` (or one of its aliases, any case)."""
+    if devices_file is not None:
+        raise NotImplementedError("skeleton")
     found = DEVICES.get(name.lower())
     if found is None:
         raise DeviceError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
     return found
+
+
+def device_from_dict(data: Mapping[str, object]) -> Device:
+    """A device from its fields (as ``dataclasses.asdict`` gives them, and a saved trace keeps a user's device)."""
+    return Device(**data)  # type: ignore[arg-type]

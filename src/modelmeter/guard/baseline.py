@@ -26,7 +26,7 @@ from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
 from ..reports.render import format_metric
-from ..reports.result import Result
+from ..reports.result import RATIO_METRICS, Result
 from .values import MAX_AMOUNT, GuardFileError, check_amount, check_name, check_tolerance, read_json, shorten
 
 FORMAT = "modelmeter-baseline"
@@ -55,7 +55,8 @@ class Entry:
 def entry_from_result(result: Result, *, spec: list[str] | None = None) -> Entry:
     """The baseline entry of an analysed model (``spec``: how the command builds it again, if it does)."""
     backward = any(m.startswith("backward_") for m in result.metrics)
-    modules = {row.name: {"params": row.params, **{m: row.metrics.get(m, 0) for m in result.metrics}}
+    costs = [m for m in result.metrics if m not in RATIO_METRICS]  # a ratio is no cost that can grow
+    modules = {row.name: {"params": row.params, **{m: row.metrics.get(m, 0) for m in costs}}
                for row in result.modules}
     return Entry(result.model, [dict(i) for i in result.inputs], result.convention, backward, modules, list(spec or []))
 

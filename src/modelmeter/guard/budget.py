@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..reports.format import parse_duration
 from ..reports.render import format_metric
-from ..reports.result import BYTE_METRICS, Result
+from ..reports.result import BYTE_METRICS, MEMORY_METRICS, RATIO_METRICS, ROOFLINE_METRICS, TIME_METRICS, Result
 from .values import MAX_AMOUNT, check_amount
 
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
@@ -33,8 +34,9 @@ Budget = dict[str, float]
 
 
 def parse_budget(text: str) -> Budget:
-    """``"flops=4.2G,params=26M"`` -> ``{"flops": 4.2e9, "params": 26e6}``; a clear error for anything else (a
-    metric given twice too)."""
+    """``"flops=4.2G,params=26M"`` -> ``{"flops": 4.2e9, "params": 26e6}``; times in seconds (``time=5ms`` ->
+    0.005, see :func:`~modelmeter.reports.format.parse_duration`); a clear error for anything else (a metric given
+    twice, a ratio such as ``intensity`` that no budget bounds)."""
     budget: Budget = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         metric, sep, amount = part.partition("=")
@@ -43,8 +45,10 @@ def parse_budget(text: str) -> Budget:
             raise ValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
         if metric in budget:
             raise ValueError(f"the budget names {metric!r} twice; give each metric once")
+        if metric in RATIO_METRICS:
+            raise ValueError(f"{metric} is a ratio, not a cost: budget the time or the bytes instead")
         try:
-            budget[metric] = parse_quantity(amount)
+            budget[metric] = parse_duration(amount) if metric in TIME_METRICS else parse_quantity(amount)
         except ValueError as exc:
             raise ValueError(f"the budget of {metric}: {exc}") from None
     if not budget:
@@ -63,9 +67,12 @@ class Over:
     def __str__(self) -> str:
         excess = self.value - self.limit
         share = f" (+{100 * excess / self.limit:.1f}%)" if self.limit else ""
-        unit = " bytes" if self.metric in BYTE_METRICS else ""
         value, limit, by = (format_metric(self.metric, amount) for amount in (self.value, self.limit, excess))
-        return f"{self.metric}: {value} ({self.value:,.0f}{unit}) is over the budget of {limit} by {by}{share}"
+        if self.metric in TIME_METRICS:
+            exact = f"{self.value:.6g} s"
+        else:
+            exact = f"{self.value:,.0f}{' bytes' if self.metric in BYTE_METRICS else ''}"
+        return f"{self.metric}: {value} ({exact}) is over the budget of {limit} by {by}{share}"
 
 
 def metric_values(result: Result) -> dict[str, float]:
@@ -93,7 +100,9 @@ def _hint(unknown: list[str]) -> str:
     """What would add the ``unknown`` metrics: a backward pass, the memory analysis."""
     if any(m.endswith("_flops") for m in unknown):
         return " (phase metrics need --backward)"
-    if any(m in BYTE_METRICS for m in unknown):
+    if any(m in ROOFLINE_METRICS for m in unknown):
+        return " (the time and bytes on a device need --device NAME; analyze(..., device='h100'))"
+    if any(m in MEMORY_METRICS for m in unknown):
         saved = ", and --backward for saved_bytes" if "saved_bytes" in unknown else ""
         return (f" (memory metrics come with the memory analysis: --memory{saved}; "
                 f"analyze(..., memory=True{', backward=True' if saved else ''}))")

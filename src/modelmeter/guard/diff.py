@@ -6,8 +6,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..reports.format import aligned_table
+from ..reports.format import aligned_table, format_time
 from ..reports.fvcore_tables import format_size
+from ..reports.result import RATIO_METRICS, TIME_METRICS
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
@@ -51,7 +52,8 @@ def _result_costs(rows: Any, where: str) -> Costs:
         if not (isinstance(row, dict) and isinstance(row.get("name"), str) and isinstance(row.get("metrics"), dict)):
             raise GuardFileError(f"{where}: modules[{i}] is not a module row (name, params, metrics)")
         check_name(row["name"], f"{where}: modules[{i}]'s name")
-        values = {"params": row.get("params", 0), **row["metrics"]}
+        values = {"params": row.get("params", 0), **{metric: value for metric, value in row["metrics"].items()
+                                                      if metric not in RATIO_METRICS}}  # costs only
         try:
             for metric, value in values.items():
                 check_amount(value, f"{where}: module {row['name']!r}: {metric}")
@@ -74,8 +76,11 @@ class Difference:
 
     def row(self) -> list[str]:
         share = f"{100 * self.change / self.before:+.1f}%" if self.before else "new"
-        return [self.module or "model", self.metric, format_size(self.before), format_size(self.after),
-                f"{self.change:+,.0f}", share]
+        if self.metric in TIME_METRICS:  # seconds: fractions that a count's format would round to 0
+            before, after, change = format_time(self.before), format_time(self.after), f"{self.change:+.3g}s"
+        else:
+            before, after, change = format_size(self.before), format_size(self.after), f"{self.change:+,.0f}"
+        return [self.module or "model", self.metric, before, after, change, share]
 
 
 def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[Difference]:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -17,6 +19,37 @@ def format_bytes(n: float) -> str:
             value = n / scale
             return f"{value:.3g}{suffix}" if abs(value) < 999.5 else f"{value:.0f}{suffix}"
     return f"{int(n)}B"
+
+
+_TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9))
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def format_time(seconds: float) -> str:
+    """Seconds with three significant figures in the largest unit that keeps them at least 1:
+    ``0.00123 -> "1.23ms"``, ``4.5e-8 -> "45ns"``, ``0 -> "0s"``."""
+    if seconds == 0:
+        return "0s"
+    if abs(seconds) >= 999.5:
+        return f"{seconds:.0f}s"
+    for suffix, scale in _TIME_UNITS:
+        shown = f"{seconds / scale:.3g}"
+        if abs(float(shown)) >= 1 or suffix == "ns":  # rounded first: 999.9µs is 1ms, not 1e+03µs
+            return f"{shown}{suffix}"
+    raise AssertionError("unreachable")
+
+
+def parse_duration(text: str) -> float:
+    """``"5ms"`` -> 0.005, ``"120us"`` (or ``µs``) -> 1.2e-4, ``"2s"`` or ``"2"`` -> 2.0; a ``ValueError`` for
+    anything else (a negative, infinite or NaN duration included)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(e-?\d+)?\s*(s|ms|us|µs|ns)?\s*", text.strip().lower())
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (e.g. 5ms, 120us, 0.25s, 0.25)")
+    number, exponent, unit = match.groups()
+    value = float(number + (exponent or "")) * _DURATION_UNITS[unit or ""]
+    if not math.isfinite(value):
+        raise ValueError(f"out of range: {text!r}")
+    return value
 
 
 def aligned_table(rows: Sequence[Sequence[str]], aligns: Sequence[Align], rule: bool = False) -> list[str]:

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
-from .format import aligned_table, format_bytes
+from .format import aligned_table, format_bytes, format_time
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
-from .result import BYTE_METRICS, ModuleRow, Result
+from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
 
 __all__ = ["FORMATS", "format_bytes", "format_size", "render"]
 
@@ -37,8 +37,28 @@ def convention_note(name: str) -> str:
 
 
 def format_metric(metric: str, value: float) -> str:
-    """A metric's value as the reports print it: bytes in binary units, counts as fvcore does."""
-    return format_bytes(value) if metric in BYTE_METRICS else format_size(value)
+    """A metric's value as the reports print it: bytes in binary units, seconds in s/ms/µs/ns, FLOPs per byte with
+    three significant figures, the compute-bound share as the bound, counts as fvcore does."""
+    if metric in BYTE_METRICS:
+        return format_bytes(value)
+    if metric in TIME_METRICS:
+        return format_time(value)
+    if metric == "intensity":
+        return f"{value:.3g}"
+    if metric == "compute_bound":
+        return format_bound(value)
+    return format_size(value)
+
+
+def format_bound(share: float) -> str:
+    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it."""
+    if share >= 0.5:
+        return f"compute {100 * share:.0f}%"
+    return f"memory {100 * (1 - share):.0f}%"
+
+
+# The column a metric of no share (a ratio) is shown under.
+_HEADERS = {"intensity": "flops/byte", "compute_bound": "bound"}
 
 
 # table and markdown ----------------------------------------------------------------------------
@@ -46,22 +66,42 @@ def _shown(result: Result, depth: int) -> list[ModuleRow]:
     return [row for row in result.modules if row.depth <= depth]
 
 
+# The roofline's per-phase columns: in JSON, CSV and HTML; the text reports give the phases' times in a note.
+_PHASE_COLUMNS = frozenset(f"{phase}_{metric}" for phase in ("forward", "backward", "recompute")
+                           for metric in ("bytes", "time"))
+
+
+def _columns(result: Result) -> list[str]:
+    """The metrics a table or tree shows."""
+    return [metric for metric in result.metrics if metric not in _PHASE_COLUMNS]
+
+
 def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Align], list[list[str]]]:
-    """Headers, alignments and cells: module (indented), type, #params, then #metric and %metric per metric."""
+    """Headers, alignments and cells: module (indented), type, #params, then #metric and %metric per metric (a
+    ratio gets one column)."""
     headers = ["module", "type", "#params"]
     aligns: list[Align] = ["left", "left", "right"]
-    for metric in result.metrics:
-        headers += [f"#{metric}", f"%{metric}"]
-        aligns += ["right", "right"]
-    totals = {metric: result.total(metric) for metric in result.metrics}
+    columns = _columns(result)
+    for metric in columns:
+        if metric in RATIO_METRICS:
+            headers.append(_HEADERS[metric])
+            aligns.append("right")
+        else:
+            headers += [f"#{metric}", f"%{metric}"]
+            aligns += ["right", "right"]
+    totals = {metric: result.total(metric) for metric in columns}
     cells = []
     for row in rows:
         line = ["  " * row.depth + (row.name or "model"), row.type, format_size(row.params)]
-        for metric in result.metrics:
+        for metric in columns:
+            ratio = metric in RATIO_METRICS
             if not row.called:
-                line += ["N/A", "N/A"]
+                line += ["N/A"] if ratio else ["N/A", "N/A"]
                 continue
             value = row.metrics.get(metric, 0)
+            if ratio:
+                line.append(format_metric(metric, value) if row.metrics.get("time") else "-")
+                continue
             share = value / totals[metric] if totals[metric] else 0.0
             line += [format_metric(metric, value), f"{100 * share:.1f}%"]
         cells.append(line)
@@ -80,6 +120,8 @@ def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -
                      + ", ".join(f"{code(op)} ({n} call{'s' if n != 1 else ''})" for op, n in ops))
     if result.memory:
         lines.append(memory_note(result.memory))
+    if result.roofline:
+        lines.append(roofline_note(result.roofline))
     lines += [f"Assumption: {text}" for text in result.assumptions]
     return lines
 
@@ -94,6 +136,24 @@ def memory_note(memory: dict[str, Any]) -> str:
     if isinstance(optimizer, dict):
         step += f" with {optimizer['name']}"
     return f"Peak memory ({step}): {format_bytes(memory['peak'])} during the {where} ({parts})"
+
+
+def roofline_note(summary: dict[str, Any]) -> str:
+    """One line on the predicted time: where, how long per phase, the throughput, the bound and the MFU."""
+    device = summary["device"]
+    times = summary["time"]
+    phases = ", ".join(f"{phase} {format_time(seconds)}" for phase, seconds in times.items() if phase != "total")
+    if len(times) > 2:
+        phases += f", total {format_time(times['total'])}"
+    items = summary.get("items") or {}
+    rate = f"; {summary['throughput']:,.3g} {items.get('unit', 'samples')}/s" if summary.get("throughput") else ""
+    line = (f"Predicted time on {device['label']} ({summary['dtype']}, roofline): {phases}{rate}; "
+            f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound; "
+            f"predicted MFU {100 * summary['predicted_mfu']:.1f}%")
+    if summary.get("measured_time") is not None:
+        line += (f"; measured {format_time(summary['measured_time'])}: MFU {100 * summary['mfu']:.1f}%, "
+                 f"HFU {100 * summary['hfu']:.1f}%")
+    return line
 
 
 def _table(result: Result, depth: int) -> str:
@@ -126,11 +186,12 @@ def _exact(value: float) -> str:
 def _csv(result: Result, depth: int) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["name", "type", "depth", "params", *result.metrics, *(f"{m}_share" for m in result.metrics)])
-    totals = {metric: result.total(metric) for metric in result.metrics}
+    shared = [m for m in result.metrics if m not in RATIO_METRICS]  # a ratio has no share of the model's
+    writer.writerow(["name", "type", "depth", "params", *result.metrics, *(f"{m}_share" for m in shared)])
+    totals = {metric: result.total(metric) for metric in shared}
     for row in result.modules:
         values = [row.metrics.get(metric, 0) for metric in result.metrics]
-        shares = [v / totals[m] if totals[m] else 0.0 for v, m in zip(values, result.metrics, strict=True)]
+        shares = [row.metrics.get(m, 0) / totals[m] if totals[m] else 0.0 for m in shared]
         writer.writerow([row.name, row.type, row.depth, row.params,
                          *map(_exact, values), *(f"{s:.6f}" for s in shares)])
     return out.getvalue().rstrip("\n")
@@ -143,12 +204,14 @@ def _tree(result: Result, depth: int) -> str:
         if row.depth <= depth:
             kids.setdefault(row.name.rsplit(".", 1)[0] if "." in row.name else "", []).append(row)
 
+    columns = _columns(result)
+
     def block(row: ModuleRow) -> str:
-        values = [row.metrics.get(metric, 0) for metric in result.metrics]
+        values = [row.metrics.get(metric, 0) for metric in columns]
         lines = []
         if row.params or any(values) or not row.called:
             stats = [f"#params: {format_size(row.params)}"]
-            for metric, value in zip(result.metrics, values, strict=True):
+            for metric, value in zip(columns, values, strict=True):
                 stats.append(f"#{metric}: {format_metric(metric, value) if row.called else 'N/A'}")
             lines.append(", ".join(stats))
         children = [(child.name.rsplit(".", 1)[-1], block(child)) for child in kids.get(row.name, [])]

@@ -13,8 +13,17 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
-BYTE_METRICS = frozenset({"activation_bytes", "saved_bytes", "peak_memory"})
-NOT_ADDITIVE = frozenset({"peak_memory"})
+MEMORY_METRICS = frozenset({"activation_bytes", "saved_bytes", "peak_memory"})  # the memory analysis's
+# The roofline's metrics: they come with a device (bytes moved, seconds, and the two ratios below).
+TRAFFIC_METRICS = frozenset({"bytes", "forward_bytes", "backward_bytes", "recompute_bytes"})
+BYTE_METRICS = MEMORY_METRICS | TRAFFIC_METRICS
+# Metrics in seconds: the roofline time on a device, in all and per phase.
+TIME_METRICS = frozenset({"time", "forward_time", "backward_time", "recompute_time"})
+# Ratios of two sums (FLOPs per byte; the share of the time spent in compute-bound operators): a module's ratio is
+# its own, not the sum of its children's, and has no share of the model's.
+RATIO_METRICS = frozenset({"intensity", "compute_bound"})
+NOT_ADDITIVE = frozenset({"peak_memory"}) | RATIO_METRICS
+ROOFLINE_METRICS = TRAFFIC_METRICS | TIME_METRICS | RATIO_METRICS
 
 
 @dataclass
@@ -24,8 +33,10 @@ class ModuleRow:
     ``metrics`` maps a metric name (``"flops"``, ``"activations"``; after a backward pass also
     ``"forward_flops"``, ``"backward_flops"`` and, with activation checkpointing, ``"recompute_flops"``; with
     the memory analysis ``"activation_bytes"``, ``"peak_memory"`` — the most bytes live while the module ran —
-    and for a training step ``"saved_bytes"``) to the module's total; ``by_operator`` maps the same names to
-    per-operator values (none for ``peak_memory``).
+    and for a training step ``"saved_bytes"``; on a device, the roofline's ``"bytes"`` moved and ``"time"`` in
+    seconds (each also per phase after a backward pass), ``"intensity"`` — FLOPs per byte — and
+    ``"compute_bound"`` — the share of the module's time in compute-bound operators) to the module's total;
+    ``by_operator`` maps the same names to per-operator values (none for ``peak_memory``).
     ``called`` is False for a module that never ran (its metrics are then 0).
     """
 
@@ -49,7 +60,10 @@ class Result:
     ``convention`` is the FLOP counting convention; ``dtypes`` maps each metric to the model's total by the
     dtype the work was done in (``{"flops": {"bfloat16": ...}}``). ``memory`` summarises the memory analysis
     when there was one: ``peak`` bytes, where it happened (``phase``, ``module``, ``operator``), the live
-    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``.
+    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``. ``roofline`` summarises the
+    predicted time on a device when there was one (docs/roofline.md): the ``device``, the phases' ``time``,
+    ``throughput``, ``predicted_mfu`` (and ``mfu``/``hfu`` of a measured time), the ``operators`` as points of
+    the roofline chart.
     """
 
     model: str
@@ -62,6 +76,7 @@ class Result:
     assumptions: list[str] = field(default_factory=list)
     dtypes: dict[str, dict[str, float]] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
+    roofline: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -35,7 +35,8 @@ SUFFIX = ".mmtrace"
 # The counting settings a file records, with their defaults (what analyze() uses).
 SETTINGS: dict[str, Any] = {"name": None, "convention": "fvcore", "dense_attention": False,
                             "attention_kernel": "fused", "memory": False, "optimizer": None,
-                            "state_dtype": None, "foreach": None}
+                            "state_dtype": None, "foreach": None, "device": None, "efficiency": 1.0,
+                            "launch_overhead": 0.0, "tf32": False, "measured_time": None}
 
 
 class SavedTraceError(ModelMeterError, ValueError):
