@@ -49,7 +49,10 @@ class Result:
     ``convention`` is the FLOP counting convention; ``dtypes`` maps each metric to the model's total by the
     dtype the work was done in (``{"flops": {"bfloat16": ...}}``). ``memory`` summarises the memory analysis
     when there was one: ``peak`` bytes, where it happened (``phase``, ``module``, ``operator``), the live
-    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``.
+    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``. ``roofline`` summarises the
+    predicted time on a device when one was chosen (``{}`` otherwise): the ``device`` (``label``, ``bandwidth``,
+    ``peak``, ``vector_peak``, ``ridge``), ``dtype``, ``time`` per phase, ``predicted_mfu``, ``mfu``/``hfu`` of a
+    measured time, ``throughput`` of ``items`` and the ``operators`` (flops, bytes, time, bound) by dtype.
     """
 
     model: str
@@ -62,6 +65,7 @@ class Result:
     assumptions: list[str] = field(default_factory=list)
     dtypes: dict[str, dict[str, float]] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
+    roofline: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
