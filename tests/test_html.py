@@ -583,3 +583,32 @@ def test_icicle_sized_by_time_or_bytes(browser: Browser, tmp_path: Path) -> None
                                                        "1230s"]
     assert report.errors == [] and report.requests == [report.url]
     report.context.close()
+
+
+@needs_browser
+def test_roofline_summary_settings(browser: Browser, tmp_path: Path) -> None:
+    """The settings that change the prediction are named; no measured time, no vector peak, no matrix dtype."""
+    result = _roofline_result()
+    summary = result.roofline
+    summary["settings"] = {"efficiency": 0.8, "launch_overhead": 5e-6, "tf32": True}
+    summary.update(measured_time=None, mfu=None, hfu=None, dtype=None)
+    del summary["device"]["vector_peak"]
+    summary["time"] = {"forward": 0.0123, "total": 0.0123}
+    result.model = result.roofline["device"]["label"] = HOSTILE
+    summary["operators"][0]["operator"] = HOSTILE
+    path = tmp_path / "settings.html"
+    write_html(result, path)
+    report = Opened(browser, path)
+    page = report.page
+    rows = dict(zip(page.locator("#roofline-summary dt").all_inner_texts(),
+                    page.locator("#roofline-summary dd").all_inner_texts(), strict=True))
+    assert "measured" not in rows and rows["predicted time"] == "12.3ms (forward 12.3ms)"
+    assert rows["efficiency"] == "80%" and rows["launch overhead"] == "5µs a kernel" and "tf32" in rows
+    assert rows["device"] == HOSTILE + ": 100TFLOP/s matrix, 1TB/s, ridge 100 FLOPs/byte"
+    assert page.locator("#roofline-title").inner_text() == "Roofline on " + HOSTILE
+    assert page.locator("#roofline-chart polyline").count() == 1  # the matrix roof only
+    page.hover("#roofline-chart circle >> nth=0")
+    assert page.locator("#tooltip").inner_text().startswith(HOSTILE + "  (bfloat16, compute-bound)")
+    assert page.evaluate("window.pwned") is None and page.locator("script").count() == 2
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()

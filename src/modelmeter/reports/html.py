@@ -234,9 +234,10 @@ def roofline_chart(summary: dict[str, Any]) -> dict[str, Any]:
                        "bytes": op["bytes"], "time": op["time"], "intensity": intensity, "rate": rate,
                        "compute_bound": bool(op["compute_bound"])})
     ridge = device["peak"] / bandwidth
+    dtype = summary.get("dtype")  # None when the run did no matrix work
     return {
         "width": _WIDTH, "height": _HEIGHT, "plot": list(_PLOT),
-        "title": f"Roofline on {device['label']} ({summary.get('dtype')})",
+        "title": f"Roofline on {device['label']}" + (f" ({dtype})" if dtype else ""),
         "x_label": "arithmetic intensity (FLOPs/byte)", "y_label": "attainable FLOP/s (FLOPs / time)",
         "x_ticks": x.ticks(), "y_ticks": y.ticks(),
         "roofs": [_roof(name, peak, bandwidth, x, y) for name, peak in peaks.items()],
@@ -657,7 +658,7 @@ function table(id, columns, rows) {
   document.getElementById("roofline-title").textContent = R.title;
   const phases = Object.entries(S.time).filter(([k]) => k !== "total").map(([k, v]) => k + " " + seconds(v));
   const rows = [
-    ["device", dev.label + ": " + size(dev.peak) + "FLOP/s " + S.dtype + " matrix, " +
+    ["device", dev.label + ": " + size(dev.peak) + "FLOP/s " + (S.dtype ? S.dtype + " " : "") + "matrix, " +
                (dev.vector_peak ? size(dev.vector_peak) + "FLOP/s vector, " : "") + size(dev.bandwidth) + "B/s, " +
                "ridge " + plain(dev.ridge) + " FLOPs/byte"],
     ["predicted time", seconds(S.time.total) + (phases.length ? " (" + phases.join(", ") + ")" : "")]];
