@@ -104,6 +104,16 @@ def test_text_is_escaped() -> None:
     assert data["model"] == data["modules"][1][0] == data["assumptions"][0] == data["unsupported"][0][0] == HOSTILE
 
 
+def test_placeholders_in_names_stay_text() -> None:
+    """The page is filled in one pass: a model named like the template's slots gets no script or data there."""
+    result = _roofline_result()
+    result.model = "{{SCRIPT}}{{DATA}}{{ROOFLINE}}{{STYLE}}"
+    page = render_html(result, compare=_before())
+    assert "<title>modelmeter: {{SCRIPT}}{{DATA}}{{ROOFLINE}}{{STYLE}} vs Net</title>" in page
+    assert page.count("<script") == 2 and page.count('<section id="roofline">') == 1 and page.count("<style>") == 1
+    assert _embedded(page)["model"] == result.model
+
+
 def test_write_html(tmp_path: Path) -> None:
     path = tmp_path / "report.html"
     write_html(_before(), path, compare=_after())

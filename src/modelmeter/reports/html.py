@@ -14,6 +14,7 @@ import html
 import json
 import math
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -263,11 +264,10 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string;
     ``torch_version`` as for :func:`html_data`."""
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
-    return (_PAGE.replace("{{TITLE}}", html.escape(title))
-            .replace("{{ROOFLINE}}", _ROOFLINE_SECTION if result.roofline else "")
-            .replace("{{STYLE}}", _STYLE)
-            .replace("{{SCRIPT}}", _SCRIPT)
-            .replace("{{DATA}}", _json_for_script(html_data(result, compare, torch_version))))
+    parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
+             "STYLE": _STYLE, "SCRIPT": _SCRIPT, "DATA": _json_for_script(html_data(result, compare, torch_version))}
+    # one pass over the template: a part that holds "{{...}}" (a model's name can) is not filled in again
+    return re.sub(r"\{\{([A-Z]+)\}\}", lambda match: parts[match.group(1)], _PAGE)
 
 
 def write_html(result: Result, path: str | os.PathLike[str], *, compare: Result | None = None,
