@@ -496,6 +496,19 @@ def test_roofline_slope_enters_at_the_bottom_edge() -> None:
     assert vector["points"][0] == vector["points"][1] == corner  # the vector ridge is that very corner
 
 
+def test_roofline_ticks_over_many_decades() -> None:
+    """At most 8 ticks, one at each end: over 10 or 9 decades every second one (9 become 10)."""
+    summary = _roofline_summary()
+    summary["operators"] = [_op("mm", 1e12, 1e9, True), _op("tiny", 1e3, 1e10, False)]  # 1e-7 FLOPs/byte
+    chart = roofline_chart(summary)
+    assert [label for _, label in chart["x_ticks"]] == ["1e-7", "1e-5", "0.001", "0.1", "10", "1K"]
+    assert [label for _, label in chart["y_ticks"]] == ["100K", "10M", "1G", "100G", "10T", "1P"]  # 100K..100T
+    (x0, _), (x1, _) = chart["x_ticks"][:2]
+    mm, tiny = chart["points"]
+    assert tiny["intensity"] == 1e-7 and tiny["x"] == x0
+    assert mm["x"] == pytest.approx(x0 + 5 * (x1 - x0))  # 10 decades above, two a tick
+
+
 def test_roofline_with_nothing_to_place() -> None:
     summary = _roofline_summary()
     summary["operators"] = OPERATORS[3:]

@@ -167,25 +167,29 @@ _MAX_TICKS = 8
 
 
 class _LogScale:
-    """Whole decades ``lo..hi`` (10**lo to 10**hi) mapped linearly in log10 onto pixels ``start..end``."""
+    """Whole decades ``lo..hi`` (10**lo to 10**hi) mapped linearly in log10 onto pixels ``start..end``; a tick
+    every ``step`` decades (more than one when there are many), one at each end."""
 
     def __init__(self, values: Iterable[float], start: float, end: float) -> None:
         logs = [math.log10(value) for value in values]
         self.lo = math.floor(min(logs))
-        self.hi = max(math.ceil(max(logs)), self.lo + 1)
+        decades = max(math.ceil(max(logs)) - self.lo, 1)
+        self.step = math.ceil(decades / _MAX_TICKS)
+        self.hi = self.lo + self.step * math.ceil(decades / self.step)
         self.start, self.end = start, end
 
     def __call__(self, value: float) -> float:
         return self.start + (math.log10(value) - self.lo) / (self.hi - self.lo) * (self.end - self.start)
 
     def ticks(self) -> list[list[Any]]:
-        """``[pixel, label]`` at every decade (every n-th when there are many)."""
-        step = math.ceil((self.hi - self.lo) / _MAX_TICKS)
-        return [[round(self(10.0 ** d), 2), _decade(d)] for d in range(self.lo, self.hi + 1, step)]
+        """``[pixel, label]`` of the ticks."""
+        return [[round(self(10.0 ** d), 2), _decade(d)] for d in range(self.lo, self.hi + 1, self.step)]
 
 
 def _decade(exponent: int) -> str:
-    """``"0.01"``, ``"1"``, ``"10K"``: a power of ten in the report's units."""
+    """``"1e-5"``, ``"0.01"``, ``"1"``, ``"10K"``: a power of ten in the report's units."""
+    if exponent < -3:
+        return f"1e{exponent}"
     return f"{10.0 ** exponent:g}" if exponent < 0 else format_size(10 ** exponent)
 
 
