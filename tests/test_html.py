@@ -574,7 +574,8 @@ def test_roofline_page(browser: Browser, tmp_path: Path) -> None:
                        page.locator("#roofline-summary dd").all_inner_texts(), strict=True))
     total = sum(op["time"] for op in OPERATORS)  # 10ms + 100µs + 12µs + 4.1ns + 1ps
     assert summary["predicted time"] == "10.1ms (forward 3.37ms, backward 6.74ms)"
-    assert summary["throughput"] == f"{8 / total / 1000:.3f}K images/s (8 a run)" == "0.791K images/s (8 a run)"
+    assert summary["throughput"] == f"{8 / total / 1000:.3f}K images/s (8 images a run)" == \
+        "0.791K images/s (8 images a run)"
     assert summary["predicted MFU"] == "98.9%" and summary["measured"] == "20ms: MFU 50%, HFU 50%"
     assert summary["compute-bound"] == f"{100 * 0.01 / total:.1f}% of the time" == "98.9% of the time"
     assert summary["device"] == ("Test GPU 80GB: 100TFLOP/s bfloat16 matrix, 10TFLOP/s vector, 1TB/s, "

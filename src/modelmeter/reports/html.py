@@ -667,7 +667,8 @@ function table(id, columns, rows) {
                "ridge " + plain(dev.ridge) + " FLOPs/byte"],
     ["predicted time", seconds(S.time.total) + (phases.length ? " (" + phases.join(", ") + ")" : "")]];
   if (S.throughput) {
-    rows.push(["throughput", size(S.throughput) + " " + S.items.unit + "/s (" + S.items.count + " a run)"]);
+    const unit = S.items.unit;
+    rows.push(["throughput", size(S.throughput) + " " + unit + "/s (" + S.items.count + " " + unit + " a run)"]);
   }
   rows.push(["predicted MFU", percent(S.predicted_mfu)]);
   if (S.measured_time !== null && S.measured_time !== undefined) {
