@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 import modelmeter
-from modelmeter.reports.html import html_data, module_deltas, render_html, write_html
+from modelmeter.reports.html import html_data, module_deltas, render_html, roofline_chart, write_html
 from modelmeter.reports.result import ModuleRow, Result
 
 try:
@@ -100,6 +102,16 @@ def test_text_is_escaped() -> None:
     assert "<title>modelmeter: &lt;/script&gt;" in page
     data = _embedded(page)
     assert data["model"] == data["modules"][1][0] == data["assumptions"][0] == data["unsupported"][0][0] == HOSTILE
+
+
+def test_placeholders_in_names_stay_text() -> None:
+    """The page is filled in one pass: a model named like the template's slots gets no script or data there."""
+    result = _roofline_result()
+    result.model = "{{SCRIPT}}{{DATA}}{{ROOFLINE}}{{STYLE}}"
+    page = render_html(result, compare=_before())
+    assert "<title>modelmeter: {{SCRIPT}}{{DATA}}{{ROOFLINE}}{{STYLE}} vs Net</title>" in page
+    assert page.count("<script") == 2 and page.count('<section id="roofline">') == 1 and page.count("<style>") == 1
+    assert _embedded(page)["model"] == result.model
 
 
 def test_write_html(tmp_path: Path) -> None:
@@ -359,5 +371,268 @@ def test_memory_page_in_binary_units(browser: Browser, tmp_path: Path) -> None:
     assert len(page.locator("#operators thead th").all()) == 3  # operator, flops, activation_bytes
     values = [0, 1, 1023, 1024, 1536, 10_000, 225_699_420, 3 * 2**30 + 2**29, 7 * 2**40, -1536]
     assert page.evaluate(f"{values}.map(bytes)") == [format_bytes(v) for v in values]
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
+
+
+# the roofline: chart geometry, summary, icicle sized by time or bytes ----------------------------
+BANDWIDTH, PEAK, VECTOR_PEAK = 1e12, 1e14, 1e13  # a made-up device: ridges at 100 and 10 FLOPs/byte
+
+
+def _op(name: str, flops: float, moved: float, matrix: bool) -> dict[str, Any]:
+    """An operator of the summary, its time and bound by the roofline computed here from the device's numbers."""
+    compute, memory = flops / (PEAK if matrix else VECTOR_PEAK), moved / BANDWIDTH
+    return {"operator": name, "dtype": "bfloat16", "flops": flops, "bytes": moved, "time": max(compute, memory),
+            "compute_bound": compute >= memory, "intensity": flops / moved if moved else None}
+
+
+# mm: intensity 1000, compute-bound at the matrix peak; softmax: 5, memory-bound (the vector roof is higher
+# there); add: 1/12, memory-bound; copy_ (no FLOPs) and a formula without bytes cannot be placed on a log scale.
+OPERATORS = [_op("mm", 1e12, 1e9, True), _op("softmax", 5e8, 1e8, False), _op("add", 1e6, 1.2e7, False),
+             _op("copy_", 0, 4096, False), _op("custom", 100, 0, False)]
+
+
+def _roofline_summary() -> dict[str, Any]:
+    total = sum(op["time"] for op in OPERATORS)
+    flops = sum(op["flops"] for op in OPERATORS)
+    compute = sum(op["time"] for op in OPERATORS if op["compute_bound"])
+    return {"device": {"name": "test", "label": "Test GPU 80GB", "memory": 80 * 2**30, "bandwidth": BANDWIDTH,
+                       "peak": PEAK, "vector_peak": VECTOR_PEAK, "ridge": PEAK / BANDWIDTH},
+            "dtype": "bfloat16", "settings": {"efficiency": 1.0, "launch_overhead": 0.0, "tf32": False},
+            "time": {"forward": total / 3, "backward": 2 * total / 3, "total": total},
+            "flops": flops, "model_flops": flops, "bytes": sum(op["bytes"] for op in OPERATORS),
+            "compute_bound_share": compute / total, "predicted_mfu": flops / (total * PEAK),
+            "measured_time": 0.02, "mfu": flops / (0.02 * PEAK), "hfu": flops / (0.02 * PEAK),
+            "items": {"count": 8, "unit": "images"}, "throughput": 8 / total, "operators": OPERATORS}
+
+
+def _roofline_row(name: str, type_: str, params: int, ops: list[dict[str, Any]]) -> ModuleRow:
+    """A module whose work is ``ops``: flops, bytes, time and the two ratios, also by operator."""
+    by_op: dict[str, dict[str, float]] = {"flops": {}, "bytes": {}, "time": {}}
+    for op in ops:
+        for metric in by_op:
+            by_op[metric][op["operator"]] = op[metric]
+    flops, moved, time = (sum(by_op[metric].values()) for metric in ("flops", "bytes", "time"))
+    bound = sum(op["time"] for op in ops if op["compute_bound"])
+    metrics = {"flops": flops, "bytes": moved, "time": time, "intensity": flops / moved, "compute_bound": bound / time}
+    return ModuleRow(name, type_, params, metrics, by_op)
+
+
+def _roofline_result() -> Result:
+    """A hand-made run on the made-up device: attn does softmax and add, mlp the mm, the model itself the rest."""
+    rows = [_roofline_row("", "Net", 30, OPERATORS), _roofline_row("attn", "Attention", 10, OPERATORS[1:3]),
+            _roofline_row("mlp", "Linear", 20, OPERATORS[:1])]
+    return Result("Net", [{"shape": [8, 3, 4, 4], "dtype": "bfloat16"}],
+                  ["flops", "bytes", "time", "intensity", "compute_bound"], rows, roofline=_roofline_summary())
+
+
+def _on_roof(point: tuple[float, float], roof: list[list[float]]) -> bool:
+    """Whether a pixel lies on the polyline ``roof`` (to a hundredth of a pixel, the chart's rounding)."""
+    x, y = point
+    for (x0, y0), (x1, y1) in itertools.pairwise(roof):
+        if x0 - 0.01 <= x <= x1 + 0.01 and x1 > x0:
+            return abs(y0 + (x - x0) / (x1 - x0) * (y1 - y0) - y) < 0.02
+    return False
+
+
+def test_roofline_geometry_by_hand() -> None:
+    chart = roofline_chart(_roofline_summary())
+    left, top, right, bottom = chart["plot"]
+    # decades from the lowest to the highest value, evenly spaced over the whole plot box
+    assert [label for _, label in chart["x_ticks"]] == ["0.01", "0.1", "1", "10", "100", "1K"]  # 1/12 .. 1000
+    assert [label for _, label in chart["y_ticks"]] == ["10G", "100G", "1T", "10T", "100T"]  # 83.3G .. 100T
+    xs, ys = [x for x, _ in chart["x_ticks"]], [y for y, _ in chart["y_ticks"]]
+    pad = xs[0] - left
+    assert 18 < pad == right - xs[-1] == bottom - ys[0] == ys[-1] - top  # room for the largest point
+    decade_x, decade_y = (xs[-1] - xs[0]) / 5, (ys[-1] - ys[0]) / 4
+    assert all(b - a == pytest.approx(decade_x, abs=0.01) for a, b in itertools.pairwise(xs))
+    assert all(b - a == pytest.approx(decade_y, abs=0.01) for a, b in itertools.pairwise(ys))
+
+    def at(value: float, lowest: int, first: float, decade: float) -> float:  # a log scale from its ticks
+        return first + (math.log10(value) - lowest) * decade
+
+    points = {p["operator"]: p for p in chart["points"]}
+    assert list(points) == ["mm", "softmax", "add"]  # the longest first (drawn under the shorter ones)
+    assert chart["omitted"] == 2  # copy_ (no FLOPs) and custom (no bytes)
+    for op in OPERATORS[:3]:
+        p = points[op["operator"]]
+        assert p["intensity"] == op["flops"] / op["bytes"] and p["rate"] == op["flops"] / op["time"]
+        assert p["x"] == pytest.approx(at(op["flops"] / op["bytes"], -2, xs[0], decade_x), abs=0.01)
+        assert p["y"] == pytest.approx(at(op["flops"] / op["time"], 10, ys[0], decade_y), abs=0.01)
+        assert p["compute_bound"] is op["compute_bound"] and p["time"] == op["time"]
+        assert left <= p["x"] - p["r"] < p["x"] + p["r"] <= right and top <= p["y"] - p["r"] < p["y"] + p["r"] <= bottom
+    assert points["mm"]["x"] == xs[5] and points["mm"]["y"] == ys[4]  # 1000 FLOPs/byte at 100 TFLOP/s
+    # radii: area proportional to time
+    assert points["mm"]["r"] == 18
+    for name in ("softmax", "add"):
+        assert ((points[name]["r"] - 3) / 15) ** 2 == pytest.approx(points[name]["time"] / points["mm"]["time"],
+                                                                    abs=1e-3)
+    # the roofs: the ridge is peak / bandwidth, the slope has slope 1 in decades, the pure roofline's points lie on it
+    matrix, vector = chart["roofs"]
+    assert (matrix["name"], matrix["ridge"], vector["name"], vector["ridge"]) == ("matrix", 100, "vector", 10)
+    assert chart["ridge"] == {"intensity": 100, "x": xs[4], "y": ys[4]}
+    # 1 TB/s x 0.01 FLOPs/byte = 10 GFLOP/s: both slopes start at the bottom-left corner
+    assert matrix["points"] == [[xs[0], ys[0]], [xs[4], ys[4]], [xs[5], ys[4]]]
+    assert vector["points"] == [[xs[0], ys[0]], [xs[3], ys[3]], [xs[5], ys[3]]]
+    assert _on_roof((points["mm"]["x"], points["mm"]["y"]), matrix["points"])
+    assert _on_roof((points["softmax"]["x"], points["softmax"]["y"]), matrix["points"])
+    assert _on_roof((points["add"]["x"], points["add"]["y"]), vector["points"])
+    assert chart["title"] == "Roofline on Test GPU 80GB (bfloat16)"
+    assert "operators" not in chart["summary"] and chart["summary"]["throughput"] == 8 / sum(
+        op["time"] for op in OPERATORS)
+
+
+def test_roofline_slope_enters_at_the_bottom_edge() -> None:
+    """A roof whose slope would start below the plot starts where it crosses the bottom edge."""
+    summary = _roofline_summary()
+    summary["operators"] = [_op("mm", 1e12, 1e9, True)]  # intensity 1000 only: x from 1 (vector ridge 10) to 1000
+    chart = roofline_chart(summary)
+    assert [label for _, label in chart["x_ticks"]] == ["10", "100", "1K"]
+    assert [label for _, label in chart["y_ticks"]] == ["10T", "100T"]
+    corner = [chart["x_ticks"][0][0], chart["y_ticks"][0][0]]
+    matrix, vector = chart["roofs"]
+    # bandwidth x 10 FLOPs/byte = 10 TFLOP/s: the matrix slope starts at the scales' bottom-left corner
+    assert matrix["points"][0] == corner
+    assert vector["points"][0] == vector["points"][1] == corner  # the vector ridge is that very corner
+
+
+def test_roofline_ticks_over_many_decades() -> None:
+    """At most 8 ticks, one at each end: over 10 or 9 decades every second one (9 become 10)."""
+    summary = _roofline_summary()
+    summary["operators"] = [_op("mm", 1e12, 1e9, True), _op("tiny", 1e3, 1e10, False)]  # 1e-7 FLOPs/byte
+    chart = roofline_chart(summary)
+    assert [label for _, label in chart["x_ticks"]] == ["1e-7", "1e-5", "0.001", "0.1", "10", "1K"]
+    assert [label for _, label in chart["y_ticks"]] == ["100K", "10M", "1G", "100G", "10T", "1P"]  # 100K..100T
+    (x0, _), (x1, _) = chart["x_ticks"][:2]
+    mm, tiny = chart["points"]
+    assert tiny["intensity"] == 1e-7 and tiny["x"] == x0
+    assert mm["x"] == pytest.approx(x0 + 5 * (x1 - x0))  # 10 decades above, two a tick
+
+
+def test_roofline_with_nothing_to_place() -> None:
+    summary = _roofline_summary()
+    summary["operators"] = OPERATORS[3:]
+    del summary["device"]["vector_peak"]
+    chart = roofline_chart(summary)
+    assert chart["points"] == [] and chart["omitted"] == 2
+    assert [roof["name"] for roof in chart["roofs"]] == ["matrix"]  # no vector peak: no dashed roof
+    assert [label for _, label in chart["x_ticks"]] == ["100", "1K"]
+
+
+def test_roofline_data_in_page() -> None:
+    result = _roofline_result()
+    page = render_html(result)
+    data = _embedded(page)
+    assert data == html_data(result)
+    assert data["roofline"] == roofline_chart(result.roofline)
+    assert data["units"] == {"time": "time", "intensity": "intensity", "compute_bound": "share"}
+    assert data["byte_metrics"] == ["bytes"]
+    assert data["chart_metrics"] == ["params", "flops", "bytes", "time"]  # the ratios do not add up
+    assert data["operator_metrics"] == ["flops", "bytes", "time", "intensity", "compute_bound"]
+    assert page.count('<svg id="roofline-chart"') == 1
+    assert Result.from_json(result.to_json()) == result  # the summary is plain data
+
+
+def test_no_roofline_no_chart() -> None:
+    page = render_html(_before())
+    data = _embedded(page)
+    assert "roofline" not in data and "units" not in data
+    assert 'id="roofline' not in page
+    assert "</section>\n<section><h2>Modules</h2>" in page  # the body as it was
+    assert _before().roofline == {}
+
+
+@needs_browser
+def test_roofline_page(browser: Browser, tmp_path: Path) -> None:
+    result = _roofline_result()
+    path = tmp_path / "roofline.html"
+    write_html(result, path)
+    report = Opened(browser, path)
+    page = report.page
+    chart = roofline_chart(result.roofline)
+    assert page.locator("#roofline-title").inner_text() == "Roofline on Test GPU 80GB (bfloat16)"
+    circles = page.locator("#roofline-chart circle").evaluate_all(
+        "cs => cs.map(c => [c.cx.baseVal.value, c.cy.baseVal.value, c.r.baseVal.value, c.getAttribute('class')])")
+    assert circles == [[pytest.approx(p["x"]), pytest.approx(p["y"]), pytest.approx(p["r"]),
+                        "compute" if p["compute_bound"] else "memory"] for p in chart["points"]]
+    assert page.locator("#roofline-chart polyline.roof.matrix").count() == 1
+    assert page.locator("#roofline-chart polyline.roof.vector").count() == 1
+    assert "ridge 100 FLOPs/byte" in str(page.locator("#roofline-chart").text_content())
+    assert page.locator("#roofline-omitted").inner_text().startswith("2 operators with no FLOPs or no bytes")
+    # the points sit where the data says, in the drawn page too: mm's centre on the 1K tick line
+    box = page.locator("#roofline-chart").bounding_box()
+    mm = page.locator("#roofline-chart circle").first.bounding_box()
+    assert box is not None and mm is not None
+    scale = box["width"] / chart["width"]
+    assert mm["x"] + mm["width"] / 2 - box["x"] == pytest.approx(chart["x_ticks"][-1][0] * scale, abs=0.5)
+    page.hover("#roofline-chart circle >> nth=0")
+    text = page.locator("#tooltip").inner_text()
+    assert text.splitlines() == ["mm  (bfloat16, compute-bound)", "FLOPs: 1,000,000,000,000 = 1T",
+                                 "bytes: 1,000,000,000 = 954MiB", "time: 10ms", "intensity: 1000 FLOPs/byte",
+                                 "attained: 100TFLOP/s"]
+    summary = dict(zip(page.locator("#roofline-summary dt").all_inner_texts(),
+                       page.locator("#roofline-summary dd").all_inner_texts(), strict=True))
+    total = sum(op["time"] for op in OPERATORS)  # 10ms + 100µs + 12µs + 4.1ns + 1ps
+    assert summary["predicted time"] == "10.1ms (forward 3.37ms, backward 6.74ms)"
+    assert summary["throughput"] == f"{8 / total / 1000:.3f}K images/s (8 images a run)" == \
+        "0.791K images/s (8 images a run)"
+    assert summary["predicted MFU"] == "98.9%" and summary["measured"] == "20ms: MFU 50%, HFU 50%"
+    assert summary["compute-bound"] == f"{100 * 0.01 / total:.1f}% of the time" == "98.9% of the time"
+    assert summary["device"] == ("Test GPU 80GB: 100TFLOP/s bfloat16 matrix, 10TFLOP/s vector, 1TB/s, "
+                                 "ridge 100 FLOPs/byte")
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
+
+
+@needs_browser
+def test_icicle_sized_by_time_or_bytes(browser: Browser, tmp_path: Path) -> None:
+    result = _roofline_result()
+    path = tmp_path / "roofline.html"
+    write_html(result, path)
+    report = Opened(browser, path)
+    page = report.page
+    options = [str(v) for v in page.locator("#metric option").evaluate_all("os => os.map(o => o.value)")]
+    assert options == ["params", "flops", "bytes", "time"] and page.locator("#metric").input_value() == "flops"
+    for metric in ("time", "bytes"):
+        page.select_option("#metric", metric)
+        assert report.width("attn") / report.width("") == pytest.approx(result.share("attn", metric), abs=1e-3)
+    assert abs(result.share("attn", "bytes") - result.share("attn", "time")) > 0.05  # the switch mattered
+    page.select_option("#metric", "time")
+    page.hover('#chart rect[data-module="mlp"]')
+    assert "time: 0.01 s = 10ms  (98.89% of total)" in page.locator("#tooltip").inner_text()
+    cells = page.locator('#modules tbody tr[data-module="attn"] td').all_inner_texts()
+    assert cells[3:] == ["0.501G", "107MiB", "112µs", "4.47", "0%"]  # flops, bytes, time, intensity, compute share
+    values = [0, 4.096e-9, 1.2e-5, 0.0001, 0.01, 0.9994, 1.5, 1234.0]
+    assert page.evaluate(f"{values}.map(seconds)") == ["0s", "4.1ns", "12µs", "100µs", "10ms", "999ms", "1.5s",
+                                                       "1230s"]
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
+
+
+@needs_browser
+def test_roofline_summary_settings(browser: Browser, tmp_path: Path) -> None:
+    """The settings that change the prediction are named; no measured time, no vector peak, no matrix dtype."""
+    result = _roofline_result()
+    summary = result.roofline
+    summary["settings"] = {"efficiency": 0.8, "launch_overhead": 5e-6, "tf32": True}
+    summary.update(measured_time=None, mfu=None, hfu=None, dtype=None)
+    del summary["device"]["vector_peak"]
+    summary["time"] = {"forward": 0.0123, "total": 0.0123}
+    result.model = result.roofline["device"]["label"] = HOSTILE
+    summary["operators"][0]["operator"] = HOSTILE
+    path = tmp_path / "settings.html"
+    write_html(result, path)
+    report = Opened(browser, path)
+    page = report.page
+    rows = dict(zip(page.locator("#roofline-summary dt").all_inner_texts(),
+                    page.locator("#roofline-summary dd").all_inner_texts(), strict=True))
+    assert "measured" not in rows and rows["predicted time"] == "12.3ms (forward 12.3ms)"
+    assert rows["efficiency"] == "80%" and rows["launch overhead"] == "5µs a kernel" and "tf32" in rows
+    assert rows["device"] == HOSTILE + ": 100TFLOP/s matrix, 1TB/s, ridge 100 FLOPs/byte"
+    assert page.locator("#roofline-title").inner_text() == "Roofline on " + HOSTILE
+    assert page.locator("#roofline-chart polyline").count() == 1  # the matrix roof only
+    page.hover("#roofline-chart circle >> nth=0")
+    assert page.locator("#tooltip").inner_text().startswith(HOSTILE + "  (bfloat16, compute-bound)")
+    assert page.evaluate("window.pwned") is None and page.locator("script").count() == 2
     assert report.errors == [] and report.requests == [report.url]
     report.context.close()

@@ -2,24 +2,33 @@
 
 Everything is inlined (styles, a small hand-written script, the data as JSON), so the file opens offline and
 makes no requests; a Content-Security-Policy forbids any. With ``compare`` (a second Result, e.g. before/after a
-change) each module and operator also carries its difference, value - compare's value. Byte metrics (memory) show
-in binary units; a metric that does not add up over a module's children (``peak_memory``) is a table column but
-cannot size the chart.
+change) each module and operator also carries its difference, value - compare's value. Byte metrics (memory,
+traffic) show in binary units, times in s/ms/µs/ns; a metric that does not add up over a module's children
+(``peak_memory``, ``intensity``, ``compute_bound``) is a table column but cannot size the chart. A result with a
+roofline summary (a device was chosen) also gets a roofline chart, whose geometry :func:`roofline_chart` computes.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import os
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from .. import _version
 from ..io.atomic import atomic_write
+from .fvcore_tables import format_size
 from .render import convention_note, memory_note
-from .result import BYTE_METRICS, NOT_ADDITIVE, Result
+from .result import BYTE_METRICS, NOT_ADDITIVE, RATIO_METRICS, TIME_METRICS, Result
 
-__all__ = ["html_data", "module_deltas", "render_html", "write_html"]
+__all__ = ["html_data", "module_deltas", "render_html", "roofline_chart", "write_html"]
+
+# How the page shows the roofline's two ratios (docs/roofline.md): FLOPs per byte, and a share of the time.
+_RATIO_UNITS = {"intensity": "intensity", "compute_bound": "share"}
+assert set(_RATIO_UNITS) == RATIO_METRICS
 
 
 def _input_text(spec: dict[str, Any]) -> str:
@@ -54,9 +63,21 @@ def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float 
     return deltas
 
 
+def _additive(metric: str) -> bool:
+    """Whether a module's ``metric`` is the sum of its children's and its own work (it can size the icicle)."""
+    return metric not in NOT_ADDITIVE
+
+
+def _units(result: Result) -> dict[str, str]:
+    """``{metric: "time" | "intensity" | "share"}`` for the result's roofline metrics, shown in their own units."""
+    units = {metric: "time" for metric in result.metrics if metric in TIME_METRICS}
+    units.update((metric, _RATIO_UNITS[metric]) for metric in result.metrics if metric in _RATIO_UNITS)
+    return units
+
+
 def _operator_metrics(result: Result) -> list[str]:
-    """The metrics that split by operator: all but the not-additive ones (a module's peak)."""
-    return [metric for metric in result.metrics if metric not in NOT_ADDITIVE]
+    """The metrics that split by operator: all but a module's peak (a ratio is one per operator too)."""
+    return [metric for metric in result.metrics if metric not in NOT_ADDITIVE or metric in RATIO_METRICS]
 
 
 def _operators(result: Result, compare: Result | None) -> list[list[Any]]:
@@ -86,7 +107,8 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     ``[params delta, delta per metric]`` per row. ``byte_metrics`` are shown in binary units, ``chart_metrics``
     (params and the additive metrics) can size the chart, ``operators`` rows hold the ``operator_metrics``;
     ``memory`` is the peak's summary line (or None). ``torch_version``: the torch that recorded the run (a saved
-    trace's), by default this process's.
+    trace's), by default this process's. Only a result with roofline metrics has ``units`` (``{metric: "time",
+    "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), so other pages stay as they were.
     """
     rows: list[list[Any]] = [
         [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
@@ -100,7 +122,7 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
         "torch": _this_torch() if torch_version is None else torch_version,
         "metrics": result.metrics,
         "byte_metrics": [metric for metric in result.metrics if metric in BYTE_METRICS],
-        "chart_metrics": ["params", *(metric for metric in result.metrics if metric not in NOT_ADDITIVE)],
+        "chart_metrics": ["params", *(metric for metric in result.metrics if _additive(metric))],
         "operator_metrics": _operator_metrics(result),
         "memory": memory_note(result.memory) if result.memory else None,
         "modules": rows,
@@ -109,6 +131,11 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
         "assumptions": result.assumptions,
         "compare": None,
     }
+    units = _units(result)
+    if units:
+        data["units"] = units
+    if result.roofline:
+        data["roofline"] = roofline_chart(result.roofline)
     if compare is not None:
         deltas = module_deltas(result, compare)
         own = {row.name for row in result.modules}
@@ -124,6 +151,100 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
             "status": ["" if row[0] in own and row[0] in theirs else "+" if row[0] in own else "-" for row in rows],
         }
     return data
+
+
+# the roofline chart ----------------------------------------------------------------------------
+_WIDTH, _HEIGHT = 760, 440  # the chart's viewBox
+_PLOT = (80.0, 12.0, 744.0, 384.0)  # the plot box in it: left, top, right, bottom (room for the axes' labels)
+_RADIUS = (3.0, 18.0)  # the points' radii: the area grows with the operator's time, the longest gets the largest
+_PAD = _RADIUS[1] + 2  # the decades start this far inside the plot box, so that no point sticks out of it
+_MAX_TICKS = 8
+
+
+class _LogScale:
+    """Whole decades ``lo..hi`` (10**lo to 10**hi) mapped linearly in log10 onto pixels ``start..end``; a tick
+    every ``step`` decades (more than one when there are many), one at each end."""
+
+    def __init__(self, values: Iterable[float], start: float, end: float) -> None:
+        logs = [math.log10(value) for value in values]
+        self.lo = math.floor(min(logs))
+        decades = max(math.ceil(max(logs)) - self.lo, 1)
+        self.step = math.ceil(decades / _MAX_TICKS)
+        self.hi = self.lo + self.step * math.ceil(decades / self.step)
+        self.start, self.end = start, end
+
+    def __call__(self, value: float) -> float:
+        return self.start + (math.log10(value) - self.lo) / (self.hi - self.lo) * (self.end - self.start)
+
+    def ticks(self) -> list[list[Any]]:
+        """``[pixel, label]`` of the ticks."""
+        return [[round(self(10.0 ** d), 2), _decade(d)] for d in range(self.lo, self.hi + 1, self.step)]
+
+
+def _decade(exponent: int) -> str:
+    """``"1e-5"``, ``"0.01"``, ``"1"``, ``"10K"``: a power of ten in the report's units."""
+    if exponent < -3:
+        return f"1e{exponent}"
+    return f"{10.0 ** exponent:g}" if exponent < 0 else format_size(10 ** exponent)
+
+
+def _plotted(operators: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operators a log-log chart can place: some FLOPs, some bytes, some time."""
+    return [op for op in operators if op["flops"] > 0 and op["bytes"] > 0 and op["time"] > 0]
+
+
+def _roof(name: str, peak: float, bandwidth: float, x: _LogScale, y: _LogScale) -> dict[str, Any]:
+    """One roof in pixels: the bandwidth slope from the chart's left (or bottom) edge up to the ridge, then flat."""
+    ridge = peak / bandwidth
+    start = max(10.0 ** x.lo, 10.0 ** y.lo / bandwidth)  # where the slope enters the plot
+    corners = [(start, start * bandwidth), (ridge, peak), (10.0 ** x.hi, peak)]
+    return {"name": name, "peak": peak, "ridge": ridge, "label": f"{name} peak {format_size(peak)}FLOP/s",
+            "points": [[round(x(i), 2), round(y(f), 2)] for i, f in corners]}
+
+
+def roofline_chart(summary: dict[str, Any]) -> dict[str, Any]:
+    """The roofline chart of a ``Result.roofline`` summary, in the pixels of an SVG viewBox (``width`` x ``height``).
+
+    Log-log over whole decades, drawn inside the ``plot`` box (left, top, right, bottom) with room for the largest
+    point: x = arithmetic intensity (FLOPs per byte), y = attainable FLOP/s (FLOPs / time). ``points`` are the
+    summary's operators, longest first (``x``, ``y``, radius ``r`` growing with time, plus the operator's own
+    numbers); those with 0 FLOPs, 0 bytes or 0 time have no place on a log scale and are only counted in
+    ``omitted``. ``roofs``: the matrix roof (``device.peak``) and the vector roof (``device.vector_peak``), each
+    a polyline of the bandwidth slope up to its ridge, then flat; ``ridge`` is the matrix ridge
+    ``peak / bandwidth`` in FLOPs per byte and pixels. ``summary``: the totals, without the operators.
+    """
+    device = summary["device"]
+    bandwidth = device["bandwidth"]
+    peaks = {"matrix": device["peak"]}
+    if device.get("vector_peak"):
+        peaks["vector"] = device["vector_peak"]
+    operators = summary.get("operators", [])
+    shown = sorted(_plotted(operators), key=lambda op: -op["time"])
+    left, top, right, bottom = _PLOT
+    x = _LogScale([*(op["flops"] / op["bytes"] for op in shown), *(p / bandwidth for p in peaks.values())],
+                  left + _PAD, right - _PAD)
+    y = _LogScale([*(op["flops"] / op["time"] for op in shown), *peaks.values()], bottom - _PAD, top + _PAD)
+    longest = shown[0]["time"] if shown else 1.0
+    points = []
+    for op in shown:
+        intensity, rate = op["flops"] / op["bytes"], op["flops"] / op["time"]
+        radius = _RADIUS[0] + (_RADIUS[1] - _RADIUS[0]) * math.sqrt(op["time"] / longest)
+        points.append({"x": round(x(intensity), 2), "y": round(y(rate), 2), "r": round(radius, 2),
+                       "operator": op["operator"], "dtype": op["dtype"], "flops": op["flops"],
+                       "bytes": op["bytes"], "time": op["time"], "intensity": intensity, "rate": rate,
+                       "compute_bound": bool(op["compute_bound"])})
+    ridge = device["peak"] / bandwidth
+    dtype = summary.get("dtype")  # None when the run did no matrix work
+    return {
+        "width": _WIDTH, "height": _HEIGHT, "plot": list(_PLOT),
+        "title": f"Roofline on {device['label']}" + (f" ({dtype})" if dtype else ""),
+        "x_label": "arithmetic intensity (FLOPs/byte)", "y_label": "attainable FLOP/s (FLOPs / time)",
+        "x_ticks": x.ticks(), "y_ticks": y.ticks(),
+        "roofs": [_roof(name, peak, bandwidth, x, y) for name, peak in peaks.items()],
+        "ridge": {"intensity": ridge, "x": round(x(ridge), 2), "y": round(y(device["peak"]), 2)},
+        "points": points, "omitted": len(operators) - len(shown),
+        "summary": {key: value for key, value in summary.items() if key != "operators"},
+    }
 
 
 def _json_for_script(data: dict[str, Any]) -> str:
@@ -142,10 +263,10 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string;
     ``torch_version`` as for :func:`html_data`."""
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
-    return (_PAGE.replace("{{TITLE}}", html.escape(title))
-            .replace("{{STYLE}}", _STYLE)
-            .replace("{{SCRIPT}}", _SCRIPT)
-            .replace("{{DATA}}", _json_for_script(html_data(result, compare, torch_version))))
+    parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
+             "STYLE": _STYLE, "SCRIPT": _SCRIPT, "DATA": _json_for_script(html_data(result, compare, torch_version))}
+    # one pass over the template: a part that holds "{{...}}" (a model's name can) is not filled in again
+    return re.sub(r"\{\{([A-Z]+)\}\}", lambda match: parts[match.group(1)], _PAGE)
 
 
 def write_html(result: Result, path: str | os.PathLike[str], *, compare: Result | None = None,
@@ -177,7 +298,7 @@ _PAGE = """<!DOCTYPE html>
 <svg id="chart" role="img" aria-label="icicle chart of the module hierarchy"></svg>
 <p id="legend" class="note"></p>
 </section>
-<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
+{{ROOFLINE}}<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
 <section><h2>Operators</h2><table id="operators" class="sortable"></table></section>
 <section id="notes"><h2>Notes</h2></section>
 <div id="tooltip" hidden></div>
@@ -185,6 +306,14 @@ _PAGE = """<!DOCTYPE html>
 <script>{{SCRIPT}}</script>
 </body>
 </html>
+"""
+
+_ROOFLINE_SECTION = """<section id="roofline">
+<h2 id="roofline-title"></h2>
+<dl id="roofline-summary"></dl>
+<svg id="roofline-chart" role="img" aria-label="roofline chart of the operators"></svg>
+<p id="roofline-legend" class="note"></p>
+</section>
 """
 
 _STYLE = """
@@ -209,6 +338,19 @@ th.asc::after { content: " \\25B2"; } th.desc::after { content: " \\25BC"; }
 .up { color: #b00; } .down { color: #070; } .note { color: #555; }
 .badge { font-size: 11px; padding: 0 4px; margin-left: 4px; border-radius: 3px; background: #eee; }
 code { background: #f4f4f4; padding: 0 3px; }
+#roofline-chart { width: 100%; max-width: 960px; display: block; font-size: 11px; }
+#roofline-chart .frame { fill: none; stroke: #888; }
+#roofline-chart .grid { stroke: #eee; }
+#roofline-chart .roof { fill: none; stroke: #333; stroke-width: 2; }
+#roofline-chart .roof.vector { stroke-dasharray: 6 4; stroke-width: 1.5; }
+#roofline-chart .ridge { stroke: #333; stroke-dasharray: 2 3; }
+#roofline-chart circle { fill-opacity: .55; stroke-width: 1; cursor: default; }
+#roofline-chart circle.compute { fill: #e6852e; stroke: #a0521a; }
+#roofline-chart circle.memory { fill: #3b7dd8; stroke: #1f4f94; }
+#roofline-chart circle:hover { stroke: #000; stroke-width: 2; }
+#roofline-chart text { fill: #333; }
+.key { display: inline-block; width: 10px; height: 10px; border-radius: 50%; margin: 0 4px 0 10px; }
+.key.compute { background: #e6852e; } .key.memory { background: #3b7dd8; }
 """
 
 _SCRIPT = r"""
@@ -267,8 +409,27 @@ function bytes(x) {  // as reports.render.format_bytes: binary units, three sign
   }
   return Math.trunc(x) + "B";
 }
-function short(k, x) { return BYTES.has(k) ? bytes(x) : size(x); }
-function full(k, x) { return BYTES.has(k) ? exact(x) + " bytes" : exact(x); }
+const UNIT = D.units || {};  // the roofline's metrics: "time", "intensity" or "share"
+const TIMES = [[1, "s"], [1e-3, "ms"], [1e-6, "µs"], [1e-9, "ns"]];
+function plain(x) { return String(Number(x.toPrecision(3))); }  // three significant figures
+function seconds(x) {  // in the largest of s, ms, µs, ns that shows at least 1 (0 in s), three significant figures
+  const unit = TIMES.find(([scale]) => Math.abs(Number((x / scale).toPrecision(3))) >= 1);
+  const [scale, suffix] = unit || (x === 0 ? TIMES[0] : TIMES[TIMES.length - 1]);
+  return Number((x / scale).toPrecision(3)) + suffix;
+}
+function percent(x) { return x === null || x === undefined ? "–" : plain(100 * x) + "%"; }
+function short(k, x) {
+  if (BYTES.has(k)) return bytes(x);
+  if (UNIT[k] === "time") return seconds(x);
+  if (UNIT[k] === "intensity") return plain(x);
+  if (UNIT[k] === "share") return percent(x);
+  return size(x);
+}
+function full(k, x) {
+  if (BYTES.has(k)) return exact(x) + " bytes";
+  if (UNIT[k] === "time") return Number(x.toPrecision(6)) + " s";
+  return exact(x);
+}
 function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
 function label(m) { return m.name === "" ? D.model : m.name; }
 
@@ -372,7 +533,8 @@ function draw() {
 
 function describe(m, metric) {
   const total = root.v[metric];
-  const value = BYTES.has(metric) ? full(metric, m.v[metric]) + " = " + bytes(m.v[metric]) : exact(m.v[metric]);
+  const v = m.v[metric];
+  const value = BYTES.has(metric) || UNIT[metric] === "time" ? full(metric, v) + " = " + short(metric, v) : exact(v);
   const lines = [label(m) + "  (" + m.type + ")", metric + ": " + value + "  (" + pct(m.v[metric], total) +
                  " of total)"];
   if (!m.called) lines.push("not called as a module: N/A");
@@ -386,14 +548,17 @@ function describe(m, metric) {
   return lines.join("\n");
 }
 
-chart.addEventListener("mousemove", e => {
-  const r = e.target.closest("rect[data-module]");
-  if (!r) { tip.hidden = true; return; }
-  tip.textContent = describe(byName.get(r.dataset.module), metricSel.value);
+function showTip(e, text) {
+  tip.textContent = text;
   tip.hidden = false;
   const x = Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4);
   tip.style.left = Math.max(0, x) + "px";
   tip.style.top = (e.clientY + 14) + "px";
+}
+chart.addEventListener("mousemove", e => {
+  const r = e.target.closest("rect[data-module]");
+  if (!r) { tip.hidden = true; return; }
+  showTip(e, describe(byName.get(r.dataset.module), metricSel.value));
 });
 chart.addEventListener("mouseleave", () => { tip.hidden = true; });
 chart.addEventListener("click", e => {
@@ -482,6 +647,85 @@ function table(id, columns, rows) {
     return {key, cells};
   });
   table("operators", cols, rows);
+})();
+
+// roofline chart: the geometry comes computed (html.roofline_chart), the script only draws it -----------------
+(function roofline() {
+  const R = D.roofline;
+  if (!R) return;
+  const S = R.summary, dev = S.device, svg = document.getElementById("roofline-chart");
+  document.getElementById("roofline-title").textContent = R.title;
+  const phases = Object.entries(S.time).filter(([k]) => k !== "total").map(([k, v]) => k + " " + seconds(v));
+  const rows = [
+    ["device", dev.label + ": " + size(dev.peak) + "FLOP/s " + (S.dtype ? S.dtype + " " : "") + "matrix, " +
+               (dev.vector_peak ? size(dev.vector_peak) + "FLOP/s vector, " : "") + size(dev.bandwidth) + "B/s, " +
+               "ridge " + plain(dev.ridge) + " FLOPs/byte"],
+    ["predicted time", seconds(S.time.total) + (phases.length ? " (" + phases.join(", ") + ")" : "")]];
+  if (S.throughput) {
+    const unit = S.items.unit;
+    rows.push(["throughput", size(S.throughput) + " " + unit + "/s (" + S.items.count + " " + unit + " a run)"]);
+  }
+  rows.push(["predicted MFU", percent(S.predicted_mfu)]);
+  if (S.measured_time !== null && S.measured_time !== undefined) {
+    rows.push(["measured", seconds(S.measured_time) + ": MFU " + percent(S.mfu) + ", HFU " + percent(S.hfu)]);
+  }
+  rows.push(["compute-bound", percent(S.compute_bound_share) + " of the time"],
+            ["work", size(S.flops) + " FLOPs, " + bytes(S.bytes) + " moved"]);
+  const set = S.settings || {};
+  if (set.efficiency !== undefined && set.efficiency !== 1) rows.push(["efficiency", percent(set.efficiency)]);
+  if (set.launch_overhead) rows.push(["launch overhead", seconds(set.launch_overhead) + " a kernel"]);
+  if (set.tf32) rows.push(["tf32", "float32 matrix work at the TF32 peak"]);
+  const dl = document.getElementById("roofline-summary");
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
+
+  const [left, top, right, bottom] = R.plot;
+  svg.setAttribute("viewBox", `0 0 ${R.width} ${R.height}`);
+  const add = (tag, attrs, text) => {
+    const e = svgEl(tag, attrs);
+    if (text !== undefined) e.textContent = text;
+    svg.append(e);
+    return e;
+  };
+  for (const [x, text] of R.x_ticks) {
+    add("line", {class: "grid", x1: x, x2: x, y1: top, y2: bottom});
+    add("text", {x, y: bottom + 16, "text-anchor": "middle"}, text);
+  }
+  for (const [y, text] of R.y_ticks) {
+    add("line", {class: "grid", x1: left, x2: right, y1: y, y2: y});
+    add("text", {x: left - 6, y: y + 4, "text-anchor": "end"}, text);
+  }
+  add("rect", {class: "frame", x: left, y: top, width: right - left, height: bottom - top});
+  add("text", {x: (left + right) / 2, y: bottom + 40, "text-anchor": "middle"}, R.x_label);
+  add("text", {"text-anchor": "middle", transform: `translate(16 ${(top + bottom) / 2}) rotate(-90)`}, R.y_label);
+  for (const roof of R.roofs) {
+    add("polyline", {class: "roof " + roof.name, points: roof.points.map(p => p.join(",")).join(" ")});
+    const [x, y] = roof.points[1];  // at the ridge, clear of the compute-bound points at the right end
+    add("text", {x: x + 6, y: y - 5}, roof.label);
+  }
+  add("line", {class: "ridge", x1: R.ridge.x, x2: R.ridge.x, y1: R.ridge.y, y2: bottom});
+  add("text", {x: R.ridge.x + 4, y: bottom - 6}, "ridge " + plain(R.ridge.intensity) + " FLOPs/byte");
+  R.points.forEach((p, i) => {
+    add("circle", {cx: p.x, cy: p.y, r: p.r, class: p.compute_bound ? "compute" : "memory", "data-point": i});
+  });
+
+  const legend = document.getElementById("roofline-legend");
+  legend.append(el("span", {class: "key compute"}), "compute-bound", el("span", {class: "key memory"}),
+                "memory-bound. One point per operator and dtype over the whole run, its area proportional to its " +
+                "time; solid roof: the matrix peak, dashed: the vector peak, both reached from the bandwidth slope.");
+  if (R.omitted) {
+    legend.append(" ", el("span", {id: "roofline-omitted"}, R.omitted + " operator" + (R.omitted === 1 ? "" : "s") +
+                  " with no FLOPs or no bytes (copies, views, ...) not drawn: a log scale has no place for 0."));
+  }
+  svg.addEventListener("mousemove", e => {
+    const c = e.target.closest("circle[data-point]");
+    if (!c) { tip.hidden = true; return; }
+    const p = R.points[Number(c.dataset.point)];
+    showTip(e, [p.operator + "  (" + p.dtype + ", " + (p.compute_bound ? "compute" : "memory") + "-bound)",
+                "FLOPs: " + exact(p.flops) + " = " + size(p.flops), "bytes: " + exact(p.bytes) + " = " + bytes(p.bytes),
+                "time: " + seconds(p.time), "intensity: " + plain(p.intensity) + " FLOPs/byte",
+                "attained: " + size(p.rate) + "FLOP/s"].join("\n"));
+  });
+  svg.addEventListener("mouseleave", () => { tip.hidden = true; });
 })();
 draw();
 """

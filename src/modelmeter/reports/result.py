@@ -61,9 +61,9 @@ class Result:
     dtype the work was done in (``{"flops": {"bfloat16": ...}}``). ``memory`` summarises the memory analysis
     when there was one: ``peak`` bytes, where it happened (``phase``, ``module``, ``operator``), the live
     bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``. ``roofline`` summarises the
-    predicted time on a device when there was one (docs/roofline.md): the ``device``, the phases' ``time``,
-    ``throughput``, ``predicted_mfu`` (and ``mfu``/``hfu`` of a measured time), the ``operators`` as points of
-    the roofline chart.
+    predicted time on a device when one was chosen (``{}`` otherwise): the ``device`` (``label``, ``bandwidth``,
+    ``peak``, ``vector_peak``, ``ridge``), ``dtype``, ``time`` per phase, ``predicted_mfu``, ``mfu``/``hfu`` of a
+    measured time, ``throughput`` of ``items`` and the ``operators`` (flops, bytes, time, bound) by dtype.
     """
 
     model: str
