@@ -41,8 +41,8 @@ class Device:
     matrix: Mapping[str, float] = field(hash=False)
     vector: Mapping[str, float] = field(hash=False)
     aliases: tuple[str, ...] = ()
-    source: str = ""
-    notes: str = field(default="", compare=False)
+    source: str = field(default="", repr=False)
+    notes: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(self)
