@@ -16,7 +16,17 @@ import pytest
 import torch
 
 from modelmeter.cli import main
-from modelmeter.devices import DEVICES, Device, DeviceError, get_device, list_devices, load_devices, precision
+from modelmeter.devices import (
+    DEVICES,
+    Device,
+    DeviceError,
+    device_from_dict,
+    device_to_dict,
+    get_device,
+    list_devices,
+    load_devices,
+    precision,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = str(ROOT / "src")
@@ -59,6 +69,9 @@ DATASHEETS: dict[str, dict[str, object]] = {
                           "fp8": 2614.9, "int8": 2614.9},
                "vector": {"fp64": 81.7, "fp32": 163.4}},
 }
+
+
+GOOD = {"memory": 16e9, "bandwidth": 5e11, "vector": {"fp32": 2e13}}  # the fields a device file needs
 
 
 def test_the_catalog_has_the_issues_devices() -> None:
@@ -205,6 +218,26 @@ def test_a_device_is_a_value() -> None:
     assert mine.matrix["bf16"] == 1e13
 
 
+@pytest.mark.parametrize("device", [*DEVICES.values(), _device(aliases=("m",), source="s", notes="n")],
+                         ids=[*DEVICES, "mine"])
+def test_a_device_round_trips_through_json(device: Device) -> None:
+    data = json.loads(json.dumps(device_to_dict(device)))
+    back = device_from_dict(data)
+    assert back == device and back.notes == device.notes and back.label == device.label
+    assert data["name"] == device.name and data["memory"] == device.memory and data["matrix"] == device.matrix
+    assert data["aliases"] == list(device.aliases) and data["source"] == device.source
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"label": "x"}, "saved: expected a table of a device's fields and its 'name'"),
+    ([1], "saved: expected a table of a device's fields and its 'name'"),
+    ({"name": "g", **GOOD, "vector": {}}, "saved: device 'g': vector.fp32 is missing"),
+])
+def test_device_data_is_checked(data: object, words: str) -> None:
+    with pytest.raises(DeviceError, match=re.escape(words)):
+        device_from_dict(data, "saved")
+
+
 # --- lookups -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "expected"), [
     ("h100", "h100"), ("H100", "h100"), ("h100-sxm", "h100"), ("H100 SXM5", "h100"), ("h100_sxm5_80gb", "h100"),
@@ -232,6 +265,8 @@ def test_an_unknown_name_lists_the_known_ones() -> None:
 def test_a_device_is_its_own_name() -> None:
     mine = _device()
     assert get_device(mine) is mine
+    with pytest.raises(DeviceError, match="a device is a name .*, not None"):
+        get_device(None)  # type: ignore[arg-type]
 
 
 def test_a_device_added_to_the_catalog_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,9 +312,6 @@ def _write(tmp_path: Path, text: str, suffix: str = ".json") -> Path:
     path = tmp_path / f"devs{suffix}"
     path.write_text(text, encoding="utf-8")
     return path
-
-
-GOOD = {"memory": 16e9, "bandwidth": 5e11, "vector": {"fp32": 2e13}}
 
 
 def test_your_devices_come_first(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from ..devices import Device, DeviceError, list_devices, load_devices
+from ..devices import Device, DeviceError, device_to_dict, list_devices, load_devices
 from ..reports.format import Align, aligned_table, markdown_table
 from .errors import ModelSpecError
 from .options import subcommand_parser
@@ -67,7 +67,4 @@ def _tflops(rate: float | None) -> str:
 
 
 def _as_json(device: Device, origin: str | None) -> dict[str, Any]:
-    return {"name": device.name, "label": device.label, "aliases": list(device.aliases),
-            "memory": device.memory, "bandwidth": device.bandwidth, "matrix": dict(device.matrix),
-            "vector": dict(device.vector), "ridge": device.ridge(), "origin": origin or "built-in",
-            "source": device.source, "notes": device.notes}
+    return {**device_to_dict(device), "ridge": device.ridge(), "origin": origin or "built-in"}

@@ -7,6 +7,7 @@ Plain data, without torch, so ``modelmeter devices`` lists them in an instant: t
 
 from .catalog import DEVICES, get_device, list_devices
 from .device import Device, DeviceError, precision
-from .files import load_devices
+from .files import device_from_dict, device_to_dict, load_devices
 
-__all__ = ["DEVICES", "Device", "DeviceError", "get_device", "list_devices", "load_devices", "precision"]
+__all__ = ["DEVICES", "Device", "DeviceError", "device_from_dict", "device_to_dict", "get_device", "list_devices",
+           "load_devices", "precision"]

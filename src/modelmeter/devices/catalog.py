@@ -21,6 +21,8 @@ def get_device(name: str | Device, devices_file: str | os.PathLike[str] | None =
     as it is)."""
     if isinstance(name, Device):
         return name
+    if not isinstance(name, str):
+        raise DeviceError(f"a device is a name (such as 'h100'), a device file or a Device, not {name!r}")
     if is_device_file(name):
         return _only_device(name)
     user = load_devices(devices_file) if devices_file is not None else {}

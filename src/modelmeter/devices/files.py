@@ -51,6 +51,22 @@ def load_devices(path: str | os.PathLike[str]) -> dict[str, Device]:
     return devices
 
 
+def device_to_dict(device: Device) -> dict[str, Any]:
+    """A Device as plain JSON data: the fields of a device file's entry and the ``name`` (for a saved analysis
+    that must name its device without the file; :func:`device_from_dict` reads it back)."""
+    return {"name": device.name, "label": device.label, "memory": device.memory, "bandwidth": device.bandwidth,
+            "matrix": dict(device.matrix), "vector": dict(device.vector), "aliases": list(device.aliases),
+            "source": device.source, "notes": device.notes}
+
+
+def device_from_dict(data: object, where: str = "device data") -> Device:
+    """The Device ``data`` describes (the shape :func:`device_to_dict` writes), checked like a device file's
+    entry; its errors start with ``where``."""
+    if not isinstance(data, dict) or "name" not in data:
+        raise DeviceError(f"{where}: expected a table of a device's fields and its 'name', not {data!r}")
+    return _device(where, data["name"], {key: value for key, value in data.items() if key != "name"})
+
+
 def _read(where: str) -> str:
     if not is_device_file(where):
         raise DeviceError(f"{where}: a device file is JSON (.json) or TOML (.toml)")
