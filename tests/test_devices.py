@@ -270,8 +270,8 @@ def test_a_device_is_its_own_name() -> None:
 
 
 def test_a_device_added_to_the_catalog_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(DEVICES, "mine", _device(aliases=("my-gpu",)))
-    assert get_device("MY_GPU") is DEVICES["mine"]
+    monkeypatch.setitem(DEVICES, "mine", _device(name="Mine", aliases=("My GPU",)))
+    assert get_device("MY_GPU") is DEVICES["mine"] and get_device("mine") is DEVICES["mine"]
 
 
 # --- devices of your own -----------------------------------------------------------------------------------------

@@ -41,8 +41,8 @@ def list_devices(devices_file: str | os.PathLike[str] | None = None) -> list[Dev
 
 def _find(devices: Iterable[Device], name: str) -> Device | None:
     wanted = canonical_name(name)
-    for device in devices:
-        if wanted == device.name or wanted in device.aliases:
+    for device in devices:  # a Device made in code may spell its names in any case
+        if wanted in (canonical_name(n) for n in (device.name, *device.aliases)):
             return device
     return None
 
