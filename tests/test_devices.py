@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -224,6 +225,7 @@ def test_a_device_round_trips_through_json(device: Device) -> None:
     data = json.loads(json.dumps(device_to_dict(device)))
     back = device_from_dict(data)
     assert back == device and back.notes == device.notes and back.label == device.label
+    assert device_from_dict(dataclasses.asdict(device)) == device  # what a saved trace keeps of a user's device
     assert data["name"] == device.name and data["memory"] == device.memory and data["matrix"] == device.matrix
     assert data["aliases"] == list(device.aliases) and data["source"] == device.source
 

@@ -59,10 +59,10 @@ def device_to_dict(device: Device) -> dict[str, Any]:
             "source": device.source, "notes": device.notes}
 
 
-def device_from_dict(data: object, where: str = "device data") -> Device:
-    """The Device ``data`` describes (the shape :func:`device_to_dict` writes), checked like a device file's
-    entry; its errors start with ``where``."""
-    if not isinstance(data, dict) or "name" not in data:
+def device_from_dict(data: Mapping[str, Any], where: str = "device data") -> Device:
+    """The Device ``data`` describes (the shape :func:`device_to_dict` writes, and ``dataclasses.asdict``),
+    checked like a device file's entry; its errors start with ``where``."""
+    if not isinstance(data, Mapping) or "name" not in data:
         raise DeviceError(f"{where}: expected a table of a device's fields and its 'name', not {data!r}")
     return _device(where, data["name"], {key: value for key, value in data.items() if key != "name"})
 
@@ -110,7 +110,7 @@ def _device(where: str, key: object, entry: object) -> Device:
     """The Device of one entry of the file's ``devices`` table."""
     if not isinstance(key, str) or not key.strip() or is_device_file(key):
         raise DeviceError(f"{where}: {key!r} cannot name a device (a name, not empty, not ending in .json/.toml)")
-    if not isinstance(entry, dict):
+    if not isinstance(entry, Mapping):
         raise DeviceError(f"{where}: device {key!r}: expected a table of fields, not {entry!r}")
     for field in entry:
         if field not in FIELDS:
@@ -120,8 +120,8 @@ def _device(where: str, key: object, entry: object) -> Device:
     for field in REQUIRED:
         if field not in entry:
             raise DeviceError(f"{where}: device {key!r}: the field {field!r} ({FIELDS[field]}) is missing")
-    aliases = entry.get("aliases", [])
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
+    aliases = entry.get("aliases", [])  # a list in a file, a tuple in dataclasses.asdict(device)
+    if not isinstance(aliases, list | tuple) or not all(isinstance(a, str) and a.strip() for a in aliases):
         raise DeviceError(f"{where}: device {key!r}: aliases must be a list of names, not {aliases!r}")
     for field in ("matrix", "vector"):
         if not isinstance(entry.get(field, {}), Mapping):
