@@ -13,6 +13,8 @@ from ._version import __version__
 _EXPORTS = {
     "analysis": ("ActivationCountAnalysis", "Analysis", "FlopCountAnalysis", "JitModelAnalysis", "ModelAnalysis",
                  "activation_count", "analyze", "build_result", "flop_count"),
+    "devices": ("DEVICES", "Device", "DeviceError", "device_from_dict", "device_to_dict", "get_device",
+                "list_devices", "load_devices"),
     "engine.inputs": ("Args",),
     "engine.spec": ("RunSpec",),
     "engine.trace": ("ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
@@ -42,6 +44,16 @@ if TYPE_CHECKING:
         analyze,
         build_result,
         flop_count,
+    )
+    from .devices import (
+        DEVICES,
+        Device,
+        DeviceError,
+        device_from_dict,
+        device_to_dict,
+        get_device,
+        list_devices,
+        load_devices,
     )
     from .engine.inputs import Args
     from .engine.spec import RunSpec
@@ -82,11 +94,14 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CONVENTIONS",
+    "DEVICES",
     "OPTIMIZERS",
     "ActivationCountAnalysis",
     "Analysis",
     "Args",
     "CountInside",
+    "Device",
+    "DeviceError",
     "FlopCountAnalysis",
     "Handle",
     "JitModelAnalysis",
@@ -111,11 +126,16 @@ __all__ = [
     "analyze",
     "backward_key",
     "build_result",
+    "device_from_dict",
+    "device_to_dict",
     "flop_count",
     "flop_count_str",
     "flop_count_table",
     "get_convention",
+    "get_device",
     "get_shape",
+    "list_devices",
+    "load_devices",
     "load_trace",
     "parameter_count",
     "parameter_count_table",

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .devices import DEVICES, Device
+from .devices import DEVICES, Device, device_to_dict
 from .engine.trace import Trace
 from .metrics.memory import OptimizerSpec
 from .reports.saved import SavedTrace, check_settings, read_saved_trace, write_saved_trace
@@ -61,7 +61,7 @@ def _plain(settings: dict[str, Any]) -> dict[str, Any]:
     out = dict(settings)
     device = out.get("device")
     if isinstance(device, Device):
-        out["device"] = device.name if DEVICES.get(device.name) == device else dataclasses.asdict(device)
+        out["device"] = device.name if DEVICES.get(device.name) == device else device_to_dict(device)
     if isinstance(out.get("optimizer"), OptimizerSpec):
         out["optimizer"] = dataclasses.asdict(out["optimizer"])
     if out.get("state_dtype") is not None:

@@ -10,7 +10,8 @@ from types import ModuleType
 DEFAULT = "analyse"  # `modelmeter MODEL ...`: no subcommand named
 # subcommand -> its module; `modelmeter NAME ...` runs it when NAME is the first argument (even if a file, or
 # a module on the path, has that name: models are named by `NAME.py:factory` or `package.NAME:factory`)
-COMMANDS = {"analyse": "analyse", "list": "listing", "cache": "cache", "diff": "diff", "report": "report"}
+COMMANDS = {"analyse": "analyse", "list": "listing", "cache": "cache", "diff": "diff", "report": "report",
+            "devices": "devices"}
 
 
 def command(name: str) -> ModuleType:

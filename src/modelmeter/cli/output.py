@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # Every option of the command that names a file or folder
 PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir",
-                "--save-trace")
+                "--save-trace", "--devices-file")
 # The options whose file the command writes at the end: checked before any model is built
 WRITTEN_PATHS = ("--output", "--html", "--save-baseline", "--save-trace")
 

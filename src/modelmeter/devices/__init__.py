@@ -1,8 +1,13 @@
 """Accelerators by name: datasheet peaks and memory bandwidth, for the roofline time (docs/devices.md).
 
-Plain data, without torch, so ``modelmeter devices`` lists them in an instant.
+Plain data, without torch, so ``modelmeter devices`` lists them in an instant: the built-in datasheets
+(datasheets.py), the Device and its peak rules (device.py), devices of your own from a JSON or TOML file
+(files.py), and lookups by name or alias (catalog.py).
 """
 
-from .catalog import DEVICES, Device, DeviceError, device_from_dict, get_device
+from .catalog import DEVICES, get_device, list_devices
+from .device import Device, DeviceError, precision
+from .files import device_from_dict, device_to_dict, load_devices
 
-__all__ = ["DEVICES", "Device", "DeviceError", "device_from_dict", "get_device"]
+__all__ = ["DEVICES", "Device", "DeviceError", "device_from_dict", "device_to_dict", "get_device", "list_devices",
+           "load_devices", "precision"]

@@ -1,73 +1,66 @@
-"""The device catalog: what an accelerator can do per second, from its datasheet.
-
-SKELETON (issue 18): the devices helper fills in the catalog, user files and the listing.
-"""
+"""The device catalog: the built-in accelerators (datasheets.py) and yours (files.py), found by name or alias."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import difflib
+import os
+from collections.abc import Iterable
 
-from ..errors import ModelMeterError
+from .datasheets import BUILT_IN
+from .device import Device, DeviceError, canonical_name
+from .files import is_device_file, load_devices
 
-
-class DeviceError(ModelMeterError, ValueError):
-    """An unknown device name, or a device file that does not describe devices."""
-
-
-@dataclass(frozen=True)
-class Device:
-    """One accelerator: dense peaks in FLOP/s by dtype key (``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"``,
-    ``"fp16"``, ``"fp8"``, ``"int8"``) on its matrix units (``matrix``: tensor cores) and its vector units
-    (``vector``: element-wise work), memory ``bandwidth`` in bytes/s and ``memory`` in bytes."""
-
-    name: str
-    label: str
-    memory: int
-    bandwidth: float
-    matrix: Mapping[str, float]
-    vector: Mapping[str, float]
-    aliases: tuple[str, ...] = ()
-    source: str = ""
-    notes: str = field(default="", compare=False)
-
-    def peak(self, dtype: str, *, matrix: bool, tf32: bool = False) -> float:
-        """FLOP/s for work in ``dtype`` (as a trace names it: ``"float32"``, ``"bfloat16"``) on the matrix or the
-        vector units."""
-        key = _DTYPE_KEYS.get(dtype, "fp32")
-        if matrix:
-            if key == "fp32" and tf32 and "tf32" in self.matrix:
-                return self.matrix["tf32"]
-            if key != "fp32" and key in self.matrix:
-                return self.matrix[key]
-        return self.vector.get(key, self.vector["fp32"])
-
-    def ridge(self, dtype: str = "bfloat16", *, matrix: bool = True, tf32: bool = False) -> float:
-        """FLOPs per byte where the roofline turns from memory- to compute-bound."""
-        return self.peak(dtype, matrix=matrix, tf32=tf32) / self.bandwidth
+# The built-in devices by name (their aliases are looked up too); a Device added here is found like the others
+DEVICES: dict[str, Device] = {device.name: device for device in BUILT_IN}
 
 
-_DTYPE_KEYS = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8",
-               "uint8": "int8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
-
-DEVICES: dict[str, Device] = {
-    "h100": Device("h100", "NVIDIA H100 SXM5 80GB", 80 * 10**9, 3.35e12,
-                   {"fp64": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12,
-                    "int8": 1978.9e12},
-                   {"fp64": 33.5e12, "fp32": 66.9e12, "bf16": 133.8e12, "fp16": 133.8e12}),
-}
-
-
-def get_device(name: str, devices_file: str | None = None) -> Device:
-    """The device called ``name`` (or one of its aliases, any case)."""
-    if devices_file is not None:
-        raise NotImplementedError("skeleton")
-    found = DEVICES.get(name.lower())
+def get_device(name: str | Device, devices_file: str | os.PathLike[str] | None = None) -> Device:
+    """The device called ``name`` or one of its aliases (any case; ``_`` or a space for ``-``): first among
+    the devices of ``devices_file`` (a JSON or TOML file, docs/devices.md), then the built-in ones. ``name``
+    may also be the path of a device file (``.json``/``.toml``) that describes one device, or a Device (returned
+    as it is)."""
+    if isinstance(name, Device):
+        return name
+    if not isinstance(name, str):
+        raise DeviceError(f"a device is a name (such as 'h100'), a device file or a Device, not {name!r}")
+    if is_device_file(name):
+        return _only_device(name)
+    user = load_devices(devices_file) if devices_file is not None else {}
+    found = _find(user.values(), name) or _find(DEVICES.values(), name)
     if found is None:
-        raise DeviceError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
+        raise DeviceError(_unknown(name, user, devices_file))
     return found
 
 
-def device_from_dict(data: Mapping[str, object]) -> Device:
-    """A device from its fields (as ``dataclasses.asdict`` gives them, and a saved trace keeps a user's device)."""
-    return Device(**data)  # type: ignore[arg-type]
+def list_devices(devices_file: str | os.PathLike[str] | None = None) -> list[Device]:
+    """Every device a name can choose: those of ``devices_file`` first, then the built-in ones whose name no
+    device of the file takes."""
+    user = load_devices(devices_file) if devices_file is not None else {}
+    return [*user.values(), *(device for name, device in DEVICES.items() if name not in user)]
+
+
+def _find(devices: Iterable[Device], name: str) -> Device | None:
+    wanted = canonical_name(name)
+    for device in devices:  # a Device made in code may spell its names in any case
+        if wanted in (canonical_name(n) for n in (device.name, *device.aliases)):
+            return device
+    return None
+
+
+def _only_device(path: str) -> Device:
+    devices = load_devices(path)
+    if len(devices) != 1:
+        raise DeviceError(f"{path} describes {len(devices)} devices ({', '.join(devices)}): name one, with the "
+                          "file as the devices file (--devices-file, devices_file=)")
+    return next(iter(devices.values()))
+
+
+def _unknown(name: str, user: dict[str, Device], devices_file: str | os.PathLike[str] | None) -> str:
+    """The message for a name no device has: the known names, a close match, and where devices come from."""
+    names = [*user, *(n for n in DEVICES if n not in user)]
+    every = names + [alias for device in [*user.values(), *DEVICES.values()] for alias in device.aliases]
+    close = difflib.get_close_matches(canonical_name(name), every, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    mine = f" ({len(user)} from {os.fspath(devices_file)})" if devices_file is not None else ""
+    return (f"unknown device {name!r}{hint}; known{mine}: {', '.join(names)}; or the path of a .json/.toml "
+            "device file (docs/devices.md)")

@@ -1,0 +1,70 @@
+"""``modelmeter devices``: the accelerators ``--device`` can name, with their datasheet peaks (docs/devices.md).
+Imports no torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..devices import Device, DeviceError, device_to_dict, list_devices, load_devices
+from ..reports.format import Align, aligned_table, markdown_table
+from .errors import ModelSpecError
+from .options import subcommand_parser
+from .output import add_output_options, emit
+
+SUMMARY = "lists the accelerators a roofline can run on, with their datasheet peaks"
+HEADER = ["name", "device", "memory", "bandwidth", "bf16", "fp16", "fp32", "tf32", "fp8", "ridge"]
+ALIGNS: list[Align] = ["left", "left", "right", "right", "right", "right", "right", "right", "right", "right"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = subcommand_parser(
+        "modelmeter devices", "modelmeter devices [--devices-file FILE] [--format {table,markdown,json}] "
+                              "[--output FILE]",
+        "The accelerators a device name can choose: memory, bandwidth and dense peaks (TFLOP/s, without "
+        "structured sparsity) on the tensor cores for bf16, fp16, tf32 and fp8; fp32 as a float32 matrix "
+        "product runs by default (without TF32); ridge: the FLOPs per byte where bf16 work turns compute-bound "
+        "(docs/devices.md).")
+    parser.add_argument("--devices-file", metavar="FILE",
+                        help="a JSON or TOML file of devices of your own, listed first (docs/devices.md)")
+    add_output_options(parser, ("table", "markdown", "json"), "the list")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        devices = list_devices(args.devices_file)
+        mine = set(load_devices(args.devices_file)) if args.devices_file is not None else set()
+    except DeviceError as exc:
+        raise ModelSpecError(f"--devices-file: {exc}") from None
+    if args.format == "json":
+        text = json.dumps([_as_json(d, args.devices_file if d.name in mine else None) for d in devices], indent=2)
+    else:
+        rows = [_row(d, d.name in mine) for d in devices]
+        notes = ["-: no tensor-core rate of its own (docs/devices.md says where such work runs)"]
+        if mine:
+            notes.append(f"*: from {args.devices_file}")
+        if args.format == "markdown":
+            lines = [*markdown_table(HEADER, rows), "", *notes]
+        else:
+            lines = ["accelerators (dense peaks in TFLOP/s, without sparsity; ridge in FLOPs/byte at bf16):",
+                     *aligned_table([HEADER, *rows], ALIGNS, rule=True), "", *notes]
+        text = "\n".join(lines)
+    emit(text, args.output)
+    return 0
+
+
+def _row(device: Device, mine: bool) -> list[str]:
+    return [device.name + ("*" if mine else ""), device.label, f"{device.memory / 1e9:g} GB",
+            f"{device.bandwidth / 1e12:.3g} TB/s", _tflops(device.matrix.get("bf16")),
+            _tflops(device.matrix.get("fp16")), _tflops(device.peak("float32", matrix=True)),
+            _tflops(device.matrix.get("tf32")), _tflops(device.matrix.get("fp8")), f"{device.ridge():.0f}"]
+
+
+def _tflops(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate / 1e12:.5g}"
+
+
+def _as_json(device: Device, origin: str | None) -> dict[str, Any]:
+    return {**device_to_dict(device), "ridge": device.ridge(), "origin": origin or "built-in"}
