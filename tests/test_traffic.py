@@ -334,6 +334,17 @@ def test_fused_attention_moves_less_than_the_math_kernels_it_replaces() -> None:
     assert math - fused == 4 * SCORE_BYTES - LSE_BYTES
 
 
+def test_flex_attention_is_counted_as_a_fused_kernel() -> None:
+    q, kv = tensor_meta(r(1, 2, 256, 32)), tensor_meta(r(1, 2, 512, 32))
+    blocks = tensor_meta(torch.ones(1, 2, 2, dtype=torch.int32))
+    indices = tensor_meta(torch.ones(1, 2, 2, 4, dtype=torch.int32))
+    block_mask = [256, 512, blocks, indices, None, None, blocks, indices, None, None, 128, 128, "<function>"]
+    handle = traffic_table()["aten::flex_attention"]
+    read = (256 + 2 * 512) * 2 * 32 * F32 + 2 * (4 + 16) * 4  # Q, K, V; the block mask's tensors
+    written = 2 * 256 * 32 * F32 + 2 * 256 * F32  # the output; the log-sum-exp
+    assert handle([q, kv, kv, "<function>", block_mask, None], []) == Counter({"flex_attention": read + written})
+
+
 def test_native_multi_head_attention_counts_its_projections() -> None:
     mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
     x = r(1, 3, 8)

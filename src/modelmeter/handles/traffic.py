@@ -78,9 +78,12 @@ def kernel_rule(op: str) -> Handle:
     except that the tensors a call of an ``.out`` form writes into are not read, and that an in-place operator
     that returns nothing (``_foreach_mul_``) writes its first argument."""
     in_place = op.endswith("_") and not op.endswith("__")
+    out_forms: dict[int, tuple[int, ...]] = {}  # the out arguments, by the number of arguments a call placed
 
     def rule(inputs: list[Any], outputs: list[Any]) -> int:
-        written = out_arguments(op, len(inputs))
+        written = out_forms.get(len(inputs))
+        if written is None:
+            written = out_forms[len(inputs)] = out_arguments(op, len(inputs))
         if written:
             read = _all_bytes([value for i, value in enumerate(inputs) if i not in written])
             return read + _all_bytes(outputs)
