@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from model_helpers import FusedSelfAttention
-from modelmeter.engine.metadata import dtype_name, tensor_meta
+from modelmeter.engine.metadata import dtype_name, flat_outputs, place_arguments, tensor_meta
 from modelmeter.engine.serialize import dumps, loads
 from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.trace import Trace
@@ -332,6 +332,28 @@ def test_fused_attention_moves_less_than_the_math_kernels_it_replaces() -> None:
     fused, math = bytes_of(Sdpa(), q, k, v)[SDPA], bytes_of(Sdpa(), q, k, v, kernel="math")[SDPA]
     assert fused < math <= math_ops
     assert math - fused == 4 * SCORE_BYTES - LSE_BYTES
+
+
+def described(op: Any, *args: Any) -> tuple[list[Any], list[Any]]:
+    """``op(*args)`` run for real, its arguments and results as the recorder describes them."""
+    return place_arguments(op._schema, args, {}), flat_outputs(op(*args))
+
+
+def test_attention_kernels_recorded_without_the_call() -> None:
+    """A kernel called on its own: fused, what it really reads and writes (its log-sum-exp among its outputs); math,
+    the math kernel's traffic for the same sizes."""
+    q, k, v = (t.detach() for t in qkv())
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    forward = described(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v)
+    backward = described(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                         torch.ones_like(out), q, k, v, out, lse, 0.0, False)
+    fused, math = traffic_table(), traffic_table("math")
+    assert fused[name](*forward) == Counter({SDPA: QKV_BYTES + OUT_BYTES + LSE_BYTES})
+    assert fused[f"{name}_backward"](*backward) == Counter({SDPA_BACKWARD: 2 * QKV_BYTES + 2 * OUT_BYTES + LSE_BYTES})
+    assert math[name](*forward) == Counter({SDPA: QKV_BYTES + OUT_BYTES + 4 * SCORE_BYTES})
+    assert math[f"{name}_backward"](*backward) == \
+        Counter({SDPA_BACKWARD: 2 * QKV_BYTES + 2 * OUT_BYTES + 7 * SCORE_BYTES})
 
 
 def test_flex_attention_is_counted_as_a_fused_kernel() -> None:
