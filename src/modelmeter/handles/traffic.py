@@ -210,7 +210,9 @@ def attention_bytes(a: Attention, qkv: int, mask: int, masked: bool, dtype: str,
     out = a.heads * a.lq * a.ev * itemsize(dtype)
     if kernel == "fused":
         lse = a.heads * a.lq * LSE_ITEMSIZE
-        return 2 * qkv + 2 * out + lse + mask if backward else qkv + mask + out + lse
+        if backward:
+            return 2 * qkv + 2 * out + lse + mask
+        return qkv + mask + out + lse
     scores = a.heads * a.lq * a.s * itemsize(dtype)
     if backward:
         return 2 * qkv + 2 * out + MATH_BACKWARD_SCORE_PASSES * scores
@@ -228,7 +230,7 @@ def _attention_handle(op: str, backward: bool, kernel: str) -> Handle:
                                 backward=backward, kernel=kernel)
         return Counter({_BACKWARD_KEY if backward else _FORWARD_KEY: total})
 
-    handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention, {kernel} kernel ({attention_bytes.__doc__})"
+    handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention at the {kernel} kernel (attention_bytes)."
     return handle
 
 
@@ -245,10 +247,9 @@ def _flex_bytes(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
     """``flex_attention``, a fused kernel: Q, K, V and the block mask's tensors read, the output and the
     log-sum-exp written."""
     a, _ = flex_attention_pairs.bind("aten::flex_attention")(inputs, outputs)
-    query = inputs[0]
-    read = _all_bytes(inputs[:3]) + _all_bytes(inputs[4:5])
-    return Counter({"flex_attention": attention_bytes(a, read, 0, False, query.dtype, backward=False,
-                                                      kernel="fused")})
+    read = _all_bytes(inputs[:3]) + _all_bytes(inputs[4:5])  # (score_mod, at 3, is a function)
+    total = attention_bytes(a, read, 0, False, inputs[0].dtype, backward=False, kernel="fused")
+    return Counter({"flex_attention": total})
 
 
 @by_name
