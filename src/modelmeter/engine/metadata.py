@@ -53,18 +53,37 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
     """A tensor's :class:`TensorMeta`; equal descriptions are one (immutable) object, made once."""
     try:
-        key = (tuple(tensor.shape), tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
+        shape = tuple(tensor.shape)
     except RuntimeError:
         if tensor.is_nested:  # the strided layout has no shape to describe
             raise NestedLayoutError(NESTED_STRIDED) from None
         raise
+    try:
+        strides = tensor.stride()
+    except RuntimeError:  # a sparse layout: no strides
+        strides = ()
+    key: tuple[Any, ...] = (shape, tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
+    if 0 in strides:  # a broadcast dimension, maybe (it runs for every tensor: the common case is kept short)
+        key += (_footprint(shape, strides),)
     found = _METAS.get(key)
     if found is None:
         if len(_METAS) > _METAS_LIMIT:
             _METAS.clear()
-        shape = tuple(int(s) for s in tensor.shape)  # plain ints, also where torch hands out SymInts
-        found = _METAS[key] = TensorMeta(shape, dtype_name(tensor.dtype), str(key[2]))
+        plain = tuple(int(s) for s in shape)  # plain ints, also where torch hands out SymInts
+        footprint = key[3] if len(key) > 3 else None
+        found = _METAS[key] = TensorMeta(plain, dtype_name(tensor.dtype), str(key[2]), footprint=footprint)
     return found
+
+
+def _footprint(shape: tuple[Any, ...], strides: tuple[Any, ...]) -> int | None:
+    """Distinct elements a tensor of ``shape`` and ``strides`` addresses, when a stride of 0 (a broadcast
+    dimension) makes them fewer than its elements; None otherwise."""
+    numel = distinct = 1
+    for size, stride in zip(shape, strides, strict=True):
+        numel *= int(size)
+        if stride != 0:
+            distinct *= int(size)
+    return distinct if distinct < numel else None
 
 
 _METAS: dict[tuple[Any, ...], TensorMeta] = {}

@@ -32,7 +32,8 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 2  # 2: the module table, the run's description (model, versions) and the operators' tags
+FORMAT_VERSION = 3  # 2: the module table, the run's description (model, versions) and the operators' tags;
+#                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads)
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -120,6 +121,9 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
         shape = meta.get("shape")
         if type(shape) is not tuple or not all(type(s) is int for s in shape):
             raise ValueError(f"a TensorMeta shape must be a tuple of integers, got {shape!r:.80}")
+        footprint = meta.get("footprint")
+        if footprint is not None and (type(footprint) is not int or footprint < 0):
+            raise ValueError(f"a TensorMeta footprint must be a count of elements or null, got {footprint!r:.80}")
         made = TensorMeta(**meta)
         if metas is not None:
             metas[memo_key] = made
@@ -200,8 +204,12 @@ def trace_from_parsed(data: Any) -> Trace:
 def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
     if type(data) is not dict or data.get("format") != FORMAT:
         raise ValueError("not a modelmeter trace")
-    if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"trace format version {data.get('version')!r}; this modelmeter reads {FORMAT_VERSION}")
+    version = data.get("version")
+    if version != FORMAT_VERSION:
+        hint = ""
+        if type(version) is int and version < FORMAT_VERSION:
+            hint = " (recorded by an older modelmeter: record the model again)"
+        raise ValueError(f"trace format version {version!r}; this modelmeter reads {FORMAT_VERSION}{hint}")
     if data.get("schema") != schema_signature():
         raise ValueError("the trace was written for other Trace/OpEvent/TensorMeta fields")
     fields = data.get("fields")

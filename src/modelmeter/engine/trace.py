@@ -27,12 +27,17 @@ class TensorMeta:
     ``attended`` is set on the mask argument of attention operators only: how many (query, key) pairs the
     mask lets through, broadcast to the attention's full ``(..., L, S)`` shape — or None when the mask had
     no values to read (fake and meta tensors).
+
+    ``footprint`` is the number of distinct elements the tensor addresses when that is fewer than its
+    ``numel()`` because some stride is 0 (a broadcast: ``expand``, a scalar expanded to a shape), None otherwise:
+    a kernel reads such a tensor's memory once, not once per element.
     """
 
     shape: tuple[int, ...]
     dtype: str
     device: str
     attended: int | None = None
+    footprint: int | None = None
 
     def numel(self) -> int:
         n = 1

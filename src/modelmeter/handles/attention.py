@@ -14,6 +14,7 @@ attention). Formulas: docs/attention.md.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -215,6 +216,17 @@ KERNELS: dict[str, tuple[Formula[_Call], bool]] = {
     "aten::_efficient_attention_forward": (_efficient, False),
     "aten::_efficient_attention_backward": (_efficient, True),
 }
+
+
+def attention_sizes(op: str) -> Callable[[list[Any], list[Any]], Attention]:
+    """How to read the sizes of the attention that ``op`` computes (a key of :data:`KERNELS`, or the ``backward:``
+    key of one, read from its forward call), every pair counted: what the bytes metric needs of it."""
+    parse = KERNELS[op.removeprefix("backward:")][0].bind(op)
+
+    def sizes(inputs: list[Any], outputs: list[Any]) -> Attention:
+        return _attention(parse(inputs, outputs), dense=True)
+
+    return sizes
 
 
 def _kernel_handle(op: str, backward: bool, real_flops: bool, dense: bool, kernel: str) -> Handle:

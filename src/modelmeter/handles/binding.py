@@ -42,7 +42,12 @@ class _Argument:
 class _Overload:
     name: str
     arguments: tuple[_Argument, ...]
-    writes_out: bool  # an ``.out`` form (it writes into an argument): chosen only when no other form fits
+    written: tuple[int, ...]  # positions of the arguments an ``.out`` form writes into (empty for other forms)
+
+    @property
+    def writes_out(self) -> bool:
+        """An ``.out`` form (it writes into an argument): chosen only when no other form fits."""
+        return bool(self.written)
 
     def index(self, names: tuple[str, ...]) -> int | None:
         """Position of the first of ``names`` among the arguments, or None."""
@@ -202,7 +207,7 @@ def _overloads(op: str, arguments: tuple[str, ...] | None) -> tuple[_Overload, .
     """The overloads of ``op`` (its forward call's for a ``backward:`` key), or the spelled-out ``arguments``;
     None when torch has no such operator (one of another version or device: checked when it is called)."""
     if arguments is not None:
-        return (_Overload("default", tuple(_Argument(name) for name in arguments), False),)
+        return (_Overload("default", tuple(_Argument(name) for name in arguments), ()),)
     name = op.removeprefix("backward:")
     if name not in _SCHEMAS:
         _SCHEMAS[name] = _read_schemas(name)
@@ -226,8 +231,9 @@ def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
 def _overload(name: str, schema: torch.FunctionSchema) -> _Overload:
     arguments = tuple(_Argument(a.name, _plain(a.default_value) if a.has_default_value() else _MISSING)
                       for a in schema.arguments)
-    writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    return _Overload(name, arguments, writes_out)
+    written = tuple(i for i, a in enumerate(schema.arguments)
+                    if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    return _Overload(name, arguments, written)
 
 
 def _plain(value: Any) -> Any:
@@ -239,6 +245,15 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
         return str(value)
     return value
+
+
+def out_arguments(op: str, given: int) -> tuple[int, ...]:
+    """Positions of the arguments that a call of ``op`` placing ``given`` arguments writes its results into (the
+    ``out=`` tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for."""
+    overloads = _overloads(op, None)
+    if not overloads:
+        return ()
+    return _overload_for(overloads, given).written
 
 
 def _overload_for(overloads: tuple[_Overload, ...], given: int) -> _Overload:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +19,8 @@ from ..handles.fvcore import CONVOLUTION_CALLS, PYTHON_OP, fvcore_alias
 
 AncestorMode = Literal["owner", "caller"]
 HandleTable = Mapping[str, "Handle | CountInside | None"]
+# A rule every kernel has: the handle of an operator (by name) that has no entry in the table.
+KernelRule = Callable[[str], Handle]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Statistics:
 
 def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
           user: HandleTable | None = None, elementwise: Handle | None = None,
-          phases: Collection[str] = PHASES, fallback: Handle | None = None,
+          phases: Collection[str] = PHASES, fallback: KernelRule | None = None,
           units: list[Unit] | None = None) -> Statistics:
     """Apply ``handles`` (a convention's table) and ``user`` (the handles set on the analysis, which win) to the
     events of ``trace`` in ``phases``.
@@ -65,9 +67,11 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     operators without a handle cost ``elementwise`` (free when it is None). Each count is also kept under the
     event's phase and under the dtype the work was done in (see :func:`work_dtype`).
 
-    ``fallback`` is for a metric every kernel has (the bytes it moves): it counts any aten operator without an
-    entry that is not a view — free operators, integer results and unknown operators included — so nothing is
-    reported as unsupported. ``units``, when given, receives every count taken (see :class:`Unit`).
+    ``fallback`` is for a metric every kernel has (the bytes it moves): ``fallback(op)`` is the handle that counts
+    any aten operator ``op`` without an entry that is not a view — free operators, integer results and unknown
+    operators included — so nothing is reported as unsupported; the table's entries then apply to C-level calls
+    only: a Python-level call (``F.relu``, ``x[i]``, ``x[i] = v``) runs no kernel of its own, its operators are
+    counted. ``units``, when given, receives every count taken (see :class:`Unit`).
 
     ``user`` handles follow fvcore's names (docs/handles.md, "fvcore's operator names"): they count the calls
     ``torch.jit`` records under their name — the outermost C-level call, not the operators it ran (a handle
@@ -94,11 +98,12 @@ class _Visitor:
     """One counting pass over a trace (see :func:`count`)."""
 
     def __init__(self, trace: Trace, handles: HandleTable, user: HandleTable, ancestor_mode: AncestorMode,
-                 elementwise: Handle | None, phases: Collection[str], fallback: Handle | None,
+                 elementwise: Handle | None, phases: Collection[str], fallback: KernelRule | None,
                  units: list[Unit] | None) -> None:
         self.events = trace.events
         self.children = trace.children()
         self.handles, self.user, self.elementwise, self.fallback = handles, user, elementwise, fallback
+        self.fallbacks: dict[str, Handle] = {}  # fallback(op), per operator
         self.tally = _Tally({p: {} for p in phases}, units)
         self.unsupported: dict[str, Counter[str]] = {}
         self.ancestors = Ancestors(trace, ancestor_mode)
@@ -126,6 +131,8 @@ class _Visitor:
             (key, inputs), handle, from_user = alias, self.user[alias[0]], True
         else:
             handle, from_user = self.lookup(event.op, mode)
+            if event.python and self.fallback is not None and not from_user:
+                handle = _MISSING  # a metric of kernels: Python code runs none of its own
         if handle is None:
             if not from_user and event.python and mode == _OPEN and self.user:
                 self.visit_children(index, user_op, into, _USER_ONLY)  # user handles of what it called
@@ -146,7 +153,9 @@ class _Visitor:
             if self.fallback is not None:
                 if self.classify.is_view(event.op):
                     return
-                handle = self.fallback
+                handle = self.fallbacks.get(event.op)
+                if handle is None:
+                    handle = self.fallbacks[event.op] = self.fallback(event.op)
             elif self.classify.is_free(event.op) or _integer_only(event.outputs):
                 return
             elif not self.classify.is_elementwise(event.op):
