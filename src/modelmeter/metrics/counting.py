@@ -23,13 +23,15 @@ HandleTable = Mapping[str, "Handle | CountInside | None"]
 
 @dataclass(frozen=True)
 class Unit:
-    """One count the tally took: the event it was counted at, its total, and whether a ``backward:`` formula of
-    the forward call ``events[event].origin`` counted it (for the whole backward pass of that call). Metrics that
-    combine two counts operator by operator (the roofline time pairs FLOPs with bytes) read these."""
+    """One count the tally took: the event it was counted at, its total, whether a ``backward:`` formula of
+    the forward call ``events[event].origin`` counted it (for the whole backward pass of that call), and the
+    operator key it was counted under (``""`` when a formula gave several). Metrics that combine two counts
+    operator by operator (the roofline time pairs FLOPs with bytes) read these."""
 
     event: int
     total: Any
     whole_backward: bool = False
+    key: str = ""
 
 
 @dataclass
@@ -250,7 +252,7 @@ class _Tally:
         table, dtypes = self.by_phase[event.phase], self.dtypes
         total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
         if self.units is not None:
-            self.units.append(Unit(index, total, whole_backward))
+            self.units.append(Unit(index, total, whole_backward, items[0][0] if len(items) == 1 else ""))
         dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)
