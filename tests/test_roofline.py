@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from model_helpers import Fn
 from modelmeter.devices import Device
 from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.trace import Trace
@@ -24,8 +25,6 @@ from modelmeter.handles.conventions import get_convention
 from modelmeter.metrics.counting import count
 from modelmeter.metrics.roofline import Roofline, RooflineSettings, roofline
 from modelmeter.metrics.traffic import count_bytes
-
-from model_helpers import Fn
 
 BANDWIDTH = 1e12
 FP32 = 10e12        # vector float32 (no float32 tensor cores)
