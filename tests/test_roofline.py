@@ -228,6 +228,22 @@ def test_module_time_is_the_sum_of_its_units() -> None:
                                    "total": pytest.approx(first + gelu + last, rel=1e-12)}
 
 
+def test_nested_modules_add_up_through_every_parent() -> None:
+    model = nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(8, 8)), nn.Tanh()), nn.Linear(8, 4))
+    m = 2
+    out = run(model, torch.randn(m, 8))
+    inner = roof(2 * m * 8 * 8 + m * 8, 4 * (m * 8 + 8 * 8 + 8 + m * 8), FP32)
+    tanh = roof(m * 8, 4 * 2 * m * 8, FP32)
+    last = roof(2 * m * 4 * 8 + m * 4, 4 * (m * 8 + 8 * 4 + 4 + m * 4), FP32)
+    for name in ("0.0.0", "0.0"):
+        assert out.time.counts[name] == {"linear": pytest.approx(inner, rel=1e-12)}
+    assert out.time.counts["0"] == {"linear": pytest.approx(inner, rel=1e-12), "tanh": pytest.approx(tanh, rel=1e-12)}
+    assert out.time.counts[""] == {"linear": pytest.approx(inner + last, rel=1e-12),
+                                   "tanh": pytest.approx(tanh, rel=1e-12)}
+    assert out.time.dtypes["0"] == {"float32": pytest.approx(inner + tanh, rel=1e-12)}
+    assert out.flops.by_phase["forward"]["0.0"] == {"linear": 2 * m * 8 * 8 + m * 8}
+
+
 def test_training_step_phases_sum_to_total_and_mfu_hfu_from_a_measured_time() -> None:
     m, k, n = 64, 128, 256
 

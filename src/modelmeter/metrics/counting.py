@@ -50,7 +50,7 @@ class Statistics:
 def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
           user: HandleTable | None = None, elementwise: Handle | None = None,
           phases: Collection[str] = PHASES, fallback: Handle | None = None,
-          units: list[Unit] | None = None) -> Statistics:
+          units: list[Unit] | None = None, tables: bool = True) -> Statistics:
     """Apply ``handles`` (a convention's table) and ``user`` (the handles set on the analysis, which win) to the
     events of ``trace`` in ``phases``.
 
@@ -69,7 +69,9 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
 
     ``fallback`` is for a metric every kernel has (the bytes it moves): it counts any aten operator without an
     entry that is not a view — free operators, integer results and unknown operators included — so nothing is
-    reported as unsupported. ``units``, when given, receives every count taken (see :class:`Unit`).
+    reported as unsupported. ``units``, when given, receives every count taken (see :class:`Unit`); with
+    ``tables=False`` only they are made, and the statistics' count tables stay empty (a metric that pairs the
+    units of two counts builds its own tables, and need not pay for these).
 
     ``user`` handles follow fvcore's names (docs/handles.md, "fvcore's operator names"): they count the calls
     ``torch.jit`` records under their name — the outermost C-level call, not the operators it ran (a handle
@@ -79,7 +81,7 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     custom autograd Function (``prim::PythonOp.<class name>``) without a handle counts what it ran, and is
     reported as unsupported when it returned tensors without running any visible computation.
     """
-    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units)
+    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units, tables)
     for root in visitor.children[-1]:
         if trace.events[root].phase in visitor.tally.by_phase:
             visitor.visit(root, None, None, _OPEN)
@@ -97,11 +99,11 @@ class _Visitor:
 
     def __init__(self, trace: Trace, handles: HandleTable, user: HandleTable, ancestor_mode: AncestorMode,
                  elementwise: Handle | None, phases: Collection[str], fallback: Handle | None,
-                 units: list[Unit] | None) -> None:
+                 units: list[Unit] | None, tables: bool = True) -> None:
         self.events = trace.events
         self.children = trace.children()
         self.handles, self.user, self.elementwise, self.fallback = handles, user, elementwise, fallback
-        self.tally = _Tally({p: {} for p in phases}, units)
+        self.tally = _Tally({p: {} for p in phases}, units, tables)
         self.unsupported: dict[str, Counter[str]] = {}
         self.ancestors = Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
@@ -236,10 +238,12 @@ def work_dtype(event: OpEvent) -> str:
 class _Tally:
     """Counts by phase, module and operator, and by module and dtype (and each count as a :class:`Unit`)."""
 
-    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]], units: list[Unit] | None) -> None:
+    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]], units: list[Unit] | None,
+                 tables: bool = True) -> None:
         self.by_phase = by_phase
         self.dtypes: dict[str, dict[str, Any]] = {}
         self.units = units
+        self.tables = tables
 
     def add(self, index: int, event: OpEvent, modules: Collection[str], items: list[tuple[str, Any]],
             into: Counter[str] | None, whole_backward: bool = False) -> None:
@@ -253,6 +257,8 @@ class _Tally:
         total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
         if self.units is not None:
             self.units.append(Unit(index, total, whole_backward, items[0][0] if len(items) == 1 else ""))
+        if not self.tables:
+            return
         dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)

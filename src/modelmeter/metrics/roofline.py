@@ -10,13 +10,14 @@ docs/roofline.md says what the numbers mean and what they assume.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from functools import cache
 from numbers import Real
 from typing import Any
 
 from ..devices import Device
+from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles import attention, products
 from ..handles.base import CountInside, backward_key
@@ -84,14 +85,14 @@ class _Unit:
     phase: str
     scope: int
     key: str
-    dtype: str
+    dtype_event: int  # whose work dtype is the unit's when it ran no matrix kernel
+    dtype: str = ""
     matrix_flops: float = 0
     vector_flops: float = 0
     bytes: float = 0
     kernels: int = 0
     time: float = 0.0
     compute_bound: bool = False
-    matrix_dtype: bool = field(default=False, repr=False)  # dtype taken from a matrix kernel
 
     @property
     def flops(self) -> float:
@@ -114,18 +115,16 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
     convention = get_convention("flops", dense_attention=dense_attention, attention_kernel=attention_kernel)
     flop_units: list[Unit] = []
     byte_units: list[Unit] = []
-    count(trace, convention.handles, elementwise=convention.elementwise, units=flop_units)
-    count_bytes(trace, attention_kernel, units=byte_units)
-    matrix_ops = _matrix_ops() | {op for op, entry in convention.handles.items() if isinstance(entry, CountInside)}
-    units = _group(trace, flop_units, byte_units, matrix_ops, _moves_nothing(attention_kernel))
-    for unit in units:
-        _time(unit, settings)
-    ancestors = Ancestors(trace, "owner")
-    uncalled = ancestors.uncalled()
-    stats = {metric: _statistics(units, metric, ancestors, uncalled)
-             for metric in ("bytes", "flops", "time", "compute_bound_time")}
-    return Roofline(stats["bytes"], stats["flops"], stats["time"], stats["compute_bound_time"],
-                    _summary(trace, settings, units))
+    with no_gc():  # thousands of small counters made and walked
+        count(trace, convention.handles, elementwise=convention.elementwise, units=flop_units, tables=False)
+        count_bytes(trace, attention_kernel, units=byte_units)
+        matrix_ops = _matrix_ops() | {op for op, entry in convention.handles.items()
+                                      if isinstance(entry, CountInside)}
+        units = _group(trace, flop_units, byte_units, matrix_ops, _moves_nothing(attention_kernel))
+        for unit in units:
+            _time(unit, settings)
+        moved, flops, time, bound = _statistics(trace, units)
+        return Roofline(moved, flops, time, bound, _summary(trace, settings, units))
 
 
 @cache
@@ -144,11 +143,15 @@ def _group(trace: Trace, flop_units: list[Unit], byte_units: list[Unit], matrix_
            free: Collection[str]) -> list[_Unit]:
     """Pair the counts of both metrics into units of time, each with its kernels and work dtype."""
     events = trace.events
-    counted = {u.event for u in flop_units} | {u.event for u in byte_units}
     covered = {events[u.event].origin for units in (flop_units, byte_units) for u in units if u.whole_backward}
-    group = _assign(events, counted, covered)
+    counted = {u.event for u in flop_units}
+    counted.update(u.event for u in byte_units)
+    group, kernels, matrix_kernel = _walk(trace, counted, covered, matrix_ops, free)
     units = _open_units(events, group, flop_units, byte_units)
-    _count_kernels(trace, group, units, matrix_ops, free)
+    for index, unit in units.items():
+        unit.kernels = kernels.get(index, 0)
+        first = matrix_kernel.get(index)
+        unit.dtype = work_dtype(events[unit.dtype_event if first is None else first])
     for u in flop_units:
         event = events[u.event]
         op = backward_key(events[event.origin].op) if u.whole_backward else event.op
@@ -161,55 +164,56 @@ def _group(trace: Trace, flop_units: list[Unit], byte_units: list[Unit], matrix_
     return list(units.values())
 
 
-def _assign(events: list[OpEvent], counted: set[int], covered: set[int]) -> list[int]:
+def _walk(trace: Trace, counted: set[int], covered: set[int], matrix_ops: Collection[str],
+          free: Collection[str]) -> tuple[list[int], dict[int, int], dict[int, int]]:
     """The unit of every event (-1: none): the outermost counted event on its parent chain, or (``len(events)
-    + origin``) the forward call whose backward pass a ``backward:`` formula covered."""
+    + origin``) the forward call whose backward pass a ``backward:`` formula covered; the kernels launched per unit
+    (dispatch events that are not views and move bytes), and each unit's first matrix kernel (its work dtype is the
+    unit's: under autocast, a ``linear`` called in float32 runs its ``addmm`` in bfloat16)."""
+    events = trace.events
     offset = len(events)
     group = [-1] * offset
+    kernels: dict[int, int] = {}
+    matrix_kernel: dict[int, int] = {}
+    classify = Classifier(trace.op_tags)
+    launches: dict[str, bool] = {}
     for index, event in enumerate(events):  # a parent comes before its children
         if event.phase == "backward" and event.origin in covered:
-            group[index] = offset + event.origin
+            unit = offset + event.origin
         elif event.parent >= 0 and group[event.parent] >= 0:
-            group[index] = group[event.parent]
+            unit = group[event.parent]
         elif index in counted:
-            group[index] = index
-    return group
+            unit = index
+        else:
+            continue
+        group[index] = unit
+        if event.level != "dispatch":
+            continue
+        op = event.op
+        launch = launches.get(op)
+        if launch is None:
+            launch = launches[op] = op not in free and not classify.is_view(op)
+        if launch:
+            kernels[unit] = kernels.get(unit, 0) + 1
+            if unit not in matrix_kernel and op in matrix_ops:
+                matrix_kernel[unit] = index
+    return group, kernels, matrix_kernel
 
 
 def _open_units(events: list[OpEvent], group: list[int], flop_units: list[Unit],
                 byte_units: list[Unit]) -> dict[int, _Unit]:
-    """One :class:`_Unit` per unit of time, with its phase, scope, key and dtype, from the count taken at its
-    outermost event (the FLOPs' count where both metrics counted that event)."""
+    """One :class:`_Unit` per unit of time, with its phase, scope and key, from the count taken at its outermost
+    event (the FLOPs' count where both metrics counted that event)."""
     units: dict[int, _Unit] = {}
     for u in (*byte_units, *flop_units):  # FLOPs last: their key wins
         event = events[u.event]
         if u.whole_backward:
-            origin = events[event.origin]
-            units[group[u.event]] = _Unit("backward", event.scope, u.key or f"{_short(origin.op)}_backward",
-                                          work_dtype(origin))
+            origin = event.origin
+            units[group[u.event]] = _Unit("backward", event.scope, u.key or f"{_short(events[origin].op)}_backward",
+                                          origin)
         elif group[u.event] == u.event:
-            units[u.event] = _Unit(event.phase, event.scope, u.key or _short(event.op), work_dtype(event))
+            units[u.event] = _Unit(event.phase, event.scope, u.key or _short(event.op), u.event)
     return units
-
-
-def _count_kernels(trace: Trace, group: list[int], units: dict[int, _Unit], matrix_ops: Collection[str],
-                   free: Collection[str]) -> None:
-    """Kernels launched per unit (dispatch events that are not views and move bytes), and the work dtype of the
-    unit's first matrix kernel (under autocast, a ``linear`` called in float32 runs its ``addmm`` in bfloat16)."""
-    classify = Classifier(trace.op_tags)
-    views: dict[str, bool] = {}
-    for index, event in enumerate(trace.events):
-        if group[index] < 0 or event.level != "dispatch" or event.op in free:
-            continue
-        view = views.get(event.op)
-        if view is None:
-            view = views[event.op] = classify.is_view(event.op)
-        if view:
-            continue
-        unit = units[group[index]]
-        unit.kernels += 1
-        if not unit.matrix_dtype and event.op in matrix_ops:
-            unit.dtype, unit.matrix_dtype = work_dtype(event), True
 
 
 def _short(op: str) -> str:
@@ -230,25 +234,77 @@ def _time(unit: _Unit, settings: RooflineSettings) -> None:
 
 
 # --- statistics by module ------------------------------------------------------------------------------------
-def _statistics(units: Iterable[_Unit], metric: str, ancestors: Ancestors, uncalled: set[str]) -> Statistics:
-    """``metric`` of every unit attributed to the modules that own it (and their parents), under the unit's key,
-    phase and dtype: the shape :func:`~.counting.count` gives."""
-    by_phase: dict[str, dict[str, dict[str, Any]]] = {phase: {} for phase in PHASES}
-    totals: dict[str, dict[str, Any]] = {}
-    dtypes: dict[str, dict[str, Any]] = {}
-    bound = metric == "compute_bound_time"
+def _statistics(trace: Trace, units: list[_Unit]) -> list[Statistics]:
+    """Bytes, FLOPs, time and compute-bound time of the units, attributed to the module that owns each and to its
+    parents by name (counting's ``"owner"`` mode) under the unit's key, phase and dtype: the shape
+    :func:`~.counting.count` gives. The four are summed together (one cell of four per module and key), per owner
+    first, then added up the module names from the deepest, then told apart."""
+    by_phase: dict[str, dict[str, dict[str, list[Any]]]] = {phase: {} for phase in PHASES}
+    dtypes: dict[str, dict[str, list[Any]]] = {}
+    owners = [stack[-1] if stack else "" for stack in trace.scopes]
     for unit in units:
-        if bound and not unit.compute_bound:
-            continue  # only the compute-bound units have a share in it
-        value = unit.time if bound else getattr(unit, metric)
-        table = by_phase.setdefault(unit.phase, {})
-        for module in ancestors(unit.scope):
-            for target in (table, totals):
-                counter = target.setdefault(module, {})
-                counter[unit.key] = counter.get(unit.key, 0) + value
-            by_dtype = dtypes.setdefault(module, {})
-            by_dtype[unit.dtype] = by_dtype.get(unit.dtype, 0) + value
-    return Statistics(totals, by_phase, dtypes, {}, set(uncalled))
+        values = (unit.bytes, unit.flops, unit.time, unit.time if unit.compute_bound else None)
+        owner = owners[unit.scope]
+        for table, key in ((by_phase[unit.phase], unit.key), (dtypes, unit.dtype)):
+            row = table.get(owner)
+            if row is None:
+                row = table[owner] = {}
+            _add(row, key, values)
+    for table in (*by_phase.values(), dtypes):
+        _add_up(table)
+    uncalled = Ancestors(trace, "owner").uncalled()
+    return [_column(by_phase, dtypes, index, uncalled) for index in range(4)]
+
+
+def _add_up(table: dict[str, dict[str, list[Any]]]) -> None:
+    """Add every module's row into its parent's by name (``"a.b"`` into ``"a"``, ``"a"`` into ``""``), deepest
+    first, so that each row holds its module's own units and those of every module under it."""
+    for name in list(table):
+        while name:  # parents by name that own no unit themselves get a row too
+            name = name.rpartition(".")[0]
+            table.setdefault(name, {})
+    for name in sorted(table, key=lambda name: -name.count(".") if name else 1):
+        if name:
+            target = table[name.rpartition(".")[0]]
+            for key, cell in table[name].items():
+                _add(target, key, cell)
+
+
+def _add(row: dict[str, list[Any]], key: str, values: Sequence[Any]) -> None:
+    """Add the four values to ``row[key]`` (a compute-bound time of None: the unit was memory-bound)."""
+    cell = row.get(key)
+    if cell is None:
+        row[key] = list(values)
+        return
+    cell[0] += values[0]
+    cell[1] += values[1]
+    cell[2] += values[2]
+    if values[3] is not None:
+        cell[3] = values[3] if cell[3] is None else cell[3] + values[3]
+
+
+def _column(by_phase: dict[str, dict[str, dict[str, list[Any]]]], dtypes: dict[str, dict[str, list[Any]]],
+            index: int, uncalled: set[str]) -> Statistics:
+    """Value ``index`` of the cells as one metric's :class:`Statistics` (a key without one is left out)."""
+    phases = {phase: {module: {key: cell[index] for key, cell in row.items() if cell[index] is not None}
+                      for module, row in table.items()} for phase, table in by_phase.items()}
+    totals: dict[str, dict[str, Any]] = {}
+    for table in phases.values():
+        for module, counts in table.items():
+            if not counts:
+                continue
+            total = totals.get(module)
+            if total is None:
+                totals[module] = dict(counts)
+            else:
+                for key, value in counts.items():
+                    total[key] = total.get(key, 0) + value
+    for table in phases.values():
+        for module in [module for module, counts in table.items() if not counts]:
+            del table[module]
+    by_dtype = {module: {dtype: cell[index] for dtype, cell in row.items() if cell[index] is not None}
+                for module, row in dtypes.items()}
+    return Statistics(totals, phases, {module: row for module, row in by_dtype.items() if row}, {}, set(uncalled))
 
 
 # --- the summary --------------------------------------------------------------------------------------------
