@@ -354,3 +354,51 @@ def test_bad_settings_are_named(field: str, value: Any) -> None:
 def test_device_must_be_a_device() -> None:
     with pytest.raises(TypeError, match="device must be"):
         RooflineSettings("h100")  # type: ignore[arg-type]
+
+
+# --- what the roofline reads from counting ------------------------------------------------------------------
+def test_units_carry_their_key_and_tables_false_makes_only_the_units() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.l(x).view(1, 2, 2, 8)
+            return F.scaled_dot_product_attention(y, y, y)
+
+    trace = trace_of(Block(), torch.randn(4, 8, requires_grad=True), backward=True)
+    convention = get_convention("flops")
+    with_tables: list[Any] = []
+    without: list[Any] = []
+    stats = count(trace, convention.handles, elementwise=convention.elementwise, units=with_tables)
+    bare = count(trace, convention.handles, elementwise=convention.elementwise, units=without, tables=False)
+    assert with_tables == without
+    assert {u.key for u in without} >= {"linear", "scaled_dot_product_attention",
+                                        "scaled_dot_product_attention_backward", "mm"}
+    [whole] = [u for u in without if u.whole_backward]
+    assert whole.key == "scaled_dot_product_attention_backward"
+    assert trace.events[trace.events[whole.event].origin].op == "aten::scaled_dot_product_attention"
+    assert sum(u.total for u in without) == sum(stats.counts[""].values())
+    assert bare.counts == {} and all(table == {} for table in bare.by_phase.values()) and bare.dtypes == {}
+
+
+@pytest.mark.slow
+def test_benchmark_quick_run_reports_every_ratio(tmp_path: Any) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "roofline_bench.py"
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, str(script), "--quick", "--repeat", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report) == {"resnet18", "llama2_tiny"}
+    for rows in report.values():
+        assert set(rows) == {"forward", "forward+backward"}
+        for row in rows.values():
+            assert row["events"] > 0 and row["ratio"]["runs"] == 2
+            assert 1 < row["ratio"]["min"] <= row["ratio"]["median"] <= row["ratio"]["max"]
