@@ -10,7 +10,7 @@ docs/roofline.md says what the numbers mean and what they assume.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from numbers import Real
@@ -133,6 +133,7 @@ def _matrix_ops() -> frozenset[str]:
     return frozenset(products.handles("flops")) | frozenset(attention.handles("flops"))
 
 
+@cache
 def _moves_nothing(attention_kernel: str) -> frozenset[str]:
     """Operators the bytes table declares free (metadata, allocations): they launch no kernel."""
     return frozenset(op for op, entry in traffic_table(attention_kernel).items() if entry is None)
@@ -243,17 +244,21 @@ def _statistics(trace: Trace, units: list[_Unit]) -> list[Statistics]:
     dtypes: dict[str, dict[str, list[Any]]] = {}
     owners = [stack[-1] if stack else "" for stack in trace.scopes]
     for unit in units:
-        values = (unit.bytes, unit.flops, unit.time, unit.time if unit.compute_bound else None)
+        values = [unit.bytes, unit.flops, unit.time, unit.time if unit.compute_bound else None]
         owner = owners[unit.scope]
-        for table, key in ((by_phase[unit.phase], unit.key), (dtypes, unit.dtype)):
-            row = table.get(owner)
-            if row is None:
-                row = table[owner] = {}
-            _add(row, key, values)
-    for table in (*by_phase.values(), dtypes):
+        _add(by_phase[unit.phase].setdefault(owner, {}), unit.key, values)
+        _add(dtypes.setdefault(owner, {}), unit.dtype, values)
+    present = [phase for phase, table in by_phase.items() if table]
+    for table in (*(by_phase[phase] for phase in present), dtypes):
         _add_up(table)
+    totals = None if len(present) == 1 else _merged([by_phase[phase] for phase in present])
     uncalled = Ancestors(trace, "owner").uncalled()
-    return [_column(by_phase, dtypes, index, uncalled) for index in range(4)]
+    out = []
+    for index in range(4):
+        phases = {phase: _column(table, index) for phase, table in by_phase.items()}
+        counts = phases[present[0]] if totals is None else _column(totals, index)  # one phase: its own total
+        out.append(Statistics(counts, phases, _column(dtypes, index), {}, set(uncalled)))
+    return out
 
 
 def _add_up(table: dict[str, dict[str, list[Any]]]) -> None:
@@ -270,11 +275,22 @@ def _add_up(table: dict[str, dict[str, list[Any]]]) -> None:
                 _add(target, key, cell)
 
 
-def _add(row: dict[str, list[Any]], key: str, values: Sequence[Any]) -> None:
+def _merged(tables: list[dict[str, dict[str, list[Any]]]]) -> dict[str, dict[str, list[Any]]]:
+    """The cells of several phases' tables summed."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    for table in tables:
+        for module, row in table.items():
+            target = out.setdefault(module, {})
+            for key, cell in row.items():
+                _add(target, key, cell)
+    return out
+
+
+def _add(row: dict[str, list[Any]], key: str, values: list[Any]) -> None:
     """Add the four values to ``row[key]`` (a compute-bound time of None: the unit was memory-bound)."""
     cell = row.get(key)
     if cell is None:
-        row[key] = list(values)
+        row[key] = values[:]
         return
     cell[0] += values[0]
     cell[1] += values[1]
@@ -283,28 +299,16 @@ def _add(row: dict[str, list[Any]], key: str, values: Sequence[Any]) -> None:
         cell[3] = values[3] if cell[3] is None else cell[3] + values[3]
 
 
-def _column(by_phase: dict[str, dict[str, dict[str, list[Any]]]], dtypes: dict[str, dict[str, list[Any]]],
-            index: int, uncalled: set[str]) -> Statistics:
-    """Value ``index`` of the cells as one metric's :class:`Statistics` (a key without one is left out)."""
-    phases = {phase: {module: {key: cell[index] for key, cell in row.items() if cell[index] is not None}
-                      for module, row in table.items()} for phase, table in by_phase.items()}
-    totals: dict[str, dict[str, Any]] = {}
-    for table in phases.values():
-        for module, counts in table.items():
-            if not counts:
-                continue
-            total = totals.get(module)
-            if total is None:
-                totals[module] = dict(counts)
-            else:
-                for key, value in counts.items():
-                    total[key] = total.get(key, 0) + value
-    for table in phases.values():
-        for module in [module for module, counts in table.items() if not counts]:
-            del table[module]
-    by_dtype = {module: {dtype: cell[index] for dtype, cell in row.items() if cell[index] is not None}
-                for module, row in dtypes.items()}
-    return Statistics(totals, phases, {module: row for module, row in by_dtype.items() if row}, {}, set(uncalled))
+def _column(table: dict[str, dict[str, list[Any]]], index: int) -> dict[str, dict[str, Any]]:
+    """Value ``index`` of the cells, by module and key (a key without one, a module without any, left out)."""
+    if index < 3:  # bytes, FLOPs and time: every cell has them
+        return {module: {key: cell[index] for key, cell in row.items()} for module, row in table.items()}
+    out = {}
+    for module, row in table.items():
+        values = {key: cell[index] for key, cell in row.items() if cell[index] is not None}
+        if values:
+            out[module] = values
+    return out
 
 
 # --- the summary --------------------------------------------------------------------------------------------
