@@ -402,3 +402,37 @@ def test_benchmark_quick_run_reports_every_ratio(tmp_path: Any) -> None:
         for row in rows.values():
             assert row["events"] > 0 and row["ratio"]["runs"] == 2
             assert 1 < row["ratio"]["min"] <= row["ratio"]["median"] <= row["ratio"]["max"]
+
+
+def _small_models() -> dict[str, tuple[Any, Any]]:
+    import torchvision
+
+    from modelmeter.zoo import get_model
+
+    return {
+        "llama2_tiny": (lambda: get_model("llama2_tiny"), torch.zeros(2, 16, dtype=torch.long)),
+        "mobilenet_v2": (lambda: torchvision.models.mobilenet_v2(), torch.randn(2, 3, 32, 32)),
+        "encoder": (lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2,
+                                                  enable_nested_tensor=False), torch.randn(2, 10, 32)),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama2_tiny", "mobilenet_v2", "encoder"])
+@pytest.mark.parametrize("kernel", ["fused", "math"])
+def test_real_models_pair_every_count_once_and_add_up(name: str, kernel: str) -> None:
+    build, x = _small_models()[name]
+    trace = trace_of(build(), x, backward=True)
+    out = roofline(trace, RooflineSettings(GPU, launch_overhead=1e-6), attention_kernel=kernel)
+    convention = get_convention("flops", attention_kernel=kernel)
+    flops = count(trace, convention.handles, elementwise=convention.elementwise)
+    assert sum(out.flops.counts[""].values()) == sum(flops.counts[""].values())
+    assert sum(out.bytes.counts[""].values()) == sum(count_bytes(trace, kernel).counts[""].values())
+    summary = out.summary
+    assert sum(summary["time"][phase] for phase in trace.phases()) == pytest.approx(summary["time"]["total"])
+    assert sum(row["time"] for row in summary["operators"]) == pytest.approx(summary["time"]["total"])
+    assert sum(row["flops"] for row in summary["operators"]) == summary["flops"]
+    for module, row in out.time.counts.items():  # a module's time is its operators' and at most its parent's
+        parent = module.rpartition(".")[0]
+        assert sum(row.values()) <= sum(out.time.counts[parent].values()) * (1 + 1e-12) or module == ""
+        assert out.compute_bound_time.counts.get(module, {}).keys() <= row.keys()
