@@ -252,4 +252,5 @@ def test_a_device_object_of_the_users() -> None:
     mine = Device("toy", "Toy accelerator", 10**9, 1e9, {"bf16": 1e12}, {"fp32": 1e10})
     result = analyze(model, x, device=mine).result()
     assert result.roofline["device"]["label"] == "Toy accelerator"
-    assert result.total("time") >= result.total("bytes") / 1e9
+    assert result.total("time") >= result.total("bytes") / 1e9 * (1 - 1e-12)  # all memory-bound at 1 GB/s
+    assert result.total("time") == pytest.approx(result.total("bytes") / 1e9)

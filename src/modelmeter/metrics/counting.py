@@ -25,13 +25,15 @@ KernelRule = Callable[[str], Handle]
 
 @dataclass(frozen=True)
 class Unit:
-    """One count the tally took: the event it was counted at, its total, and whether a ``backward:`` formula of
-    the forward call ``events[event].origin`` counted it (for the whole backward pass of that call). Metrics that
-    combine two counts operator by operator (the roofline time pairs FLOPs with bytes) read these."""
+    """One count the tally took: the event it was counted at, its total, whether a ``backward:`` formula of
+    the forward call ``events[event].origin`` counted it (for the whole backward pass of that call), and the
+    operator key it was counted under (``""`` when a formula gave several). Metrics that combine two counts
+    operator by operator (the roofline time pairs FLOPs with bytes) read these."""
 
     event: int
     total: Any
     whole_backward: bool = False
+    key: str = ""
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Statistics:
 def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
           user: HandleTable | None = None, elementwise: Handle | None = None,
           phases: Collection[str] = PHASES, fallback: KernelRule | None = None,
-          units: list[Unit] | None = None) -> Statistics:
+          units: list[Unit] | None = None, tables: bool = True) -> Statistics:
     """Apply ``handles`` (a convention's table) and ``user`` (the handles set on the analysis, which win) to the
     events of ``trace`` in ``phases``.
 
@@ -71,7 +73,9 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     any aten operator ``op`` without an entry that is not a view — free operators, integer results and unknown
     operators included — so nothing is reported as unsupported; the table's entries then apply to C-level calls
     only: a Python-level call (``F.relu``, ``x[i]``, ``x[i] = v``) runs no kernel of its own, its operators are
-    counted. ``units``, when given, receives every count taken (see :class:`Unit`).
+    counted. ``units``, when given, receives every count taken (see :class:`Unit`); with ``tables=False`` only
+    they are made, and the statistics' count tables stay empty (a metric that pairs the units of two counts
+    builds its own tables, and need not pay for these).
 
     ``user`` handles follow fvcore's names (docs/handles.md, "fvcore's operator names"): they count the calls
     ``torch.jit`` records under their name — the outermost C-level call, not the operators it ran (a handle
@@ -81,7 +85,7 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     custom autograd Function (``prim::PythonOp.<class name>``) without a handle counts what it ran, and is
     reported as unsupported when it returned tensors without running any visible computation.
     """
-    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units)
+    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units, tables)
     for root in visitor.children[-1]:
         if trace.events[root].phase in visitor.tally.by_phase:
             visitor.visit(root, None, None, _OPEN)
@@ -99,12 +103,12 @@ class _Visitor:
 
     def __init__(self, trace: Trace, handles: HandleTable, user: HandleTable, ancestor_mode: AncestorMode,
                  elementwise: Handle | None, phases: Collection[str], fallback: KernelRule | None,
-                 units: list[Unit] | None) -> None:
+                 units: list[Unit] | None, tables: bool = True) -> None:
         self.events = trace.events
         self.children = trace.children()
         self.handles, self.user, self.elementwise, self.fallback = handles, user, elementwise, fallback
         self.fallbacks: dict[str, Handle] = {}  # fallback(op), per operator
-        self.tally = _Tally({p: {} for p in phases}, units)
+        self.tally = _Tally({p: {} for p in phases}, units, tables)
         self.unsupported: dict[str, Counter[str]] = {}
         self.ancestors = Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
@@ -243,10 +247,12 @@ def work_dtype(event: OpEvent) -> str:
 class _Tally:
     """Counts by phase, module and operator, and by module and dtype (and each count as a :class:`Unit`)."""
 
-    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]], units: list[Unit] | None) -> None:
+    def __init__(self, by_phase: dict[str, dict[str, dict[str, Any]]], units: list[Unit] | None,
+                 tables: bool = True) -> None:
         self.by_phase = by_phase
         self.dtypes: dict[str, dict[str, Any]] = {}
         self.units = units
+        self.tables = tables
 
     def add(self, index: int, event: OpEvent, modules: Collection[str], items: list[tuple[str, Any]],
             into: Counter[str] | None, whole_backward: bool = False) -> None:
@@ -259,7 +265,9 @@ class _Tally:
         table, dtypes = self.by_phase[event.phase], self.dtypes
         total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
         if self.units is not None:
-            self.units.append(Unit(index, total, whole_backward))
+            self.units.append(Unit(index, total, whole_backward, items[0][0] if len(items) == 1 else ""))
+        if not self.tables:
+            return
         dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)
