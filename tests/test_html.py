@@ -542,13 +542,18 @@ def test_no_roofline_no_chart() -> None:
     assert _before().roofline == {}
 
 
-@needs_browser
-def test_roofline_page(browser: Browser, tmp_path: Path) -> None:
+def _opened_roofline(browser: Browser, tmp_path: Path) -> tuple[Result, Opened, Page]:
+    """The report of :func:`_roofline_result`, opened in the browser."""
     result = _roofline_result()
     path = tmp_path / "roofline.html"
     write_html(result, path)
     report = Opened(browser, path)
-    page = report.page
+    return result, report, report.page
+
+
+@needs_browser
+def test_roofline_page(browser: Browser, tmp_path: Path) -> None:
+    result, report, page = _opened_roofline(browser, tmp_path)
     chart = roofline_chart(result.roofline)
     assert page.locator("#roofline-title").inner_text() == "Roofline on Test GPU 80GB (bfloat16)"
     circles = page.locator("#roofline-chart circle").evaluate_all(
@@ -586,11 +591,7 @@ def test_roofline_page(browser: Browser, tmp_path: Path) -> None:
 
 @needs_browser
 def test_icicle_sized_by_time_or_bytes(browser: Browser, tmp_path: Path) -> None:
-    result = _roofline_result()
-    path = tmp_path / "roofline.html"
-    write_html(result, path)
-    report = Opened(browser, path)
-    page = report.page
+    result, report, page = _opened_roofline(browser, tmp_path)
     options = [str(v) for v in page.locator("#metric option").evaluate_all("os => os.map(o => o.value)")]
     assert options == ["params", "flops", "bytes", "time"] and page.locator("#metric").input_value() == "flops"
     for metric in ("time", "bytes"):

@@ -239,8 +239,13 @@ class Trace:
         return [phase for phase in PHASES if phase in present]
 
     def children(self) -> list[list[int]]:
-        """Indices of the direct children of every event, plus the roots at position ``-1``."""
+        """Indices of the direct children of every event, plus the roots at position ``-1`` (made once per list
+        of events: every metric walks it; treat it as read-only)."""
+        made = self.__dict__.get("_children")
+        if made is not None and made[0] is self.events and made[1] == len(self.events):
+            return made[2]
         kids: list[list[int]] = [[] for _ in range(len(self.events) + 1)]
         for i, ev in enumerate(self.events):
             kids[ev.parent].append(i)
+        self.__dict__["_children"] = (self.events, len(self.events), kids)
         return kids
