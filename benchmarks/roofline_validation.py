@@ -14,7 +14,8 @@ For each model and batch size:
    range named after it. Under ``torch.profiler`` each kernel is placed on the host timeline where it was launched
    (CUDA: the start of the operator that launched it, linked by the profiler's correlation id; CPU: the start of
    each outermost operator, whose own duration is the "kernel" time) and counted for every module whose range
-   holds that point. ``--warmup`` runs first, then ``--repeat`` profiled runs; the median per module is reported.
+   holds that point. ``--warmup`` runs first, then ``--repeat`` profiled runs; the run whose whole forward took the
+   median time is reported, every module from that one run (so that they add up as the prediction's do).
 3. **Compared**: per module, predicted, measured and their ratio measured/predicted; the rows to ``--depth``
    (inclusive times), then the time by module type (self time: a module's time less its children's).
 
@@ -181,9 +182,18 @@ def module_ranges(model: nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-def measure(model: nn.Module, inputs: torch.Tensor, *, cuda: bool, warmup: int, repeat: int) -> dict[str, float]:
-    """Median seconds of kernel time per module (by its name in ``named_modules``) over ``repeat`` profiled
-    forwards after ``warmup`` unprofiled ones; 0 for a module that launched nothing."""
+@dataclass(frozen=True)
+class Measured:
+    """Seconds of kernel time per module in the profiled run whose whole forward took the median time (one run, so
+    that the modules add up as the prediction's do), and the whole forward's seconds in every run, fastest first."""
+
+    modules: dict[str, float]
+    runs: list[float]
+
+
+def measure(model: nn.Module, inputs: torch.Tensor, *, cuda: bool, warmup: int, repeat: int) -> Measured:
+    """Kernel time per module (by its name in ``named_modules``; 0 for one that launched nothing) over ``repeat``
+    profiled forwards after ``warmup`` unprofiled ones."""
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     runs = []
@@ -196,7 +206,10 @@ def measure(model: nn.Module, inputs: torch.Tensor, *, cuda: bool, warmup: int, 
                 model(inputs)
                 sync()
             runs.append(attribute(*host_timeline(prof.events(), cuda=cuda)))
-    return {name: statistics.median(run.get(name, 0.0) for run in runs) for name, _ in model.named_modules()}
+    runs.sort(key=lambda run: run.get("", 0.0))
+    median = runs[(len(runs) - 1) // 2]
+    return Measured({name: median.get(name, 0.0) for name, _ in model.named_modules()},
+                    [run.get("", 0.0) for run in runs])
 
 
 # calibrating this CPU ----------------------------------------------------------------------------------------
@@ -223,7 +236,7 @@ def best_seconds(fn: Callable[[], Any], repeat: int) -> float:
     return min(times)
 
 
-def calibrate_cpu(*, size: int = 2048, stream_mib: int = 256, repeat: int = 5) -> Calibration:
+def calibrate_cpu(*, size: int = 2048, stream_mib: int = 256, repeat: int = 10) -> Calibration:
     """This CPU's float32 peak (an n x n ``torch.mm``: 2 n^3 FLOPs) and bandwidth (a copy reads and writes the
     tensor, an add reads two and writes one; the faster of the two)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -279,6 +292,7 @@ class Comparison:
     batch: int
     inputs: str
     device: str
+    runs: list[float]  # the whole forward's measured seconds in every run, fastest first
     modules: list[Row]  # every module, inclusive times, in the model's order
     types: list[Row] = field(default_factory=list)  # by module type, self times
 
@@ -360,11 +374,12 @@ def table(rows: Sequence[Row], first: str) -> str:
 
 def section(comparison: Comparison, depth: int) -> str:
     """The markdown of one model at one batch size."""
-    total = comparison.total
+    total, runs = comparison.total, comparison.runs
     return "\n\n".join([
         f"### {comparison.model}, batch {comparison.batch}",
         f"Input {comparison.inputs}. Whole forward: predicted {seconds(total.predicted)}, measured "
-        f"{seconds(total.measured)}, ratio **{ratio(total)}**.",
+        f"{seconds(total.measured)}, ratio **{ratio(total)}** (the median of {len(runs)} runs, "
+        f"{seconds(runs[0])} to {seconds(runs[-1])}; every module below is from that run).",
         f"By module (to depth {depth}; each includes its submodules):",
         table(shown(comparison.modules, depth), "module"),
         "By module type (self time: a module's time less its children's, so the rows add up to the model):",
@@ -385,9 +400,9 @@ def run_one(name: str, batch: int, *, device: Device, cuda: bool, args: argparse
     if cuda:
         model, x = model.cuda(), x.cuda()
     measured = measure(model, x, cuda=cuda, warmup=args.warmup, repeat=args.repeat)
-    rows = compare(predicted, measured)
+    rows = compare(predicted, measured.modules)
     inputs = f"{tuple(x.shape)} {args.dtype}"
-    return Comparison(name, batch, inputs, device.name, rows, by_type(rows))
+    return Comparison(name, batch, inputs, device.name, measured.runs, rows, by_type(rows))
 
 
 def machine(cuda: bool) -> dict[str, Any]:

@@ -120,8 +120,11 @@ def test_a_real_cpu_profile_agrees_with_the_profilers_own_tree() -> None:
 def test_measure_reports_every_module_and_leaves_the_model_as_it_was() -> None:
     model, x = Tiny().eval(), torch.randn(8, 128)
     measured = rv.measure(model, x, cuda=False, warmup=1, repeat=3)
-    assert set(measured) == {name for name, _ in model.named_modules()}
-    assert measured["skip"] == 0.0 and all(measured[name] > 0 for name in ("", "fc1", "act", "fc2"))
+    found = measured.modules
+    assert set(found) == {name for name, _ in model.named_modules()}
+    assert found["skip"] == 0.0 and all(found[name] > 0 for name in ("", "fc1", "act", "fc2"))
+    assert len(measured.runs) == 3 and measured.runs == sorted(measured.runs) and found[""] == measured.runs[1]
+    assert found[""] == pytest.approx(found["fc1"] + found["act"] + found["fc2"])  # one run: the modules add up
     assert no_hooks(model) and not model.training
 
 
@@ -173,7 +176,7 @@ def test_rows_pair_the_prediction_with_the_measurement() -> None:
     # self times: Net 2-1.5 = 0.5 (measured 8-6 = 2), Block 1.5-1-0.25 = 0.25 (6-3-2 = 1); Linear had none
     assert {kind: (r.predicted, r.measured) for kind, r in types.items()} == {
         "Net": (0.5, 2.0), "Block": (0.25, 1.0), "Conv2d": (1.0, 3.0), "ReLU": (0.25, 2.0)}
-    assert [r.type for r in rv.by_type(rows)][0] == "Conv2d"  # the largest prediction first
+    assert rv.by_type(rows)[0].type == "Conv2d"  # the largest prediction first
     # compute-bound seconds: Net 1 - Block 1 = 0; Block 1 - conv 1 = 0; conv 1
     assert types["Conv2d"].compute_bound == 1.0 and types["Net"].compute_bound == 0.0
     assert types["Block"].compute_bound == pytest.approx(0.0, abs=1e-12)
@@ -193,9 +196,9 @@ def test_seconds_and_tables_read_as_documented() -> None:
     assert [rv.seconds(v) for v in (2.0, 1.5e-3, 4.25e-5, 3.2e-7, 0.0)] == ["2 s", "1.5 ms", "42.5 µs", "320 ns",
                                                                            "0 ns"]
     rows = rv.compare(stub_result(), {"": 8.0, "block": 6.0, "block.conv": 3.0, "block.act": 2.0})
-    comparison = rv.Comparison("stub", 4, "(4, 3)", "this-cpu", rows, rv.by_type(rows))
+    comparison = rv.Comparison("stub", 4, "(4, 3)", "this-cpu", [7.0, 8.0, 9.5], rows, rv.by_type(rows))
     text = rv.section(comparison, depth=1)
-    assert "### stub, batch 4" in text and "ratio **4.00**" in text
+    assert "### stub, batch 4" in text and "ratio **4.00** (the median of 3 runs, 7 s to 9.5 s;" in text
     assert "| (model) (Net) | 2 s | 8 s | 4.00 | 50% |" in text
     assert "| block (Block) | 1.5 s | 6 s | 4.00 | 67% |" in text and "block.conv" not in text
     assert "| Conv2d | 1 s | 3 s | 3.00 | 100% |" in text
@@ -229,6 +232,7 @@ def test_cpu_run_predicts_and_measures_resnet50(tmp_path: Path) -> None:
     assert len(convs) == 53 and all(row["predicted"] > 0 and row["measured"] > 0 for row in convs)
     assert sum(row["predicted"] for row in comparison["types"]) == pytest.approx(rows[""]["predicted"])
     assert sum(row["measured"] for row in comparison["types"]) == pytest.approx(rows[""]["measured"])
+    assert comparison["runs"] == [rows[""]["measured"]]
     calibration = report["calibration"]
     assert report["device"]["bandwidth"] == calibration["bandwidth"]
     assert report["device"]["matrix"] == {"fp32": calibration["matmul_flops"]}
