@@ -253,9 +253,18 @@ def calibrated_device(calibration: Calibration, memory: int) -> Device:
     """A user device with this CPU's measured float32 peak (its matrix and its vector units are the same FMA units)
     and bandwidth."""
     peak = {"fp32": calibration.matmul_flops}
-    return Device(name="this-cpu", label=f"this CPU, calibrated ({platform.processor() or platform.machine()})",
+    return Device(name="this-cpu", label=f"this CPU, calibrated ({cpu_name()})",
                   memory=memory, bandwidth=calibration.bandwidth, matrix=dict(peak), vector=dict(peak),
                   source="benchmarks/roofline_validation.py --cpu: torch.mm and tensor copy/add on this machine")
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else what ``platform`` says."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 def physical_memory() -> int:
@@ -407,7 +416,7 @@ def run_one(name: str, batch: int, *, device: Device, cuda: bool, args: argparse
 
 def machine(cuda: bool) -> dict[str, Any]:
     found = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+             "cpu": cpu_name(), "cores": os.cpu_count(),
              "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
     if cuda:
         found["gpu"] = torch.cuda.get_device_name()
