@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -85,7 +84,7 @@ def build(name: str, batch: int, *, seq_len: int, dtype: torch.dtype) -> tuple[n
 
         model, x = torchvision.models.get_model(name, weights=None), torch.randn(batch, 3, 224, 224)
     else:
-        raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return model.eval().to(dtype), x.to(dtype)
 
 
@@ -367,6 +366,7 @@ def seconds(value: float) -> str:
 
 
 def ratio(row: Row) -> str:
+    """measured / predicted with 2 decimals, a dash when nothing was predicted."""
     return "—" if row.ratio is None else f"{row.ratio:.2f}"
 
 
@@ -415,6 +415,7 @@ def run_one(name: str, batch: int, *, device: Device, cuda: bool, args: argparse
 
 
 def machine(cuda: bool) -> dict[str, Any]:
+    """When and on what the measurements were made."""
     found = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "cpu": cpu_name(), "cores": os.cpu_count(),
              "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
@@ -424,6 +425,7 @@ def machine(cuda: bool) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, with the defaults of the mode (CUDA or ``--cpu``) filled in and checked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--device-name", help="catalog device to predict for (`modelmeter devices`); needs CUDA")
@@ -445,6 +447,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in (args.batches or ("1,8" if args.cpu else "1,8,64")).split(",")]
     args.models = args.models.split(",")
+    unknown = [name for name in args.models if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(MODELS)}")
     args.seq_len = args.seq_len or (128 if args.cpu else 2048)
     args.dtype = args.dtype or ("float32" if args.cpu else "bfloat16")
     if args.cpu and args.dtype != "float32":
@@ -455,6 +460,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def header(device: Device, calibration: Calibration | None, info: Mapping[str, Any], args: argparse.Namespace) -> str:
+    """The lines above the tables: machine, device, settings and, on the CPU, the calibrated peaks."""
     lines = [f"Measured {info['date']} on {info.get('gpu') or info['cpu']} ({info['cores']} cores, "
              f"{info['torch_threads']} torch threads), torch {info['torch']}; device `{device.name}` "
              f"({device.label}); {args.warmup} warm-up runs, median of {args.repeat}; prediction: "
@@ -468,6 +474,7 @@ def header(device: Device, calibration: Calibration | None, info: Mapping[str, A
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Compare every model at every batch size; print the tables, and write them where asked."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -211,7 +211,8 @@ def test_options_default_by_mode_and_refuse_what_cannot_be_measured() -> None:
     assert (cpu.batches, cpu.seq_len, cpu.dtype, cpu.models) == ([1, 8], 128, "float32", list(rv.MODELS))
     gpu = rv.parse_args(["--device-name", "h200", "--batches", "2,4", "--models", "resnet50"])
     assert (gpu.batches, gpu.seq_len, gpu.dtype, gpu.models) == ([2, 4], 2048, "bfloat16", ["resnet50"])
-    for wrong in (["--cpu", "--dtype", "bfloat16"], ["--device-name", "h200", "--dtype", "nonsense"], []):
+    for wrong in (["--cpu", "--dtype", "bfloat16"], ["--device-name", "h200", "--dtype", "nonsense"], [],
+                  ["--cpu", "--models", "resnet50,resnet"], ["--cpu", "--device-name", "h200"]):
         with pytest.raises(SystemExit):
             rv.parse_args(wrong)
 
