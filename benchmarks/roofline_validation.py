@@ -267,10 +267,10 @@ def cpu_name() -> str:
 
 
 def physical_memory() -> int:
-    """Bytes of RAM (0 where the OS does not say)."""
+    """Bytes of RAM; 1 where the OS does not say (a Device needs a positive size, and no time depends on it)."""
     with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return 0
+        return max(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), 1)
+    return 1
 
 
 # comparing ---------------------------------------------------------------------------------------------------
