@@ -10,7 +10,6 @@ reported on in a process that never built the model.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import warnings
 from collections import Counter, defaultdict
@@ -373,19 +372,5 @@ def roofline_settings(device: str | Device | Mapping[str, Any] | None, *, effici
     elif not isinstance(device, Device):
         raise TypeError(f"device must be a device name (see `modelmeter devices`) or a Device, got "
                         f"{type(device).__name__}")
-    if not _number(efficiency) or not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be a fraction of the peak in (0, 1], got {efficiency!r}")
-    if not _number(launch_overhead) or not 0 <= launch_overhead < 1:
-        raise ValueError(f"launch_overhead must be seconds per kernel, >= 0 and under 1 (e.g. 5e-6), got "
-                         f"{launch_overhead!r}")
-    if measured_time is not None and (not _number(measured_time) or not 0 < measured_time < 1e9):
-        raise ValueError(f"measured_time must be the seconds a measured step took, > 0, got {measured_time!r}")
-    if not isinstance(tf32, bool):
-        raise TypeError(f"tf32 must be True or False, got {tf32!r}")
-    return RooflineSettings(device, efficiency=float(efficiency), launch_overhead=float(launch_overhead),
-                            tf32=tf32, measured_time=None if measured_time is None else float(measured_time))
-
-
-def _number(value: object) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return RooflineSettings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
+                            measured_time=measured_time)  # which checks its options
