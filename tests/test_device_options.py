@@ -112,7 +112,14 @@ def test_the_result_from_the_trace_alone_equals_the_analysis() -> None:
     model, x = small()
     analysis = analyze(model, x, device="h100", backward=True, efficiency=0.5, launch_overhead=2e-6, tf32=True,
                        measured_time=1e-3, memory=True, optimizer="adamw")
-    assert result_from_trace(analysis.trace, name="Sequential", **analysis.settings) == analysis.result()
+    result = analysis.result()
+    assert result_from_trace(analysis.trace, name="Sequential", **analysis.settings) == result
+    # a training step with an optimizer: its step is a phase of the time, of the model as a whole
+    assert {"optimizer_time", "optimizer_bytes"} <= set(result.metrics)
+    assert result.total("time") == pytest.approx(sum(result.total(f"{phase}_time")
+                                                     for phase in ("forward", "backward", "optimizer")))
+    assert all(not row.metrics.get("optimizer_time") for row in result.modules[1:])
+    assert "optimizer " in render(result, "table").splitlines()[-1]
 
 
 def test_efficiency_and_launch_overhead_only_add_time() -> None:

@@ -437,3 +437,43 @@ def test_real_models_pair_every_count_once_and_add_up(name: str, kernel: str) ->
         parent = module.rpartition(".")[0]
         assert sum(row.values()) <= sum(out.time.counts[parent].values()) * (1 + 1e-12) or module == ""
         assert out.compute_bound_time.counts.get(module, {}).keys() <= row.keys()
+
+
+# --- the optimizer's step -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "flops_per_element", "states", "kernels_per_parameter"),
+                         [("sgd", 2, 0, 1), ("momentum", 4, 1, 2), ("adam", 13, 2, 7), ("adamw", 14, 2, 8)])
+def test_the_optimizers_step_by_hand(name: str, flops_per_element: int, states: int,
+                                     kernels_per_parameter: int) -> None:
+    from modelmeter.metrics.memory import optimizer_spec
+
+    k, n = 256, 128
+    trace = trace_of(nn.Linear(k, n), torch.randn(4, k), backward=True)
+    elements, parameters = k * n + n, 2
+    moved = 4 * elements * (3 + 2 * states)  # p read and written, g read, each state read and written
+    flops = flops_per_element * elements
+    overhead = 1e-6
+    out = roofline(trace, RooflineSettings(GPU, launch_overhead=overhead), optimizer=optimizer_spec(name))
+    step = out.time.by_phase["optimizer"][""][f"{name}.step"]
+    assert out.bytes.by_phase["optimizer"][""][f"{name}.step"] == moved
+    assert out.flops.by_phase["optimizer"][""][f"{name}.step"] == flops
+    assert step == pytest.approx(roof(flops, moved, FP32) + parameters * kernels_per_parameter * overhead, rel=1e-12)
+    foreach = roofline(trace, RooflineSettings(GPU, launch_overhead=overhead),
+                       optimizer=optimizer_spec(name, foreach=True))
+    assert foreach.time.by_phase["optimizer"][""][f"{name}.step"] == pytest.approx(
+        roof(flops, moved, FP32) + kernels_per_parameter * overhead, rel=1e-12)  # one launch per list
+    summary = out.summary
+    assert summary["time"]["optimizer"] == pytest.approx(step)
+    assert summary["time"]["total"] == pytest.approx(sum(t for p, t in summary["time"].items() if p != "total"))
+    plain = roofline(trace, RooflineSettings(GPU, launch_overhead=overhead))
+    assert summary["model_flops"] == plain.summary["model_flops"]  # the model's FLOPs, not the optimizer's
+    assert summary["time"]["total"] == pytest.approx(plain.summary["time"]["total"] + step)
+    assert "optimizer" not in plain.summary["time"]
+
+
+def test_the_optimizers_states_in_their_own_dtype() -> None:
+    from modelmeter.metrics.memory import optimizer_spec
+
+    trace = trace_of(nn.Linear(64, 32, bias=False), torch.randn(4, 64), backward=True)
+    elements = 64 * 32
+    out = roofline(trace, RooflineSettings(GPU), optimizer=optimizer_spec("adam", state_dtype="bfloat16"))
+    assert out.bytes.by_phase["optimizer"][""]["adam.step"] == 4 * elements * 3 + 2 * elements * 2 * 2

@@ -150,8 +150,9 @@ class Analysis:
             return None
         if self._roofline is None:
             settings = self._settings
+            optimizer = None if self.memory is None else self.memory.optimizer
             self._roofline = roofline(self.trace, self._time, attention_kernel=settings["attention_kernel"],
-                                      dense_attention=settings["dense_attention"])
+                                      dense_attention=settings["dense_attention"], optimizer=optimizer)
         return self._roofline
 
     def assumptions(self) -> list[str]:

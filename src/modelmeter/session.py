@@ -29,6 +29,7 @@ from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import Statistics, count
 from .metrics.memory import (
+    OPTIMIZER_PHASE,
     MemoryModel,
     OptimizerSpec,
     activation_statistics,
@@ -281,8 +282,10 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
     ratios: dict[str, tuple[Statistics, Statistics]] = {}
     if time is not None:
         traffic: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        phases = [*counted_phases(trace, PHASES), *([OPTIMIZER_PHASE] if time.time.by_phase.get(OPTIMIZER_PHASE)
+                                                     else [])]
         for metric, stats in (("bytes", time.bytes), ("time", time.time)):
-            _with_phases(traffic, metric, Counted(stats, counted_phases(trace, PHASES)))
+            _with_phases(traffic, metric, Counted(stats, phases))
         per_metric.update(traffic)
         ratios = {"intensity": (time.flops, time.bytes), "compute_bound": (time.compute_bound_time, time.time)}
         columns += [*traffic, *ratios]
@@ -350,7 +353,8 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
         columns = memory_columns(model, spec)
     predicted = None
     if time is not None:
-        predicted = roofline(trace, time, attention_kernel=attention_kernel, dense_attention=dense_attention)
+        predicted = roofline(trace, time, attention_kernel=attention_kernel, dense_attention=dense_attention,
+                             optimizer=spec)
     return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns, time=predicted)
 
 

@@ -23,12 +23,19 @@ from ..handles import attention, products
 from ..handles.base import CountInside, backward_key
 from ..handles.classify import Classifier
 from ..handles.conventions import get_convention
-from ..handles.traffic import traffic_table
+from ..handles.traffic import itemsize, traffic_table
 from .counting import Ancestors, Statistics, Unit, count, work_dtype
+from .memory import OPTIMIZER_PHASE, OptimizerSpec
 from .traffic import count_bytes
 
 # Roofline.summary["items"]["unit"] values
 IMAGES, TOKENS, SAMPLES = "images", "tokens", "samples"
+
+# The optimizer's step per parameter element, as torch.optim's default (non-fused) implementations compute it:
+# (FLOPs, kernels a per-parameter step launches). SGD: p -= lr·g; momentum: b = μb + g, p -= lr·b; Adam: the two
+# moments (3 + 4), the bias-corrected denominator sqrt(v)/c + eps (3) and p -= lr·m/denom (3); AdamW adds the
+# decoupled weight decay p *= 1 - lr·λ (1). A multi-tensor (foreach) step launches the same kernels once per list.
+OPTIMIZER_STEPS: dict[str, tuple[int, int]] = {"sgd": (2, 1), "momentum": (4, 2), "adam": (13, 7), "adamw": (14, 8)}
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class _Unit:
 
 
 def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str = "fused",
-             dense_attention: bool = False) -> Roofline:
+             dense_attention: bool = False, optimizer: OptimizerSpec | None = None) -> Roofline:
     """The roofline time of every operator of ``trace`` on ``settings.device``, by module, operator and phase.
 
     A unit of time is the outermost event counted by either metric (a ``linear`` whose FLOPs were counted there
@@ -111,6 +118,11 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
     convolutions and attention (:mod:`~modelmeter.handles.products`, :mod:`~modelmeter.handles.attention`,
     ``einsum``); the dtype is the work dtype of the unit's first matrix kernel, else of its outermost event.
     ``attention_kernel`` and ``dense_attention`` count attention as for the FLOPs (docs/attention.md).
+
+    ``optimizer`` (a training step's: the trace has a backward pass) adds its ``step()`` as the phase
+    ``"optimizer"`` of the model as a whole: every parameter with a gradient read and written with its states,
+    its gradient read (:data:`OPTIMIZER_STEPS` has the FLOPs and kernels per element); the trace records no
+    optimizer, so this part is a model of torch.optim's step, not a count.
     """
     convention = get_convention("flops", dense_attention=dense_attention, attention_kernel=attention_kernel)
     flop_units: list[Unit] = []
@@ -121,6 +133,8 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
         matrix_ops = _matrix_ops() | {op for op, entry in convention.handles.items()
                                       if isinstance(entry, CountInside)}
         units = _group(trace, flop_units, byte_units, matrix_ops, _moves_nothing(attention_kernel))
+        if optimizer is not None:
+            units += _optimizer_units(trace, optimizer)
         for unit in units:
             _time(unit, settings)
         moved, flops, time, bound = _statistics(trace, units)
@@ -234,15 +248,40 @@ def _time(unit: _Unit, settings: RooflineSettings) -> None:
     unit.compute_bound = compute > 0 and compute >= memory
 
 
+def _optimizer_units(trace: Trace, spec: OptimizerSpec) -> list[_Unit]:
+    """The optimizer's step, one unit per dtype of the parameters it updates, owned by the model as a whole."""
+    name = spec.name.lower()
+    if name not in OPTIMIZER_STEPS:
+        raise ValueError(f"the time of the step of optimizer {spec.name!r} is not known; known: "
+                         f"{', '.join(OPTIMIZER_STEPS)}")
+    flops_per_element, kernels_per_parameter = OPTIMIZER_STEPS[name]
+    units: dict[str, _Unit] = {}
+    for gradient in (s for s in trace.storages if s.kind == "gradient"):
+        size = itemsize(gradient.dtype)
+        elements = gradient.nbytes // size
+        state = elements * itemsize(spec.state_dtype) if spec.state_dtype else gradient.nbytes
+        unit = units.get(gradient.dtype)
+        if unit is None:
+            unit = units[gradient.dtype] = _Unit(OPTIMIZER_PHASE, len(trace.scopes), f"{name}.step", -1,
+                                                 gradient.dtype)
+        unit.vector_flops += flops_per_element * elements
+        unit.bytes += 3 * gradient.nbytes + 2 * spec.states * state  # p read and written, g read; states both
+        unit.kernels += 0 if spec.foreach else kernels_per_parameter
+    if spec.foreach:
+        for unit in units.values():
+            unit.kernels = kernels_per_parameter
+    return list(units.values())
+
+
 # --- statistics by module ------------------------------------------------------------------------------------
 def _statistics(trace: Trace, units: list[_Unit]) -> list[Statistics]:
     """Bytes, FLOPs, time and compute-bound time of the units, attributed to the module that owns each and to its
     parents by name (counting's ``"owner"`` mode) under the unit's key, phase and dtype: the shape
     :func:`~.counting.count` gives. The four are summed together (one cell of four per module and key), per owner
     first, then added up the module names from the deepest, then told apart."""
-    by_phase: dict[str, dict[str, dict[str, list[Any]]]] = {phase: {} for phase in PHASES}
+    by_phase: dict[str, dict[str, dict[str, list[Any]]]] = {phase: {} for phase in (*PHASES, OPTIMIZER_PHASE)}
     dtypes: dict[str, dict[str, list[Any]]] = {}
-    owners = [stack[-1] if stack else "" for stack in trace.scopes]
+    owners = [stack[-1] if stack else "" for stack in trace.scopes] + [""]  # the last: the optimizer's step
     for unit in units:
         values = [unit.bytes, unit.flops, unit.time, unit.time if unit.compute_bound else None]
         owner = owners[unit.scope]
@@ -317,10 +356,11 @@ def _summary(trace: Trace, settings: RooflineSettings, units: list[_Unit]) -> di
     device = settings.device
     dtype = _dominant_dtype(trace, units)
     peak = device.peak(dtype, matrix=True, tf32=settings.tf32)
-    times = {phase: sum(u.time for u in units if u.phase == phase) for phase in trace.phases()}
+    phases = [*trace.phases(), *([OPTIMIZER_PHASE] if any(u.phase == OPTIMIZER_PHASE for u in units) else [])]
+    times = {phase: sum(u.time for u in units if u.phase == phase) for phase in phases}
     total = sum(u.time for u in units)
-    flops = sum(u.flops for u in units)
-    model_flops = sum(u.flops for u in units if u.phase != "recompute")
+    flops = sum(u.flops for u in units if u.phase != OPTIMIZER_PHASE)  # the model's FLOPs: MFU and HFU
+    model_flops = sum(u.flops for u in units if u.phase in ("forward", "backward"))
     measured = settings.measured_time
     items, unit_name = _items(trace)
     return {

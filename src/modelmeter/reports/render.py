@@ -67,7 +67,7 @@ def _shown(result: Result, depth: int) -> list[ModuleRow]:
 
 
 # The roofline's per-phase columns: in JSON, CSV and HTML; the text reports give the phases' times in a note.
-_PHASE_COLUMNS = frozenset(f"{phase}_{metric}" for phase in ("forward", "backward", "recompute")
+_PHASE_COLUMNS = frozenset(f"{phase}_{metric}" for phase in ("forward", "backward", "recompute", "optimizer")
                            for metric in ("bytes", "time"))
 
 

@@ -15,10 +15,10 @@ SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
 MEMORY_METRICS = frozenset({"activation_bytes", "saved_bytes", "peak_memory"})  # the memory analysis's
 # The roofline's metrics: they come with a device (bytes moved, seconds, and the two ratios below).
-TRAFFIC_METRICS = frozenset({"bytes", "forward_bytes", "backward_bytes", "recompute_bytes"})
+TRAFFIC_METRICS = frozenset({"bytes", "forward_bytes", "backward_bytes", "recompute_bytes", "optimizer_bytes"})
 BYTE_METRICS = MEMORY_METRICS | TRAFFIC_METRICS
 # Metrics in seconds: the roofline time on a device, in all and per phase.
-TIME_METRICS = frozenset({"time", "forward_time", "backward_time", "recompute_time"})
+TIME_METRICS = frozenset({"time", "forward_time", "backward_time", "recompute_time", "optimizer_time"})
 # Ratios of two sums (FLOPs per byte; the share of the time spent in compute-bound operators): a module's ratio is
 # its own, not the sum of its children's, and has no share of the model's.
 RATIO_METRICS = frozenset({"intensity", "compute_bound"})
