@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ..engine.gc_pause import no_gc
 from ..engine.trace import Storage
 from .memory import OPTIMIZER_PHASE, MemoryModel, OptimizerSpec, Point, dispatched, optimizer_bytes, step_point
 
@@ -40,6 +41,11 @@ def memory_timeline(model: MemoryModel, spec: OptimizerSpec | None = None,
     """
     if max_points < 1:
         raise ValueError(f"max_points must be at least 1, got {max_points}")
+    with no_gc():  # a list per event and a record per storage: in a large heap, collections would cost the most
+        return _timeline(model, spec, max_points)
+
+
+def _timeline(model: MemoryModel, spec: OptimizerSpec | None, max_points: int) -> dict[str, Any]:
     state, temporary = optimizer_bytes(model.trace, spec) if spec is not None else (0, 0)
     events = dispatched(model)
     live = [model.live[event] + state for event in events]
@@ -107,7 +113,7 @@ def _stacks(storages: Iterable[Storage], events: list[int]) -> dict[str, list[in
         changes.append((max(s.born, -1), kind, s.nbytes))
         if s.died >= 0:
             changes.append((s.died, kind, -s.nbytes))
-    changes.sort(key=lambda change: change[0])
+    changes.sort()  # by event (then kind and bytes: the order within one event does not change the sums)
     stacks: dict[str, list[int]] = {kind: [] for kind in TIMELINE_KINDS}
     running = dict.fromkeys(TIMELINE_KINDS, 0)
     done = 0
