@@ -38,6 +38,7 @@ from .metrics.memory import (
     peak,
     saved_bytes,
 )
+from .metrics.memory_timeline import memory_timeline
 from .metrics.parameters import count_by_prefix
 from .metrics.roofline import Roofline, RooflineSettings, roofline
 from .reports.result import ModuleRow, Result
@@ -205,7 +206,7 @@ def memory_optimizer(training: bool, optimizer: str | OptimizerSpec | None, stat
 @dataclass(frozen=True)
 class MemoryColumns:
     """What the memory analysis adds to a Result: saved-for-backward bytes by module and operator, each module's
-    peak, and the summary (``Result.memory``)."""
+    peak, and the summary (``Result.memory``, with the downsampled timeline the HTML report draws)."""
 
     training: bool
     saved: Mapping[str, Mapping[str, int]]
@@ -222,7 +223,7 @@ def memory_columns(model: MemoryModel, spec: OptimizerSpec | None) -> MemoryColu
                "by_kind": dict(top.by_kind), "training": training,
                "optimizer": None if spec is None else {"name": spec.name, "state_dtype": spec.state_dtype,
                                                        "foreach": spec.foreach},
-               "saved_bytes": sum(saved.get("", Counter()).values())}
+               "saved_bytes": sum(saved.get("", Counter()).values()), "timeline": memory_timeline(model, spec)}
     return MemoryColumns(training, saved, module_peaks(model, spec), summary)
 
 

@@ -187,9 +187,9 @@ def timeline(model: MemoryModel, spec: OptimizerSpec | None = None) -> list[Poin
     """Live bytes during every dispatched operator, in run order, plus the optimizer's step when ``spec``
     is given (the optimizer's state is live throughout a training step)."""
     state, temporary = optimizer_bytes(model.trace, spec) if spec is not None else (0, 0)
-    points = [model.point(i, state) for i in _dispatched(model)]
+    points = [model.point(i, state) for i in dispatched(model)]
     if spec is not None:
-        points.append(_step(model, spec, state + temporary))
+        points.append(step_point(model, spec, state + temporary))
     return points
 
 
@@ -197,9 +197,9 @@ def peak(model: MemoryModel, spec: OptimizerSpec | None = None) -> Peak:
     """The highest point of the timeline (the first, when several are equal) and its make-up; found without
     building the timeline."""
     state, temporary = optimizer_bytes(model.trace, spec) if spec is not None else (0, 0)
-    busiest = max(_dispatched(model), key=model.live.__getitem__, default=None)
+    busiest = max(dispatched(model), key=model.live.__getitem__, default=None)
     if spec is not None and (busiest is None or model.at_end + temporary > model.live[busiest]):
-        top = _step(model, spec, state + temporary)
+        top = step_point(model, spec, state + temporary)
     elif busiest is not None:
         top = model.point(busiest, state)
     else:
@@ -212,11 +212,12 @@ def peak(model: MemoryModel, spec: OptimizerSpec | None = None) -> Peak:
     return Peak(top.live, top, {k: v for k, v in by_kind.items() if v})
 
 
-def _dispatched(model: MemoryModel) -> list[int]:
+def dispatched(model: MemoryModel) -> list[int]:
+    """The events a timeline has a point for: the dispatched (aten) operators, in run order."""
     return [i for i, ev in enumerate(model.trace.events) if ev.level == "dispatch"]
 
 
-def _step(model: MemoryModel, spec: OptimizerSpec, extra: int) -> Point:
+def step_point(model: MemoryModel, spec: OptimizerSpec, extra: int) -> Point:
     """The optimizer's step, after the last event: what outlives the run, plus ``extra`` bytes."""
     return Point(len(model.trace.events), OPTIMIZER_PHASE, "", f"{spec.name}.step", model.at_end + extra)
 

@@ -5,7 +5,8 @@ makes no requests; a Content-Security-Policy forbids any. With ``compare`` (a se
 change) each module and operator also carries its difference, value - compare's value. Byte metrics (memory,
 traffic) show in binary units, times in s/ms/µs/ns; a metric that does not add up over a module's children
 (``peak_memory``, ``intensity``, ``compute_bound``) is a table column but cannot size the chart. A result with a
-roofline summary (a device was chosen) also gets a roofline chart, whose geometry :func:`roofline_chart` computes.
+roofline summary (a device was chosen) also gets a roofline chart, whose geometry :func:`roofline_chart` computes;
+one with the memory analysis the step's memory timeline and the operator mix (:mod:`.html_memory`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from .. import _version
 from ..io.atomic import atomic_write
+from . import html_memory
 from .fvcore_tables import format_size
 from .render import convention_note, memory_note
 from .result import BYTE_METRICS, NOT_ADDITIVE, RATIO_METRICS, TIME_METRICS, Result
@@ -108,7 +110,9 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     (params and the additive metrics) can size the chart, ``operators`` rows hold the ``operator_metrics``;
     ``memory`` is the peak's summary line (or None). ``torch_version``: the torch that recorded the run (a saved
     trace's), by default this process's. Only a result with roofline metrics has ``units`` (``{metric: "time",
-    "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), so other pages stay as they were.
+    "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), and only a result with the memory
+    analysis has ``operator_mix`` and, when it holds a timeline, ``memory_timeline``
+    (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were.
     """
     rows: list[list[Any]] = [
         [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
@@ -136,6 +140,10 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
         data["units"] = units
     if result.roofline:
         data["roofline"] = roofline_chart(result.roofline)
+    if result.memory:
+        data["operator_mix"] = html_memory.operator_mix_chart(result)
+        if result.memory.get("timeline", {}).get("length"):  # a result saved before it had one has none
+            data["memory_timeline"] = html_memory.memory_timeline_chart(result.memory)
     if compare is not None:
         deltas = module_deltas(result, compare)
         own = {row.name for row in result.modules}
@@ -263,8 +271,11 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string;
     ``torch_version`` as for :func:`html_data`."""
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
+    data = html_data(result, compare, torch_version)
+    memory = bool(result.memory)  # the memory analysis's pictures: a page without them stays as it was
     parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
-             "STYLE": _STYLE, "SCRIPT": _SCRIPT, "DATA": _json_for_script(html_data(result, compare, torch_version))}
+             "MEMORY": html_memory.sections(data), "STYLE": _STYLE + (html_memory.STYLE if memory else ""),
+             "SCRIPT": _SCRIPT + (html_memory.SCRIPT if memory else ""), "DATA": _json_for_script(data)}
     # one pass over the template: a part that holds "{{...}}" (a model's name can) is not filled in again
     return re.sub(r"\{\{([A-Z]+)\}\}", lambda match: parts[match.group(1)], _PAGE)
 
@@ -298,7 +309,7 @@ _PAGE = """<!DOCTYPE html>
 <svg id="chart" role="img" aria-label="icicle chart of the module hierarchy"></svg>
 <p id="legend" class="note"></p>
 </section>
-{{ROOFLINE}}<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
+{{MEMORY}}{{ROOFLINE}}<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
 <section><h2>Operators</h2><table id="operators" class="sortable"></table></section>
 <section id="notes"><h2>Notes</h2></section>
 <div id="tooltip" hidden></div>

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
@@ -131,11 +131,16 @@ def memory_note(memory: dict[str, Any]) -> str:
     kinds = memory.get("by_kind") or {}
     parts = ", ".join(f"{kind.replace('_', ' ')} {format_bytes(n)}" for kind, n in kinds.items() if n)
     where = f"{memory.get('phase')} of {memory.get('module') or 'the model'} at {memory.get('operator')}"
+    return f"Peak memory ({memory_step(memory)}): {format_bytes(memory['peak'])} during the {where} ({parts})"
+
+
+def memory_step(memory: Mapping[str, Any]) -> str:
+    """What the memory analysis modelled: ``"inference"``, ``"training step"``, ``"training step with adamw"``."""
     step = "training step" if memory.get("training") else "inference"
     optimizer = memory.get("optimizer")
     if isinstance(optimizer, dict):
         step += f" with {optimizer['name']}"
-    return f"Peak memory ({step}): {format_bytes(memory['peak'])} during the {where} ({parts})"
+    return step
 
 
 def roofline_note(summary: dict[str, Any]) -> str:

@@ -60,7 +60,8 @@ class Result:
     ``convention`` is the FLOP counting convention; ``dtypes`` maps each metric to the model's total by the
     dtype the work was done in (``{"flops": {"bfloat16": ...}}``). ``memory`` summarises the memory analysis
     when there was one: ``peak`` bytes, where it happened (``phase``, ``module``, ``operator``), the live
-    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes``. ``roofline`` summarises the
+    bytes at the peak ``by_kind``, ``training``, ``optimizer``, ``saved_bytes`` and the ``timeline`` (live bytes
+    by kind over the run, at most 1000 points, the peak kept; docs/memory.md). ``roofline`` summarises the
     predicted time on a device when one was chosen (``{}`` otherwise): the ``device`` (``label``, ``bandwidth``,
     ``peak``, ``vector_peak``, ``ridge``), ``dtype``, ``time`` per phase, ``predicted_mfu``, ``mfu``/``hfu`` of a
     measured time, ``throughput`` of ``items`` and the ``operators`` (flops, bytes, time, bound) by dtype.
