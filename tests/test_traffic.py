@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -60,12 +62,20 @@ class RealBytes(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.by_op: Counter[str] = Counter()
+        self.inside: str | None = None  # the key every operator is counted under, when set (AttentionCalls)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self.inside is not None and _aliases(func):
+            return out  # a view inside a call (detaching what autograd saves) moves nothing
         tensors = [t for t in tree_leaves((args, kwargs or {}, out)) if isinstance(t, torch.Tensor)]
-        self.by_op[func._opname] += sum(real_bytes(t) for t in tensors)
+        self.by_op[self.inside or func._opname] += sum(real_bytes(t) for t in tensors)
         return out
+
+
+def _aliases(func: Any) -> bool:
+    """Whether the schema of ``func`` says its result is a view of an argument (not written in place)."""
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
 def oracle(model: nn.Module, *args: Any, backward: bool = False) -> Counter[str]:
@@ -77,6 +87,38 @@ def oracle(model: nn.Module, *args: Any, backward: bool = False) -> Counter[str]
         loss = out.sum()
         with counter:
             loss.backward()
+    return counter.by_op
+
+
+class AttentionCalls(TorchFunctionMode):
+    """Inside ``F.scaled_dot_product_attention``, every operator :class:`RealBytes` sees is counted under its
+    name: what the call ran for a mask, and the kernel, are the call's (the backward kernel runs outside it)."""
+
+    def __init__(self, counter: RealBytes) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is not F.scaled_dot_product_attention or self.counter.inside is not None:
+            return func(*args, **(kwargs or {}))
+        self.counter.inside = SDPA
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.counter.inside = None
+
+
+def grouped_oracle(model: nn.Module, *args: Any, backward: bool = False, **kwargs: Any) -> Counter[str]:
+    """:func:`oracle`, what attention calls ran forward counted under ``scaled_dot_product_attention``, the backward
+    pass that of the default loss (the sum of the floating-point outputs that require grad), ``kwargs`` passed."""
+    counter = RealBytes()
+    with AttentionCalls(counter), counter:
+        out = model(*args, **kwargs)
+    if backward:
+        parts = [t.sum() for t in tree_leaves(out)
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+        with counter:
+            sum(parts[1:], parts[0]).backward()
     return counter.by_op
 
 
@@ -487,3 +529,69 @@ def test_documented_differences_against_the_oracle() -> None:
 def test_generic_rule_walks_lists() -> None:
     a, b = tensor_meta(r(2, 3)), tensor_meta(r(3))
     assert kernel_bytes([[a, b], None, 1], [a]) == (6 + 3 + 6) * F32
+
+
+# --- selections never more than the tensor they select from --------------------------------------
+def test_a_gather_larger_than_its_source_reads_the_source_once() -> None:
+    """A small table gathered into a large result (relative position biases, a router's tokens): the source is read
+    once, not once per selected element — never more than the oracle's every tensor once."""
+    table, index = r(3, 4), torch.tensor([0, 1, 2, 1, 0, 2, 2, 1])
+    expected = {"index": 8 * 8 + 12 * F32 + 32 * F32}  # the index; the 12-element table; the 8x4 result
+    assert bytes_of(Fn(lambda t, i: t[i]), table, index) == expected
+    assert expected["index"] == oracle(Fn(lambda t, i: t[i]), table, index)["index"]
+    ids = torch.randint(0, 3, (2, 10))
+    # embedding_bag, 20 indices: of a 3x4 table, the table once (12 elements); of a 100x4 one, 20 rows (80)
+    small, large = bytes_of(nn.EmbeddingBag(3, 4), ids), bytes_of(nn.EmbeddingBag(100, 4), ids)
+    assert large["embedding_bag"] - small["embedding_bag"] == (80 - 12) * F32
+
+
+def test_an_in_place_scatter_of_many_elements_into_few_touches_each_once() -> None:
+    """``scatter_add_`` of 40 elements into a 4-element histogram: the target read and written once (4, not 40),
+    the index and the 40 source elements read."""
+    def histogram(x: torch.Tensor, i: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return x.clone().scatter_add_(0, i, s)
+
+    index = torch.randint(0, 4, (40,))
+    assert bytes_of(Fn(histogram), r(4), index, r(40))["scatter_add_"] == 2 * 4 * F32 + 40 * 8 + 40 * F32
+
+    def put(x: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y.index_put_((i,), v, accumulate=True)
+        return y
+
+    assert bytes_of(Fn(put), r(4), index, r(40))["index_put_"] == 2 * 4 * F32 + 40 * 8 + 40 * F32
+
+
+# --- a boolean attention mask is converted before the kernel -------------------------------------
+class BoolMaskSdpa(Sdpa):
+    """:class:`Sdpa` of the boolean mask ``mask`` expanded to ``shape`` (a broadcast made inside the model)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> Any:
+        assert mask is not None
+        return super().forward(q, k, v, mask.expand(self.shape))
+
+
+# the mask, the shape it is expanded to, its distinct booleans
+BOOL_MASKS = {"plain": ((4, 6), (4, 6), 24), "broadcast": ((1, 1, 1, 6), (1, 2, 4, 6), 6)}
+
+
+@pytest.mark.parametrize("kind", list(BOOL_MASKS))
+def test_a_boolean_mask_is_converted_then_read_by_the_kernel(kind: str) -> None:
+    """The forward reads the boolean mask and two scalars and writes the additive float mask (every element, a
+    broadcast one too); the kernels read that. Equal to the real flash kernel plus the conversion's operators."""
+    shape, expanded, booleans = BOOL_MASKS[kind]
+    mask = torch.rand(*shape) > 0.3
+    q, k, v = qkv()
+    converted = prod(expanded) * F32
+    model = BoolMaskSdpa(expanded)
+    counts = bytes_of(model, q, k, v, mask, backward=True)
+    assert counts[SDPA] == QKV_BYTES + OUT_BYTES + LSE_BYTES + converted + booleans + 4 * F32 + converted
+    assert counts[SDPA_BACKWARD] == 2 * QKV_BYTES + 2 * OUT_BYTES + LSE_BYTES + converted
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        real = grouped_oracle(model, q, k, v, mask, backward=True)
+    assert counts[SDPA] == real[SDPA]
+    assert counts[SDPA_BACKWARD] == real["_scaled_dot_product_flash_attention_for_cpu_backward"]
