@@ -6,8 +6,9 @@ argument is read once and each output written once, at its dtype, a broadcast (s
 argument and the result); ``.out`` forms do not read the tensors they write into, and in-place operators that
 return nothing (``_foreach_add_``) write their first argument. :func:`traffic_table` holds the families whose bytes
 differ: metadata operators (free), operators that overwrite their first argument without reading it (fills,
-random fills, ``copy_``, ``*_like`` factories), gathers and in-place scatters (the selected elements only), fused
-attention (no score matrix) and the native multi-head attention fast path (its projections' intermediates).
+random fills, ``copy_``, ``*_like`` factories), gathers and in-place scatters (the selected elements only, at most
+the whole tensor), fused attention (no score matrix; a boolean mask converted first) and the native multi-head
+attention fast path (its projections' intermediates).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def _update(target: Any, selected: int, read: list[Any]) -> int:
 @by_name
 def scatter_bytes(self: Any, index: Any, src: Any = None) -> int:
     """In-place ``scatter_``/``scatter_add_``/``scatter_reduce_``: the elements the index selects (one per index
-    element) read and written, the index and as many source elements read."""
+    element, at most the whole target) read and written, the index and as many source elements read."""
     selected = prod(shape_of(index))
     source = _selected(src, selected) if isinstance(src, TensorMeta) else 0
     return _update(self, selected, [index]) + source
