@@ -58,13 +58,11 @@ def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
         if tensor.is_nested:  # the strided layout has no shape to describe
             raise NestedLayoutError(NESTED_STRIDED) from None
         raise
-    try:
-        strides = tensor.stride()
-    except RuntimeError:  # a sparse layout: no strides
-        strides = ()
     key: tuple[Any, ...] = (shape, tensor.dtype, _meta_device if tensor.is_meta else tensor.device)
-    if 0 in strides:  # a broadcast dimension, maybe (it runs for every tensor: the common case is kept short)
-        key += (_footprint(shape, strides),)
+    if tensor.layout in _SPARSE_LAYOUTS:
+        key += (_stored(tensor),)
+    elif 0 in _strides(tensor):  # a broadcast dimension, maybe (it runs for every tensor: the common case is short)
+        key += (_footprint(shape, tensor.stride()),)
     found = _METAS.get(key)
     if found is None:
         if len(_METAS) > _METAS_LIMIT:
@@ -73,6 +71,13 @@ def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
         footprint = key[3] if len(key) > 3 else None
         found = _METAS[key] = TensorMeta(plain, dtype_name(tensor.dtype), str(key[2]), footprint=footprint)
     return found
+
+
+def _strides(tensor: torch.Tensor) -> tuple[int, ...]:
+    try:
+        return tensor.stride()
+    except RuntimeError:  # a layout without strides
+        return ()
 
 
 def _footprint(shape: tuple[Any, ...], strides: tuple[Any, ...]) -> int | None:
@@ -84,6 +89,26 @@ def _footprint(shape: tuple[Any, ...], strides: tuple[Any, ...]) -> int | None:
         if stride != 0:
             distinct *= int(size)
     return distinct if distinct < numel else None
+
+
+# Sparse layouts, and the parts (values, indices) each stores.
+_SPARSE_LAYOUTS: dict[torch.layout, tuple[str, ...]] = {
+    torch.sparse_coo: ("_values", "_indices"),
+    torch.sparse_csr: ("values", "crow_indices", "col_indices"),
+    torch.sparse_bsr: ("values", "crow_indices", "col_indices"),
+    torch.sparse_csc: ("values", "ccol_indices", "row_indices"),
+    torch.sparse_bsc: ("values", "ccol_indices", "row_indices"),
+}
+
+
+def _stored(tensor: torch.Tensor) -> int:
+    """A sparse tensor's footprint: what it stores (its values and indices), in elements of its dtype rounded up,
+    not the dense shape it describes. A meta copy (a fake run) stores nothing."""
+    stored = 0
+    for part in _SPARSE_LAYOUTS[tensor.layout]:
+        values = getattr(tensor, part)()
+        stored += values.numel() * values.element_size()
+    return -(-stored // tensor.element_size())
 
 
 _METAS: dict[tuple[Any, ...], TensorMeta] = {}

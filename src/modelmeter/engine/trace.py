@@ -30,7 +30,8 @@ class TensorMeta:
 
     ``footprint`` is the number of distinct elements the tensor addresses when that is fewer than its
     ``numel()`` because some stride is 0 (a broadcast: ``expand``, a scalar expanded to a shape), None otherwise:
-    a kernel reads such a tensor's memory once, not once per element.
+    a kernel reads such a tensor's memory once, not once per element. Of a sparse tensor, it is what the tensor
+    stores (values and indices, in elements of its dtype), whatever its dense shape.
     """
 
     shape: tuple[int, ...]

@@ -6,8 +6,9 @@ argument is read once and each output written once, at its dtype, a broadcast (s
 argument and the result); ``.out`` forms do not read the tensors they write into, and in-place operators that
 return nothing (``_foreach_add_``) write their first argument. :func:`traffic_table` holds the families whose bytes
 differ: metadata operators (free), operators that overwrite their first argument without reading it (fills,
-random fills, ``copy_``, ``*_like`` factories), gathers and in-place scatters (the selected elements only), fused
-attention (no score matrix) and the native multi-head attention fast path (its projections' intermediates).
+random fills, ``copy_``, ``*_like`` factories), gathers and in-place scatters (the selected elements only, at most
+the whole tensor), fused attention (no score matrix; a boolean mask converted first) and the native multi-head
+attention fast path (its projections' intermediates).
 """
 
 from __future__ import annotations
@@ -108,7 +109,13 @@ def gather_bytes(inputs: list[Any], outputs: list[Any]) -> int:
     """A gather (the source first): the index and the elements it selects (the result's size, at the source's
     dtype) read, the result written; not the whole source."""
     source, result = inputs[0], outputs[0]
-    return _all_bytes(inputs[1:]) + elements(result) * itemsize(source.dtype) + _all_bytes(outputs)
+    return _all_bytes(inputs[1:]) + _selected(source, elements(result)) + _all_bytes(outputs)
+
+
+def _selected(tensor: Any, count: int) -> int:
+    """Bytes of ``count`` elements selected from ``tensor``: at most the whole tensor, as an index that repeats
+    an element (a small table gathered into a large result) moves it once."""
+    return min(count, elements(tensor)) * itemsize(tensor.dtype)
 
 
 @by_name
@@ -116,21 +123,21 @@ def embedding_bag_bytes(weight: Any, indices: Any, offsets: Any, per_sample_weig
                         outputs: list[Any]) -> int:
     """``embedding_bag``: one row of the table read per index, the indices, offsets and weights read, the bags
     (and the bookkeeping outputs) written."""
-    rows = prod(shape_of(indices)) * prod(shape_of(weight)[1:]) * itemsize(weight.dtype)
+    rows = _selected(weight, prod(shape_of(indices)) * prod(shape_of(weight)[1:]))
     return rows + _all_bytes([indices, offsets, per_sample_weights]) + _all_bytes(outputs)
 
 
 def _update(target: Any, selected: int, read: list[Any]) -> int:
     """An in-place update of ``selected`` elements of ``target``: those read and written, ``read`` read."""
-    return 2 * selected * itemsize(target.dtype) + _all_bytes(read)
+    return 2 * _selected(target, selected) + _all_bytes(read)
 
 
 @by_name
 def scatter_bytes(self: Any, index: Any, src: Any = None) -> int:
     """In-place ``scatter_``/``scatter_add_``/``scatter_reduce_``: the elements the index selects (one per index
-    element) read and written, the index and as many source elements read."""
+    element, at most the whole target) read and written, the index and as many source elements read."""
     selected = prod(shape_of(index))
-    source = selected * itemsize(src.dtype) if isinstance(src, TensorMeta) else 0
+    source = _selected(src, selected) if isinstance(src, TensorMeta) else 0
     return _update(self, selected, [index]) + source
 
 
@@ -219,15 +226,30 @@ def attention_bytes(a: Attention, qkv: int, mask: int, masked: bool, dtype: str,
     return qkv + mask + out + (MATH_FORWARD_SCORE_PASSES + MATH_MASK_SCORE_PASSES * masked) * scores
 
 
+def mask_traffic(mask: Any, dtype: str) -> tuple[int, int]:
+    """Bytes of the attention mask the kernel reads, and of the mask's conversion before the forward kernel: a
+    boolean mask is first made an additive one at the query's dtype (``dtype``) by ``where(mask, 0, -inf)`` — the
+    boolean mask and two scalars (made, then read) read, every element of the additive mask written, a broadcast
+    one too — and the kernels read that."""
+    if not isinstance(mask, TensorMeta):
+        return 0, 0
+    if mask.dtype != "bool":
+        return tensor_bytes(mask), 0
+    converted = mask.numel() * itemsize(dtype)
+    return converted, tensor_bytes(mask) + 4 * itemsize(dtype) + converted
+
+
 def _attention_handle(op: str, backward: bool, kernel: str) -> Handle:
     sizes, operands = attention_sizes(op), _attention_operands.bind(op)
 
     def handle(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
         query, key, value, mask, causal = operands(inputs, outputs)
         qkv = tensor_bytes(query) + tensor_bytes(key) + tensor_bytes(value)
-        mask_bytes = tensor_bytes(mask) if isinstance(mask, TensorMeta) else 0
+        mask_bytes, conversion = mask_traffic(mask, query.dtype)
         total = attention_bytes(sizes(inputs, outputs), qkv, mask_bytes, mask is not None or causal, query.dtype,
                                 backward=backward, kernel=kernel)
+        if not backward:
+            total += conversion
         return Counter({_BACKWARD_KEY if backward else _FORWARD_KEY: total})
 
     handle.__doc__ = f"{'Backward' if backward else 'Forward'} attention at the {kernel} kernel (attention_bytes)."
