@@ -450,7 +450,8 @@ def test_fit_never_rounds_the_failing_batch_into_the_limit(capsys: pytest.Captur
     limit = peaks[6] - 1  # batch 6 misses by one byte: at three figures, it and the limit read the same
     assert format_bytes(limit) == format_bytes(peaks[6])
     out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--optimizer", "adam", "--fit", str(limit))
-    match = re.fullmatch(r"largest batch that fits in (\S+): 5 \(peak (\S+); batch 6 needs (\S+)\)", out.splitlines()[-1])
+    last = out.splitlines()[-1]
+    match = re.fullmatch(r"largest batch that fits in (\S+): 5 \(peak (\S+); batch 6 needs (\S+)\)", last)
     assert match, out
     size, fitting, failing = (parse_quantity(shown) for shown in match.groups())
     assert fitting < size < failing  # as the bytes are: peaks[5] <= limit < peaks[6]
@@ -465,7 +466,8 @@ def test_distinct_bytes_tells_different_amounts_apart_in_order(amounts: list[int
     shown = fit.distinct_bytes(amounts)
     assert len(set(shown)) == len(set(amounts))
     values = [parse_quantity(text) for text in shown]
-    assert all((a < b) == (va < vb) for a, va in zip(amounts, values) for b, vb in zip(amounts, values))
+    pairs = list(zip(amounts, values, strict=True))
+    assert all((a < b) == (va < vb) for a, va in pairs for b, vb in pairs)
 
 
 def test_fit_stops_at_its_cap(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
