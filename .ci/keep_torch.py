@@ -42,7 +42,9 @@ def would_install(python: Path, work: Path, *constraint: str) -> dict[str, str]:
     report = work / "report.json"
     command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--dry-run", "--quiet",
                "--disable-pip-version-check", "--report", str(report), *constraint, "-e", f"{ROOT}[vision]"]
-    subprocess.run(command, check=True, cwd=work, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=work, capture_output=True, text=True)
+    if done.returncode:  # pip's own words: the install the README describes failed outright
+        sys.exit(f"keep_torch: {' '.join(command)}: exit {done.returncode}\n{done.stdout}{done.stderr}")
     return {item["metadata"]["name"].lower(): item["metadata"]["version"]
             for item in json.loads(report.read_text())["install"]}
 
