@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -439,6 +440,34 @@ def test_fit_finds_the_largest_batch(capsys: pytest.CaptureFixture[str]) -> None
     assert err.splitlines()[0].startswith(f"fit: batch 1: peak {format_bytes(peaks[1])} (")
     assert err.splitlines()[1:] == [f"modelmeter: batch 1 does not fit in {format_bytes(peaks[1] - 1)}: its training "
                                     f"step with adam peaks at {format_bytes(peaks[1])} ({peaks[1]:,} bytes)"]
+
+
+def test_fit_never_rounds_the_failing_batch_into_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.guard import parse_quantity
+    from modelmeter.reports.render import format_bytes
+
+    peaks = {b: library_memory("gpt2_tiny", batch=b, training=True, optimizer="adam").peak() for b in (5, 6)}
+    limit = peaks[6] - 1  # batch 6 misses by one byte: at three figures, it and the limit read the same
+    assert format_bytes(limit) == format_bytes(peaks[6])
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--optimizer", "adam", "--fit", str(limit))
+    last = out.splitlines()[-1]
+    match = re.fullmatch(r"largest batch that fits in (\S+): 5 \(peak (\S+); batch 6 needs (\S+)\)", last)
+    assert match, out
+    size, fitting, failing = (parse_quantity(shown) for shown in match.groups())
+    assert fitting < size < failing  # as the bytes are: peaks[5] <= limit < peaks[6]
+    assert abs(failing - peaks[6]) < peaks[6] - limit + 1 and abs(size - limit) < 1  # each reads as itself
+
+
+@pytest.mark.parametrize("amounts", [[24 << 30, (24 << 30) - 5, (24 << 30) + 1], [1000, 1023, 1024, 1025],
+                                     [5 << 40, 5 << 40, (5 << 40) + 1], [3 << 20, 3 << 20]])
+def test_distinct_bytes_tells_different_amounts_apart_in_order(amounts: list[int]) -> None:
+    from modelmeter.guard import parse_quantity
+
+    shown = fit.distinct_bytes(amounts)
+    assert len(set(shown)) == len(set(amounts))
+    values = [parse_quantity(text) for text in shown]
+    pairs = list(zip(amounts, values, strict=True))
+    assert all((a < b) == (va < vb) for a, va in pairs for b, vb in pairs)
 
 
 def test_fit_stops_at_its_cap(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

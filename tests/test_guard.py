@@ -215,6 +215,17 @@ def test_command_budget_and_diff(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "diff", "a.json", "missing.json", code=2)
 
 
+@pytest.mark.usefixtures("model_dir")
+def test_a_passing_budget_says_what_it_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    # MODEL_FILE's model: 1,280 flops and 676 parameters (hand-counted in test_command_budget_and_diff)
+    _, err = cli(capsys, "m.py:build", "--budget", "params=1M,flops=1280")
+    assert err.splitlines()[-1] == "modelmeter: within budget: m.py:build: params 0.676K ≤ 1M, flops 1.28K ≤ 1.28K"
+    _, err = cli(capsys, "m.py:build", "--name", "small", "--budget", "activations=1K")
+    assert err.splitlines()[-1].startswith("modelmeter: within budget: small: activations ")
+    _, err = cli(capsys, "m.py:build", "--budget", "flops=1279,params=1M", code=1)
+    assert "within budget" not in err and "over budget: m.py:build: flops: 1.28K (1,280)" in err
+
+
 # --- memory budgets -----------------------------------------------------------------------------------------
 def test_memory_budgets_in_binary_units_with_a_hint() -> None:
     result = analyze(mlp(), torch.randn(2, 16), quiet=True).result()

@@ -100,6 +100,16 @@ def _fit_report(job: Job, limit: int, step: str, peaks: dict[int, int], largest:
         final = (f"batch {largest} fits in {format_bytes(limit)} (peak {format_bytes(peaks[largest])}): the search "
                  f"stops at batch {FIT_CAP}, larger ones were not tried")
     else:
-        final = (f"largest batch that fits in {format_bytes(limit)}: {largest} (peak {format_bytes(peaks[largest])}; "
-                 f"batch {above} needs {format_bytes(peaks[above])})")
+        size, fitting, failing = distinct_bytes([limit, peaks[largest], peaks[above]])
+        final = f"largest batch that fits in {size}: {largest} (peak {fitting}; batch {above} needs {failing})"
     return "\n".join([*lines, "", final])
+
+
+def distinct_bytes(amounts: list[int]) -> list[str]:
+    """``amounts`` as :func:`format_bytes` writes them, with as many significant figures as it takes for different
+    amounts to read differently (rounding keeps their order): a batch over the limit never reads as the limit."""
+    for digits in range(3, 17):
+        shown = [format_bytes(amount, digits) for amount in amounts]
+        if len(set(shown)) == len(set(amounts)):
+            return shown
+    return [f"{amount}B" for amount in amounts]

@@ -20,6 +20,7 @@ from ..guard import (
     entry_from_result,
     record,
 )
+from ..guard.budget import within_budget
 from ..guard.specs import check_spec, project_of
 from ..guard.values import GuardFileError
 from ..reports.result import Result
@@ -67,6 +68,8 @@ def guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | 
             raise ModelSpecError(str(exc)) from None
         for item in over:
             print(f"modelmeter: over budget: {name}: {item}", file=sys.stderr)
+        if not over:  # say what was checked: a silent pass cannot be told from a budget that was never read
+            print(f"modelmeter: within budget: {name}: {within_budget(result, args.budget)}", file=sys.stderr)
         status = 1 if over else status
     entry = entry_from_result(result, spec=job_argv(job))
     if expected is not None:

@@ -88,12 +88,25 @@ def check_budget(result: Result, budget: Budget) -> list[Over]:
         raise TypeError(f"budget must be a dict of metric -> limit (see parse_budget), got {type(budget).__name__}")
     for metric, limit in budget.items():
         check_amount(limit, f"budget[{metric!r}]")
+    values = _budgeted_values(result, budget)
+    return [Over(m, values[m], limit) for m, limit in budget.items() if values[m] > limit]
+
+
+def within_budget(result: Result, budget: Budget) -> str:
+    """What a budget that ``result`` keeps checked, for the line a passing ``--budget`` prints:
+    ``"flops 4.11G ≤ 4.2G, params 25.6M ≤ 26M"`` (errors as :func:`check_budget`'s)."""
+    values = _budgeted_values(result, budget)
+    return ", ".join(f"{m} {format_metric(m, values[m])} ≤ {format_metric(m, limit)}" for m, limit in budget.items())
+
+
+def _budgeted_values(result: Result, budget: Budget) -> dict[str, float]:
+    """The totals of ``result`` by metric, once every metric of ``budget`` is known to be among them."""
     values = metric_values(result)
     unknown = [m for m in budget if m not in values]
     if unknown:
         raise ValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{_hint(unknown)}; "
                          f"known: {', '.join(sorted(values))}")
-    return [Over(m, values[m], limit) for m, limit in budget.items() if values[m] > limit]
+    return values
 
 
 def _hint(unknown: list[str]) -> str:

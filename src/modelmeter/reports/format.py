@@ -12,12 +12,14 @@ from typing import Literal
 Align = Literal["left", "right"]
 
 
-def format_bytes(n: float) -> str:
-    """Bytes in binary units with three significant figures: ``1536 -> "1.5KiB"``, ``225699420 -> "215MiB"``."""
+def format_bytes(n: float, digits: int = 3) -> str:
+    """Bytes in binary units with ``digits`` significant figures: ``1536 -> "1.5KiB"``, ``225699420 -> "215MiB"``
+    (whole units where there are more of them than ``digits`` shows: ``2000 TiB``, not ``2e+03TiB``)."""
     for scale, suffix in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
         if abs(n) >= scale:
             value = n / scale
-            return f"{value:.3g}{suffix}" if abs(value) < 999.5 else f"{value:.0f}{suffix}"
+            shown = f"{value:.{digits}g}"
+            return f"{shown}{suffix}" if "e" not in shown else f"{value:.0f}{suffix}"
     return f"{int(n)}B"
 
 
