@@ -84,7 +84,8 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     try:
         return _record_fake(run, parts, args, kwargs, execution, model_on_meta, no_values)
     except ModelRunError as exc:
-        if not puts_tensors_on_cuda(exc):
+        # A backward pass cannot be faked on CUDA: torch's autograd engine starts the device of the graph's tensors.
+        if backward or not puts_tensors_on_cuda(exc):
             raise
     # The model puts tensors on CUDA itself (x.cuda(), device="cuda"): everything runs as FakeTensors on CUDA, which
     # need no GPU, so its tensors meet on one device and are counted where the model meant them to be.
