@@ -18,6 +18,8 @@ from torch import nn
 
 from modelmeter import FlopCountAnalysis, InputMismatchError, ModelRunError
 from modelmeter.cli import main
+from modelmeter.engine.expectations import mismatch
+from modelmeter.engine.trace import OpEvent, TensorMeta
 
 
 class Tokens(nn.Module):
@@ -192,3 +194,37 @@ def test_too_few_inputs_say_what_forward_takes(capsys: pytest.CaptureFixture[str
                     "        return x + y\n\ndef build():\n    return Two()\n")
     err = _one_line(capsys, [f"{path}:build", "--input", "2x4"], 2)
     assert "Two.forward(x, y): missing a required argument: 'y'" in err
+
+
+# --- the rules, on recorded calls written by hand ----------------------------------------------------------------
+def _meta(*shape: int, dtype: str = "float32") -> TensorMeta:
+    return TensorMeta(tuple(shape), dtype, "cpu")
+
+
+def _call(op: str, *inputs: Any) -> OpEvent:
+    return OpEvent(op, "function", -1, 0, "forward", list(inputs), [])
+
+
+@pytest.mark.parametrize(("event", "expected"), [
+    (_call("aten::convolution", _meta(1, 4, 8, 8), _meta(4, 6, 3, 3), None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1),
+     None),  # transposed: 4 input channels, the weight's first dimension
+    (_call("aten::convolution", _meta(1, 4, 8, 8), _meta(6, 2, 3, 3), None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+           2), None),  # 2 channels per group x 2 groups
+    (_call("aten::convolution", _meta(1, 3, 8, 8), _meta(6, 2, 3, 3), None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+           2), "expected 4 input channels, got 3 (an input of shape 1x3x8x8)"),
+    (_call("aten::conv2d", _meta(3, 8, 8), _meta(6, 3, 3, 3), None, [1, 1], [0, 0], [1, 1], 1), None),  # unbatched
+    (_call("aten::conv2d", _meta(1, 3, 8, 8, dtype="float64"), _meta(6, 3, 3, 3), None, [1, 1], [0, 0], [1, 1], 1),
+     "expected float32 inputs (the dtype of its weight), got float64"),
+    (_call("aten::group_norm", _meta(2, 6, 5), 2, _meta(4), _meta(4), 1e-5, True),
+     "expected 4 channels in dimension 1, got an input of shape 2x6x5"),
+    (_call("aten::group_norm", _meta(2, 6, 5), 2, None, None, 1e-5, True), None),  # no weight: nothing to read
+    (_call("aten::instance_norm", _meta(2, 4, 5), _meta(4), _meta(4), None, None, True, 0.1, 1e-5, True), None),
+    (_call("aten::layer_norm", _meta(5), [2, 5], None, None, 1e-5, True),
+     "expected an input whose last dimensions are 2x5, got shape 5"),
+    (_call("aten::linear", _meta(2, 3), _meta(5, 3), None), None),
+    (_call("aten::embedding", _meta(10, 4), _meta(2, 3, dtype="int32"), -1, False, False), None),
+    (_call("aten::linear", _meta(2, 3)), None),  # a call recorded without its weight: nothing to say
+    (_call("aten::matmul", _meta(2, 3), _meta(4, 5)), None),  # no parameters: no rule
+])
+def test_each_rule_reads_what_its_call_fixes(event: OpEvent, expected: str | None) -> None:
+    assert mismatch(event) == expected

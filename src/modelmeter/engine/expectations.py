@@ -23,7 +23,8 @@ _TOKEN_IDS = "integer token ids of shape (batch, seq)"
 def mismatch(event: OpEvent) -> str | None:
     """Why ``event``'s input does not fit the parameters it was called with, or None."""
     rule = _RULES.get(event.op)
-    if rule is None or not all(isinstance(event.inputs[i], TensorMeta) for i in _tensor_slots(event.op)):
+    if rule is None or not all(isinstance(_argument(event.inputs, i, None), TensorMeta)
+                               for i in _tensor_slots(event.op)):
         return None
     return rule(event.inputs)
 
@@ -98,7 +99,7 @@ def _embedding(inputs: list[Any]) -> str | None:
 
 def _layer_norm(inputs: list[Any]) -> str | None:
     x, normalized = inputs[0], tuple(_argument(inputs, 1, ()))
-    if tuple(x.shape[len(x.shape) - len(normalized):]) != normalized or x.dim() < len(normalized):
+    if x.dim() < len(normalized) or tuple(x.shape[x.dim() - len(normalized):]) != normalized:
         last = "x".join(map(str, normalized))
         return f"expected an input whose last dimensions are {last}, got shape {_shape(x)}"
     return None
