@@ -18,7 +18,7 @@ _EXPORTS = {
     "engine.inputs": ("Args",),
     "engine.spec": ("RunSpec",),
     "engine.trace": ("ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
-    "errors": ("ModelMeterError", "ModelRunError"),
+    "errors": ("InputMismatchError", "ModelMeterError", "ModelRunError"),
     "fvcore_api": ("flop_count_str", "flop_count_table", "parameter_count", "parameter_count_table"),
     "handles.base": ("CountInside", "Handle", "backward_key", "get_shape"),
     "handles.conventions": ("CONVENTIONS", "get_convention", "register_handle", "unregister_handle"),
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from .engine.inputs import Args
     from .engine.spec import RunSpec
     from .engine.trace import ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
-    from .errors import ModelMeterError, ModelRunError
+    from .errors import InputMismatchError, ModelMeterError, ModelRunError
     from .fvcore_api import flop_count_str, flop_count_table, parameter_count, parameter_count_table
     from .handles.base import CountInside, Handle, backward_key, get_shape
     from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
@@ -104,6 +104,7 @@ __all__ = [
     "DeviceError",
     "FlopCountAnalysis",
     "Handle",
+    "InputMismatchError",
     "JitModelAnalysis",
     "MemoryAnalysis",
     "ModelAnalysis",

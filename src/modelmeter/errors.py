@@ -18,6 +18,12 @@ class ModelRunError(ModelMeterError, RuntimeError):
         self.operator = operator
 
 
+class InputMismatchError(ModelRunError):
+    """The model's inputs do not fit it: an operator got a tensor its module's parameters cannot take (channels,
+    features, rank, token ids). The message names the module and operator and what they expected; the error is
+    raised from torch's own. The command exits 2 on it, as on any other input it cannot use."""
+
+
 class ModelExitError(ModelMeterError):
     """The model's code raised ``SystemExit`` (``sys.exit``) or another ``BaseException`` that is neither an
     ``Exception`` nor ``KeyboardInterrupt`` while it was built or run: the analysis did not finish, which is a
@@ -30,24 +36,37 @@ class ModelExitError(ModelMeterError):
 
 def cuda_failure(exc: BaseException) -> str | None:
     """What to tell the user when ``exc`` comes from a model that puts tensors on CUDA where CUDA cannot run (no
-    driver, no GPU, a CPU-only torch); None for any other error.
-
-    Decided by origin, not by the wording of torch's message: torch's CUDA initialisation on the failing stack, or
-    a fake run that met a tensor on CUDA next to the model's own."""
+    driver, no GPU, a CPU-only torch); None for any other error."""
     import torch
-
-    from ._torch_compat import FakeTensorDeviceMismatchError, cuda_lazy_init_code
 
     if torch.cuda.is_available():
         return None
+    error = _cuda_error(exc)
+    if error is None:
+        return None
+    return (f"it puts tensors on CUDA, which this machine cannot run ({type(error).__name__}); modelmeter needs no "
+            "GPU: a fake run (execution 'auto' or 'fake') of the forward pass counts them as FakeTensors on cuda (a "
+            "backward pass needs a GPU), or create tensors on the device of the inputs or parameters (x.device) and "
+            "build the model on cpu")
+
+
+def puts_tensors_on_cuda(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from tensors the model put on CUDA: CUDA could not start, or a fake run met a tensor on
+    CUDA next to the model's own (a FakeTensor run with everything on CUDA mends both)."""
+    return _cuda_error(exc) is not None
+
+
+def _cuda_error(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain that CUDA caused, told by origin, not by the wording of torch's message: torch's
+    CUDA initialisation on the failing stack, or a fake run that met a tensor on CUDA next to the model's own."""
+    from ._torch_compat import FakeTensorDeviceMismatchError, cuda_lazy_init_code
+
     lazy_init = cuda_lazy_init_code()
     for error in _chain(exc):
         mixed = isinstance(error, FakeTensorDeviceMismatchError) and "cuda" in (
             error.device.type, error.common_device.type)
         if mixed or any(code is lazy_init for code in _codes(error)):
-            return (f"it puts tensors on CUDA, which this machine cannot run ({type(error).__name__}); modelmeter "
-                    "needs no GPU: create tensors on the device of the inputs or parameters (x.device) and build the "
-                    "model on cpu")
+            return error
     return None
 
 

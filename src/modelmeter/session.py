@@ -311,12 +311,19 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
         modules=rows,
         convention=convention,
         execution=trace.execution,
+        device=_counted_on(trace),
         unsupported=dict(first.unsupported.get("", empty)),
         assumptions=list(trace.assumptions),
         dtypes={metric: dict(stats.dtypes.get("", empty)) for metric, (stats, _) in metrics.items()},
         memory=memory.summary if memory is not None else {},
         roofline=time.summary if time is not None else {},
     )
+
+
+def _counted_on(trace: Trace) -> str:
+    """The devices the model's parameters, buffers and inputs were on during the run, in order of first sight."""
+    devices = {s.device: None for s in trace.storages if s.kind in ("parameter", "buffer", "input")}
+    return ", ".join(devices)
 
 
 def result_from_trace(trace: Trace, *, name: str | None = None, convention: str = "fvcore",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..engine.tracer import Execution
-from ..errors import ModelExitError, ModelMeterError
+from ..errors import InputMismatchError, ModelExitError, ModelMeterError
 from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
 from .errors import ModelSpecError, one_line
 from .models import LoadedModel, load_model
@@ -217,9 +217,11 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
                                cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
                                optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach,
                                attention_kernel=job.attention_kernel, **timing)
+            analysis.trace.assumptions[:0] = loaded.notes  # what the loader assumed is an assumption of the run
         except TypeError as exc:  # the inputs do not fit the model's forward()
             raise ModelSpecError(str(exc)) from None
-        analysis.trace.assumptions[:0] = loaded.notes  # what the loader assumed is an assumption of the run
+        except InputMismatchError as exc:  # nor its layers: the input given is at fault, as with a bad shape
+            raise ModelSpecError(str(exc)) from exc
         result = analysis.result(name=loaded.name)
     if save_trace is not None:
         _save(analysis, save_trace, loaded.name)

@@ -151,5 +151,6 @@ def header_line(result: Result, *, backward: bool, source: str = "", seconds: fl
         passes += f" + {optimizer['name']} step"
     timing = f", {seconds:.2f} s" if seconds is not None else ""
     peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
-    return (f"{result.model} on input {inputs} ({result.execution} run{source}, {passes}, "
+    on = f" on {result.device}" if result.device not in ("", "cpu", "meta") else ""  # where no one would assume it
+    return (f"{result.model} on input {inputs} ({result.execution} run{on}{source}, {passes}, "
             f"{result.convention} convention{timing}{peak})")

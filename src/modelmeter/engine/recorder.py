@@ -119,6 +119,7 @@ class Recorder:
         self._open: list[int] = []
         self._attention_calls = 0  # open events of attention calls
         self.failed_op: str | None = None
+        self.failed_event = -1  # the index of the user-level call that failed (-1: none did)
         self._failed_level: str | None = None
         self.placeholders = False
         self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
@@ -297,16 +298,17 @@ class Recorder:
         try:
             result = run()
         except BaseException:
-            self.note_failure(op, "function")
+            self.note_failure(op, "function", index)
             self.abandon_function(index, opened)
             raise
         self.close_function(index, opened, result, operator=operator)
         return result
 
-    def note_failure(self, op: str, level: Level) -> None:
-        """Remember where the model failed: the innermost user-level call, else the aten operator."""
+    def note_failure(self, op: str, level: Level, event: int = -1) -> None:
+        """Remember where the model failed: the innermost user-level call (``event``, its index), else the aten
+        operator."""
         if self.failed_op is None or (level == "function" and self._failed_level == "dispatch"):
-            self.failed_op, self._failed_level = op, level
+            self.failed_op, self._failed_level, self.failed_event = op, level, event
 
 
 class FunctionRecorder(TorchFunctionMode):

@@ -31,7 +31,8 @@ from .._torch_compat import (
     observed_cpu_rng_states,
     unset_fake_temporarily,
 )
-from ..errors import ModelRunError, cuda_failure
+from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
+from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
 from .inputs import map_tensors, tensors_in
 from .metadata import describe, meta_stands_for
@@ -80,6 +81,28 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
         return _run_jagged(run, execution, no_values)
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
+    try:
+        return _record_fake(run, parts, args, kwargs, execution, model_on_meta, no_values)
+    except ModelRunError as exc:
+        # A backward pass cannot be faked on CUDA: torch's autograd engine starts the device of the graph's tensors.
+        if backward or not puts_tensors_on_cuda(exc):
+            raise
+    # The model puts tensors on CUDA itself (x.cuda(), device="cuda"): everything runs as FakeTensors on CUDA, which
+    # need no GPU, so its tensors meet on one device and are counted where the model meant them to be.
+    trace = run(fake=True, model_on_meta=model_on_meta, no_values=no_values, device=_CUDA)
+    trace.assumptions.append(f"the model puts tensors on CUDA: its parameters, buffers and inputs were counted as "
+                             f"FakeTensors on {_CUDA} (no GPU was used)")
+    return trace
+
+
+_CUDA = torch.device("cuda", 0)
+
+
+def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], execution: Execution,
+                 model_on_meta: bool, no_values: bool) -> Trace:
+    """The cheapest run that succeeds: meta tensors, then FakeTensors, then (``"auto"``, when the model needs
+    values) real kernels. A failure that no other run can mend — an input that does not fit the model, tensors put
+    on CUDA — is raised at once."""
     if model_on_meta:
         try:
             return run(fake=True, model_on_meta=True, no_values=True, on_meta=True)
@@ -91,12 +114,14 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
         # (values it does not know, code that mixes in CPU tensors, a missing meta kernel) runs under FakeTensors.
         try:
             return run(fake=True, model_on_meta=False, no_values=False, on_meta=True)
+        except InputMismatchError:
+            raise
         except ModelRunError:
             pass
     try:
         return run(fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
-        if execution == "fake" or no_values:
+        if execution == "fake" or no_values or isinstance(exc, InputMismatchError) or puts_tensors_on_cuda(exc):
             raise
         fake_failure = exc
     # Values are needed (.item(), data-dependent shapes), or an operator has no fake implementation:
@@ -170,7 +195,9 @@ class _Run:
         self.model, self.parts, self.args, self.kwargs, self.names = model, parts, args, kwargs, names
         self.backward, self.loss_fn = backward, loss_fn
 
-    def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False) -> Trace:
+    def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False,
+                 device: torch.device | None = None) -> Trace:
+        """One run; ``device``: a fake run's FakeTensors all stand on that device (the model's and the inputs')."""
         model, parts, names = self.model, self.parts, self.names
         args, kwargs = self.args, self.kwargs
         recorder = Recorder(names, track_autograd=self.backward)
@@ -191,8 +218,8 @@ class _Run:
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                     shadows = recorder.shadows = Shadows()
-                    args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows)
-                    stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows)))
+                    args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)
+                    stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
                     args, kwargs = _real_inputs(args), _real_inputs(kwargs)
@@ -365,15 +392,17 @@ def _seeded(stand_ins: Any, originals: Any, shadows: Shadows) -> Any:
 
 
 def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], mode: FakeTensorMode,
-                 model_on_meta: bool, shadows: Shadows) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals; meta
-    inputs of a real model, and any input of a meta model, move to its device."""
+                 model_on_meta: bool, shadows: Shadows, device: torch.device | None = None
+                 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals, all on
+    ``device`` when given; else meta inputs of a real model, and any input of a meta model, move to its device."""
     state = parts.state()
     target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
-        device = target if (model_on_meta or t.is_meta) and target is not None else t.device
-        return fake_like(mode, t, device)
+        if device is not None:
+            return fake_like(mode, t, device)
+        return fake_like(mode, t, target if (model_on_meta or t.is_meta) and target is not None else t.device)
 
     fake_args = _seeded(_input_stand_ins(args, leaf_of), args, shadows)
     return fake_args, _seeded(_input_stand_ins(kwargs, leaf_of), kwargs, shadows)
@@ -395,12 +424,13 @@ class _Faker:
     """A model tensor's FakeTensor stand-in; a buffer or tensor attribute (not a parameter) keeps its values
     as a shadow, so masks and positions derived from it are known."""
 
-    def __init__(self, mode: FakeTensorMode, shadows: Shadows) -> None:
+    def __init__(self, mode: FakeTensorMode, shadows: Shadows, device: torch.device | None = None) -> None:
         self.mode = mode
         self.shadows = shadows
+        self.device = device  # where every stand-in stands (None: on its original's device)
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        fake = fake_like(self.mode, tensor)
+        fake = fake_like(self.mode, tensor, self.device)
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(fake, tensor)
         return fake
@@ -543,9 +573,30 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     cuda = cuda_failure(exc)
     if cuda is not None:
         return ModelRunError(f"the model failed in {where}{at}: {cuda}", module, op)
+    misfit = _misfit(model, recorder)
+    if misfit is not None:
+        return InputMismatchError(f"the model failed in {where}{at}: {misfit}", module, op)
     if recorder.phase == "backward" and module is None:
         return ModelRunError(f"the backward pass failed{at}: {type(exc).__name__}: {exc}{hint}", None, op)
     return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}{hint}", module, op)
+
+
+def _misfit(model: nn.Module, recorder: Recorder) -> str | None:
+    """What the failing call expected of its input when the input does not fit its parameters; else, for a model
+    that failed after its first embedding lookup took ids of more than (batch, seq), what that lookup expected."""
+    events, index = recorder.trace.events, recorder.failed_event
+    if index >= 0:
+        expected = mismatch(events[index])
+        if expected is not None:
+            return expected
+    lookup = token_ids_mismatch(events)
+    if lookup is None:
+        return None
+    index, expected = lookup
+    scope = recorder.trace.scopes[events[index].scope]
+    name = scope[-1] if scope else ""
+    return (f"the input of module {name!r} ({type(names_module(model, name)).__name__}) at operator aten::embedding "
+            f"does not fit it: {expected}")
 
 
 def names_module(model: nn.Module, name: str) -> nn.Module:

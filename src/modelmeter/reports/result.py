@@ -65,6 +65,8 @@ class Result:
     predicted time on a device when one was chosen (``{}`` otherwise): the ``device`` (``label``, ``bandwidth``,
     ``peak``, ``vector_peak``, ``ridge``), ``dtype``, ``time`` per phase, ``predicted_mfu``, ``mfu``/``hfu`` of a
     measured time, ``throughput`` of ``items`` and the ``operators`` (flops, bytes, time, bound) by dtype.
+    ``device`` is where the model's parameters, buffers and inputs were counted (``"cpu"``, ``"meta"``,
+    ``"cuda:0"`` for a model that puts its tensors on CUDA, faked where no GPU is; several joined by ``", "``).
     """
 
     model: str
@@ -73,6 +75,7 @@ class Result:
     modules: list[ModuleRow]
     convention: str = "fvcore"
     execution: str = "fake"
+    device: str = ""
     unsupported: dict[str, int] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
     dtypes: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -1,0 +1,142 @@
+"""What an operator expected of its input, read from the arguments of the call that failed.
+
+A model given the wrong input fails deep inside torch (``Invalid channel dimensions``, ``a and b must have same
+reduction dim``). The operators that take a module's parameters say what fits them: a convolution's weight fixes
+the input's channels and rank, a linear layer's weight its last dimension, an embedding takes integer ids, a norm's
+weight or ``normalized_shape`` fixes its channels or last dimensions. Each rule reads the recorded call
+(:class:`OpEvent` inputs in schema order, tensors as :class:`TensorMeta`) and returns "expected ..., got ..."
+when the input does not fit, None when it does (the failure is then something else, reported as it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .trace import OpEvent, TensorMeta
+
+_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
+_INTEGER_IDS = ("int64", "int32")
+_TOKEN_IDS = "integer token ids of shape (batch, seq)"
+
+
+def mismatch(event: OpEvent) -> str | None:
+    """Why ``event``'s input does not fit the parameters it was called with, or None."""
+    rule = _RULES.get(event.op)
+    if rule is None or not all(isinstance(_argument(event.inputs, i, None), TensorMeta)
+                               for i in _tensor_slots(event.op)):
+        return None
+    return rule(event.inputs)
+
+
+def token_ids_mismatch(events: Sequence[OpEvent]) -> tuple[int, str] | None:
+    """The model's first embedding lookup, and what it expected, when its ids have more dimensions than
+    ``(batch, seq)``: it succeeds on any shape, and the model fails later (an image given to a language model
+    fails in its attention). None when the first lookup took ids of at most two dimensions, or there is none."""
+    for index, event in enumerate(events):
+        if event.op == "aten::embedding" and event.level == "function":
+            ids = event.inputs[1] if len(event.inputs) > 1 else None
+            if isinstance(ids, TensorMeta) and ids.dim() > 2:
+                return index, f"expected {_TOKEN_IDS}, got {ids.dtype} of shape {_shape(ids)}"
+            return None
+    return None
+
+
+def _shape(tensor: TensorMeta) -> str:
+    return "x".join(map(str, tensor.shape)) if tensor.shape else "() (a scalar)"
+
+
+def _argument(inputs: list[Any], index: int, default: Any) -> Any:
+    return inputs[index] if len(inputs) > index and inputs[index] is not None else default
+
+
+def _dtype(x: TensorMeta, weight: TensorMeta) -> str | None:
+    """A floating-point input in another dtype than the weight it meets."""
+    if x.is_floating_point and weight.is_floating_point and x.dtype != weight.dtype:
+        return f"expected {weight.dtype} inputs (the dtype of its weight), got {x.dtype}"
+    return None
+
+
+def _convolution(transposed: bool, groups_at: int) -> Callable[[list[Any]], str | None]:
+    def rule(inputs: list[Any]) -> str | None:
+        x, weight = inputs[0], inputs[1]
+        spatial = weight.dim() - 2
+        if x.dim() not in (spatial + 1, spatial + 2):
+            layout = f"(batch, channels, {_SPATIAL.get(spatial, '...')})"
+            return (f"expected a {spatial + 2}-d input {layout} or a {spatial + 1}-d one without the batch, "
+                    f"got shape {_shape(x)}")
+        groups = _argument(inputs, groups_at, 1)
+        channels = weight.shape[0] if transposed else weight.shape[1] * groups
+        got = x.shape[x.dim() - spatial - 1]
+        if got != channels:
+            return f"expected {channels} input channels, got {got} (an input of shape {_shape(x)})"
+        return _dtype(x, weight)
+
+    return rule
+
+
+def _transposed_convolution(inputs: list[Any]) -> str | None:
+    """``aten::convolution``: transposed or not by its argument."""
+    return _convolution(bool(_argument(inputs, 6, False)), 8)(inputs)
+
+
+def _linear(inputs: list[Any]) -> str | None:
+    x, weight = inputs[0], inputs[1]
+    features = weight.shape[-1] if weight.dim() else 1
+    got = x.shape[-1] if x.dim() else 1
+    if got != features:
+        return (f"expected last dimension {features} (the in_features of its {_shape(weight)} weight), got {got} "
+                f"(an input of shape {_shape(x)})")
+    return _dtype(x, weight)
+
+
+def _embedding(inputs: list[Any]) -> str | None:
+    ids = inputs[1]
+    if ids.dtype not in _INTEGER_IDS:
+        return f"expected {_TOKEN_IDS}, got {ids.dtype} of shape {_shape(ids)}"
+    return None
+
+
+def _layer_norm(inputs: list[Any]) -> str | None:
+    x, normalized = inputs[0], tuple(_argument(inputs, 1, ()))
+    if x.dim() < len(normalized) or tuple(x.shape[x.dim() - len(normalized):]) != normalized:
+        last = "x".join(map(str, normalized))
+        return f"expected an input whose last dimensions are {last}, got shape {_shape(x)}"
+    return None
+
+
+def _channels(weight_at: int, *others: int) -> Callable[[list[Any]], str | None]:
+    """A norm over dimension 1 (batch, group, instance norm): the channels its weight or running statistics
+    have."""
+    def rule(inputs: list[Any]) -> str | None:
+        x = inputs[0]
+        sized = [inputs[i] for i in (weight_at, *others) if isinstance(_argument(inputs, i, None), TensorMeta)]
+        if not sized:
+            return None
+        channels = sized[0].shape[0]
+        if x.dim() < 2 or x.shape[1] != channels:
+            return f"expected {channels} channels in dimension 1, got an input of shape {_shape(x)}"
+        return None
+
+    return rule
+
+
+_RULES: dict[str, Callable[[list[Any]], str | None]] = {
+    **{f"aten::conv{n}d": _convolution(False, 6) for n in (1, 2, 3)},
+    **{f"aten::conv_transpose{n}d": _convolution(True, 6) for n in (1, 2, 3)},
+    "aten::convolution": _transposed_convolution,
+    "aten::_convolution": _transposed_convolution,
+    "aten::linear": _linear,
+    "aten::embedding": _embedding,
+    "aten::layer_norm": _layer_norm,
+    "aten::batch_norm": _channels(1, 3),
+    "aten::instance_norm": _channels(1, 3),
+    "aten::group_norm": _channels(2),
+}
+
+
+def _tensor_slots(op: str) -> tuple[int, ...]:
+    """The arguments a rule reads as tensors: the input and, but for a norm, the weight."""
+    if op in ("aten::layer_norm", "aten::batch_norm", "aten::instance_norm", "aten::group_norm"):
+        return (0,)
+    return (0, 1)

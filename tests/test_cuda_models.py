@@ -1,0 +1,135 @@
+"""A model written for GPUs (``.cuda()``, ``.to("cuda")``, ``device="cuda"`` inside ``forward``) analyses on a
+machine without one: FakeTensors stand on ``cuda`` with no GPU, so its parameters, buffers and inputs run as
+FakeTensors on ``cuda:0`` and the result says where it was counted.
+
+Oracle: the same model written device-agnostically, analysed on the CPU, and its real run under torch's own
+``FlopCounterMode``: the counts are the same, only the device differs. The model is left exactly as found
+(tests/test_model_unchanged.py's walk) and torch's CUDA state is as before.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from modelmeter import FlopCountAnalysis, ModelRunError, analyze
+from modelmeter.cli import main
+from test_model_unchanged import differences, reachable
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="what happens where CUDA cannot run")
+
+
+class Net(nn.Module):
+    """Positions made in ``forward`` and a projection; ``style`` says how it puts tensors on CUDA (``"cpu"``: it
+    does not, the oracle)."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self.style = style
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.register_buffer("scale", torch.full((8,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.style == "cuda()":
+            x = x.cuda()
+        elif self.style == "to":
+            x = x.to("cuda")
+        device = x.device if self.style == "cpu" else "cuda"  # "device=": it expects its inputs on CUDA already
+        positions = torch.arange(x.shape[1], device=device, dtype=x.dtype)
+        return self.norm(self.proj(x + positions[:, None]) * self.scale)
+
+
+STYLES = ["cuda()", "to", "device="]
+
+
+def _counts(model: nn.Module, x: torch.Tensor, **options: object) -> tuple[dict[str, int], object]:
+    analysis = analyze(model, x, **options)  # type: ignore[arg-type]
+    result = analysis.result()
+    return {row.name: row.metrics["flops"] for row in result.modules}, analysis
+
+
+@NO_CUDA
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("on_meta", [False, True])
+def test_a_model_written_for_gpus_is_counted_on_cuda_without_one(style: str, on_meta: bool) -> None:
+    device = "meta" if on_meta else "cpu"
+    model, x = Net(style).to(device), torch.randn(2, 6, 8, device=device)
+    before = reachable(model)
+    counts, analysis = _counts(model, x)
+    reference = Net("cpu")
+    expected, _ = _counts(reference, torch.randn(2, 6, 8))
+    with FlopCounterMode(display=False) as real:  # torch's own count of the real run (multiply-adds x 2)
+        reference(torch.randn(2, 6, 8))
+    assert counts == expected and counts["proj"] == real.get_total_flops() // 2 == 2 * 6 * 8 * 8
+    result = analysis.result()  # type: ignore[attr-defined]
+    assert result.device == "cuda:0" and result.execution == "fake"
+    assert any("counted as FakeTensors on cuda:0 (no GPU was used)" in a for a in result.assumptions)
+    devices = {t.device for e in analysis.trace.events for t in e.inputs if hasattr(t, "device")}  # type: ignore
+    assert devices == {"cuda:0"}
+    assert differences(before, reachable(model)) == []
+    assert not torch.cuda.is_available() and not torch.cuda.is_initialized()
+
+
+@NO_CUDA
+def test_a_training_step_of_a_gpu_model_says_it_needs_a_gpu() -> None:
+    """torch's autograd engine starts the CUDA device of a graph on CUDA tensors, fake or not (``hasPrimaryContext``
+    fails on a machine without one): the error says so, and that the forward pass is counted without a GPU."""
+    model = Net("cuda()")
+    before = reachable(model)
+    with pytest.raises(ModelRunError, match=r"it puts tensors on CUDA, .*forward pass counts them as FakeTensors on "
+                                            r"cuda \(a backward pass needs a GPU\)"):
+        analyze(model, torch.randn(2, 6, 8), backward=True).result()
+    assert differences(before, reachable(model)) == []
+
+
+@NO_CUDA
+def test_real_kernels_still_say_that_cuda_cannot_run() -> None:
+    model = Net("device=")
+    before = reachable(model)
+    with pytest.raises(ModelRunError, match=r"it puts tensors on CUDA, which this machine cannot run"):
+        FlopCountAnalysis(model, torch.randn(2, 6, 8), execution="real").total()
+    assert differences(before, reachable(model)) == []
+
+
+def test_a_cpu_model_is_counted_on_the_cpu() -> None:
+    _, analysis = _counts(Net("cpu"), torch.randn(2, 6, 8))
+    assert analysis.result().device == "cpu"  # type: ignore[attr-defined]
+    _, analysis = _counts(Net("cpu").to("meta"), torch.randn(2, 6, 8, device="meta"))
+    assert analysis.result().device == "meta"  # type: ignore[attr-defined]
+
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+
+class Gpu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x.cuda()) + torch.ones(4, device="cuda")
+
+
+def build():
+    return Gpu()
+'''
+
+
+@NO_CUDA
+def test_the_command_says_where_it_counted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "gpu.py"
+    path.write_text(MODEL_FILE)
+    assert main([f"{path}:build", "--input", "2x4"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith(f"{path}:build on input 2x4 (fake run on cuda:0, forward, fvcore convention")
+    assert main([f"{path}:build", "--input", "2x4", "--format", "json", "--no-cache"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device"] == "cuda:0" and data["modules"][0]["metrics"]["flops"] == 2 * 4 * 4
