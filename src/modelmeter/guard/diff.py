@@ -6,9 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..reports.format import aligned_table, format_time
+from ..reports.format import aligned_table
 from ..reports.fvcore_tables import format_size
-from ..reports.result import RATIO_METRICS, TIME_METRICS
+from ..reports.render import format_change, format_metric
+from ..reports.result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
@@ -76,11 +77,12 @@ class Difference:
 
     def row(self) -> list[str]:
         share = f"{100 * self.change / self.before:+.1f}%" if self.before else "new"
-        if self.metric in TIME_METRICS:  # seconds: fractions that a count's format would round to 0
-            before, after, change = format_time(self.before), format_time(self.after), f"{self.change:+.3g}s"
+        # seconds and bytes moved in their units (a count's format would round a time to 0), counts as fvcore
+        if self.metric in TIME_METRICS | TRAFFIC_METRICS:
+            before, after = format_metric(self.metric, self.before), format_metric(self.metric, self.after)
         else:
-            before, after, change = format_size(self.before), format_size(self.after), f"{self.change:+,.0f}"
-        return [self.module or "model", self.metric, before, after, change, share]
+            before, after = format_size(self.before), format_size(self.after)
+        return [self.module or "model", self.metric, before, after, format_change(self.metric, self.change), share]
 
 
 def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[Difference]:

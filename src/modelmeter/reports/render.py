@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
-from .format import aligned_table, format_bytes, format_time
+from .format import aligned_table, format_bytes, format_rate, format_time
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
-from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
+from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
 
 __all__ = ["FORMATS", "format_bytes", "format_size", "render"]
 
@@ -48,6 +48,17 @@ def format_metric(metric: str, value: float) -> str:
     if metric == "compute_bound":
         return format_bound(value)
     return format_size(value)
+
+
+def format_change(metric: str, delta: float) -> str:
+    """A signed change of a metric: seconds and bytes in their units (``+14.7ns``, ``-1.5KiB``), counts as whole
+    numbers with separators (``+22,208,512``)."""
+    sign = "-" if delta < 0 else "+"
+    if metric in TIME_METRICS:
+        return sign + format_time(abs(delta))
+    if metric in TRAFFIC_METRICS:
+        return sign + format_bytes(abs(delta))
+    return f"{delta:+,.0f}"
 
 
 def format_bound(share: float) -> str:
@@ -139,21 +150,33 @@ def memory_note(memory: dict[str, Any]) -> str:
 
 
 def roofline_note(summary: dict[str, Any]) -> str:
-    """One line on the predicted time: where, how long per phase, the throughput, the bound and the MFU."""
+    """One line on the predicted time: where, how long per phase, the throughput, the bound, the MFU, and the
+    measured MFU and HFU (flagged when over 100%: the measurement beat the device's peak)."""
     device = summary["device"]
     times = summary["time"]
-    phases = ", ".join(f"{phase} {format_time(seconds)}" for phase, seconds in times.items() if phase != "total")
-    if len(times) > 2:
-        phases += f", total {format_time(times['total'])}"
-    items = summary.get("items") or {}
-    rate = f"; {summary['throughput']:,.3g} {items.get('unit', 'samples')}/s" if summary.get("throughput") else ""
-    line = (f"Predicted time on {device['label']} ({summary['dtype']}, roofline): {phases}{rate}; "
-            f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound; "
-            f"predicted MFU {100 * summary['predicted_mfu']:.1f}%")
+    phases = [f"{phase} {format_time(seconds)}" for phase, seconds in times.items() if phase != "total"]
+    if len(phases) != 1:  # several phases, or none at all (a model that computes and moves nothing)
+        phases.append(f"total {format_time(times['total'])}")
+    parts = [f"Predicted time on {device['label']} ({summary['dtype']}, roofline): {', '.join(phases)}"]
+    if summary.get("throughput"):
+        unit = (summary.get("items") or {}).get("unit", "samples")
+        parts.append(f"{format_rate(summary['throughput'])} {unit}/s")
+    parts.append(f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound")
+    if summary.get("predicted_mfu") is not None:
+        parts.append(f"predicted MFU {100 * summary['predicted_mfu']:.1f}%")
     if summary.get("measured_time") is not None:
-        line += (f"; measured {format_time(summary['measured_time'])}: MFU {100 * summary['mfu']:.1f}%, "
-                 f"HFU {100 * summary['hfu']:.1f}%")
-    return line
+        parts.append(_measured(summary))
+    return "; ".join(parts)
+
+
+def _measured(summary: dict[str, Any]) -> str:
+    """The measured time's MFU and HFU, with a warning when either is over 100% (no kernel beats the peak)."""
+    text = (f"measured {format_time(summary['measured_time'])}: MFU {100 * summary['mfu']:.1f}%, "
+            f"HFU {100 * summary['hfu']:.1f}%")
+    if max(summary["mfu"], summary["hfu"]) > 1:
+        text += (" (over 100%: the measured step ran faster than the device's peak allows; check the measured "
+                 "time, the device and the dtype)")
+    return text
 
 
 def _table(result: Result, depth: int) -> str:
