@@ -99,7 +99,7 @@ def check_budget(result: Result, budget: Budget) -> list[Over]:
 def _hint(unknown: list[str]) -> str:
     """What would add the ``unknown`` metrics: a backward pass, the memory analysis."""
     if any(m.startswith(("forward_", "backward_", "recompute_")) for m in unknown):
-        return " (phase metrics need a backward pass: --backward, backward=True)"
+        return " (phase metrics need --backward: a backward pass)"
     if any(m in ROOFLINE_METRICS for m in unknown):
         return " (the time and bytes on a device need --device NAME; analyze(..., device='h100'))"
     if any(m in MEMORY_METRICS for m in unknown):
