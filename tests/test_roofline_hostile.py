@@ -261,3 +261,30 @@ def test_every_key_of_the_roofline_summary_is_documented(doc: str) -> None:
     named = set(re.findall(r"`([a-z0-9_]+)`", (DOCS / doc).read_text()))
     assert keys - named == set()
     assert all(math.isfinite(v) for v in summary["time"].values())
+
+
+# --- text reports: the ratios named as the table names them, the FLOPs of the intensity said -------------------
+def test_the_tree_names_the_ratios_as_the_table_and_leaves_them_out_where_no_time_is() -> None:
+    class Idle(nn.Module):  # a parameter, and no work: its block is shown, without time
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    model = nn.Sequential(nn.Linear(8, 8), Idle(), nn.ReLU())
+    result = analyze(model, torch.randn(2, 8), device="h100", quiet=True).result()
+    tree = render(result, "tree", depth=1)
+    assert "#intensity" not in tree and "#compute_bound" not in tree  # ratios are no counts
+    idle = next(line for line in tree.splitlines() if "(1): Idle" in line)
+    assert "flops/byte: -" in idle and "bound: -" in idle  # was "#intensity: 0, #compute_bound: memory 100%"
+    relu = next(line for line in tree.splitlines() if "(2): ReLU" in line)
+    assert "flops/byte: 0.125" in relu and "bound: memory 100%" in relu  # 1 FLOP per 4-byte read + 4-byte write
+
+
+@pytest.mark.parametrize(("convention", "noted"), [("fvcore", True), ("macs", True), ("flops", False)])
+def test_the_footer_says_which_flops_the_intensity_counts(convention: str, noted: bool) -> None:
+    result = analyze(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(2, 8), device="h100",
+                     convention=convention, quiet=True).result()
+    assert ("real FLOPs (a multiply-add is 2" in render(result, "table")) is noted

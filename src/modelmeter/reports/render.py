@@ -68,6 +68,9 @@ def format_bound(share: float) -> str:
     return f"memory {100 * (1 - share):.0f}%"
 
 
+INTENSITY_NOTE = ("flops/byte and the time count real FLOPs (a multiply-add is 2, element-wise work included), "
+                  "whatever the convention of the #flops column")
+
 # The column a metric of no share (a ratio) is shown under.
 _HEADERS = {"intensity": "flops/byte", "compute_bound": "bound"}
 
@@ -111,12 +114,17 @@ def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Ali
                 continue
             value = row.metrics.get(metric, 0)
             if ratio:
-                line.append(format_metric(metric, value) if row.metrics.get("time") else "-")
+                line.append(_ratio_cell(row, metric))
                 continue
             share = value / totals[metric] if totals[metric] else 0.0
             line += [format_metric(metric, value), f"{100 * share:.1f}%"]
         cells.append(line)
     return headers, aligns, cells
+
+
+def _ratio_cell(row: ModuleRow, metric: str) -> str:
+    """A module's intensity or bound; "-" for a module that takes no time (it has neither)."""
+    return format_metric(metric, row.metrics.get(metric, 0)) if row.metrics.get("time") else "-"
 
 
 def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -> list[str]:
@@ -133,6 +141,8 @@ def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -
         lines.append(memory_note(result.memory))
     if result.roofline:
         lines.append(roofline_note(result.roofline))
+        if result.convention != "flops":  # a ReLU of 0 fvcore flops has 0.125 flops/byte: say which flops
+            lines.append(INTENSITY_NOTE)
     lines += [f"Assumption: {text}" for text in result.assumptions]
     return lines
 
@@ -235,7 +245,12 @@ def _tree(result: Result, depth: int) -> str:
         if row.params or any(values) or not row.called:
             stats = [f"#params: {format_size(row.params)}"]
             for metric, value in zip(columns, values, strict=True):
-                stats.append(f"#{metric}: {format_metric(metric, value) if row.called else 'N/A'}")
+                if not row.called:
+                    stats.append(f"{_HEADERS.get(metric, '#' + metric)}: N/A")
+                elif metric in RATIO_METRICS:  # named as the table's column, without a count's "#"
+                    stats.append(f"{_HEADERS[metric]}: {_ratio_cell(row, metric)}")
+                else:
+                    stats.append(f"#{metric}: {format_metric(metric, value)}")
             lines.append(", ".join(stats))
         children = [(child.name.rsplit(".", 1)[-1], block(child)) for child in kids.get(row.name, [])]
         return annotated_repr(row.type, lines, children)
