@@ -288,3 +288,13 @@ def test_the_footer_says_which_flops_the_intensity_counts(convention: str, noted
     result = analyze(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(2, 8), device="h100",
                      convention=convention, quiet=True).result()
     assert ("real FLOPs (a multiply-add is 2" in render(result, "table")) is noted
+
+
+def test_a_peak_memory_over_the_device_memory_is_flagged() -> None:
+    small = Device("small", "Small GPU", 1000, 1e12, {}, {"fp32": 1e13})  # 1000 bytes of memory
+    model, x = nn.Linear(64, 64), torch.randn(8, 64)
+    tight = analyze(model, x, device=small, memory=True, quiet=True).result()
+    assert tight.memory["peak"] > 1000  # the weights alone: 64·64·4 bytes
+    assert "is over the memory of Small GPU (1e-06 GB = 1000B)" in render(tight, "table")
+    roomy = analyze(model, x, device="h100", memory=True, quiet=True).result()
+    assert "does not fit" not in render(roomy, "table")

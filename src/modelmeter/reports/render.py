@@ -143,6 +143,11 @@ def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -
         lines.append(roofline_note(result.roofline))
         if result.convention != "flops":  # a ReLU of 0 fvcore flops has 0.125 flops/byte: say which flops
             lines.append(INTENSITY_NOTE)
+        if result.memory and result.memory["peak"] > result.roofline["device"]["memory"]:
+            device = result.roofline["device"]
+            lines.append(f"Warning: the predicted peak memory, {format_bytes(result.memory['peak'])}, is over the "
+                         f"memory of {device['label']} ({device['memory'] / 1e9:.3g} GB = "
+                         f"{format_bytes(device['memory'])}): the run does not fit on one such device as it is")
     lines += [f"Assumption: {text}" for text in result.assumptions]
     return lines
 
