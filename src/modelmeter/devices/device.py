@@ -143,9 +143,9 @@ def _check(device: Device) -> None:
         raise DeviceError(f"{where}: aliases must be a list of names, not {device.aliases!r}")
     # Names and the label are printed in every report: a control character (a terminal escape, a newline)
     # would rewrite the terminal or break a table's line. Any printable text, unicode included, is fine.
-    for field, text in (("name", device.name), ("label", device.label), *(("aliases", a) for a in device.aliases)):
+    for what, text in (("name", device.name), ("label", device.label), *(("aliases", a) for a in device.aliases)):
         if not text.isprintable():
-            raise DeviceError(f"{where}: {field} {text!r} holds a control character (a terminal escape, a tab or "
+            raise DeviceError(f"{where}: {what} {text!r} holds a control character (a terminal escape, a tab or "
                               "a line break): use printable text")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import itertools
 import os
 import re
 from pathlib import Path
@@ -144,7 +145,7 @@ def _check_library_options(source: str, options: dict[str, Any]) -> None:
 def _check_devices_files(tokens: list[str], project: Path) -> None:
     """A ``--devices-file`` of the entry (or a device file given to ``--device``) is a JSON or TOML file inside
     the project, as a model file is."""
-    for option, value in zip(tokens, tokens[1:], strict=False):
+    for option, value in itertools.pairwise(tokens):
         if option == "--devices-file" or (option == "--device" and value.lower().endswith((".json", ".toml"))):
             _check_file(value, project, (".json", ".toml"), "a devices file (.json or .toml)")
 
