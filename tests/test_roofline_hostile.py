@@ -298,3 +298,15 @@ def test_a_peak_memory_over_the_device_memory_is_flagged() -> None:
     assert "is over the memory of Small GPU (1e-06 GB = 1000B)" in render(tight, "table")
     roomy = analyze(model, x, device="h100", memory=True, quiet=True).result()
     assert "does not fit" not in render(roomy, "table")
+
+
+@pytest.mark.usefixtures("project")
+def test_a_diff_of_times_on_two_devices_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    for name, device in (("h100.json", "h100"), ("a100.json", "a100"), ("h100b.json", "h100")):
+        cli(capsys, "m.py:mlp", "--device", device, "--format", "json", "--output", name)
+    cli(capsys, "m.py:mlp", "--format", "json", "--output", "none.json")
+    out, err = cli(capsys, "diff", "h100.json", "a100.json")
+    assert "the times are predicted on different devices (h100 before, a100 after)" in err
+    assert re.search(r"model +time +\S+ +\S+ +\+\S+(ns|µs)", out), out  # the time's change in time units
+    for same in (("h100.json", "h100b.json"), ("none.json", "h100.json")):
+        assert "different devices" not in cli(capsys, "diff", *same)[1]

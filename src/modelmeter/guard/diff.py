@@ -44,6 +44,22 @@ def load_costs(path: str | os.PathLike[str]) -> Costs:
                          f"trace (--save-trace) nor a baseline")
 
 
+def device_of(path: str | os.PathLike[str]) -> str | None:
+    """The device a saved analysis predicted its time on (a result's or saved trace's ``roofline``, a baseline's
+    entries' when they share one); None without one. Read after :func:`load_costs` has checked the file."""
+    if is_saved_trace(path):
+        summary: Any = read_saved_trace(path).result.roofline
+    else:
+        data = read_json(path)
+        if isinstance(data, dict) and data.get("format") == BASELINE_FORMAT:
+            devices = {entry.roofline.get("device") for entry in BaselineFile.from_data(data, path).entries.values()}
+            return devices.pop() if len(devices) == 1 else None
+        summary = data.get("roofline") if isinstance(data, dict) else None
+    device = summary.get("device") if isinstance(summary, dict) else None
+    name = device.get("name") if isinstance(device, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def _result_costs(rows: Any, where: str) -> Costs:
     """``params`` and the metrics of each module row of a saved Result, checked."""
     if not isinstance(rows, list):
