@@ -310,3 +310,9 @@ def test_a_diff_of_times_on_two_devices_says_so(capsys: pytest.CaptureFixture[st
     assert re.search(r"model +time +\S+ +\S+ +\+\S+(ns|µs)", out), out  # the time's change in time units
     for same in (("h100.json", "h100b.json"), ("none.json", "h100.json")):
         assert "different devices" not in cli(capsys, "diff", *same)[1]
+
+
+@pytest.mark.usefixtures("project")
+def test_fit_with_a_device_is_refused_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    _, err = cli(capsys, "resnet18", "--fit", "1GiB", "--device", "h100", code=2)  # ran, and printed no time
+    one_line(err, "--fit", "drop --device")

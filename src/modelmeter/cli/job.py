@@ -97,6 +97,9 @@ def job_from_args(args: argparse.Namespace) -> Job:
                              "/ --save-trace per run")
     _check_memory_options(args)
     device = _device_options(args)
+    if args.fit is not None and device is not None:  # the search reports peaks only: the device would be ignored
+        raise ModelSpecError("--fit searches the batch by its peak memory and predicts no time: drop --device, or "
+                             "run the batch it finds with --batch N --device NAME")
     backward = args.backward or args.optimizer is not None
     memory = (args.memory or args.optimizer is not None or args.fit is not None
               or any(metric in MEMORY_METRICS for metric in args.budget or {}))
