@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..devices import DeviceError
 from ..engine.tracer import Execution
 from ..errors import InputMismatchError, ModelExitError, ModelMeterError
 from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
@@ -96,6 +97,9 @@ def job_from_args(args: argparse.Namespace) -> Job:
                              "/ --save-trace per run")
     _check_memory_options(args)
     device = _device_options(args)
+    if args.fit is not None and device is not None:  # the search reports peaks only: the device would be ignored
+        raise ModelSpecError("--fit searches the batch by its peak memory and predicts no time: drop --device, or "
+                             "run the batch it finds with --batch N --device NAME")
     backward = args.backward or args.optimizer is not None
     memory = (args.memory or args.optimizer is not None or args.fit is not None
               or any(metric in MEMORY_METRICS for metric in args.budget or {}))
@@ -138,6 +142,10 @@ def _check_memory_options(args: argparse.Namespace) -> None:
     if loose and args.optimizer is None:
         raise ModelSpecError(f"{' and '.join(loose)} describe{'s' if len(loose) == 1 else ''} the optimizer's "
                              f"step: add --optimizer {{{','.join(OPTIMIZERS)}}}")
+    phased = [m for m in args.budget or {} if m.startswith(("forward_", "backward_", "recompute_"))]
+    if phased and not (args.backward or args.optimizer):
+        raise ModelSpecError(f"--budget {phased[0]}=...: a phase's metric exists after a backward pass: add "
+                             "--backward (or --optimizer)")
     if "saved_bytes" in (args.budget or {}) and not (args.backward or args.optimizer):
         raise ModelSpecError("--budget saved_bytes=...: the bytes saved for the backward pass exist in a training "
                              "step: add --backward (or --optimizer)")
@@ -222,10 +230,21 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
             raise ModelSpecError(str(exc)) from None
         except InputMismatchError as exc:  # nor its layers: the input given is at fault, as with a bad shape
             raise ModelSpecError(str(exc)) from exc
-        result = analysis.result(name=loaded.name)
+        try:
+            result = analysis.result(name=loaded.name)
+        except DeviceError as exc:  # the device lacks a rate the model's work needs, or its numbers overflow
+            raise device_error(job.device, exc) from None
     if save_trace is not None:
         _save(analysis, save_trace, loaded.name)
     return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+def device_error(options: DeviceOptions | None, exc: Exception) -> ModelSpecError:
+    """A usage error naming the ``--device`` (and its file) that cannot time this run."""
+    if options is None:
+        return ModelSpecError(str(exc))
+    source = f" (from --devices-file {options.devices_file})" if options.devices_file else ""
+    return ModelSpecError(f"--device {options.name}{source}: {exc}")
 
 
 def _timing(options: DeviceOptions | None) -> dict[str, Any]:

@@ -249,6 +249,22 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _measured_time(text: str) -> float:
+    """A measured step's time: a duration above 0 (an MFU of a zero time is no number) and under 1e9 s."""
+    seconds = duration(text)
+    if not 0 < seconds < 1e9:
+        raise argparse.ArgumentTypeError(f"a measured step takes more than 0s (and less than 1e9 s), got {text!r}")
+    return seconds
+
+
+def _launch_overhead(text: str) -> float:
+    """Seconds added per kernel: a duration under one second (kernel launches take microseconds)."""
+    seconds = duration(text)
+    if seconds >= 1:
+        raise argparse.ArgumentTypeError(f"a kernel launch's overhead is under 1s (e.g. 4us), got {text!r}")
+    return seconds
+
+
 def time_options(parser: argparse.ArgumentParser) -> None:
     """The options of the time on a device (the analysis's, and ``report``'s to recount a saved trace)."""
     time = parser.add_argument_group("time on a device (docs/roofline.md)")
@@ -257,11 +273,11 @@ def time_options(parser: argparse.ArgumentParser) -> None:
                            "bound columns; `modelmeter devices` lists them")
     time.add_argument("--devices-file", metavar="FILE",
                       help="a JSON or TOML file of devices of your own, for --device (docs/devices.md)")
-    time.add_argument("--measured-time", type=duration, metavar="T",
+    time.add_argument("--measured-time", type=_measured_time, metavar="T",
                       help="the time a measured step took (e.g. 123ms): gives the MFU and HFU")
     time.add_argument("--efficiency", type=_fraction, default=1.0, metavar="F",
                       help="the fraction of the peaks kernels reach, e.g. 0.7 (default 1: the pure roofline)")
-    time.add_argument("--launch-overhead", type=duration, default=0.0, metavar="T",
+    time.add_argument("--launch-overhead", type=_launch_overhead, default=0.0, metavar="T",
                       help="time added per kernel launched, e.g. 4us (default 0)")
     time.add_argument("--tf32", action="store_true",
                       help="float32 matrix products on tensor cores at the TF32 peak (default: the float32 peak)")

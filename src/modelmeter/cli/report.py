@@ -58,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
     changes.update(_time_changes(args, saved.settings))
     result = saved.result
     if any(saved.settings[name] != value for name, value in changes.items()):
+        from ..devices import DeviceError
         from ..trace_files import recount
 
-        result = recount(saved, **changes)
+        try:
+            result = recount(saved, **changes)
+        except DeviceError as exc:  # the device lacks a rate the trace's work needs, or its numbers overflow
+            where = f"--device {args.device}" if args.device else "the trace's device"
+            raise ModelSpecError(f"{where}: {exc}") from None
     from ..reports.render import render
 
     text = render(result, args.format, args.depth)

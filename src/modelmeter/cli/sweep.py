@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..reports.format import format_bytes, format_time, titled_table
+from ..reports.format import format_bytes, format_rate, format_time, titled_table
 from ..reports.fvcore_tables import format_size
 from ..reports.render import format_bound
 from .errors import ModelSpecError
@@ -65,7 +65,7 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
     if job.memory:
         columns.append(("peak memory", "peak_memory", format_bytes))
     if job.device is not None:
-        columns += [("time", "time", format_time), (f"{rows[0]['unit']}/s", "throughput", lambda n: f"{n:,.4g}"),
+        columns += [("time", "time", format_time), (f"{rows[0]['unit']}/s", "throughput", _rate),
                     ("flops/byte", "intensity", lambda n: f"{n:.3g}"), ("bound", "compute_bound", format_bound)]
     columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
@@ -89,6 +89,11 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
     if any(growth):
         lines += ["", *filter(None, growth)]
     return "\n".join(lines)
+
+
+def _rate(per_second: float | None) -> str:
+    """Items per second; "-" for a run of no predicted time (nothing computed or moved)."""
+    return "-" if per_second is None else format_rate(per_second)
 
 
 def _turn(label: str, values: list[int], shares: list[float]) -> str:

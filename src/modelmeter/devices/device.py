@@ -141,6 +141,12 @@ def _check(device: Device) -> None:
                           "every precision without one)")
     if isinstance(device.aliases, str) or not all(isinstance(a, str) and a.strip() for a in device.aliases):
         raise DeviceError(f"{where}: aliases must be a list of names, not {device.aliases!r}")
+    # Names and the label are printed in every report: a control character (a terminal escape, a newline)
+    # would rewrite the terminal or break a table's line. Any printable text, unicode included, is fine.
+    for what, text in (("name", device.name), ("label", device.label), *(("aliases", a) for a in device.aliases)):
+        if not text.isprintable():
+            raise DeviceError(f"{where}: {what} {text!r} holds a control character (a terminal escape, a tab or "
+                              "a line break): use printable text")
 
 
 def _check_rate(where: str, what: str, value: object, unit: str) -> None:

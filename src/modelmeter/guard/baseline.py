@@ -25,7 +25,7 @@ from .. import _version
 from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
-from ..reports.render import format_metric
+from ..reports.render import format_change, format_metric
 from ..reports.result import RATIO_METRICS, Result
 from .values import MAX_AMOUNT, GuardFileError, check_amount, check_name, check_tolerance, read_json, shorten
 
@@ -47,6 +47,9 @@ class Entry:
     backward: bool
     modules: dict[str, dict[str, float]]
     spec: list[str] = field(default_factory=list)
+    # The device the time was predicted on and the roofline's settings ({} without a device): a time is only
+    # comparable with a time on the same device.
+    roofline: dict[str, Any] = field(default_factory=dict)
 
     def total(self, metric: str) -> float:
         return self.modules.get("", {}).get(metric, 0)
@@ -58,7 +61,11 @@ def entry_from_result(result: Result, *, spec: list[str] | None = None) -> Entry
     costs = [m for m in result.metrics if m not in RATIO_METRICS]  # a ratio is no cost that can grow
     modules = {row.name: {"params": row.params, **{m: row.metrics.get(m, 0) for m in costs}}
                for row in result.modules}
-    return Entry(result.model, [dict(i) for i in result.inputs], result.convention, backward, modules, list(spec or []))
+    roofline = {}
+    if result.roofline:
+        roofline = {"device": result.roofline["device"]["name"], **result.roofline["settings"]}
+    return Entry(result.model, [dict(i) for i in result.inputs], result.convention, backward, modules, list(spec or []),
+                 roofline)
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class Change:
         share = f"{100 * self.relative:+.1f}%" if self.before else "new"
         return (f"{where}: {self.metric} {format_metric(self.metric, self.before)} -> "
                 f"{format_metric(self.metric, self.after)} "
-                f"({self.after - self.before:+,.0f}, {share})")
+                f"({format_change(self.metric, self.after - self.before)}, {share})")
 
 
 @dataclass
@@ -126,6 +133,8 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
     pairs: list[tuple[str, Any, Any]] = [("inputs", baseline.inputs, current.inputs),
                                          ("convention", baseline.convention, current.convention),
                                          ("backward pass", baseline.backward, current.backward)]
+    if baseline.roofline:  # a baseline without a device has no time to compare: a run with one is checked too
+        pairs.append(("device", _device(baseline.roofline), _device(current.roofline)))
     for what, before, after in pairs:
         if before != after:
             raise BaselineMismatch(f"{name}: the baseline was recorded with {what} {_show(before)}, this run has "
@@ -151,6 +160,16 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
     added = [m for m in current.modules if m not in baseline.modules]
     removed = [m for m in baseline.modules if m not in current.modules]
     return Comparison(name, tolerance, grew, shrank, added, removed)
+
+
+def _device(roofline: dict[str, Any]) -> str:
+    """``"h100 (efficiency 0.7, launch_overhead 4e-06)"``: the device and the settings that are not the default;
+    ``"none"`` without a device."""
+    if not roofline:
+        return "none"
+    defaults = {"efficiency": 1.0, "launch_overhead": 0.0, "tf32": False}
+    options = [f"{key} {value}" for key, value in roofline.items() if key in defaults and value != defaults[key]]
+    return str(roofline.get("device")) + (f" ({', '.join(options)})" if options else "")
 
 
 def _show(value: Any) -> str:
@@ -180,6 +199,7 @@ def _parse_entry(data: Any, what: str) -> Entry:
         if not _is_input(item):
             raise GuardFileError(f"{what}: inputs[{i}] is not {{\"shape\": [sizes], \"dtype\": name}}: "
                                  f"{_kind(item)}")
+    roofline = _field(data, "roofline", dict, what) if "roofline" in data else {}
     spec = _field(data, "spec", list, what) if "spec" in data else []
     if not all(isinstance(token, str) for token in spec):
         raise GuardFileError(f"{what}: spec must be a list of command-line arguments (strings)")
@@ -194,7 +214,7 @@ def _parse_entry(data: Any, what: str) -> Entry:
         except (TypeError, ValueError) as exc:
             raise GuardFileError(str(exc)) from None
     return Entry(_field(data, "model", str, what), inputs, _field(data, "convention", str, what),
-                 _field(data, "backward", bool, what), modules, spec)
+                 _field(data, "backward", bool, what), modules, spec, roofline)
 
 
 def _check_costs(module: str, metrics: dict[str, Any], what: str) -> None:
@@ -262,7 +282,7 @@ class BaselineFile:
     def save(self, path: str | os.PathLike[str]) -> None:
         data = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "modelmeter": _version.__version__,
                 "torch": torch.__version__.split("+")[0],
-                "models": {name: asdict(entry) for name, entry in sorted(self.entries.items())}}
+                "models": {name: _entry_data(entry) for name, entry in sorted(self.entries.items())}}
         target = os.path.abspath(path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         text = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
@@ -276,6 +296,14 @@ class BaselineFile:
             raise BaselineMismatch(f"the baseline{where} has no entry {name!r} (entries: {known}); add it with "
                                    "--save-baseline")
         return self.entries[name]
+
+
+def _entry_data(entry: Entry) -> dict[str, Any]:
+    """An entry as JSON data; ``roofline`` only when it has a device (files without one stay as they were)."""
+    data = asdict(entry)
+    if not entry.roofline:
+        del data["roofline"]
+    return data
 
 
 def record(baseline: str | os.PathLike[str], name: str, entry: Entry) -> None:

@@ -111,8 +111,8 @@ def _budgeted_values(result: Result, budget: Budget) -> dict[str, float]:
 
 def _hint(unknown: list[str]) -> str:
     """What would add the ``unknown`` metrics: a backward pass, the memory analysis."""
-    if any(m.endswith("_flops") for m in unknown):
-        return " (phase metrics need --backward)"
+    if any(m.startswith(("forward_", "backward_", "recompute_")) for m in unknown):
+        return " (phase metrics need --backward: a backward pass)"
     if any(m in ROOFLINE_METRICS for m in unknown):
         return " (the time and bytes on a device need --device NAME; analyze(..., device='h100'))"
     if any(m in MEMORY_METRICS for m in unknown):

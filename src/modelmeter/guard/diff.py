@@ -6,9 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..reports.format import aligned_table, format_time
+from ..reports.format import aligned_table
 from ..reports.fvcore_tables import format_size
-from ..reports.result import RATIO_METRICS, TIME_METRICS
+from ..reports.render import format_change, format_metric
+from ..reports.result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
@@ -41,6 +42,22 @@ def load_costs(path: str | os.PathLike[str]) -> Costs:
         return _result_costs(data["modules"], repr(os.fspath(path)))
     raise GuardFileError(f"{os.fspath(path)!r} is neither a modelmeter result (--format json), a saved "
                          f"trace (--save-trace) nor a baseline")
+
+
+def device_of(path: str | os.PathLike[str]) -> str | None:
+    """The device a saved analysis predicted its time on (a result's or saved trace's ``roofline``, a baseline's
+    entries' when they share one); None without one. Read after :func:`load_costs` has checked the file."""
+    if is_saved_trace(path):
+        summary: Any = read_saved_trace(path).result.roofline
+    else:
+        data = read_json(path)
+        if isinstance(data, dict) and data.get("format") == BASELINE_FORMAT:
+            devices = {entry.roofline.get("device") for entry in BaselineFile.from_data(data, path).entries.values()}
+            return devices.pop() if len(devices) == 1 else None
+        summary = data.get("roofline") if isinstance(data, dict) else None
+    device = summary.get("device") if isinstance(summary, dict) else None
+    name = device.get("name") if isinstance(device, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _result_costs(rows: Any, where: str) -> Costs:
@@ -76,11 +93,12 @@ class Difference:
 
     def row(self) -> list[str]:
         share = f"{100 * self.change / self.before:+.1f}%" if self.before else "new"
-        if self.metric in TIME_METRICS:  # seconds: fractions that a count's format would round to 0
-            before, after, change = format_time(self.before), format_time(self.after), f"{self.change:+.3g}s"
+        # seconds and bytes moved in their units (a count's format would round a time to 0), counts as fvcore
+        if self.metric in TIME_METRICS | TRAFFIC_METRICS:
+            before, after = format_metric(self.metric, self.before), format_metric(self.metric, self.after)
         else:
-            before, after, change = format_size(self.before), format_size(self.after), f"{self.change:+,.0f}"
-        return [self.module or "model", self.metric, before, after, change, share]
+            before, after = format_size(self.before), format_size(self.after)
+        return [self.module or "model", self.metric, before, after, format_change(self.metric, self.change), share]
 
 
 def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[Difference]:

@@ -8,6 +8,8 @@ again for an entry is confined to what the command line would accept from FILE's
 * a built-in (zoo) model; ``torchvision:`` / ``timm:`` / ``transformers:`` models, which the loaders restrict
   to the libraries' registered builders and config classes — without options that load weights, checkpoints
   or code (:data:`LOADING_OPTIONS`);
+* a device by name, with the roofline's options; a devices file (``--devices-file``, or a file given to
+  ``--device``) only inside the *project directory*, as below;
 * ``path/file.py:factory`` and ``package.module:factory`` only when the file, or the module's top-level
   package as the import would find it, lies in the *project directory*: the directory of the baseline file
   and everything below it (after symbolic links are resolved). Paths are relative to the working directory,
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import itertools
 import os
 import re
 from pathlib import Path
@@ -27,9 +30,10 @@ from typing import Any, NoReturn
 from ..cli.models import ModelSpecError, on_path, parse_overrides
 
 # What ``modelmeter.cli.job.job_argv`` writes into an entry: flags, and options followed by one value.
-SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach"})
+SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach", "--tf32"})
 SPEC_OPTIONS = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention",
-                          "--execution", "--attention-kernel", "--optimizer", "--state-dtype"})
+                          "--execution", "--attention-kernel", "--optimizer", "--state-dtype", "--device",
+                          "--devices-file", "--efficiency", "--launch-overhead", "--measured-time"})
 MAX_TOKENS = 256
 MAX_TOKEN_CHARS = 1000
 
@@ -62,6 +66,7 @@ def check_spec(tokens: list[str], name: str, baseline: str | os.PathLike[str],
     try:
         parse_overrides(overrides)
         check_model(model, overrides, project_of(baseline))
+        _check_devices_files(tokens, project_of(baseline))
     except ModelSpecError as exc:
         raise ModelSpecError(f"{what}: {exc}") from None
     return _parse(parser, tokens, what)
@@ -137,12 +142,21 @@ def _check_library_options(source: str, options: dict[str, Any]) -> None:
                                  "weights, checkpoints or code")
 
 
-def _check_file(target: str, project: Path) -> None:
+def _check_devices_files(tokens: list[str], project: Path) -> None:
+    """A ``--devices-file`` of the entry (or a device file given to ``--device``) is a JSON or TOML file inside
+    the project, as a model file is."""
+    for option, value in itertools.pairwise(tokens):
+        if option == "--devices-file" or (option == "--device" and value.lower().endswith((".json", ".toml"))):
+            _check_file(value, project, (".json", ".toml"), "a devices file (.json or .toml)")
+
+
+def _check_file(target: str, project: Path, suffixes: tuple[str, ...] = (".py",),
+                kind: str = "a Python file (.py)") -> None:
     if target.startswith("~") or os.path.isabs(target):
         raise ModelSpecError(f"{target} is an absolute path: a baseline names files relative to the working "
                              f"directory, inside its project directory {project}")
-    if not target.endswith(".py"):
-        raise ModelSpecError(f"{target} is not a Python file (.py)")
+    if not target.endswith(suffixes):
+        raise ModelSpecError(f"{target} is not {kind}")
     path = Path(os.getcwd(), target).resolve()
     if not path.is_relative_to(project):
         raise ModelSpecError(f"{target} is outside the baseline's project directory {project}")

@@ -16,7 +16,7 @@ from functools import cache
 from numbers import Real
 from typing import Any
 
-from ..devices import Device
+from ..devices import Device, DeviceError
 from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles import attention, products
@@ -138,7 +138,9 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
         for unit in units:
             _time(unit, settings)
         moved, flops, time, bound = _statistics(trace, units)
-        return Roofline(moved, flops, time, bound, _summary(trace, settings, units))
+        summary = _summary(trace, settings, units)
+        _check_finite(summary, settings)
+        return Roofline(moved, flops, time, bound, summary)
 
 
 @cache
@@ -271,6 +273,16 @@ def _optimizer_units(trace: Trace, spec: OptimizerSpec) -> list[_Unit]:
         for unit in units.values():
             unit.kernels = kernels_per_parameter
     return list(units.values())
+
+
+def _check_finite(summary: dict[str, Any], settings: RooflineSettings) -> None:
+    """A DeviceError when a number of the summary overflows (a device's rates, bandwidth or the efficiency so
+    extreme that a division gives inf): a report never shows an infinite time or rate, nor a NaN share."""
+    numbers = [*summary["time"].values(), *summary["device"].values(), summary["throughput"],
+               summary["predicted_mfu"], summary["mfu"], summary["hfu"]]
+    if not all(math.isfinite(n) for n in numbers if isinstance(n, float)):
+        raise DeviceError(f"the predicted time on device {settings.device.name!r} overflows: its rates and "
+                          f"bandwidth, or the efficiency ({settings.efficiency!r}), are too extreme to divide by")
 
 
 # --- statistics by module ------------------------------------------------------------------------------------

@@ -29,9 +29,12 @@ _DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns":
 
 def format_time(seconds: float) -> str:
     """Seconds with three significant figures in the largest unit that keeps them at least 1:
-    ``0.00123 -> "1.23ms"``, ``4.5e-8 -> "45ns"``, ``0 -> "0s"``."""
+    ``0.00123 -> "1.23ms"``, ``4.5e-8 -> "45ns"``, ``0 -> "0s"``; below a picosecond or from a million seconds on,
+    in seconds with an exponent (``"1.2e-15s"``)."""
     if seconds == 0:
         return "0s"
+    if not 1e-12 <= abs(seconds) < 1e6:  # beyond any unit: a device file's extreme numbers, never 300 digits
+        return f"{seconds:.3g}s"
     if abs(seconds) >= 999.5:
         return f"{seconds:.0f}s"
     for suffix, scale in _TIME_UNITS:
@@ -39,6 +42,15 @@ def format_time(seconds: float) -> str:
         if abs(float(shown)) >= 1 or suffix == "ns":  # rounded first: 999.9µs is 1ms, not 1e+03µs
             return f"{shown}{suffix}"
     raise AssertionError("unreachable")
+
+
+def format_rate(per_second: float) -> str:
+    """A rate (items per second) with three significant figures and a decimal suffix: ``14100 -> "14.1K"``,
+    ``9.21e7 -> "92.1M"``; from 1e15 on, with an exponent."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if scale * 0.9995 <= abs(per_second) < 1e15:  # rounded first: 999,999 is 1M, not 1e+03K
+            return f"{per_second / scale:.3g}{suffix}"
+    return f"{per_second:.3g}"
 
 
 def parse_duration(text: str) -> float:

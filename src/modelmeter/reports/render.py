@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
-from .format import aligned_table, format_bytes, format_time
+from .format import aligned_table, format_bytes, format_rate, format_time
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
-from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
+from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
 
 __all__ = ["FORMATS", "format_bytes", "format_size", "render"]
 
@@ -50,12 +50,26 @@ def format_metric(metric: str, value: float) -> str:
     return format_size(value)
 
 
+def format_change(metric: str, delta: float) -> str:
+    """A signed change of a metric: seconds and bytes in their units (``+14.7ns``, ``-1.5KiB``), counts as whole
+    numbers with separators (``+22,208,512``)."""
+    sign = "-" if delta < 0 else "+"
+    if metric in TIME_METRICS:
+        return sign + format_time(abs(delta))
+    if metric in TRAFFIC_METRICS:
+        return sign + format_bytes(abs(delta))
+    return f"{delta:+,.0f}"
+
+
 def format_bound(share: float) -> str:
     """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it."""
     if share >= 0.5:
         return f"compute {100 * share:.0f}%"
     return f"memory {100 * (1 - share):.0f}%"
 
+
+INTENSITY_NOTE = ("flops/byte and the time count real FLOPs (a multiply-add is 2, element-wise work included), "
+                  "whatever the convention of the #flops column")
 
 # The column a metric of no share (a ratio) is shown under.
 _HEADERS = {"intensity": "flops/byte", "compute_bound": "bound"}
@@ -100,12 +114,17 @@ def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Ali
                 continue
             value = row.metrics.get(metric, 0)
             if ratio:
-                line.append(format_metric(metric, value) if row.metrics.get("time") else "-")
+                line.append(_ratio_cell(row, metric))
                 continue
             share = value / totals[metric] if totals[metric] else 0.0
             line += [format_metric(metric, value), f"{100 * share:.1f}%"]
         cells.append(line)
     return headers, aligns, cells
+
+
+def _ratio_cell(row: ModuleRow, metric: str) -> str:
+    """A module's intensity or bound; "-" for a module that takes no time (it has neither)."""
+    return format_metric(metric, row.metrics.get(metric, 0)) if row.metrics.get("time") else "-"
 
 
 def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -> list[str]:
@@ -122,6 +141,13 @@ def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -
         lines.append(memory_note(result.memory))
     if result.roofline:
         lines.append(roofline_note(result.roofline))
+        if result.convention != "flops":  # a ReLU of 0 fvcore flops has 0.125 flops/byte: say which flops
+            lines.append(INTENSITY_NOTE)
+        if result.memory and result.memory["peak"] > result.roofline["device"]["memory"]:
+            device = result.roofline["device"]
+            lines.append(f"Warning: the predicted peak memory, {format_bytes(result.memory['peak'])}, is over the "
+                         f"memory of {device['label']} ({device['memory'] / 1e9:.3g} GB = "
+                         f"{format_bytes(device['memory'])}): the run does not fit on one such device as it is")
     lines += [f"Assumption: {text}" for text in result.assumptions]
     return lines
 
@@ -144,21 +170,33 @@ def memory_step(memory: Mapping[str, Any]) -> str:
 
 
 def roofline_note(summary: dict[str, Any]) -> str:
-    """One line on the predicted time: where, how long per phase, the throughput, the bound and the MFU."""
+    """One line on the predicted time: where, how long per phase, the throughput, the bound, the MFU, and the
+    measured MFU and HFU (flagged when over 100%: the measurement beat the device's peak)."""
     device = summary["device"]
     times = summary["time"]
-    phases = ", ".join(f"{phase} {format_time(seconds)}" for phase, seconds in times.items() if phase != "total")
-    if len(times) > 2:
-        phases += f", total {format_time(times['total'])}"
-    items = summary.get("items") or {}
-    rate = f"; {summary['throughput']:,.3g} {items.get('unit', 'samples')}/s" if summary.get("throughput") else ""
-    line = (f"Predicted time on {device['label']} ({summary['dtype']}, roofline): {phases}{rate}; "
-            f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound; "
-            f"predicted MFU {100 * summary['predicted_mfu']:.1f}%")
+    phases = [f"{phase} {format_time(seconds)}" for phase, seconds in times.items() if phase != "total"]
+    if len(phases) != 1:  # several phases, or none at all (a model that computes and moves nothing)
+        phases.append(f"total {format_time(times['total'])}")
+    parts = [f"Predicted time on {device['label']} ({summary['dtype']}, roofline): {', '.join(phases)}"]
+    if summary.get("throughput"):
+        unit = (summary.get("items") or {}).get("unit", "samples")
+        parts.append(f"{format_rate(summary['throughput'])} {unit}/s")
+    parts.append(f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound")
+    if summary.get("predicted_mfu") is not None:
+        parts.append(f"predicted MFU {100 * summary['predicted_mfu']:.1f}%")
     if summary.get("measured_time") is not None:
-        line += (f"; measured {format_time(summary['measured_time'])}: MFU {100 * summary['mfu']:.1f}%, "
-                 f"HFU {100 * summary['hfu']:.1f}%")
-    return line
+        parts.append(_measured(summary))
+    return "; ".join(parts)
+
+
+def _measured(summary: dict[str, Any]) -> str:
+    """The measured time's MFU and HFU, with a warning when either is over 100% (no kernel beats the peak)."""
+    text = (f"measured {format_time(summary['measured_time'])}: MFU {100 * summary['mfu']:.1f}%, "
+            f"HFU {100 * summary['hfu']:.1f}%")
+    if max(summary["mfu"], summary["hfu"]) > 1:
+        text += (" (over 100%: the measured step ran faster than the device's peak allows; check the measured "
+                 "time, the device and the dtype)")
+    return text
 
 
 def _table(result: Result, depth: int) -> str:
@@ -217,7 +255,12 @@ def _tree(result: Result, depth: int) -> str:
         if row.params or any(values) or not row.called:
             stats = [f"#params: {format_size(row.params)}"]
             for metric, value in zip(columns, values, strict=True):
-                stats.append(f"#{metric}: {format_metric(metric, value) if row.called else 'N/A'}")
+                if not row.called:
+                    stats.append(f"{_HEADERS.get(metric, '#' + metric)}: N/A")
+                elif metric in RATIO_METRICS:  # named as the table's column, without a count's "#"
+                    stats.append(f"{_HEADERS[metric]}: {_ratio_cell(row, metric)}")
+                else:
+                    stats.append(f"#{metric}: {format_metric(metric, value)}")
             lines.append(", ".join(stats))
         children = [(child.name.rsplit(".", 1)[-1], block(child)) for child in kids.get(row.name, [])]
         return annotated_repr(row.type, lines, children)
