@@ -157,18 +157,20 @@ def report_width(output: str | None) -> int:
 
 def render_report(result: Result, args: argparse.Namespace, header: str) -> str:
     """The report of ``result`` as the options ask (``--format``, ``--depth``, ``--columns``/``--wide``,
-    ``--shapes``), fitted to :func:`report_width` unless the columns are chosen, a table or tree under ``header``
-    (wrapped to the width); a usage error for a column the result has not."""
+    ``--shapes``), fitted to :func:`report_width` (chosen columns are all shown, only the notes are wrapped; every
+    column, ``--wide``, is not fitted at all), a table or tree under ``header`` (wrapped to the width); a usage
+    error for a column the result has not."""
     from ..reports.render import render
 
-    width = None if args.columns else report_width(args.output)
+    width = None if args.columns == ("all",) else report_width(args.output)
     try:
         text = render(result, args.format, args.depth, width=width, columns=args.columns, shapes=args.shapes)
     except ValueError as exc:
         raise ModelSpecError(f"--columns: {exc}") from None
     if args.format not in ("table", "tree"):
         return text
-    lines = textwrap.wrap(header, width, subsequent_indent="  ") if width is not None else [header]
+    lines = [header] if width is None else textwrap.wrap(header, width, subsequent_indent="  ",
+                                                         break_long_words=False, break_on_hyphens=False)
     return "\n".join([*lines, text])
 
 

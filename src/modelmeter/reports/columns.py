@@ -23,7 +23,7 @@ _RATIO_HEADERS = {"intensity": "flops/byte", "compute_bound": "bound"}
 # Words a header is shortened by when the table does not fit (``%forward_flops`` -> ``%fwd_flops``).
 _SHORT_WORDS = (("activation_bytes", "act_bytes"), ("activations", "acts"), ("forward_", "fwd_"),
                 ("backward_", "bwd_"), ("recompute_", "rcp_"), ("saved_bytes", "saved"), ("peak_memory", "peak"),
-                ("flops/byte", "fl/B"), ("#params", "params"), ("shapes", "output"))
+                ("flops/byte", "fl/B"), ("#params", "params"), ("output shapes", "output"))
 
 
 def format_metric(metric: str, value: float) -> str:

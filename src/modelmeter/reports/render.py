@@ -216,7 +216,7 @@ def _tree(result: Result, layout: _Layout) -> str:
 
 def _wrap(note: str, width: int) -> list[str]:
     """A note's lines, at most ``width`` wide where its words allow, the later ones indented."""
-    return textwrap.wrap(note, width, subsequent_indent="  ", break_on_hyphens=False)
+    return textwrap.wrap(note, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
 
 
 def _widest(text: str) -> int:
