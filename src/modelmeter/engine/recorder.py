@@ -523,11 +523,20 @@ _SHAPES_SHOWN = 4
 
 def output_shapes(tensors: list[torch.Tensor]) -> str:
     """``"1x64x56x56"``, ``"2x5x8, 1x2x8"`` for several tensors (in the output's order), ``"scalar"`` for a 0-d
-    one; ``""`` for none."""
-    shapes = ["x".join(map(str, t.shape)) if t.dim() else "scalar" for t in tensors[:_SHAPES_SHOWN]]
-    if len(tensors) > _SHAPES_SHOWN:
-        shapes.append(f"+{len(tensors) - _SHAPES_SHOWN} more")
-    return ", ".join(shapes)
+    one; ``""`` for none. Made once per distinct list of shapes: it runs at the end of every module call."""
+    key = (tuple(tuple(t.shape) for t in tensors[:_SHAPES_SHOWN]), len(tensors))
+    text = _SHAPE_TEXTS.get(key)
+    if text is None:
+        shapes = ["x".join(map(str, shape)) if shape else "scalar" for shape in key[0]]
+        if len(tensors) > _SHAPES_SHOWN:
+            shapes.append(f"+{len(tensors) - _SHAPES_SHOWN} more")
+        if len(_SHAPE_TEXTS) > 4096:  # bounded, whatever the run
+            _SHAPE_TEXTS.clear()
+        text = _SHAPE_TEXTS[key] = ", ".join(shapes)
+    return text
+
+
+_SHAPE_TEXTS: dict[tuple[tuple[tuple[int, ...], ...], int], str] = {}
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

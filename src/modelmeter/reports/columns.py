@@ -179,12 +179,14 @@ def _time_unit(largest: float) -> Unit:
 
 def _numbers(key: str, header: str, values: list[float], unit_of: Callable[[float], Unit],
              called: list[bool]) -> Column:
-    """Values in the one unit of the column's largest, with decimals enough for four significant figures of it:
-    a value too small to show is ``<0.01G``, a zero is ``0``, a module never called ``N/A``."""
+    """Values in the one unit of the column's largest, trailing zeros stripped: a count with three decimals, as
+    ``format_size`` prints it (the model's row reads as fvcore's), bytes and times with the decimals that give the
+    largest four significant figures. A value too small to show is ``<0.01G``, a zero ``0``, a module never
+    called ``N/A``."""
     largest = max((abs(v) for v, c in zip(values, called, strict=True) if c), default=0.0)
     scale, suffix = unit_of(largest)
     whole = len(str(int(largest / scale))) if largest else 1
-    decimals = max(0, 4 - whole)
+    decimals = 3 if unit_of is _count_unit else max(0, 4 - whole)
     cells = []
     for value, ran in zip(values, called, strict=True):
         if not ran:
