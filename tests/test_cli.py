@@ -104,7 +104,8 @@ def test_list_shows_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_backward_and_convention(capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = run(capsys, "resnet18", "--resolution", "64", "--backward", "--convention", "macs", "--depth", "1")
+    out, _ = run(capsys, "resnet18", "--resolution", "64", "--backward", "--convention", "macs", "--depth", "1",
+                 "--wide")  # every column, under its full header
     assert out.startswith("resnet18 on input 1x3x64x64 float32 (fake run, forward + backward, macs convention")
     assert "#forward_flops" in out and "#backward_flops" in out and "Convention: macs (" in out
     data = run_json(capsys, "resnet18", "--resolution", "64", "--backward", "--convention", "macs")
@@ -341,7 +342,7 @@ def library_memory(spec: str, batch: int | None = None, **options: Any) -> Any:
 def test_memory_and_optimizer_options(capsys: pytest.CaptureFixture[str]) -> None:
     from modelmeter.reports.render import format_bytes
 
-    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--memory", "--depth", "0")
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--memory", "--depth", "0", "--wide")
     inference = library_memory("gpt2_tiny").peak()
     header = out.splitlines()[0]
     assert header.startswith("gpt2_tiny on input 1x16 int64 (fake run, forward, fvcore convention, ")

@@ -121,17 +121,14 @@ def _column(result: Result, rows: list[ModuleRow], key: str) -> Column:
         return _right(key, key, [cell if row.called else "N/A" for cell, row in zip(shares, rows, strict=True)])
     if key in RATIO_METRICS:
         return _right(key, _RATIO_HEADERS[key], [_ratio_cell(key, row) for row in rows])
-    unit = _byte_unit if key in BYTE_METRICS else _time_unit if key in TIME_METRICS else _count_unit
-    return _numbers(key, f"#{key}", [row.metrics.get(key, 0) for row in rows], unit, called)
+    return _numbers(key, f"#{key}", [row.metrics.get(key, 0) for row in rows], _unit_of(key), called)
 
 
 def shapes_cell(row: ModuleRow) -> str:
-    """A module's output shapes: the one shape of all its calls (``"1x64x56x56"``), each distinct one with its
-    calls (``"2x5x8 (3 calls); 1x5x8"``), ``"-"`` for none."""
+    """A module's output shapes: each distinct one, with its number of calls when more than one
+    (``"1x64x56x56"``, ``"2x5x8 (3 calls); 1x5x8"``), ``"-"`` for none."""
     if not row.output_shapes:
         return "-"
-    if len(row.output_shapes) == 1:
-        return next(iter(row.output_shapes))
     return "; ".join(shape if calls == 1 else f"{shape} ({calls} calls)" for shape, calls in row.output_shapes.items())
 
 
@@ -162,6 +159,15 @@ _COUNT_UNITS: tuple[tuple[float, float, str], ...] = (
     (1e14, 1e15, "P"), (1e11, 1e12, "T"), (1e8, 1e9, "G"), (1e5, 1e6, "M"), (1e2, 1e3, "K"))
 _BYTE_UNITS: tuple[Unit, ...] = ((2.0 ** 40, "TiB"), (2.0 ** 30, "GiB"), (2.0 ** 20, "MiB"), (2.0 ** 10, "KiB"))
 _TIME_UNITS: tuple[Unit, ...] = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+
+
+def _unit_of(metric: str) -> Callable[[float], Unit]:
+    """How a metric's column picks its unit from its largest value."""
+    if metric in BYTE_METRICS:
+        return _byte_unit
+    if metric in TIME_METRICS:
+        return _time_unit
+    return _count_unit
 
 
 def _count_unit(largest: float) -> Unit:
