@@ -57,7 +57,7 @@ def json_totals(data: dict[str, Any]) -> tuple[int, int]:
 # --- the default run and the formats ---------------------------------------------------------------
 def test_default_run_is_resnet50_with_fvcore_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     out, _ = run(capsys)
-    assert out.startswith("resnet50 on input 1x3x224x224 (fake run")
+    assert out.startswith("resnet50 on input 1x3x224x224 float32 (fake run")
     model_row = next(line for line in out.splitlines() if line.startswith("model "))
     assert model_row.split()[1:5] == ["ResNet", "25.557M", "4.112G", "100.0%"]
     assert "11.115M" in model_row
@@ -82,7 +82,7 @@ def test_every_format(capsys: pytest.CaptureFixture[str], fmt: str) -> None:
     elif fmt == "tree":
         assert out.startswith("resnet18 on input 1x3x64x64") and "\nResNet(\n" in out and "(layer1): " in out
     else:
-        assert out.startswith("resnet18 on input 1x3x64x64 (fake run")
+        assert out.startswith("resnet18 on input 1x3x64x64 float32 (fake run")
         assert "  layer1 " in out and "layer1.0" not in out
 
 
@@ -105,8 +105,9 @@ def test_list_shows_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_backward_and_convention(capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = run(capsys, "resnet18", "--resolution", "64", "--backward", "--convention", "macs", "--depth", "1")
-    assert out.startswith("resnet18 on input 1x3x64x64 (fake run, forward + backward, macs convention")
+    out, _ = run(capsys, "resnet18", "--resolution", "64", "--backward", "--convention", "macs", "--depth", "1",
+                 "--wide")  # every column, under its full header
+    assert out.startswith("resnet18 on input 1x3x64x64 float32 (fake run, forward + backward, macs convention")
     assert "#forward_flops" in out and "#backward_flops" in out and "Convention: macs (" in out
     data = run_json(capsys, "resnet18", "--resolution", "64", "--backward", "--convention", "macs")
     model = get_model("resnet18", device="cpu")
@@ -311,7 +312,7 @@ def test_sweep_rejects_an_axis_the_model_lacks(capsys: pytest.CaptureFixture[str
 def test_python_dash_m_entry_point() -> None:
     done = subprocess.run([sys.executable, "-m", "modelmeter", "gpt2_tiny", "--depth", "0"],
                           capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.startswith("gpt2_tiny on input 1x64 (fake run")
+    assert done.stdout.startswith("gpt2_tiny on input 1x64 int64 (fake run")
     assert "model " in done.stdout
 
 
@@ -342,10 +343,10 @@ def library_memory(spec: str, batch: int | None = None, **options: Any) -> Any:
 def test_memory_and_optimizer_options(capsys: pytest.CaptureFixture[str]) -> None:
     from modelmeter.reports.render import format_bytes
 
-    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--memory", "--depth", "0")
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--memory", "--depth", "0", "--wide")
     inference = library_memory("gpt2_tiny").peak()
     header = out.splitlines()[0]
-    assert header.startswith("gpt2_tiny on input 1x16 (fake run, forward, fvcore convention, ")
+    assert header.startswith("gpt2_tiny on input 1x16 int64 (fake run, forward, fvcore convention, ")
     assert header.endswith(f" s, peak memory {format_bytes(inference)})")
     assert "#activation_bytes" in out and "#peak_memory" in out and "#saved_bytes" not in out
     assert "Peak memory (inference): " in out

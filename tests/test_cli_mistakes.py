@@ -392,7 +392,7 @@ def test_the_entry_point_runs_the_command(capsys: pytest.CaptureFixture[str]) ->
     import modelmeter_cli
 
     assert modelmeter_cli.main(["gpt2_tiny", "--seq-len", "8", "--depth", "0"]) == 0
-    assert capsys.readouterr().out.startswith("gpt2_tiny on input 1x8 (fake run")
+    assert capsys.readouterr().out.startswith("gpt2_tiny on input 1x8 int64 (fake run")
 
 
 # --- huge sizes that are valid are counted, not hung on ------------------------------------------------------

@@ -189,7 +189,7 @@ def test_a_baseline_keeps_costs_not_ratios() -> None:
 
 # --- the command ----------------------------------------------------------------------------------------------
 def test_the_command_adds_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
-    out, _ = run(capsys, "resnet18", "--device", "h100", "--no-cache", "--depth", "1")
+    out, _ = run(capsys, "resnet18", "--device", "h100", "--no-cache", "--depth", "1", "--wide")  # full headers
     header = out.splitlines()[1]
     for column in ("#bytes", "#time", "flops/byte", "bound"):
         assert column in header

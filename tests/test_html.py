@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import modelmeter
+from modelmeter.reports.columns import shapes_cell
 from modelmeter.reports.html import html_data, module_deltas, render_html, roofline_chart, write_html
 from modelmeter.reports.result import ModuleRow, Result
 
@@ -275,6 +276,22 @@ def test_tables_sort(opened: Opened, resnet: Result) -> None:
     opened.page.click("#operators th >> nth=1")  # costliest first already; now ascending
     assert [int(v.replace(",", "")) for v in _column(opened, "operators", 1)] == sorted(
         by_op["flops"].get(op, 0) for op in ops)
+
+
+@needs_browser
+def test_output_shapes_column(opened: Opened, resnet: Result) -> None:
+    last = 3 + len(resnet.metrics)  # module, type, params, the metrics, then the output shapes
+    assert opened.page.locator(f"#modules th >> nth={last}").inner_text().startswith("output shapes")
+    shapes = _column(opened, "modules", last)
+    assert shapes == [shapes_cell(row) for row in resnet.modules]
+    assert shapes[:2] == ["1x1000", "1x64x32x32"]  # the model, conv1: by hand, 64 channels at stride 2
+
+
+def test_output_shapes_data() -> None:
+    assert "shapes" not in html_data(_before())  # a result without output shapes: the page as it was
+    result = _before()
+    result.modules[1].output_shapes = {"2x5": 1, "1x5": 2}
+    assert html_data(result)["shapes"] == ["-", "2x5; 1x5 (2 calls)", "-"]
 
 
 @needs_browser

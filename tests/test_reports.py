@@ -465,8 +465,8 @@ def test_render_table_golden() -> None:
         "module  type       #params  #flops  %flops  #activations  %activations\n"
         "------  ---------  -------  ------  ------  ------------  ------------\n"
         "model   TestModel   10.05K     13K  100.0%         1.01K        100.0%\n"
-        "  fc    Linear      10.01K     10K   76.9%            10          1.0%\n"
-        "  conv  Conv2d          40      3K   23.1%            1K         99.0%\n"
+        "  fc    Linear      10.01K     10K   76.9%         0.01K          1.0%\n"
+        "  conv  Conv2d       0.04K      3K   23.1%            1K         99.0%\n"
         "  act   ReLU             0       0    0.0%             0          0.0%"
     )
 
@@ -476,8 +476,8 @@ def test_render_markdown_golden() -> None:
         "| module   | type      |   #params |   #flops |   %flops |   #activations |   %activations |\n"
         "|:---------|:----------|----------:|---------:|---------:|---------------:|---------------:|\n"
         "| model    | TestModel |    10.05K |      13K |   100.0% |          1.01K |         100.0% |\n"
-        "|   fc     | Linear    |    10.01K |      10K |    76.9% |             10 |           1.0% |\n"
-        "|   conv   | Conv2d    |        40 |       3K |    23.1% |             1K |          99.0% |\n"
+        "|   fc     | Linear    |    10.01K |      10K |    76.9% |          0.01K |           1.0% |\n"
+        "|   conv   | Conv2d    |     0.04K |       3K |    23.1% |             1K |          99.0% |\n"
         "|   act    | ReLU      |         0 |        0 |     0.0% |              0 |           0.0% |"
     )
 
@@ -534,7 +534,7 @@ def test_render_json_round_trip() -> None:
     assert data["modules"][1] == {"name": "fc", "type": "Linear", "params": 10010,
                                   "metrics": {"flops": 10000, "activations": 10},
                                   "by_operator": {"flops": {"linear": 10000}, "activations": {"linear": 10}},
-                                  "called": True}
+                                  "called": True, "output_shapes": {"1x10": 1}}
 
 
 def test_shares() -> None:
@@ -567,13 +567,13 @@ def test_render_uncalled_is_na() -> None:
         "module          type     #params  #flops  %flops  #activations  %activations\n"
         "--------------  -------  -------  ------  ------  ------------  ------------\n"
         "model           TestNet    0.33K    0.3K  100.0%            30        100.0%\n"
-        "  a1            A1         0.11K     100   33.3%            10         33.3%\n"
-        "    a1.b1       A1B1       0.11K     100   33.3%            10         33.3%\n"
+        "  a1            A1         0.11K    0.1K   33.3%            10         33.3%\n"
+        "    a1.b1       A1B1       0.11K    0.1K   33.3%            10         33.3%\n"
         "      a1.b1.c1  A1B1C1     0.11K     N/A     N/A           N/A           N/A\n"
         "  a2            A2         0.22K    0.2K   66.7%            20         66.7%\n"
         "    a2.b1       A2B1       0.22K    0.2K   66.7%            20         66.7%\n"
-        "      a2.b1.c1  Linear     0.11K     100   33.3%            10         33.3%\n"
-        "      a2.b1.c2  Linear     0.11K     100   33.3%            10         33.3%\n"
+        "      a2.b1.c1  Linear     0.11K    0.1K   33.3%            10         33.3%\n"
+        "      a2.b1.c2  Linear     0.11K    0.1K   33.3%            10         33.3%\n"
         "\n" + note
     )
     assert "|       a1.b1.c1 | A1B1C1  |     0.11K |      N/A |      N/A |            N/A |            N/A |" in (

@@ -303,7 +303,7 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
             values[metric], by_operator[metric] = _ratio(numerator.counts.get(info.name, empty),
                                                          denominator.counts.get(info.name, empty))
         rows.append(ModuleRow(info.name, info.type, params.get(info.name, 0), values, by_operator,
-                              info.name not in first.uncalled))
+                              info.name not in first.uncalled, dict(trace.output_shapes.get(info.name, empty))))
     return Result(
         model=name or trace.model,
         inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],

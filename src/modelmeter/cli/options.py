@@ -166,6 +166,7 @@ def analysis_options() -> argparse.ArgumentParser:
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     out.add_argument("--depth", type=depth, default=2, metavar="N", help="module depth shown (default 2)")
+    layout_options(out)
     out.add_argument("--html", metavar="FILE",
                      help="also write a self-contained interactive HTML report (module chart, tables) to FILE")
     out.add_argument("--compare", metavar="RESULT",
@@ -177,6 +178,26 @@ def analysis_options() -> argparse.ArgumentParser:
     _memory_options(parser)
     time_options(parser)
     return parser
+
+
+def _column_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected column names separated by commas (e.g. flops,time), got {text!r}")
+    return names
+
+
+def layout_options(group: argparse._ArgumentGroup) -> None:
+    """``--wide``, ``--columns`` and ``--shapes``: which columns the table shows (docs/reports.md, "Fitting the
+    width")."""
+    chosen = group.add_mutually_exclusive_group()
+    chosen.add_argument("--wide", action="store_const", const=("all",), dest="columns",
+                        help="show every column, however wide the table (the default fits the terminal's width: "
+                             "COLUMNS, or 120 when the output is not a terminal)")
+    chosen.add_argument("--columns", type=_column_list, metavar="NAME,...",
+                        help="the table's columns, in this order: type, params, a metric (flops, time, ...), "
+                             "%%metric (its share), shapes; or all")
+    group.add_argument("--shapes", action="store_true", help="add each module's output shapes to the table and tree")
 
 
 def _input_options(parser: argparse.ArgumentParser) -> None:

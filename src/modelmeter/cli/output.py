@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -15,6 +17,8 @@ from .errors import ModelSpecError, one_line
 if TYPE_CHECKING:
     from ..reports.result import Result
 
+# The width a table is fitted to when the output is not a terminal (a pipe, a file) and COLUMNS is not set
+DEFAULT_WIDTH = 120
 # Every option of the command that names a file or folder
 PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir",
                 "--save-trace", "--devices-file")
@@ -139,12 +143,43 @@ def write_html_report(path: str, result: Result, other: Result | None, torch_ver
     print(f"modelmeter: wrote {path}", file=sys.stderr)
 
 
+def report_width(output: str | None) -> int:
+    """The width a table or tree is fitted to: COLUMNS when set, else the terminal's when the report goes to one,
+    else :data:`DEFAULT_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if output is not None:
+        return DEFAULT_WIDTH
+    width = shutil.get_terminal_size(fallback=(DEFAULT_WIDTH, 24)).columns
+    return width if width > 0 else DEFAULT_WIDTH
+
+
+def render_report(result: Result, args: argparse.Namespace, header: str) -> str:
+    """The report of ``result`` as the options ask (``--format``, ``--depth``, ``--columns``/``--wide``,
+    ``--shapes``), fitted to :func:`report_width` (chosen columns are all shown, only the notes are wrapped; every
+    column, ``--wide``, is not fitted at all), a table or tree under ``header`` (wrapped to the width); a usage
+    error for a column the result has not."""
+    from ..reports.render import render
+
+    width = None if args.columns == ("all",) else report_width(args.output)
+    try:
+        text = render(result, args.format, args.depth, width=width, columns=args.columns, shapes=args.shapes)
+    except ValueError as exc:
+        raise ModelSpecError(f"--columns: {exc}") from None
+    if args.format not in ("table", "tree"):
+        return text
+    lines = [header] if width is None else textwrap.wrap(header, width, subsequent_indent="  ",
+                                                         break_long_words=False, break_on_hyphens=False)
+    return "\n".join([*lines, text])
+
+
 def header_line(result: Result, *, backward: bool, source: str = "", seconds: float | None = None) -> str:
-    """The line above a table: the model, its inputs, how it ran (``source``: where the run came from, e.g.
-    ``", from the cache"``), what was counted, the seconds it took and the peak memory."""
+    """The line above a table: the model, its inputs (shape and dtype), how it ran (``source``: where the run came
+    from, e.g. ``", from the cache"``), what was counted, the seconds it took and the peak memory."""
     from ..reports.format import format_bytes
 
-    inputs = ", ".join("x".join(map(str, i["shape"])) for i in result.inputs)
+    inputs = ", ".join(f"{'x'.join(map(str, i['shape'])) or 'scalar'} {i['dtype']}" for i in result.inputs)
     passes = "forward + backward" if backward else "forward"
     optimizer = result.memory.get("optimizer") if result.memory else None
     if optimizer:

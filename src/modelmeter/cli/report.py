@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from .errors import ModelSpecError
-from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, subcommand_parser, time_options
-from .output import emit, header_line, read_result, write_html_report
+from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, layout_options, subcommand_parser, time_options
+from .output import emit, header_line, read_result, render_report, write_html_report
 
 SUMMARY = "renders a saved trace (--save-trace FILE) without the model"
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     out.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     out.add_argument("--depth", type=depth, default=2, metavar="N", help="module depth shown (default 2)")
+    layout_options(out)
     out.add_argument("--html", metavar="FILE", help="also write the interactive HTML report to FILE")
     out.add_argument("--compare", metavar="RESULT",
                      help="with --html: show the difference per module to another analysis (a saved trace or a "
@@ -66,12 +67,8 @@ def run(args: argparse.Namespace) -> int:
         except DeviceError as exc:  # the device lacks a rate the trace's work needs, or its numbers overflow
             where = f"--device {args.device}" if args.device else "the trace's device"
             raise ModelSpecError(f"{where}: {exc}") from None
-    from ..reports.render import render
-
-    text = render(result, args.format, args.depth)
-    if args.format in ("table", "tree"):
-        source = f", saved trace {os.path.basename(args.trace)}"
-        text = f"{header_line(result, backward=saved.trace.backward, source=source)}\n{text}"
+    source = f", saved trace {os.path.basename(args.trace)}"
+    text = render_report(result, args, header_line(result, backward=saved.trace.backward, source=source))
     emit(text, args.output)
     if args.html:
         write_html_report(args.html, result, other, saved.trace.versions.get("torch", "unknown"))

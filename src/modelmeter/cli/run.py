@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..reports.render import render
 from ..zoo import ZOO
 from .commands import COMMANDS
 from .errors import ModelSpecError, suggest
 from .fit import run_fit
 from .guard import baseline_entry, check_all, guard
 from .job import Job, analyse, job_from_args
-from .output import emit, header_line, read_result, write_html_report
+from .output import emit, header_line, read_result, render_report, write_html_report
 from .sweep import run_sweep
 
 
@@ -45,10 +44,8 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     # --compare is read before the run: a bad file wastes no time
     other = read_result(args.compare, "--compare") if args.compare else None
     result, _, seconds, cached = analyse(job, save_trace=args.save_trace)
-    text = render(result, args.format, args.depth)
-    if args.format in ("table", "tree"):
-        source = ", from the cache" if cached else ""
-        text = f"{header_line(result, backward=job.backward, source=source, seconds=seconds)}\n{text}"
+    source = ", from the cache" if cached else ""
+    text = render_report(result, args, header_line(result, backward=job.backward, source=source, seconds=seconds))
     emit(text, args.output)
     if args.html:
         write_html_report(args.html, result, other)

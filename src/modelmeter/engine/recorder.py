@@ -154,11 +154,21 @@ class Recorder:
             return
         if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
             self.tag_nodes(output, self._scope, -1)
+        if self.phase == "forward":  # a checkpointed block re-run in the backward pass is no call of the model's
+            self._note_output(name, output)
         # Pop back to this module's entry (robust when an inner call raised).
         while self._stack:
             self._scope = self._outer_scopes.pop()
             if self._stack.pop() == name:
                 break
+
+    def _note_output(self, name: str, output: Any) -> None:
+        """Count the call's output shapes (:func:`output_shapes`) under the module's name; a call that returned
+        no tensor is not noted."""
+        shapes = output_shapes(_tensors(output))
+        if shapes:
+            calls = self.trace.output_shapes.setdefault(name, {})
+            calls[shapes] = calls.get(shapes, 0) + 1
 
     # autograd ----------------------------------------------------------------------------------
     def tag_nodes(self, value: Any, scope: int, origin: int) -> None:
@@ -507,6 +517,28 @@ _OPERATORS: dict[Any, _Operator] = {}
 def _metadata(node: Any) -> dict[str, Any]:
     """An autograd node's metadata: a dict kept by the node itself (its Python wrapper may be made anew)."""
     return node.metadata
+
+
+# The most tensors one module call's output is described by; the rest are counted (``+20 more``).
+_SHAPES_SHOWN = 4
+
+
+def output_shapes(tensors: list[torch.Tensor]) -> str:
+    """``"1x64x56x56"``, ``"2x5x8, 1x2x8"`` for several tensors (in the output's order), ``"scalar"`` for a 0-d
+    one; ``""`` for none. Made once per distinct list of shapes: it runs at the end of every module call."""
+    key = (tuple(tuple(t.shape) for t in tensors[:_SHAPES_SHOWN]), len(tensors))
+    text = _SHAPE_TEXTS.get(key)
+    if text is None:
+        shapes = ["x".join(map(str, shape)) if shape else "scalar" for shape in key[0]]
+        if len(tensors) > _SHAPES_SHOWN:
+            shapes.append(f"+{len(tensors) - _SHAPES_SHOWN} more")
+        if len(_SHAPE_TEXTS) > 4096:  # bounded, whatever the run
+            _SHAPE_TEXTS.clear()
+        text = _SHAPE_TEXTS[key] = ", ".join(shapes)
+    return text
+
+
+_SHAPE_TEXTS: dict[tuple[tuple[tuple[int, ...], ...], int], str] = {}
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

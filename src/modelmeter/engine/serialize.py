@@ -32,8 +32,9 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 3  # 2: the module table, the run's description (model, versions) and the operators' tags;
-#                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads)
+FORMAT_VERSION = 4  # 2: the module table, the run's description (model, versions) and the operators' tags;
+#                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads);
+#                     4: Trace.output_shapes (each module's output shapes, per call)
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -238,6 +239,11 @@ def _check(trace: Trace) -> None:
             or type(trace.model) is not str or type(trace.versions) is not dict:
         raise ValueError("malformed trace fields")
     _check_modules(trace)
+    if type(trace.output_shapes) is not dict or not all(
+            type(name) is str and type(calls) is dict
+            and all(type(shape) is str and type(n) is int and n > 0 for shape, n in calls.items())
+            for name, calls in trace.output_shapes.items()):
+        raise ValueError("malformed output shapes in the trace")
     n_events = len(trace.events)
     if type(trace.storages) is not list or not all(
             type(s) is Storage and type(s.nbytes) is int and s.nbytes >= 0 and s.kind in STORAGE_KINDS

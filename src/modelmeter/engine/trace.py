@@ -208,7 +208,9 @@ class Trace:
     path to a module to its canonical name, ``model`` is the model's class name and ``versions`` the versions
     of the software that recorded it (``{"torch": ...}``). ``op_tags`` is what torch's operator registry says
     about every operator of the run (``"view"``, ``"pointwise"``; see :mod:`modelmeter.engine.op_tags`), so
-    that counting it needs no torch.
+    that counting it needs no torch. ``output_shapes`` maps a module's canonical name to the shapes its forward
+    calls returned (``"1x64x56x56"``, several tensors joined by ``", "``) and how many calls returned each, in
+    the order first seen; calls that returned no tensor are not in it.
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -224,6 +226,7 @@ class Trace:
     model: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     op_tags: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    output_shapes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def module_table(self) -> ModuleTable:
         """The modules by canonical name, with their aliases (made once per trace)."""

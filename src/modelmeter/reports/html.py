@@ -22,6 +22,7 @@ from typing import Any
 from .. import _version
 from ..io.atomic import atomic_write
 from . import html_memory
+from .columns import shapes_cell
 from .fvcore_tables import format_size
 from .render import convention_note, memory_note
 from .result import BYTE_METRICS, NOT_ADDITIVE, RATIO_METRICS, TIME_METRICS, Result
@@ -109,7 +110,8 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     ``[params delta, delta per metric]`` per row. ``byte_metrics`` are shown in binary units, ``chart_metrics``
     (params and the additive metrics) can size the chart, ``operators`` rows hold the ``operator_metrics``;
     ``memory`` is the peak's summary line (or None). ``torch_version``: the torch that recorded the run (a saved
-    trace's), by default this process's. Only a result with roofline metrics has ``units`` (``{metric: "time",
+    trace's), by default this process's. ``shapes`` (only when the result has output shapes) holds each row's
+    output shapes as the table prints them. Only a result with roofline metrics has ``units`` (``{metric: "time",
     "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), and only a result with the memory
     analysis has ``operator_mix`` and, when it holds a timeline, ``memory_timeline``
     (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were.
@@ -158,6 +160,9 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
             "deltas": [[deltas[row[0]][key] for key in keys] for row in rows],
             "status": ["" if row[0] in own and row[0] in theirs else "+" if row[0] in own else "-" for row in rows],
         }
+    shapes = {row.name: shapes_cell(row) for row in result.modules if row.output_shapes}
+    if shapes:
+        data["shapes"] = [shapes.get(row[0], "-") for row in rows]
     return data
 
 
@@ -630,6 +635,7 @@ function table(id, columns, rows) {
 (function modulesTable() {
   const cols = [["module", "text"], ["type", "text"]];
   KEYS.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
+  if (D.shapes) cols.push(["output shapes", "text"]);
   const rows = mods.map(m => {
     const nameCell = el("td", {title: m.name}, label(m));
     nameCell.style.paddingLeft = (8 + 12 * m.depth) + "px";
@@ -640,6 +646,7 @@ function table(id, columns, rows) {
       key.push(v); cells.push(cell(v, "value", k));
       if (C) { key.push(m.d[k]); cells.push(cell(m.d[k], "delta", k)); }
     });
+    if (D.shapes) { key.push(D.shapes[m.i]); cells.push(el("td", {}, D.shapes[m.i])); }
     return {key, cells};
   });
   table("modules", cols, rows);

@@ -4,50 +4,70 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Mapping
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
+from .columns import (
+    PHASE_COLUMNS,
+    RATIO_HEADERS,
+    Column,
+    build_columns,
+    chosen_keys,
+    column_keys,
+    dropped_note,
+    fit,
+    fit_keys,
+    format_bound,
+    format_metric,
+    ratio_cell,
+    shapes_cell,
+)
 from .format import aligned_table, format_bytes, format_rate, format_time
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
-from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
+from .result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
 
-__all__ = ["FORMATS", "format_bytes", "format_size", "render"]
+__all__ = ["FORMATS", "format_bound", "format_bytes", "format_metric", "format_size", "render"]
 
 FORMATS: tuple[str, ...] = ("table", "markdown", "json", "csv", "tree")
 
 
-def render(result: Result, fmt: str = "table", depth: int = 3) -> str:
+def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | None = None,
+           columns: Sequence[str] | None = None, shapes: bool = False) -> str:
     """``result`` as text in format ``fmt`` (one of :data:`FORMATS`), without a trailing newline.
 
     ``depth`` limits the modules shown by ``table``, ``markdown`` and ``tree`` (0: the model only);
-    ``json`` and ``csv`` always hold every module.
+    ``json`` and ``csv`` always hold every module. ``width`` (``table`` and ``tree``): the widest line wanted;
+    headers are shortened, then columns left out by :func:`~.columns.drop_rank` until it fits, and a line under
+    the table names them (``None``: every column). ``columns`` (``table`` and ``markdown``): the column keys to
+    show, in that order (``["all"]``: every one; none left out to fit). ``shapes``: a column of each module's
+    output shapes.
     """
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
         raise ValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
-    return renderer(result, depth)
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ValueError(f"width must be a positive integer or None, got {width!r}")
+    return renderer(result, _Layout(depth, width, tuple(columns) if columns is not None else None, shapes))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a renderer lays the result out: the depth shown, the width to fit, the columns chosen."""
+
+    depth: int
+    width: int | None = None
+    columns: tuple[str, ...] | None = None
+    shapes: bool = False
 
 
 def convention_note(name: str) -> str:
     """``"macs (multiply-adds of ...)"``: a convention's name with what it counts."""
     return f"{name} ({DESCRIPTIONS[name]})" if name in CONVENTIONS else name
-
-
-def format_metric(metric: str, value: float) -> str:
-    """A metric's value as the reports print it: bytes in binary units, seconds in s/ms/µs/ns, FLOPs per byte with
-    three significant figures, the compute-bound share as the bound, counts as fvcore does."""
-    if metric in BYTE_METRICS:
-        return format_bytes(value)
-    if metric in TIME_METRICS:
-        return format_time(value)
-    if metric == "intensity":
-        return f"{value:.3g}"
-    if metric == "compute_bound":
-        return format_bound(value)
-    return format_size(value)
 
 
 def format_change(metric: str, delta: float) -> str:
@@ -61,18 +81,8 @@ def format_change(metric: str, delta: float) -> str:
     return f"{delta:+,.0f}"
 
 
-def format_bound(share: float) -> str:
-    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it."""
-    if share >= 0.5:
-        return f"compute {100 * share:.0f}%"
-    return f"memory {100 * (1 - share):.0f}%"
-
-
 INTENSITY_NOTE = ("flops/byte and the time count real FLOPs (a multiply-add is 2, element-wise work included), "
                   "whatever the convention of the #flops column")
-
-# The column a metric of no share (a ratio) is shown under.
-_HEADERS = {"intensity": "flops/byte", "compute_bound": "bound"}
 
 
 # table and markdown ----------------------------------------------------------------------------
@@ -80,51 +90,21 @@ def _shown(result: Result, depth: int) -> list[ModuleRow]:
     return [row for row in result.modules if row.depth <= depth]
 
 
-# The roofline's per-phase columns: in JSON, CSV and HTML; the text reports give the phases' times in a note.
-_PHASE_COLUMNS = frozenset(f"{phase}_{metric}" for phase in ("forward", "backward", "recompute", "optimizer")
-                           for metric in ("bytes", "time"))
+def _summary(result: Result, rows: list[ModuleRow], layout: _Layout) -> tuple[list[Column], bool, list[str]]:
+    """The table's columns (module, type, #params, then #metric and %metric per metric — a ratio gets one
+    column —, each in one unit), whether their headers are short, and the columns left out to fit the width."""
+    if layout.columns is not None:
+        return build_columns(result, rows, chosen_keys(result, layout.columns, layout.shapes)), False, []
+    built = build_columns(result, rows, column_keys(result, layout.shapes))
+    if layout.width is None:
+        return built, False, []
+    return fit(built, layout.width)
 
 
-def _columns(result: Result) -> list[str]:
-    """The metrics a table or tree shows."""
-    return [metric for metric in result.metrics if metric not in _PHASE_COLUMNS]
-
-
-def _summary(result: Result, rows: list[ModuleRow]) -> tuple[list[str], list[Align], list[list[str]]]:
-    """Headers, alignments and cells: module (indented), type, #params, then #metric and %metric per metric (a
-    ratio gets one column)."""
-    headers = ["module", "type", "#params"]
-    aligns: list[Align] = ["left", "left", "right"]
-    columns = _columns(result)
-    for metric in columns:
-        if metric in RATIO_METRICS:
-            headers.append(_HEADERS[metric])
-            aligns.append("right")
-        else:
-            headers += [f"#{metric}", f"%{metric}"]
-            aligns += ["right", "right"]
-    totals = {metric: result.total(metric) for metric in columns}
-    cells = []
-    for row in rows:
-        line = ["  " * row.depth + (row.name or "model"), row.type, format_size(row.params)]
-        for metric in columns:
-            ratio = metric in RATIO_METRICS
-            if not row.called:
-                line += ["N/A"] if ratio else ["N/A", "N/A"]
-                continue
-            value = row.metrics.get(metric, 0)
-            if ratio:
-                line.append(_ratio_cell(row, metric))
-                continue
-            share = value / totals[metric] if totals[metric] else 0.0
-            line += [format_metric(metric, value), f"{100 * share:.1f}%"]
-        cells.append(line)
-    return headers, aligns, cells
-
-
-def _ratio_cell(row: ModuleRow, metric: str) -> str:
-    """A module's intensity or bound; "-" for a module that takes no time (it has neither)."""
-    return format_metric(metric, row.metrics.get(metric, 0)) if row.metrics.get("time") else "-"
+def _grid(columns: list[Column], short: bool) -> tuple[list[str], list[Align], list[list[str]]]:
+    headers = [column.short if short else column.header for column in columns]
+    rows = [list(cells) for cells in zip(*(column.cells for column in columns), strict=True)]
+    return headers, [column.align for column in columns], rows
 
 
 def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -> list[str]:
@@ -199,24 +179,29 @@ def _measured(summary: dict[str, Any]) -> str:
     return text
 
 
-def _table(result: Result, depth: int) -> str:
-    rows = _shown(result, depth)
-    headers, aligns, cells = _summary(result, rows)
+def _table(result: Result, layout: _Layout) -> str:
+    rows = _shown(result, layout.depth)
+    columns, short, dropped = _summary(result, rows, layout)
+    headers, aligns, cells = _grid(columns, short)
     text = "\n".join(aligned_table([headers, *cells], aligns, rule=True))
     footer = _footer(result, rows, code=str)
+    if layout.width is not None:
+        footer = [dropped_note(dropped, layout.width)] * bool(dropped) + footer
+        footer = [wrapped for line in footer for wrapped in _wrap(line, layout.width)]
     return text + "\n\n" + "\n".join(footer) if footer else text
 
 
-def _markdown(result: Result, depth: int) -> str:
-    rows = _shown(result, depth)
-    headers, aligns, cells = _summary(result, rows)
+def _markdown(result: Result, layout: _Layout) -> str:
+    rows = _shown(result, layout.depth)
+    columns, _, _ = _summary(result, rows, replace(layout, width=None))
+    headers, aligns, cells = _grid(columns, short=False)
     text = pipe_table(headers, cells, aligns)
     footer = _footer(result, rows, code=lambda s: f"`{s}`")
     return text + "\n\n" + "\n".join(f"- {note}" for note in footer) if footer else text
 
 
 # json and csv ----------------------------------------------------------------------------------
-def _json(result: Result, depth: int) -> str:
+def _json(result: Result, layout: _Layout) -> str:
     return result.to_json()
 
 
@@ -226,7 +211,7 @@ def _exact(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _csv(result: Result, depth: int) -> str:
+def _csv(result: Result, layout: _Layout) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     shared = [m for m in result.metrics if m not in RATIO_METRICS]  # a ratio has no share of the model's
@@ -241,36 +226,51 @@ def _csv(result: Result, depth: int) -> str:
 
 
 # tree ------------------------------------------------------------------------------------------
-def _tree(result: Result, depth: int) -> str:
+def _tree(result: Result, layout: _Layout) -> str:
     kids: dict[str, list[ModuleRow]] = {}
     for row in result.modules[1:]:
-        if row.depth <= depth:
+        if row.depth <= layout.depth:
             kids.setdefault(row.name.rsplit(".", 1)[0] if "." in row.name else "", []).append(row)
 
-    columns = _columns(result)
-
-    def block(row: ModuleRow) -> str:
-        values = [row.metrics.get(metric, 0) for metric in columns]
+    def block(row: ModuleRow, metrics: list[str]) -> str:
+        values = [row.metrics.get(metric, 0) for metric in metrics]
         lines = []
-        if row.params or any(values) or not row.called:
+        if row.params or any(values) or not row.called or layout.shapes:
             stats = [f"#params: {format_size(row.params)}"]
-            for metric, value in zip(columns, values, strict=True):
+            for metric, value in zip(metrics, values, strict=True):
+                header = RATIO_HEADERS.get(metric, f"#{metric}")  # a ratio named as the table's column
                 if not row.called:
-                    stats.append(f"{_HEADERS.get(metric, '#' + metric)}: N/A")
-                elif metric in RATIO_METRICS:  # named as the table's column, without a count's "#"
-                    stats.append(f"{_HEADERS[metric]}: {_ratio_cell(row, metric)}")
+                    stats.append(f"{header}: N/A")
+                elif metric in RATIO_METRICS:
+                    stats.append(f"{header}: {ratio_cell(metric, row)}")
                 else:
-                    stats.append(f"#{metric}: {format_metric(metric, value)}")
+                    stats.append(f"{header}: {format_metric(metric, value)}")
+            if layout.shapes:
+                stats.append(f"output: {shapes_cell(row)}")
             lines.append(", ".join(stats))
-        children = [(child.name.rsplit(".", 1)[-1], block(child)) for child in kids.get(row.name, [])]
+        children = [(child.name.rsplit(".", 1)[-1], block(child, metrics)) for child in kids.get(row.name, [])]
         return annotated_repr(row.type, lines, children)
 
-    text = block(result.root)
-    uncalled = any(not row.called for row in _shown(result, depth))
-    return f"{UNCALLED_NOTE}\n{text}" if uncalled else text
+    metrics = [metric for metric in result.metrics if metric not in PHASE_COLUMNS]
+    notes = [UNCALLED_NOTE] if any(not row.called for row in _shown(result, layout.depth)) else []
+    width = layout.width
+    if width is not None:
+        metrics, dropped = fit_keys(metrics, lambda keys: _widest(block(result.root, keys)) <= width)
+        notes = [line for note in [*notes, *[dropped_note(dropped, width)] * bool(dropped)]
+                 for line in _wrap(note, width)]
+    return "\n".join([*notes, block(result.root, metrics)])
 
 
-_RENDERERS: dict[str, Callable[[Result, int], str]] = {
+def _wrap(note: str, width: int) -> list[str]:
+    """A note's lines, at most ``width`` wide where its words allow, the later ones indented."""
+    return textwrap.wrap(note, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+
+
+def _widest(text: str) -> int:
+    return max(map(len, text.splitlines()))
+
+
+_RENDERERS: dict[str, Callable[[Result, _Layout], str]] = {
     "table": _table,
     "markdown": _markdown,
     "json": _json,

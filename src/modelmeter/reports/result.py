@@ -37,7 +37,9 @@ class ModuleRow:
     seconds (each also per phase after a backward pass), ``"intensity"`` — FLOPs per byte — and
     ``"compute_bound"`` — the share of the module's time in compute-bound operators) to the module's total;
     ``by_operator`` maps the same names to per-operator values (none for ``peak_memory``).
-    ``called`` is False for a module that never ran (its metrics are then 0).
+    ``called`` is False for a module that never ran (its metrics are then 0). ``output_shapes`` maps each shape its
+    forward calls returned (``"1x64x56x56"``; several tensors ``"2x5x8, 1x2x8"``) to how many calls returned it, in
+    the order first seen (``{}`` for a module that returned no tensor, or a result saved before it was recorded).
     """
 
     name: str
@@ -46,6 +48,7 @@ class ModuleRow:
     metrics: dict[str, float] = field(default_factory=dict)
     by_operator: dict[str, dict[str, float]] = field(default_factory=dict)
     called: bool = True
+    output_shapes: dict[str, int] = field(default_factory=dict)
 
     @property
     def depth(self) -> int:
