@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from modelmeter.engine.meta_kernels import fast_meta_kernel
+from modelmeter.engine.meta_kernels import IN_PLACE, fast_meta_kernel
 from modelmeter.engine.metadata import meta_stands_for
 
 BATCH_NORM = torch.ops.aten.native_batch_norm.default
@@ -98,6 +98,7 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
             if label != "channels_last":  # roll keeps a channels-last layout: left to torch's kernel
                 cases += [(f"roll {label} {dtype}", aten.roll.default, (t, [1, 2], [0, 1]), {}),
                           (f"roll flat {label} {dtype}", aten.roll.default, (t, [3]), {})]
+        cases += _lstm_cases(dtype)
         w, b = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
         for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1))):
             cases += [(f"layer_norm {label} {dtype}", aten.native_layer_norm.default, (t, [8], w, b, 1e-5), {}),
@@ -110,6 +111,38 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
                       (f"addmm {label} m2.T {dtype}", aten.addmm.default, (bias, m1, m2.t().contiguous().t()), {}),
                       (f"addmm {label} m1.T {dtype}", aten.addmm.default, (bias, m1.t().contiguous().t(), m2),
                        {"beta": 0.5})]
+    return cases
+
+
+def _gates(dtype: torch.dtype) -> list[torch.Tensor]:
+    """What an LSTM cell computes on: gates chunked off one product (size-1 dimensions with strides of their own)."""
+    return [*torch.randn(1, 32, dtype=dtype).unsafe_chunk(4, 1), *torch.randn(2, 1, 12, dtype=dtype).unsafe_chunk(3, 2)]
+
+
+def _lstm_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
+    """In-place operators on every layout, and binary operators on two contiguous tensors of different strides."""
+    aten = torch.ops.aten
+    cases: list[tuple[str, object, tuple[object, ...], dict[str, object]]] = []
+    layouts = {"contiguous": lambda: torch.randn(2, 5, 8, dtype=dtype),
+               "transposed": lambda: torch.randn(2, 5, 8, dtype=dtype).transpose(0, 1),
+               "channels_last": lambda: torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last),
+               "gate": lambda: _gates(dtype)[1]}
+    scalars = {aten.hardtanh_.default: (-1.0, 1.0), aten.leaky_relu_.default: (0.1,),
+               aten.clamp_.default: (-1.0, 1.0)}
+    for label, make in layouts.items():
+        for op in IN_PLACE:
+            if op.__name__ in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor"):
+                target = make()
+                cases += [(f"{op.__name__} {label} {dtype}", op, (target, torch.randn_like(target)), {}),
+                          (f"{op.__name__} by 2 {label} {dtype}", op, (make(), 2), {})]
+            else:
+                cases.append((f"{op.__name__} {label} {dtype}", op, (make(), *scalars.get(op, ())), {}))
+    gates = _gates(dtype)
+    for a, b in ((gates[0], gates[1]), (gates[1], torch.randn(1, 8, dtype=dtype)),
+                 (torch.randn(1, 8, dtype=dtype), gates[2]), (gates[4], gates[5]),
+                 (torch.randn(8, 1, dtype=dtype).t(), torch.randn(8, 1, dtype=dtype).t())):
+        cases += [(f"{op.__name__} of gates {tuple(a.stride())} {tuple(b.stride())} {dtype}", op, (a, b), {})
+                  for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)]
     return cases
 
 
@@ -134,6 +167,8 @@ def test_direct_kernels_match_torch_on_meta_and_on_the_cpu(name: str, op: object
     assert _metadata(fast(*meta_args, **kwargs)) == _metadata(op(*meta_args, **kwargs))  # type: ignore[operator]
     with meta_stands_for("cpu"):
         assert _metadata(fast(*meta_args, **kwargs)) == _metadata(op(*args, **kwargs))  # type: ignore[operator]
+    if op in IN_PLACE:  # the tensor updated, itself
+        assert fast(*meta_args, **kwargs) is meta_args[0]
 
 
 def test_direct_kernels_decline_what_they_do_not_know() -> None:
@@ -148,14 +183,24 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.pow.Tensor_Scalar, (a, 2j)) is None  # a complex scalar makes complex numbers
     assert fast_meta_kernel(aten.mul.Tensor, (a, 2j)) is None
     assert fast_meta_kernel(aten.sub.Tensor, (a, True)) is None  # torch refuses to subtract a bool
-    # a size-1 dimension with a stride of its own: torch's kernels disagree on the output's stride there
+    # a size-1 dimension with a stride of its own: torch's kernels disagree on the output's stride there (two such
+    # tensors, contiguous both, make a contiguous output: checked in _lstm_cases)
     for odd in (torch.empty(8, 1, device="meta").t(), torch.empty_strided((1, 8), (7, 1), device="meta")):
         assert fast_meta_kernel(aten.relu.default, (odd,)) is None
         assert fast_meta_kernel(aten.mul.Tensor, (odd, 0.5)) is None
-        assert fast_meta_kernel(aten.add.Tensor, (odd, odd)) is None
     assert fast_meta_kernel(aten.div.Tensor, (integers, 2)) is None  # integers divided make floats
     assert fast_meta_kernel(aten.add.Tensor, (integers, 0.5)) is None  # an integer tensor and a float: promoted
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
     assert fast_meta_kernel(aten.native_layer_norm.default, (a, [4], None, None, 1e-5)) is None
     channels_last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
     assert fast_meta_kernel(aten.roll.default, (channels_last, [1])) is None
+    # in place: an integer tensor (a float result cannot be written to it), a tensor written twice (expanded),
+    # an operand to broadcast or of another dtype, a scalar that is not a real number
+    assert fast_meta_kernel(aten.sigmoid_.default, (integers,)) is None
+    assert fast_meta_kernel(aten.tanh_.default, (torch.empty(3, device="meta").expand(4, 3),)) is None
+    assert fast_meta_kernel(aten.add_.Tensor, (a, row)) is None
+    assert fast_meta_kernel(aten.mul_.Tensor, (a, a.to(torch.float64))) is None
+    assert fast_meta_kernel(aten.mul_.Tensor, (a, 2j)) is None
+    assert fast_meta_kernel(aten.clamp_.default, (a, None, 1.0)) is None
+    # two operands of one shape, one of them neither contiguous nor of the other's layout
+    assert fast_meta_kernel(aten.mul.Tensor, (a, torch.empty(3, 4, device="meta").t())) is None

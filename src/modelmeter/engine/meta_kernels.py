@@ -15,7 +15,9 @@ Their outputs' metadata — shape, strides, dtype — follow simple rules, so fo
 (dense layouts, floating-point dtypes, no broadcasting or type promotion; a Python number beside a floating-point
 tensor changes neither) the outputs are made directly: with the meta kernel's metadata, or, when the meta tensors
 stand in for a CPU model's, with the CPU kernel's (normalisation statistics in the input's dtype, none for batch
-norm in eval mode). ``tests/test_meta_kernels.py`` compares both on every case.
+norm in eval mode). An in-place element-wise operator (an LSTM cell's ``sigmoid_``, ``tanh_`` and ``add_``, hundreds of
+microseconds each through the references) returns the tensor it updated. ``tests/test_meta_kernels.py`` compares
+both on every case.
 """
 
 from __future__ import annotations
@@ -99,6 +101,17 @@ def _contiguous_like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _elementwise_like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """The output of an element-wise kernel whose first operand is ``x``: contiguous when the operands are (torch's
+    kernels take that short cut whatever strides the size-1 dimensions have), else with ``x``'s strides."""
+    return _contiguous_like(x) if x.is_contiguous() else _like(x)
+
+
+def _self(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """An in-place operator's result: the tensor it updated (metadata unchanged)."""
+    return x
+
+
 def _plain_meta(value: object) -> bool:
     """A meta tensor or parameter (no FakeTensor, no other subclass)."""
     return type(value) in (torch.Tensor, torch.nn.Parameter) and value.is_meta  # type: ignore[attr-defined]
@@ -161,10 +174,13 @@ def _with_scalars_fits(args: tuple[Any, ...]) -> bool:
 
 
 def _same_operands(args: tuple[Any, ...]) -> bool:
-    """Two tensors of one shape, dtype and layout (no broadcasting, no type promotion)."""
+    """Two tensors of one shape and dtype (no broadcasting, no type promotion), of one dense layout or both
+    contiguous (the gates an LSTM cell chunks off one product are, with strides of their own in size-1
+    dimensions)."""
     a, b = args[0], args[1]
-    return (_plain_meta(a) and _plain_meta(b) and a.shape == b.shape and a.dtype == b.dtype
-            and a.stride() == b.stride() and _elementwise_dense(a))
+    if not (_plain_meta(a) and _plain_meta(b) and a.shape == b.shape and a.dtype == b.dtype):
+        return False
+    return (a.stride() == b.stride() and _elementwise_dense(a)) or (a.is_contiguous() and b.is_contiguous())
 
 
 def _same_float_operands(args: tuple[Any, ...]) -> bool:
@@ -182,12 +198,26 @@ def _division_fits(args: tuple[Any, ...]) -> bool:
     return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_float_operands(args)
 
 
+def _in_place_fits(args: tuple[Any, ...]) -> bool:
+    """An in-place update of a dense floating-point tensor (no element written twice) by real numbers, or by a tensor
+    of its shape and dtype: its result is the tensor itself."""
+    x = args[0]
+    if not (_plain_meta(x) and x.is_floating_point() and _dense(x)):
+        return False
+    return all(type(a) in (int, float) or (_plain_meta(a) and a.shape == x.shape and a.dtype == x.dtype)
+               for a in args[1:])
+
+
 def _roll_fits(args: tuple[Any, ...]) -> bool:
     """A contiguous output; a 4-D or 5-D input keeps a channels-last layout (not made here)."""
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
 
 
 _aten = torch.ops.aten
+IN_PLACE = (_aten.sigmoid_.default, _aten.tanh_.default, _aten.relu_.default, _aten.silu_.default,
+            _aten.gelu_.default, _aten.exp_.default, _aten.neg_.default, _aten.hardtanh_.default,
+            _aten.leaky_relu_.default, _aten.clamp_.default, _aten.add_.Tensor, _aten.sub_.Tensor,
+            _aten.mul_.Tensor, _aten.div_.Tensor)
 # operator -> (when the direct kernel applies, the direct kernel); checked against torch's kernels in
 # tests/test_meta_kernels.py
 _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]] = {
@@ -202,10 +232,12 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     **{op: (_with_scalars_fits, _like) for op in (
         _aten.hardtanh.default, _aten.leaky_relu.default, _aten.elu.default, _aten.softplus.default,
         _aten.pow.Tensor_Scalar, _aten.clamp.default)},
-    _aten.add.Tensor: (_binary_fits, _like),
-    _aten.sub.Tensor: (_binary_fits, _like),
-    _aten.mul.Tensor: (_binary_fits, _like),
-    _aten.div.Tensor: (_division_fits, _like),
+    _aten.add.Tensor: (_binary_fits, _elementwise_like),
+    _aten.sub.Tensor: (_binary_fits, _elementwise_like),
+    _aten.mul.Tensor: (_binary_fits, _elementwise_like),
+    _aten.div.Tensor: (_division_fits, _elementwise_like),
+    # in place (an LSTM cell's gates: sigmoid_, tanh_, add_)
+    **{op: (_in_place_fits, _self) for op in IN_PLACE},
     _aten.roll.default: (_roll_fits, _contiguous_like),
 }
 

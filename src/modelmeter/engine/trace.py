@@ -62,7 +62,7 @@ class TensorMeta:
         return self.dtype.startswith(("float", "bfloat", "complex"))
 
 
-@dataclass
+@dataclass(slots=True)
 class OpEvent:
     """One operator call.
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles.base import CountInside, Handle, backward_key
 from ..handles.classify import BRIDGE_OPS, Classifier
@@ -85,10 +86,11 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
     custom autograd Function (``prim::PythonOp.<class name>``) without a handle counts what it ran, and is
     reported as unsupported when it returned tensors without running any visible computation.
     """
-    visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units, tables)
-    for root in visitor.children[-1]:
-        if trace.events[root].phase in visitor.tally.by_phase:
-            visitor.visit(root, None, None, _OPEN)
+    with no_gc():  # a table per module, a unit per count: many small objects, none of them in a cycle
+        visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units, tables)
+        for root in visitor.children[-1]:
+            if trace.events[root].phase in visitor.tally.by_phase:
+                visitor.visit(root, None, None, _OPEN)
     return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
                       visitor.ancestors.uncalled())
 

@@ -1,0 +1,59 @@
+"""What recording costs grows linearly with the events recorded: counted as work (Python calls), never as time.
+
+An LSTM runs the same cell operators once per time step, so the work per step must not depend on how many steps
+came before (nothing scans what was recorded so far), and no step may run PyTorch's Python element-wise meta kernels
+(``torch._prims``' ``_prim_elementwise_meta``, what every element-wise reference of ``torch._refs`` runs: hundreds of
+microseconds per call, most of an LSTM's analysis before): the direct kernels of ``engine/meta_kernels.py`` make
+the cell's outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from modelmeter.engine.spec import RunSpec
+from modelmeter.engine.tracer import record_trace
+
+_ELEMENTWISE_META = "_prim_elementwise_meta"
+
+
+def _recording_work(model: nn.Module, x: torch.Tensor) -> tuple[int, Counter[str]]:
+    """(events recorded, Python calls made while recording: "all", and "elementwise meta" kernels)."""
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, _: Any) -> None:
+        if event == "call":
+            calls["all"] += 1
+            if frame.f_code.co_name == _ELEMENTWISE_META:
+                calls["elementwise meta"] += 1
+
+    sys.setprofile(profile)
+    try:
+        trace = record_trace(RunSpec(model, (x,)))
+    finally:
+        sys.setprofile(None)
+    return len(trace.events), calls
+
+
+@pytest.mark.parametrize("make", [lambda: nn.LSTM(8, 16, num_layers=2, bidirectional=True),
+                                  lambda: nn.GRU(8, 16, num_layers=2)], ids=["lstm", "gru"])
+def test_a_recurrent_layer_costs_the_same_work_per_step_however_long_the_sequence(make: Any) -> None:
+    torch.manual_seed(0)
+    model = make().eval()
+    _recording_work(model, torch.randn(2, 1, 8))  # first calls of a process (caches, imports) are not the model's
+    (e4, c4), (e8, c8), (e16, c16) = (_recording_work(model, torch.randn(steps, 1, 8)) for steps in (4, 8, 16))
+    assert e4 < e8 < e16
+    # linear: the calls per added event are the same from 4 to 8 steps as from 8 to 16
+    early = (c8["all"] - c4["all"]) / (e8 - e4)
+    late = (c16["all"] - c8["all"]) / (e16 - e8)
+    assert abs(late - early) <= 0.02 * early, (early, late)
+    # the cell's operators (sigmoid_, tanh_, add_, the products of two gates) run no Python element-wise meta
+    # kernel: as many run at 16 steps as at 4 (the layers' set-up only)
+    assert c16["elementwise meta"] == c4["elementwise meta"], (c4["elementwise meta"], c16["elementwise meta"])
