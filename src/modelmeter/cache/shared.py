@@ -181,17 +181,16 @@ class SharedRecordings:
 
     def get_or_record(self, spec: RunSpec, record: Callable[[], Trace]) -> Trace:
         """The trace of ``spec``'s call in its state now: shared when one was recorded in that state, else
-        ``record()`` (kept when recording left the state as it found it)."""
+        ``record()``, kept under the state before it ran (a run puts the model back as it found it, and a call
+        in another state does not match)."""
         before = call_state(spec)
-        if before is not None:
-            found = self._find(before[0])
-            if found is not None:
-                return found
+        if before is None:
+            return record()
+        found = self._find(before[0])
+        if found is not None:
+            return found
         trace = record()
-        if before is not None:
-            after = call_state(spec)
-            if after is not None and after[0] == before[0]:
-                self._keep(before[0], before[1], trace)
+        self._keep(before[0], before[1], trace)
         return trace
 
     def _find(self, key: tuple[Any, ...]) -> Trace | None:
