@@ -22,6 +22,14 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
 5. **Cached re-analysis** of ViT-B/16: in-process (the metrics of a second analysis given ``trace=``) and
    persistent (``cache_dir=`` a new directory, then a second fresh process reading it) against the first analysis.
 
+6. **fvcore's pattern**: ``FlopCountAnalysis(model, x)``, ``ActivationCountAnalysis(model, x)`` and
+   ``flop_count_table(flops, activations=acts)`` on ResNet-50 and ViT-B/16 (real tensors), modelmeter's (the two
+   analyses share one recording) and fvcore's, against FlopCounterMode and a plain forward, timed in turn; ratios
+   per run, median (min-max). ``--pair-only`` runs this section alone.
+
+Every timed modelmeter run analyses a new input tensor (a clone): analyses of the same objects in the same state
+share one recording in-process, so repeating one call would time the counting only.
+
 ``torch.set_num_threads(2)`` everywhere. ``--quick`` uses small models and inputs and fewer repeats (a test runs it).
 Times are reported, never asserted.
 """
@@ -79,7 +87,7 @@ def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, d
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: summary(values) for name, values in times.items()}
+    return {name: {**summary(values), "times": values} for name, values in times.items()}
 
 
 def summary(times: list[float]) -> dict[str, Any]:
@@ -125,9 +133,26 @@ def quick_models() -> dict[str, Callable[[], nn.Module]]:
 
 
 def run_modelmeter(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    """One analysis per call, each of a new input tensor: analyses of the same tensor in the same state share
+    one recording in-process, and each timed run must record."""
     import modelmeter
 
-    return lambda: modelmeter.analyze(model, x, cache=False, quiet=True).result()
+    return lambda: modelmeter.analyze(model, x.clone(), cache=False, quiet=True).result()
+
+
+def run_modelmeter_pair(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    """fvcore's pattern in modelmeter: a FlopCountAnalysis and an ActivationCountAnalysis of the same call, and
+    their table (a new input tensor per call, so each timed run records once)."""
+    from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, flop_count_table
+
+    def go() -> str:
+        same = x.clone()
+        with warnings.catch_warnings(), quiet_logger("modelmeter"):
+            warnings.simplefilter("ignore")
+            flops = FlopCountAnalysis(model, same).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+            acts = ActivationCountAnalysis(model, same).unsupported_ops_warnings(False)
+            return str(flop_count_table(flops, activations=acts.uncalled_modules_warnings(False)))
+    return go
 
 
 def run_fvcore(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
@@ -192,6 +217,25 @@ def compare(device: str, quick: bool, repeat: int) -> dict[str, Any]:
         row["ratios"] = {f"modelmeter/{tool}": ratio(row["modelmeter"], row[tool]) for tool in TOOLS[1:]}
         rows[name] = row
         print(f"  {device} {name}: " + ", ".join(f"{t} {fmt(row[t])}" for t in TOOLS), file=sys.stderr)
+    return rows
+
+
+def pair(quick: bool, repeat: int) -> dict[str, Any]:
+    """Section 6: fvcore's usage pattern (flops + activations analyses of one call, and their table) on ResNet-50
+    and ViT-B/16 with real tensors: modelmeter's and fvcore's, against FlopCounterMode and a plain forward, timed
+    in turn."""
+    rows: dict[str, Any] = {}
+    for name in ("resnet50", "vit_b_16"):
+        model, x = build(name, quick, "cpu")
+        fns = {"modelmeter": run_modelmeter_pair(model, x), "fvcore": run_fvcore(model, x),
+               "flop_counter": run_flop_counter(model, x), "forward": run_forward(model, x)}
+        row: dict[str, Any] = timed_in_turn(fns, repeat)
+        row["ratios"] = {f"modelmeter/{tool}": ratio(row["modelmeter"], row[tool]) for tool in TOOLS[1:]}
+        row["ratio_runs"] = {f"modelmeter/{tool}": summary([a / b for a, b in zip(row["modelmeter"]["times"],
+                                                                                 row[tool]["times"], strict=True)])
+                             for tool in TOOLS[1:]}
+        rows[name] = row
+        print(f"  pair {name}: " + ", ".join(f"{t} {fmt(row[t])}" for t in TOOLS), file=sys.stderr)
     return rows
 
 
@@ -399,21 +443,43 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_pair(rows: dict[str, Any]) -> str:
+    """Section 6 as a markdown table: times, and modelmeter's ratios as median (min-max) over the runs."""
+    lines = ["### 6. fvcore's pattern: FlopCountAnalysis + ActivationCountAnalysis + flop_count_table (CPU)", "",
+             "| model | modelmeter | fvcore | FlopCounterMode | forward | mm/fvcore | mm/FlopCounterMode "
+             "| mm/forward |", "|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        runs = row["ratio_runs"]
+        cells = [f"{runs[key]['median_s']:.2f}x ({runs[key]['min_s']:.2f}-{runs[key]['max_s']:.2f})"
+                 for key in (f"modelmeter/{t}" for t in TOOLS[1:])]
+        lines.append(f"| {name} | " + " | ".join(fmt(row[t]) for t in TOOLS) + " | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, ""])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small models and inputs, 1 repeat (for tests)")
     parser.add_argument("--repeat", type=int, help="timed runs per measurement (default 5, 1 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--pair-only", action="store_true", help="only section 6 (fvcore's usage pattern)")
     args = parser.parse_args()
     repeat = args.repeat or (1 if args.quick else 5)
     torch.set_num_threads(THREADS)
     report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine()}
+    if args.pair_only:
+        report["pair"] = pair(args.quick, repeat)
+        print(markdown_pair(report["pair"]))
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(report, out, indent=1)
+        return 0
     report["real"] = compare("cpu", args.quick, repeat)
     report["meta"] = compare("meta", args.quick, repeat)
     report["llama"] = llama(args.quick, min(repeat, 3))
     report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))  # cheap, and the noisiest: more runs
     report["cached"] = cached(args.quick, min(repeat, 3))
-    print(markdown(report))
+    report["pair"] = pair(args.quick, repeat)
+    print(markdown(report) + "\n" + markdown_pair(report["pair"]))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=1)

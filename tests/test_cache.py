@@ -539,12 +539,25 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
     with pytest.raises(TypeError):
         trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [torch.zeros(1)], [])], scopes=[()]))
     good = trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [1], [])], scopes=[()]))
+    row = good["events"][0]
+    inputs, outputs, kwargs = row[5:8]  # indices into the values table
+
+    def event(**changes: Any) -> list[Any]:
+        return [changes.get(str(i), value) for i, value in enumerate(row)]
+
     for broken in (
         {**good, "version": 999},
+        {**good, "version": 4},  # an entry of the format before the values table
         {**good, "format": "pickle"},
-        {**good, "events": [["x", "dispatch", 5, 0, "forward", [], [], {"$d": []}]]},  # parent after itself
-        {**good, "events": [["x", "sideways", -1, 0, "forward", [], [], {"$d": []}]]},
-        {**good, "events": [["x", "dispatch", -1, 0, "forward", [{"$py/object": "os.system"}], [], {"$d": []}]]},
+        {**good, "events": [event(**{"2": 5})]},  # parent after itself
+        {**good, "events": [event(**{"1": "sideways"})]},
+        {**good, "values": [[{"$py/object": "os.system"}], *good["values"][1:]]},
+        {**good, "events": [event(**{"5": 99})]},  # refers to no value
+        {**good, "events": [event(**{"5": kwargs})]},  # inputs that are a dict
+        {**good, "events": [event(**{"7": inputs})]},  # kwargs that are a list
+        {**good, "events": [event(**{"6": float(outputs)})]},
+        {**good, "events": [event(**{"5": [1]})]},  # a value inline, as format 3 wrote it
+        {key: value for key, value in good.items() if key != "values"},
         {**good, "fields": {**good["fields"], "scopes": [["not a tuple"]]}},
         [1, 2, 3],
     ):
@@ -558,6 +571,19 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
         with pytest.raises(ValueError):
             loads(text.replace("[1]", f"[{bad}]").encode())
     assert loads(text.encode()).events[0].inputs == [1]
+
+
+def test_equal_arguments_are_written_once_and_read_as_each_events_own() -> None:
+    """The values table: a repeated argument description is stored once; every event reads its own list."""
+    meta = TensorMeta((2, 3), "float32", "cpu")
+    events = [OpEvent("aten::relu", "dispatch", -1, 0, "forward", [meta], [meta]) for _ in range(50)]
+    trace = Trace(events=events, scopes=[()])
+    data = trace_to_dict(trace)
+    assert len(data["values"]) == 2  # [meta] and {} (the kwargs)
+    back = loads(dumps(trace))
+    assert exact(back, trace)
+    back.events[0].inputs.append(1)
+    assert back.events[1].inputs == [meta]
 
 
 def transformer_block() -> tuple[nn.Module, torch.Tensor]:

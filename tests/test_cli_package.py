@@ -163,3 +163,31 @@ def test_aligned_and_titled_tables() -> None:
                                                                 "| bbb | 2 |"]
     assert [format_bytes(n) for n in (0, 1023, 1536, 225699420, 5 << 40)] == ["0B", "1023B", "1.5KiB", "215MiB",
                                                                              "5TiB"]
+
+
+_IMPORTS_AFTER_ANALYSIS = """
+import sys, torch
+from torch import nn
+import modelmeter
+cnn = sys.argv[1] == "cnn"
+if cnn:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, 2)).eval()
+    x = torch.randn(1, 3, 16, 16)
+else:
+    model, x = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)), torch.randn(2, 16)
+before = {"torch._dynamo", "sympy"} & set(sys.modules)
+assert modelmeter.analyze(model, x, quiet=True).result().total("flops") > 0
+print(sorted(({"torch._dynamo", "sympy"} & set(sys.modules)) - before))
+"""
+
+
+@pytest.mark.parametrize("model,expected", [("mlp", []), ("cnn", ["sympy"])])
+def test_an_analysis_of_a_plain_model_does_not_import_dynamo(model: str, expected: list[str]) -> None:
+    """torch._dynamo takes over a second to import: a plain model's analysis does not import it (nor sympy, but
+    PyTorch's convolution meta kernel checks its shapes with ``torch._check``, which imports sympy)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER_ANALYSIS, model], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')) == expected

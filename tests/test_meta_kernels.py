@@ -99,6 +99,11 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
                 cases += [(f"roll {label} {dtype}", aten.roll.default, (t, [1, 2], [0, 1]), {}),
                           (f"roll flat {label} {dtype}", aten.roll.default, (t, [3]), {})]
         cases += _lstm_cases(dtype)
+        for dims, keepdim in (([-1, -2], True), ([1], False), ([0, 2], False), ([], False), ([-1], True)):
+            cases.append((f"mean {dims} keepdim={keepdim} {dtype}", aten.mean.dim, (x, dims, keepdim), {}))
+        image = torch.randn(2, 3, 4, 5, dtype=dtype)
+        cases += [(f"mean image {dtype}", aten.mean.dim, (image, [-1, -2], True), {}),
+                  (f"mean to float64 {dtype}", aten.mean.dim, (x, [1]), {"dtype": torch.float64})]
         w, b = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
         for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1))):
             cases += [(f"layer_norm {label} {dtype}", aten.native_layer_norm.default, (t, [8], w, b, 1e-5), {}),
@@ -191,6 +196,8 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.div.Tensor, (integers, 2)) is None  # integers divided make floats
     assert fast_meta_kernel(aten.add.Tensor, (integers, 0.5)) is None  # an integer tensor and a float: promoted
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
+    assert fast_meta_kernel(aten.mean.dim, (a.t(), [0])) is None  # not contiguous: left to torch
+    assert fast_meta_kernel(aten.mean.dim, (a, [2])) is None  # no such dimension: torch's error
     assert fast_meta_kernel(aten.native_layer_norm.default, (a, [4], None, None, 1e-5)) is None
     channels_last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
     assert fast_meta_kernel(aten.roll.default, (channels_last, [1])) is None

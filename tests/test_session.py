@@ -128,12 +128,130 @@ def test_a_session_records_once_and_views_made_from_it_share_the_run() -> None:
     assert direct.copy(new_model=nn.Sequential(nn.Linear(4, 2))).total() == 3 * 4 * 2
 
 
-def test_separate_analyses_of_one_call_share_a_run_through_adopt() -> None:
-    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+def _runs(model: nn.Module) -> list[int]:
+    """A list that grows by one each time ``model`` runs (a forward pre-hook)."""
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_separate_analyses_of_one_call_share_one_recording() -> None:
+    """fvcore's pattern: a flops and an activations analysis of the same model and inputs run the model once,
+    and count what their own runs would."""
+    model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), torch.randn(3, 4)
+    runs = _runs(model)
     flops, acts = FlopCountAnalysis(model, x), ActivationCountAnalysis(model, x)
-    assert acts.session.adopt(flops.session) and acts.trace is flops.trace
-    other = ActivationCountAnalysis(model, torch.randn(3, 4))
-    assert not other.session.adopt(flops.session) and not other.session.recorded  # another call: its own run
+    assert (flops.total(), acts.total()) == (3 * (4 * 8 + 8 * 2), 3 * (8 + 2))
+    assert acts.trace is flops.trace and len(runs) == 1
+    other = ActivationCountAnalysis(model, torch.randn(3, 4))  # equal shapes, another tensor: another call
+    assert other.total() == acts.total() and other.trace is not flops.trace and len(runs) == 2
+
+
+def _changes() -> dict[str, Any]:
+    """What must make a second analysis run the model again, each applied to (model, input) after the first."""
+    def in_place_parameter(model: nn.Module, x: torch.Tensor) -> None:
+        with torch.no_grad():
+            model[0].weight.mul_(2)
+
+    def parameter_data(model: nn.Module, x: torch.Tensor) -> None:
+        model[0].weight.data = torch.randn(8, 4)  # the same Parameter object, new data
+
+    def swapped_submodule(model: nn.Module, x: torch.Tensor) -> None:
+        model[1] = nn.GELU()
+
+    def attribute(model: nn.Module, x: torch.Tensor) -> None:
+        model[2].p = 0.7
+
+    def in_place_input(model: nn.Module, x: torch.Tensor) -> None:
+        x.add_(1)
+
+    def hook(model: nn.Module, x: torch.Tensor) -> None:
+        model[0].register_forward_hook(lambda *_: None)
+
+    return {"in_place_parameter": in_place_parameter, "parameter_data": parameter_data,
+            "swapped_submodule": swapped_submodule, "attribute": attribute, "in_place_input": in_place_input,
+            "train": lambda model, x: model.train(), "submodule_eval": lambda model, x: model[2].eval(),
+            "requires_grad": lambda model, x: model[0].weight.requires_grad_(False), "hook": hook}
+
+
+@pytest.mark.parametrize("change", list(_changes()))
+def test_a_changed_call_runs_again(change: str) -> None:
+    """Every change between two analyses that could change the run invalidates the shared recording: the
+    second analysis runs the model (and would count its own run)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.5)).train()
+    if change == "train":
+        model.eval()
+    x = torch.randn(3, 4)
+    runs = _runs(model)
+    flops = FlopCountAnalysis(model, x)
+    flops.total()
+    ActivationCountAnalysis(model, x).total()
+    assert len(runs) == 1  # unchanged: shared
+    _changes()[change](model, x)
+    acts = ActivationCountAnalysis(model, x)
+    assert acts.total() == 3 * 8 and acts.trace is not flops.trace and len(runs) == 2
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "autocast", "default_dtype"])
+def test_another_global_mode_runs_again(mode: str) -> None:
+    model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
+    runs = _runs(model)
+    flops = FlopCountAnalysis(model, x)
+    flops.total()
+    contexts = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+                "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+    if mode == "default_dtype":
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            acts = ActivationCountAnalysis(model, x)
+            acts.total()
+        finally:
+            torch.set_default_dtype(before)
+    else:
+        with contexts[mode]():
+            acts = ActivationCountAnalysis(model, x)
+            acts.total()
+    assert acts.trace is not flops.trace and len(runs) == 2
+    assert FlopCountAnalysis(model, x).trace is flops.trace and len(runs) == 2  # back in the first mode: shared
+
+
+def test_other_run_options_do_not_share() -> None:
+    model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4, requires_grad=True)
+    flops = FlopCountAnalysis(model, x)
+    assert FlopCountAnalysis(model, x, backward=True).trace is not flops.trace
+    assert FlopCountAnalysis(model, x, execution="real").trace is not flops.trace
+    assert FlopCountAnalysis(model, x, convention="macs").trace is flops.trace  # counting settings are irrelevant
+    assert ActivationCountAnalysis(model, x).set_op_handle("aten::addmm", None).trace is flops.trace
+
+
+def test_shared_recordings_hold_no_model_or_input() -> None:
+    """The store keeps weak references only: a model and inputs analysed once are freed with the analyses, and
+    their entry goes with them."""
+    import gc
+    import weakref
+
+    from modelmeter.cache.shared import SHARED
+
+    model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
+    FlopCountAnalysis(model, x).total()
+    refs = [weakref.ref(model), weakref.ref(x), weakref.ref(model[0].weight)]
+    before = len(SHARED)
+    del model, x
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    FlopCountAnalysis(nn.Linear(2, 2), torch.randn(1, 2)).total()  # a lookup drops the dead entries
+    assert len(SHARED) <= before
+
+
+def test_an_unkeyable_attribute_is_recorded_anew() -> None:
+    """An attribute Python cannot look into (no ``__dict__``) could change unseen: no sharing."""
+    model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
+    model.opaque = bytearray(b"state")  # no __dict__, mutable
+    runs = _runs(model)
+    FlopCountAnalysis(model, x).total()
+    ActivationCountAnalysis(model, x).total()
+    assert len(runs) == 2
 
 
 def test_memory_analysis_exposes_only_what_it_honours() -> None:

@@ -67,7 +67,7 @@ __all__ = [  # what the package imports from here
     "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "non_persistent_buffers",
     "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily", "python2_pickle_mappings", "pytree",
     "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
-    "weights_only_allowed_globals",
+    "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -150,6 +150,12 @@ def global_forward_hooks() -> tuple[dict[int, Any], dict[int, Any]]:
     call runs them): the module globals ``_global_forward_pre_hooks`` and ``_global_forward_hooks`` (since 1.13)."""
     hooks = nn.modules.module
     return getattr(hooks, "_global_forward_pre_hooks", {}), getattr(hooks, "_global_forward_hooks", {})
+
+
+def version_counter(tensor: torch.Tensor) -> int:
+    """How often ``tensor`` was changed in place (``Tensor._version``, since 0.4): what autograd checks saved tensors
+    against, and what tells a recorded run's inputs and parameters apart from the same objects changed since."""
+    return int(tensor._version)
 
 
 def class_name(module: nn.Module) -> str:

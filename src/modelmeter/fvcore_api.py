@@ -59,7 +59,6 @@ def _columns(flops: ModelAnalysis, activations: ModelAnalysis | None, activation
     counts: dict[str, Mapping[str, Any]] = {"#flops": flop_view.by_module()}
     uncalled = {"#flops": flop_view.uncalled_modules()}
     if activations is not None:
-        activations.session.adopt(flops.session)
         act_view = _quiet(activations)
         counts[activations_header] = act_view.by_module()
         uncalled[activations_header] = act_view.uncalled_modules()

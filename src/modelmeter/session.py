@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from .cache import TraceCache, cached_trace
+from .cache.shared import SHARED
 from .devices import Device, device_from_dict, get_device
 from .engine.gc_pause import no_gc
 from .engine.spec import Execution, LossFn, RunSpec
@@ -113,19 +114,6 @@ class Session:
         other._tracer_warnings = self._tracer_warnings
         return other
 
-    def adopt(self, other: Session) -> bool:
-        """Take ``other``'s trace (recording it if needed) when this session has none yet and runs the same
-        call — the same model object, execution and equal inputs — so a second analysis of that call does not
-        run the model again. True when it did."""
-        if self._trace is not None or other is self:
-            return False
-        mine, theirs = self.spec, other.spec
-        same_call = (mine.model is theirs.model and mine.execution == theirs.execution
-                     and same_value((mine.args, mine.kwargs), (theirs.args, theirs.kwargs)))
-        if same_call:
-            self._trace = other.trace
-        return same_call
-
     def memory_model(self) -> MemoryModel:
         """Live bytes of the trace, event by event (made once per session)."""
         trace = self.trace
@@ -138,14 +126,19 @@ class Session:
         return count_by_prefix(self.trace.modules)
 
     def _load_or_record(self) -> Trace:
+        """The trace another analysis of this call recorded in the same state (:mod:`modelmeter.cache.shared`),
+        else the disk cache's, else a new recording."""
         def record() -> Trace:
             return record_trace(self.spec)
 
-        store = self._trace_cache()
-        if store is None:
-            return record()
-        trace, self._from_cache = cached_trace(store, self.spec, record)
-        return trace
+        def load_or_record() -> Trace:
+            store = self._trace_cache()
+            if store is None:
+                return record()
+            trace, self._from_cache = cached_trace(store, self.spec, record)
+            return trace
+
+        return SHARED.get_or_record(self.spec, load_or_record)
 
     def _trace_cache(self) -> TraceCache | None:
         if isinstance(self._cache, TraceCache):
@@ -157,20 +150,6 @@ class Session:
         except OSError as exc:
             logger.warning("The trace cache is unavailable (%s); running the model without it.", exc)
             return None
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """True when ``a`` and ``b`` are the same object, or equal plain values (numbers, strings, None) in equal
-    tuples, lists and dicts; tensors only when they are the same object."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    return isinstance(a, (bool, int, float, complex, str, type(None))) and bool(a == b)
 
 
 # warnings ----------------------------------------------------------------------------------------

@@ -587,7 +587,7 @@ class _Fingerprint:
         return tuple(table(*tables) for tables in forward_hook_tables(module))
 
 
-def _run_options(execution: str) -> tuple[Any, ...]:
+def run_options(execution: str) -> tuple[Any, ...]:
     autocast = []
     for device in ("cpu", "cuda"):
         with suppress(AttributeError, RuntimeError, TypeError):
@@ -648,7 +648,7 @@ def cache_key(spec: RunSpec) -> Key:
     fp = _Fingerprint()
     fp.model(spec.model)
     fp.add("inputs", fp.value((spec.args, spec.kwargs)))
-    fp.add("run", _run_options(execution))
+    fp.add("run", run_options(execution))
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
     fp.user_modules()

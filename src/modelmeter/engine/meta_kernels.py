@@ -92,6 +92,15 @@ def _addmm(bias: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, *_: object, *
     return torch.empty((m1.shape[0], m2.shape[1]), dtype=m1.dtype, device=m1.device)
 
 
+def _mean(x: torch.Tensor, dim: list[int] | None, keepdim: bool = False, *,
+          dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``mean.dim``: the reduced shape, contiguous. (PyTorch's meta kernel is a Python reference whose first call
+    imports ``torch._dynamo``, over a second in a new process.)"""
+    reduced = {d % x.dim() for d in dim} if dim else set(range(x.dim()))
+    shape = [1 if i in reduced else n for i, n in enumerate(x.shape) if keepdim or i not in reduced]
+    return torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
+
+
 def _like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
     """``empty_like(x)`` of a dense ``x``: the same strides (``empty_like`` itself runs in Python on meta)."""
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
@@ -208,6 +217,14 @@ def _in_place_fits(args: tuple[Any, ...]) -> bool:
                for a in args[1:])
 
 
+def _mean_fits(args: tuple[Any, ...]) -> bool:
+    """A contiguous floating-point input of at least one dimension, reduced over valid dimensions."""
+    x, dim = args[0], args[1] if len(args) > 1 else None
+    return (_plain_meta(x) and x.is_floating_point() and x.dim() > 0 and x.is_contiguous()
+            and (dim is None or (isinstance(dim, (list, tuple)) and all(type(d) is int and -x.dim() <= d < x.dim()
+                                                                          for d in dim))))
+
+
 def _roll_fits(args: tuple[Any, ...]) -> bool:
     """A contiguous output; a 4-D or 5-D input keeps a channels-last layout (not made here)."""
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
@@ -239,6 +256,7 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     # in place (an LSTM cell's gates: sigmoid_, tanh_, add_)
     **{op: (_in_place_fits, _self) for op in IN_PLACE},
     _aten.roll.default: (_roll_fits, _contiguous_like),
+    _aten.mean.dim: (_mean_fits, _mean),
 }
 
 

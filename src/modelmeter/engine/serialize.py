@@ -32,9 +32,10 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 4  # 2: the module table, the run's description (model, versions) and the operators' tags;
+FORMAT_VERSION = 5  # 2: the module table, the run's description (model, versions) and the operators' tags;
 #                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads);
-#                     4: Trace.output_shapes (each module's output shapes, per call)
+#                     4: Trace.output_shapes (each module's output shapes, per call);
+#                     5: events' arguments written once per distinct value (the ``values`` table)
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -45,6 +46,9 @@ _META_FIELDS = tuple(f.name for f in dataclasses.fields(TensorMeta))
 _STORAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Storage))
 _MODULE_FIELDS = tuple(f.name for f in dataclasses.fields(ModuleInfo))
 _PARAMETER_FIELDS = tuple(f.name for f in dataclasses.fields(ParameterInfo))
+# The event fields written once per distinct value (the ``values`` table), and their types.
+_INTERNED: dict[str, type[Any]] = {"inputs": list, "outputs": list, "kwargs": dict}
+_INTERNED_AT = tuple((_EVENT_FIELDS.index(name), kind) for name, kind in _INTERNED.items())
 
 
 def schema_signature() -> dict[str, list[str]]:
@@ -86,11 +90,28 @@ def _encode(value: Any) -> Any:
 
 
 def trace_to_dict(trace: Trace) -> dict[str, Any]:
-    """``trace`` as JSON-safe data (``json.dumps`` works on it with ``allow_nan=False``)."""
+    """``trace`` as JSON-safe data (``json.dumps`` works on it with ``allow_nan=False``).
+
+    An event's arguments (``inputs``, ``outputs``, ``kwargs``) are written once per distinct value, in the table
+    ``values``, and the event holds the value's index there: a model's layers repeat the same argument
+    descriptions, so reading parses each once and the events are plain arrays of numbers and strings."""
     fields = {name: _encode(getattr(trace, name)) for name in _TRACE_FIELDS if name != "events"}
-    events = [[_encode(getattr(event, name)) for name in _EVENT_FIELDS] for event in trace.events]
+    index: dict[str, int] = {}
+    values: list[Any] = []
+
+    def interned(value: Any) -> int:
+        encoded = _encode(value)
+        text = json.dumps(encoded, separators=(",", ":"), allow_nan=False)
+        found = index.get(text)
+        if found is None:
+            found = index[text] = len(values)
+            values.append(encoded)
+        return found
+
+    events = [[interned(getattr(event, name)) if name in _INTERNED else _encode(getattr(event, name))
+               for name in _EVENT_FIELDS] for event in trace.events]
     return {"format": FORMAT, "version": FORMAT_VERSION, "schema": schema_signature(), "fields": fields,
-            "events": events}
+            "values": values, "events": events}
 
 
 # decoding ------------------------------------------------------------------------------------------
@@ -158,7 +179,7 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
 def _record(kind: type[Any], fields: tuple[str, ...], items: list[Any]) -> Any:
     if len(items) != len(fields):
         raise ValueError(f"a {kind.__name__} entry has the wrong number of fields")
-    return kind(**dict(zip(fields, items, strict=True)))
+    return kind(*items)  # the fields in dataclasses.fields order, as written
 
 
 def _decode(value: Any) -> Any:
@@ -217,16 +238,28 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
     if type(fields) is not dict or set(fields) != set(_TRACE_FIELDS) - {"events"}:
         raise ValueError("a trace entry has the wrong fields")
     try:
+        values = [decode(v) for v in _list(data.get("values"), "values")]
+        n_fields = len(_EVENT_FIELDS)
         events = []
         for row in _list(data.get("events"), "events"):
-            if len(_list(row, "event")) != len(_EVENT_FIELDS):
+            if len(_list(row, "event")) != n_fields:
                 raise ValueError("an event has the wrong number of fields")
-            events.append(OpEvent(**dict(zip(_EVENT_FIELDS, map(decode, row), strict=True))))
+            fields_of_event = [decode(v) for v in row]
+            for position, kind in _INTERNED_AT:
+                fields_of_event[position] = _interned_value(values, fields_of_event[position], kind)
+            events.append(OpEvent(*fields_of_event))  # the fields in dataclasses.fields order, as written
         trace = Trace(events=events, **{name: decode(value) for name, value in fields.items()})
     except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
         raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
     _check(trace)
     return trace
+
+
+def _interned_value(values: list[Any], position: Any, kind: type[Any]) -> Any:
+    """A copy of ``values[position]`` (an event's own list or dict: events do not share them), checked."""
+    if type(position) is not int or not 0 <= position < len(values) or type(values[position]) is not kind:
+        raise ValueError(f"an event's argument refers to no {kind.__name__} of the values table: {position!r:.40}")
+    return kind(values[position])
 
 
 def _check(trace: Trace) -> None:

@@ -1,0 +1,220 @@
+"""Recordings shared in-process: a second analysis of the same call takes the first one's trace.
+
+fvcore's users write ``FlopCountAnalysis(model, x)`` and then ``ActivationCountAnalysis(model, x)`` (and feed both
+to ``flop_count_table``): two analyses, one call. The first recording is kept under a key of everything the run
+could depend on that can change between the two — so a later analysis reuses it only when running the model
+again could not give another trace:
+
+* the model: every module (by path, so a swapped submodule changes it), its class, ``forward`` and hooks, its
+  ``training`` flag and its other attributes (plain values by value, objects walked, functions by code); every
+  parameter and buffer by identity, version counter (an in-place change bumps it) and metadata;
+* the inputs: their structure, every tensor by identity, version counter and metadata, other values by value;
+* the run: execution, backward and loss function, grad and inference mode, autocast, default dtype and device,
+  the attention backend switches (what the persistent cache's key covers, ``run_options``).
+
+Counting settings (handles, conventions, ancestor mode) are not part of it: they read the trace, not the run.
+The store holds no strong reference to a model, an input or a loss function (weak references; an entry whose
+objects died is dropped, and identities are only trusted while those objects live) and a trace holds no tensors.
+At most :data:`MAX_ENTRIES` traces are kept, the least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import types
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._torch_compat import (
+    buffers_of,
+    children_of,
+    forward_hook_tables,
+    global_forward_hooks,
+    parameters_of,
+    version_counter,
+)
+from ..engine.spec import RunSpec
+from ..engine.trace import Trace
+from .fingerprint import run_options
+
+MAX_ENTRIES = 4
+_MAX_DEPTH = 12
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size, torch.layout,
+          torch.memory_format)
+# nn.Module's own bookkeeping: parameters, buffers, children and hooks are keyed on their own.
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+
+
+class _Unshareable(Exception):
+    """Something in the call cannot be keyed safely (an object without weak references, say): record anew."""
+
+
+class _State:
+    """The key of one call's state, and the objects whose identities it names (held weakly)."""
+
+    def __init__(self) -> None:
+        self.alive: list[weakref.ref[Any]] = []
+        self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
+
+    def identity(self, obj: Any) -> tuple[str, int]:
+        """``obj`` by identity: trusted only while the weak reference taken here lives."""
+        try:
+            self.alive.append(weakref.ref(obj))
+        except TypeError as exc:
+            raise _Unshareable(f"{type(obj).__name__} has no weak references") from exc
+        return ("id", id(obj))
+
+    def tensor(self, t: torch.Tensor) -> tuple[Any, ...]:
+        """A tensor by identity, version counter (in-place changes), metadata and where its data lives (``.data``
+        replaced keeps the object and its version)."""
+        strided = t.layout == torch.strided
+        return (self.identity(t), version_counter(t), type(t), tuple(t.shape), t.stride() if strided else None,
+                t.storage_offset() if strided else None, t.dtype, str(t.device), t.layout, t.requires_grad,
+                _data_ptr(t))
+
+    def value(self, obj: Any, depth: int = 0) -> Any:
+        """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`.
+        Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
+        if isinstance(obj, _PLAIN):
+            return (type(obj), obj)
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj)
+        if isinstance(obj, enum.Enum):
+            return (type(obj), obj.name)
+        if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
+            return ("seen", self._seen[id(obj)])
+        self._seen[id(obj)] = len(self._seen)
+        if depth > _MAX_DEPTH:
+            raise _Unshareable("the inputs or attributes nest too deep to key")
+        if isinstance(obj, (tuple, list)):
+            return (type(obj), tuple(self.value(x, depth + 1) for x in obj))
+        if isinstance(obj, dict):
+            return (type(obj), self.items(obj, depth + 1))
+        if isinstance(obj, (set, frozenset)):
+            return (type(obj), frozenset(self.value(x, depth + 1) for x in obj))
+        if isinstance(obj, nn.Module):  # a module held as an attribute: keyed as a child where it is one
+            return self.identity(obj)
+        if isinstance(obj, types.FunctionType | types.MethodType | types.BuiltinFunctionType | type):
+            return self.callable(obj)
+        attributes = getattr(obj, "__dict__", None)
+        if attributes is None:
+            raise _Unshareable(f"a {type(obj).__name__} cannot be looked into")
+        return (type(obj), self.identity(obj), self.items(attributes, depth + 1))
+
+    def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+        return tuple((self.value(k, depth), self.value(v, depth)) for k, v in mapping.items() if k not in skip)
+
+    def callable(self, fn: Any) -> tuple[Any, ...]:
+        """A function by identity and code (a method by its function and object)."""
+        if isinstance(fn, types.MethodType):
+            return ("method", self.callable(fn.__func__), self.identity(fn.__self__))
+        code = getattr(fn, "__code__", None)
+        return (self.identity(fn), None if code is None else self.identity(code))
+
+    def module(self, path: str, module: nn.Module | None) -> tuple[Any, ...]:
+        """A module at ``path`` (None: an empty slot): identity, class, forward, flag, hooks, tensors, attributes."""
+        if module is None:
+            return (path, None)
+        hooks = tuple((tuple(self.callable(h) for h in tables[0].values()), tuple(tuple(flags) for flags in tables[1:]))
+                      for tables in forward_hook_tables(module))
+        return (path, self.identity(module), type(module), self.callable(type(module).forward), module.training,
+                hooks, self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
+                self.items(module.__dict__, 1, _MODULE_INTERNALS))
+
+    def tensors(self, table: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((name, None if t is None else self.tensor(t)) for name, t in table.items())
+
+
+def _data_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, a subclass without storage
+        return None
+
+
+def _modules(model: nn.Module | None, prefix: str = "") -> list[tuple[str, nn.Module | None]]:
+    """Every path to a module, shared ones under each path, empty slots as None."""
+    found: list[tuple[str, nn.Module | None]] = [(prefix, model)]
+    if model is not None:
+        for name, child in children_of(model).items():
+            found += _modules(child, f"{prefix}.{name}" if prefix else name)
+    return found
+
+
+def call_state(spec: RunSpec) -> tuple[tuple[Any, ...], list[weakref.ref[Any]]] | None:
+    """The key of running ``spec`` now, and weak references to the objects it names by identity; None when the
+    call cannot be keyed safely."""
+    state = _State()
+    try:
+        pre, post = global_forward_hooks()
+        key = (run_options(spec.execution), spec.backward,
+               None if spec.loss_fn is None else state.callable(spec.loss_fn),
+               tuple(state.callable(h) for h in (*pre.values(), *post.values())),
+               tuple(state.module(path, module) for path, module in _modules(spec.model)),
+               state.value(spec.args), state.value(spec.kwargs))
+        hash(key)
+    except (_Unshareable, TypeError):
+        return None
+    return key, state.alive
+
+
+class SharedRecordings:
+    """The last few traces recorded in this process, each under the state of the call that made it."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._entries: OrderedDict[tuple[Any, ...], tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def get_or_record(self, spec: RunSpec, record: Callable[[], Trace]) -> Trace:
+        """The trace of ``spec``'s call in its state now: shared when one was recorded in that state, else
+        ``record()``, kept under the state before it ran (a run puts the model back as it found it, and a call
+        in another state does not match)."""
+        before = call_state(spec)
+        if before is None:
+            return record()
+        found = self._find(before[0])
+        if found is not None:
+            return found
+        trace = record()
+        self._keep(before[0], before[1], trace)
+        return trace
+
+    def _find(self, key: tuple[Any, ...]) -> Trace | None:
+        with self._lock:
+            self._drop_dead()
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def _keep(self, key: tuple[Any, ...], alive: list[weakref.ref[Any]], trace: Trace) -> None:
+        with self._lock:
+            self._entries[key] = (alive, trace)
+            self._entries.move_to_end(key)
+            self._drop_dead()
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+
+    def _drop_dead(self) -> None:
+        """Entries whose objects died: their identities may now name other objects."""
+        for key in [k for k, (alive, _) in self._entries.items() if any(ref() is None for ref in alive)]:
+            del self._entries[key]
+
+
+#: The process's shared recordings (what every :class:`~modelmeter.Session` without a trace of its own asks).
+SHARED = SharedRecordings()
