@@ -127,9 +127,9 @@ def build():
 def test_the_command_says_where_it_counted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "gpu.py"
     path.write_text(MODEL_FILE)
-    assert main([f"{path}:build", "--input", "2x4"]) == 0
+    assert main([f"{path}:build", "--input", "2x4", "--wide"]) == 0  # the header on one line, however long
     header = capsys.readouterr().out.splitlines()[0]
-    assert header.startswith(f"{path}:build on input 2x4 (fake run on cuda:0, forward, fvcore convention")
+    assert header.startswith(f"{path}:build on input 2x4 float32 (fake run on cuda:0, forward, fvcore convention")
     assert main([f"{path}:build", "--input", "2x4", "--format", "json", "--no-cache"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["device"] == "cuda:0" and data["modules"][0]["metrics"]["flops"] == 2 * 4 * 4

@@ -73,6 +73,8 @@ class _State:
     def tensor(self, t: torch.Tensor) -> tuple[Any, ...]:
         """A tensor by identity, version counter (in-place changes), metadata and where its data lives (``.data``
         replaced keeps the object and its version)."""
+        if t.is_inference():  # changed in place inside inference_mode without a trace: nothing to key it by
+            raise _Unshareable("an inference tensor tracks no version counter")
         strided = t.layout == torch.strided
         return (self.identity(t), version_counter(t), type(t), tuple(t.shape), t.stride() if strided else None,
                 t.storage_offset() if strided else None, t.dtype, str(t.device), t.layout, t.requires_grad,
