@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from ..engine.trace import Storage, Trace
+from ..handles.traffic import itemsize
 from .counting import Ancestors, Statistics
 
 OPTIMIZER_PHASE = "optimizer"
@@ -55,8 +56,9 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                            overhead=12),
 }
 
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
-             "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1}
+# The dtypes an optimizer's state may be kept in (8-bit ones for 8-bit optimizers)
+STATE_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128", "float8_e4m3fn",
+                "float8_e5m2", "int8", "uint8")
 
 
 def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
@@ -72,8 +74,8 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
         spec = OPTIMIZERS[key]
     if state_dtype is not None:
         state_dtype = str(state_dtype).removeprefix("torch.")
-        if state_dtype not in _ITEMSIZE:
-            raise ValueError(f"state_dtype must be one of {', '.join(_ITEMSIZE)} (8-bit types for 8-bit optimizer "
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (8-bit types for 8-bit optimizer "
                              f"states); got {state_dtype!r}")
     return replace(spec, foreach=spec.foreach if foreach is None else foreach,
                    state_dtype=state_dtype or spec.state_dtype)
@@ -101,22 +103,18 @@ class Peak:
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-def _itemsize(dtype: str) -> int:
-    return _ITEMSIZE.get(dtype, 4)
-
-
-def _in_state_dtype(gradient: Storage, spec: OptimizerSpec) -> int:
+def in_state_dtype(gradient: Storage, spec: OptimizerSpec) -> int:
     """Bytes of one parameter-sized tensor in the state dtype (a gradient has its parameter's size and dtype)."""
     if spec.state_dtype is None:
         return gradient.nbytes
-    return gradient.nbytes // _itemsize(gradient.dtype) * _itemsize(spec.state_dtype)
+    return gradient.nbytes // itemsize(gradient.dtype) * itemsize(spec.state_dtype)
 
 
 def optimizer_bytes(trace: Trace, spec: OptimizerSpec) -> tuple[int, int]:
     """(persistent state, most temporary bytes of one ``step()``) for the parameters that got a gradient, in
     the optimizer's order (the model's parameter order)."""
     gradients = sorted((s for s in trace.storages if s.kind == "gradient"), key=lambda s: s.order)
-    sizes = [_in_state_dtype(s, spec) for s in gradients]
+    sizes = [in_state_dtype(s, spec) for s in gradients]
     state = sum(spec.states * size + spec.scalars for size in sizes)
     if not sizes:
         return state, 0

@@ -25,7 +25,7 @@ from ..handles.classify import Classifier
 from ..handles.conventions import get_convention
 from ..handles.traffic import itemsize, traffic_table
 from .counting import Ancestors, Statistics, Unit, count, work_dtype
-from .memory import OPTIMIZER_PHASE, OptimizerSpec
+from .memory import OPTIMIZER_PHASE, OptimizerSpec, in_state_dtype
 from .traffic import count_bytes
 
 # Roofline.summary["items"]["unit"] values
@@ -259,9 +259,8 @@ def _optimizer_units(trace: Trace, spec: OptimizerSpec) -> list[_Unit]:
     flops_per_element, kernels_per_parameter = OPTIMIZER_STEPS[name]
     units: dict[str, _Unit] = {}
     for gradient in (s for s in trace.storages if s.kind == "gradient"):
-        size = itemsize(gradient.dtype)
-        elements = gradient.nbytes // size
-        state = elements * itemsize(spec.state_dtype) if spec.state_dtype else gradient.nbytes
+        elements = gradient.nbytes // itemsize(gradient.dtype)
+        state = in_state_dtype(gradient, spec)
         unit = units.get(gradient.dtype)
         if unit is None:
             unit = units[gradient.dtype] = _Unit(OPTIMIZER_PHASE, len(trace.scopes), f"{name}.step", -1,
