@@ -351,10 +351,11 @@ class _Run:
         hy = [h for h, _ in finals]
         cy = [c for _, c in finals]
         del finals
-        self.final_output = True
-        h = self.stack(hy)
+        # make_tuple(outputs, stack(hy), stack(cy)): the compiler evaluates the arguments right to left
         self.final_output = True
         c = self.stack(cy)
+        self.final_output = True
+        h = self.stack(hy)
         return output.owner, h.owner, c.owner
 
     def one_hidden(self, func: Any, x: _Value, hx: torch.Tensor, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor]:
