@@ -279,7 +279,8 @@ def recurrent(quick: bool, repeat: int) -> dict[str, Any]:
 def markdown_recurrent(rows: dict[str, Any]) -> str:
     """Section 7 as a markdown table."""
     lines = ["### 7. Recurrent layers: LSTM(64, 128, 2 layers, bidirectional) + GRU(256, 128), batch 4", "",
-             "| steps | events | modelmeter | forward | mm/forward per run | µs per event |", "|---|---|---|---|---|---|"]
+             "| steps | events | modelmeter | forward | mm/forward per run | µs per event |",
+             "|---|---|---|---|---|---|"]
     for steps, row in rows.items():
         runs = row["ratio_runs"]
         lines.append(f"| {steps} | {row['events']} | {fmt(row['modelmeter'])} | {fmt(row['forward'])} | "
