@@ -64,7 +64,7 @@ def _described(trace: Trace) -> tuple[list[Any], list[Any], Any, Any]:
                e.python) for e in trace.events]
     storages = [(s.nbytes, s.dtype, s.device, s.kind, s.born, s.died, s.saved, s.saved_scope, s.order)
                 for s in trace.storages]
-    return events, storages, trace.scopes, trace.output_shapes
+    return events, storages, trace.scopes, (trace.output_shapes, trace.op_tags, trace.called, trace.assumptions)
 
 
 def _assert_same_trace(model: nn.Module, args: tuple[Any, ...], **spec: Any) -> Trace:
@@ -149,6 +149,27 @@ def test_a_model_built_on_meta(emulated: list[int]) -> None:
     trace = _assert_same_trace(model, (x,))
     assert emulated == [1]
     assert {s.device for s in trace.storages} == {"meta"}
+
+
+def test_a_state_the_run_has_not_seen_is_left_to_the_decomposition(emulated: list[int]) -> None:
+    """A tensor kept in a plain attribute (no parameter, buffer or input) has no storage record yet: the
+    decomposition's view of it notes one, so that call is not written."""
+
+    class Unseen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(3, 4)
+            self.h0 = torch.zeros(1, 2, 4)  # not a buffer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.gru(x, self.h0)[0]
+
+    with torch.device("meta"):
+        model = Unseen().eval()
+    trace = _assert_same_trace(model, (torch.empty(5, 2, 3, device="meta"),))
+    assert emulated == []
+    unbind = next(i for i, e in enumerate(trace.events) if e.op == "aten::unbind")
+    assert any(s.born == unbind for s in trace.storages)  # what writing the events would have missed
 
 
 def _numbers(model: nn.Module, x: torch.Tensor, convention: str) -> dict[str, Any]:

@@ -306,7 +306,7 @@ class Recorder:
         in its scope and phase."""
         scope, phase, origin = self._event_context()
         return Target(self.trace.events, self.storages.records, self._open[-1], scope, phase, origin,
-                      self.storages.outputs)
+                      self.storages.outputs, self.storages.knows)
 
     def call(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any], *,
              python: bool = False, operator: bool = False) -> Any:

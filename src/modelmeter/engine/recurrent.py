@@ -28,9 +28,9 @@ from .._torch_compat import pop_mode_temporarily
 from .metadata import device_name, dtype_name
 from .trace import OpEvent, Storage, TensorMeta
 
-_VF = torch._C._VariableFunctions
-# the recurrent calls, and their gates per step (the rows of a weight are gates x hidden size)
-_GATES = {_VF.lstm: 4, _VF.gru: 3, _VF.rnn_tanh: 1, _VF.rnn_relu: 1}
+# the recurrent calls (what nn.LSTM, nn.GRU and nn.RNN call as ``torch.torch.lstm`` & co.: the same functions), and
+# their gates per step (the rows of a weight are gates x hidden size)
+_GATES = {torch.lstm: 4, torch.gru: 3, torch.rnn_tanh: 1, torch.rnn_relu: 1}
 RECURRENT_CALLS = frozenset(_GATES)
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _enabled = True
@@ -48,13 +48,16 @@ def decomposed() -> Iterator[None]:
 
 
 class Target:
-    """Where the events go: the trace's events, the storage records, the enclosing call and its context."""
+    """Where the events go: the trace's events, the storage records, the enclosing call and its context;
+    ``register`` notes a real output tensor's storage, born at an event; ``known`` tells a tensor whose storage
+    the run has seen."""
 
     def __init__(self, events: list[OpEvent], records: list[Storage], parent: int, scope: int, phase: Any,
-                 origin: int, register: Callable[[torch.Tensor, int], None]) -> None:
+                 origin: int, register: Callable[[torch.Tensor, int], None],
+                 known: Callable[[torch.Tensor], bool]) -> None:
         self.events, self.records = events, records
         self.parent, self.scope, self.phase, self.origin = parent, scope, phase, origin
-        self.register = register  # note a real output tensor's storage, born at an event
+        self.register, self.known = register, known
 
 
 def emulate(target_of: Callable[[], Target], func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -62,25 +65,25 @@ def emulate(target_of: Callable[[], Target], func: Any, args: tuple[Any, ...], k
     ``target_of()`` gives; None when the call is not one this module stands for (run it)."""
     if not _enabled or kwargs or len(args) != 9:
         return None
-    layout = _layout(func, args)
+    target = target_of()
+    layout = _layout(func, args, target.known)
     if layout is None:
         return None
-    target = target_of()
     run = _Run(target, args[0])
     with pop_mode_temporarily():  # the real outputs are made unseen: the events say how they were made
         return run.call(func, layout, args)
 
 
 class _Layout:
-    """The call's sizes, checked: ``params[layer][direction]`` is (w_ih, w_hh, b_ih, b_hh) (biases None)."""
+    """The call's checked structure: ``params[layer][direction]`` is (w_ih, w_hh, b_ih, b_hh), biases None
+    without."""
 
-    def __init__(self, gates: int, hidden: int, layers: int, directions: int, params: list[list[tuple[Any, ...]]],
-                 batch_first: bool) -> None:
-        self.gates, self.hidden, self.layers, self.directions = gates, hidden, layers, directions
-        self.params, self.batch_first = params, batch_first
+    def __init__(self, layers: int, directions: int, params: list[list[tuple[Any, ...]]], batch_first: bool) -> None:
+        self.layers, self.directions, self.params, self.batch_first = layers, directions, params, batch_first
 
 
-def _layout(func: Any, args: tuple[Any, ...]) -> _Layout | None:
+def _layout(func: Any, args: tuple[Any, ...], known: Callable[[torch.Tensor], bool]) -> _Layout | None:
+    """The call's structure when the fast path stands for it (see the module's docstring), else None."""
     gates = _GATES.get(func)
     x, hx, flat, has_biases, layers, dropout, train, bidirectional, batch_first = args
     if gates is None or not isinstance(flat, (list, tuple)) or type(layers) is not int or layers < 1:
@@ -93,34 +96,32 @@ def _layout(func: Any, args: tuple[Any, ...]) -> _Layout | None:
         return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return None  # the backward pass needs the decomposition's autograd graph
+    if not all(known(t) for t in tensors):
+        return None  # a storage the run has not seen yet: the decomposition's first view of it would note it
     directions = 2 if bidirectional else 1
     per = 4 if has_biases else 2
     if x.dim() != 3 or len(flat) != layers * directions * per or states[0].dim() != 3:
         return None  # an LSTM with proj_size has a fifth weight per layer; unbatched inputs are made 3-D before
     steps, batch, size = (x.shape[1], x.shape[0], x.shape[2]) if batch_first else tuple(x.shape)
     hidden = states[0].shape[2]
-    if min(steps, batch, size, hidden) < 1:
+    if min(steps, batch, size, hidden) < 1 or any(tuple(s.shape) != (layers * directions, batch, hidden)
+                                                  for s in states):
         return None
-    expected = (layers * directions, batch, hidden)
-    if any(tuple(s.shape) != expected for s in states):
-        return None
-    params: list[list[tuple[Any, ...]]] = []
-    for layer in range(layers):
+    params = [[tuple(flat[(layer * directions + direction) * per:][:per]) for direction in range(directions)]
+              for layer in range(layers)]
+    for layer, row in enumerate(params):
         width = size if layer == 0 else hidden * directions
-        row = []
-        for direction in range(directions):
-            group = flat[(layer * directions + direction) * per:][:per]
-            w_ih, w_hh = group[0], group[1]
-            b_ih, b_hh = (group[2], group[3]) if has_biases else (None, None)
-            shapes = [tuple(w_ih.shape), tuple(w_hh.shape)] + ([tuple(b_ih.shape), tuple(b_hh.shape)] if has_biases
-                                                                else [])
-            want = [(gates * hidden, width), (gates * hidden, hidden)] + ([(gates * hidden,)] * 2 if has_biases
-                                                                         else [])
-            if shapes != want:
-                return None
-            row.append((w_ih, w_hh, b_ih, b_hh))
-        params.append(row)
-    return _Layout(gates, hidden, layers, directions, params, bool(batch_first))
+        if not all(_fits(group, gates * hidden, width, hidden) for group in row):
+            return None
+    if not has_biases:
+        params = [[(*group, None, None) for group in row] for row in params]
+    return _Layout(layers, directions, params, bool(batch_first))
+
+
+def _fits(group: tuple[Any, ...], rows: int, width: int, hidden: int) -> bool:
+    """The weights (and biases) of one layer and direction have the sizes the cell multiplies by."""
+    want = [(rows, width), (rows, hidden), (rows,), (rows,)][:len(group)]
+    return [tuple(t.shape) for t in group] == want
 
 
 def _plain(value: Any) -> bool:
@@ -162,7 +163,7 @@ class _Run:
         self.dtype_name, self.device = dtype_name(x.dtype), device_name(x)
         self.itemsize = x.element_size()
         self._metas: dict[tuple[int, ...], TensorMeta] = {}
-        self.real: Any = None  # the outputs made as tensors, in order
+        self._args: dict[int, _Value] = {}  # the call's tensors, alive while it runs: their ids are theirs
         self.final_output = False  # the next stack or cat makes the call's output
 
     # values ------------------------------------------------------------------------------------------------
@@ -173,7 +174,11 @@ class _Run:
         return found
 
     def arg(self, tensor: torch.Tensor) -> _Value:
-        return _Value(self.meta(tuple(tensor.shape)), None)
+        """One of the call's own tensors (it outlives the call: no storage of the call's)."""
+        found = self._args.get(id(tensor))
+        if found is None:
+            found = self._args[id(tensor)] = _Value(self.meta(tuple(tensor.shape)), None)
+        return found
 
     def emit(self, op: str, inputs: list[Any], outputs: list[TensorMeta]) -> None:
         t = self.t
@@ -290,20 +295,24 @@ class _Run:
     # layers ------------------------------------------------------------------------------------------------
     def steps(self, cell: Callable[..., Any], inputs: list[_Value], hidden: Any, p: tuple[Any, ...]
               ) -> tuple[list[_Value], Any]:
+        """``FullLayer``'s loop: the cell at every step, each step's output kept (an LSTM's is its ``hy``)."""
         outputs = []
         for x in inputs:
             hidden = cell(x, hidden, p)
             outputs.append(hidden[0] if isinstance(hidden, tuple) else hidden)
         return outputs, hidden
 
-    def layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: tuple[Any, ...], last: bool
+    def layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: list[tuple[Any, ...]], last: bool
               ) -> tuple[_Value, Any]:
+        """``FullLayer``: the steps in order, their outputs stacked (``last``: into the call's output)."""
         outputs, final = self.steps(cell, self.unbind(x), hidden, p[0])
         self.final_output = last
         return self.stack(outputs), final
 
-    def bidirectional_layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: tuple[Any, ...], last: bool
-                            ) -> tuple[_Value, Any]:
+    def bidirectional_layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: list[tuple[Any, ...]],
+                            last: bool) -> tuple[_Value, Any]:
+        """``FullBidirectionalLayer``: forward and reversed steps, each stacked, the two joined on the last
+        dimension."""
         inputs = self.unbind(x)
         forward, forward_final = self.steps(cell, inputs, hidden[0], p[0])
         forward_output = self.stack(forward)
@@ -332,7 +341,7 @@ class _Run:
         if layout.batch_first:
             b, t, size = x.meta.shape
             x = self.view("aten::transpose", [x.meta, 0, 1], x, (t, b, size))
-        if func is _VF.lstm:
+        if func is torch.lstm:
             output, h, c = self.lstm(x, args[1], layout)
             if layout.batch_first:
                 output = self.transposed(output, in_place=False)
@@ -361,10 +370,10 @@ class _Run:
     def one_hidden(self, func: Any, x: _Value, hx: torch.Tensor, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """``_rnn_impl_with_concat`` of a GRU or a simple RNN."""
         states = self.unbind(self.arg(hx))
-        if func is _VF.gru:
+        if func is torch.gru:
             cell: Callable[..., Any] = self.gru_cell
         else:
-            cell = functools.partial(self.simple_cell, "aten::tanh" if func is _VF.rnn_tanh else "aten::relu")
+            cell = functools.partial(self.simple_cell, "aten::tanh" if func is torch.rnn_tanh else "aten::relu")
         output, finals = self.layers(cell, x, states, layout)
         del states
         self.final_output = True
