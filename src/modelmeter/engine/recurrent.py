@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -159,6 +160,8 @@ class _Run:
 
     def __init__(self, target: Target, x: torch.Tensor) -> None:
         self.t = target
+        self.events = target.events
+        self.parent, self.scope, self.phase, self.origin = target.parent, target.scope, target.phase, target.origin
         self.dtype = x.dtype
         self.dtype_name, self.device = dtype_name(x.dtype), device_name(x)
         self.itemsize = x.element_size()
@@ -181,24 +184,21 @@ class _Run:
         return found
 
     def emit(self, op: str, inputs: list[Any], outputs: list[TensorMeta]) -> None:
-        t = self.t
-        t.events.append(OpEvent(op, "dispatch", t.parent, t.scope, t.phase, inputs, outputs, origin=t.origin))
+        self.events.append(OpEvent(op, "dispatch", self.parent, self.scope, self.phase, inputs, outputs, {},
+                                   self.origin))
 
     def new(self, op: str, inputs: list[Any], shape: tuple[int, ...], real: bool = False) -> _Value:
         """The value a kernel allocates (``real``: one of the call's outputs, made as a tensor)."""
         meta = self.meta(shape)
-        born = len(self.t.events)
+        born = len(self.events)
         self.emit(op, inputs, [meta])
         if real:
             tensor = torch.empty(shape, dtype=self.dtype, device="meta")
             self.t.register(tensor, born)
             return _Value(meta, tensor)
-        nbytes = self.itemsize
-        for size in shape:
-            nbytes *= size
-        record = Storage(nbytes, self.dtype_name, self.device, "activation", born)
+        record = Storage(self.itemsize * math.prod(shape), self.dtype_name, self.device, "activation", born)
         self.t.records.append(record)
-        return _Value(meta, _Block(record, self.t.events))
+        return _Value(meta, _Block(record, self.events))
 
     def in_place(self, op: str, inputs: list[Any], target: _Value) -> _Value:
         self.emit(op, inputs, [target.meta])
