@@ -27,8 +27,10 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
    analyses share one recording) and fvcore's, against FlopCounterMode and a plain forward, timed in turn; ratios
    per run, median (min-max). ``--pair-only`` runs this section alone.
 7. **Recurrent layers**: a 2-layer bidirectional ``nn.LSTM(64, 128)`` followed by an ``nn.GRU(256, 128)``, on 4
-   sequences of 40 and 160 steps (8 with ``--quick``): modelmeter's analysis against a plain forward, timed in turn;
-   the ratio per run, median (min-max), and the analysis time per recorded event. ``--recurrent-only`` runs it alone.
+   sequences of 40 and 160 steps (8 with ``--quick``): modelmeter's analysis against a plain forward, timed in turn
+   in CPU time on one thread (on a loaded machine the forward's multi-threaded kernels stall, and its wall time with
+   them); the ratio per run, median (min-max), and the analysis time per recorded event. ``--recurrent-only`` runs
+   it alone.
 
 Every timed modelmeter run analyses a new input tensor (a clone): analyses of the same objects in the same state
 share one recording in-process, so repeating one call would time the counting only.
@@ -79,17 +81,19 @@ def timed(fn: Callable[[], Any], repeat: int) -> dict[str, Any]:
     return summary(times)
 
 
-def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, dict[str, Any]]:
+def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int,
+                  clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
     """As :func:`timed` for each of ``fns``, their runs taken in turn (a, b, a, b, ...): on a machine whose speed
-    drifts, a difference of their medians is then not a difference of two moments."""
+    drifts, a difference of their medians is then not a difference of two moments. ``clock``: wall-clock time,
+    or ``time.process_time`` (the CPU time of this process)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: {**summary(values), "times": values} for name, values in times.items()}
 
 
@@ -256,29 +260,40 @@ class Recurrent(nn.Module):
 
 def recurrent(quick: bool, repeat: int) -> dict[str, Any]:
     """Section 7: the analysis of a recurrent model against its forward, at two sequence lengths."""
-    import modelmeter
-
     torch.manual_seed(0)
     model = Recurrent().eval()
     rows: dict[str, Any] = {}
-    for steps in (8,) if quick else (40, 160):
-        x = torch.randn(steps, 4, 64)
-        events = len(modelmeter.analyze(model, x.clone(), cache=False, quiet=True).trace.events)
-        row: dict[str, Any] = timed_in_turn({"modelmeter": run_modelmeter(model, x),
-                                             "forward": run_forward(model, x)}, repeat)
-        row["events"] = events
-        row["ratio_runs"] = summary([a / b for a, b in zip(row["modelmeter"]["times"], row["forward"]["times"],
-                                                           strict=True)])
-        row["us_per_event"] = row["modelmeter"]["median_s"] / events * 1e6
-        rows[str(steps)] = row
-        print(f"  recurrent {steps} steps: modelmeter {fmt(row['modelmeter'])}, forward {fmt(row['forward'])}",
-              file=sys.stderr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time of one thread: a loaded machine stalls a multi-threaded kernel's wall time
+    try:
+        for steps in (8,) if quick else (40, 160):
+            rows[str(steps)] = recurrent_row(model, steps, repeat)
+    finally:
+        torch.set_num_threads(threads)
     return rows
+
+
+def recurrent_row(model: nn.Module, steps: int, repeat: int) -> dict[str, Any]:
+    """Section 7 at one sequence length: events, CPU times in turn, the ratio per run."""
+    import modelmeter
+
+    x = torch.randn(steps, 4, 64)
+    events = len(modelmeter.analyze(model, x.clone(), cache=False, quiet=True).trace.events)
+    row: dict[str, Any] = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x)},
+                                        repeat, clock=time.process_time)
+    row["events"] = events
+    row["ratio_runs"] = summary([a / b for a, b in zip(row["modelmeter"]["times"], row["forward"]["times"],
+                                                       strict=True)])
+    row["us_per_event"] = row["modelmeter"]["median_s"] / events * 1e6
+    print(f"  recurrent {steps} steps: modelmeter {fmt(row['modelmeter'])}, forward {fmt(row['forward'])}",
+          file=sys.stderr)
+    return row
 
 
 def markdown_recurrent(rows: dict[str, Any]) -> str:
     """Section 7 as a markdown table."""
-    lines = ["### 7. Recurrent layers: LSTM(64, 128, 2 layers, bidirectional) + GRU(256, 128), batch 4", "",
+    lines = ["### 7. Recurrent layers: LSTM(64, 128, 2 layers, bidirectional) + GRU(256, 128), batch 4 (CPU time, "
+             "one thread)", "",
              "| steps | events | modelmeter | forward | mm/forward per run | µs per event |",
              "|---|---|---|---|---|---|"]
     for steps, row in rows.items():
