@@ -160,13 +160,14 @@ class _Run:
 
     def __init__(self, target: Target, x: torch.Tensor) -> None:
         self.t = target
-        self.events = target.events
+        self.events, self.records = target.events, target.records
         self.parent, self.scope, self.phase, self.origin = target.parent, target.scope, target.phase, target.origin
         self.dtype = x.dtype
         self.dtype_name, self.device = dtype_name(x.dtype), device_name(x)
         self.itemsize = x.element_size()
         self._metas: dict[tuple[int, ...], TensorMeta] = {}
         self._args: dict[int, _Value] = {}  # the call's tensors, alive while it runs: their ids are theirs
+        self._transposed: dict[int, tuple[_Value, _Value]] = {}
         self.final_output = False  # the next stack or cat makes the call's output
 
     # values ------------------------------------------------------------------------------------------------
@@ -187,21 +188,22 @@ class _Run:
         self.events.append(OpEvent(op, "dispatch", self.parent, self.scope, self.phase, inputs, outputs, {},
                                    self.origin))
 
-    def new(self, op: str, inputs: list[Any], shape: tuple[int, ...], real: bool = False) -> _Value:
+    def new(self, op: str, inputs: list[Any], meta: TensorMeta, real: bool = False) -> _Value:
         """The value a kernel allocates (``real``: one of the call's outputs, made as a tensor)."""
-        meta = self.meta(shape)
         born = len(self.events)
-        self.emit(op, inputs, [meta])
+        self.events.append(OpEvent(op, "dispatch", self.parent, self.scope, self.phase, inputs, [meta], {},
+                                   self.origin))
         if real:
-            tensor = torch.empty(shape, dtype=self.dtype, device="meta")
+            tensor = torch.empty(meta.shape, dtype=self.dtype, device="meta")
             self.t.register(tensor, born)
             return _Value(meta, tensor)
-        record = Storage(self.itemsize * math.prod(shape), self.dtype_name, self.device, "activation", born)
-        self.t.records.append(record)
+        record = Storage(self.itemsize * math.prod(meta.shape), self.dtype_name, self.device, "activation", born)
+        self.records.append(record)
         return _Value(meta, _Block(record, self.events))
 
     def in_place(self, op: str, inputs: list[Any], target: _Value) -> _Value:
-        self.emit(op, inputs, [target.meta])
+        self.events.append(OpEvent(op, "dispatch", self.parent, self.scope, self.phase, inputs, [target.meta], {},
+                                   self.origin))
         return target
 
     def view(self, op: str, inputs: list[Any], source: _Value, shape: tuple[int, ...]) -> _Value:
@@ -224,28 +226,37 @@ class _Run:
     def stack(self, values: list[_Value]) -> _Value:
         real, self.final_output = self.final_output, False
         shape = (len(values), *values[0].meta.shape)
-        return self.new("aten::stack", [[v.meta for v in values], 0], shape, real)
+        return self.new("aten::stack", [[v.meta for v in values], 0], self.meta(shape), real)
 
     def cat(self, first: _Value, second: _Value) -> _Value:
         real, self.final_output = self.final_output, False
         a, b = first.meta.shape, second.meta.shape
-        return self.new("aten::cat", [[first.meta, second.meta], 2], (*a[:2], a[2] + b[2]), real)
+        return self.new("aten::cat", [[first.meta, second.meta], 2], self.meta((*a[:2], a[2] + b[2])), real)
+
+    def transposed_weight(self, weight: torch.Tensor) -> tuple[_Value, _Value]:
+        """A weight and its ``t()`` (a view of the call's own tensor: the same value at every step)."""
+        found = self._transposed.get(id(weight))
+        if found is None:
+            w = self.arg(weight)
+            rows, columns = w.meta.shape
+            found = self._transposed[id(weight)] = (w, _Value(self.meta((columns, rows)), None))
+        return found
 
     def linear(self, x: _Value, weight: torch.Tensor, bias: torch.Tensor | None) -> _Value:
         """``at::linear`` of a 2-D input: ``addmm(bias, x, w.t())``, or ``mm(x, w.t())`` without a bias."""
-        w = self.arg(weight)
-        rows, columns = w.meta.shape
-        wt = self.view("aten::t", [w.meta], w, (columns, rows))
-        shape = (x.meta.shape[0], rows)
+        w, wt = self.transposed_weight(weight)
+        self.emit("aten::t", [w.meta], [wt.meta])
+        rows = w.meta.shape[0]
+        meta = self.meta((x.meta.shape[0], rows))
         if bias is None:
-            return self.new("aten::mm", [x.meta, wt.meta], shape)
-        return self.new("aten::addmm", [self.meta(tuple(bias.shape)), x.meta, wt.meta, 1, 1], shape)
+            return self.new("aten::mm", [x.meta, wt.meta], meta)
+        return self.new("aten::addmm", [self.arg(bias).meta, x.meta, wt.meta, 1, 1], meta)
 
     def unary(self, op: str, x: _Value) -> _Value:
-        return self.new(op, [x.meta], x.meta.shape)
+        return self.new(op, [x.meta], x.meta)
 
     def binary(self, op: str, a: _Value, b: _Value, alpha: bool = True) -> _Value:
-        return self.new(op, [a.meta, b.meta, 1] if alpha else [a.meta, b.meta], a.meta.shape)
+        return self.new(op, [a.meta, b.meta, 1] if alpha else [a.meta, b.meta], a.meta)
 
     def binary_(self, op: str, a: _Value, b: _Value, alpha: bool = True) -> _Value:
         return self.in_place(op, [a.meta, b.meta, 1] if alpha else [a.meta, b.meta], a)
