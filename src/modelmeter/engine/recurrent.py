@@ -12,7 +12,9 @@ event by event and storage by storage, with the decomposition's.
 The fast path is taken for the forward pass without autograd (no tensor of the call requires a gradient, or grad
 mode is off) on plain meta tensors, contiguous, of one floating dtype, with the sizes the layer expects; anything
 else runs the decomposition as before: a PackedSequence input, an LSTM with ``proj_size``, dropout between layers
-in training, a backward pass, FakeTensors (a fallback run on the CPU takes another branch of the decomposition).
+in training, a backward pass, non-contiguous arguments, a tensor whose storage the run has not seen (the
+decomposition's first view of it notes one), FakeTensors (a fallback run on the CPU takes another branch of the
+decomposition).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .._torch_compat import pop_mode_temporarily
 from .metadata import device_name, dtype_name
 from .trace import OpEvent, Storage, TensorMeta
 
-# the recurrent calls (what nn.LSTM, nn.GRU and nn.RNN call as ``torch.torch.lstm`` & co.: the same functions), and
+# the recurrent calls (nn.LSTM, nn.GRU and nn.RNN call them through ``torch._VF``: the same functions), and
 # their gates per step (the rows of a weight are gates x hidden size)
 _GATES = {torch.lstm: 4, torch.gru: 3, torch.rnn_tanh: 1, torch.rnn_relu: 1}
 RECURRENT_CALLS = frozenset(_GATES)
@@ -371,7 +373,8 @@ class _Run:
         hy = [h for h, _ in finals]
         cy = [c for _, c in finals]
         del finals
-        # make_tuple(outputs, stack(hy), stack(cy)): the compiler evaluates the arguments right to left
+        # make_tuple(outputs, stack(hy), stack(cy)): the build of torch evaluates the arguments right to left, so the
+        # decomposition stacks the cell states first
         self.final_output = True
         c = self.stack(cy)
         self.final_output = True
