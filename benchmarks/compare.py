@@ -26,6 +26,11 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
    ``flop_count_table(flops, activations=acts)`` on ResNet-50 and ViT-B/16 (real tensors), modelmeter's (the two
    analyses share one recording) and fvcore's, against FlopCounterMode and a plain forward, timed in turn; ratios
    per run, median (min-max). ``--pair-only`` runs this section alone.
+7. **Recurrent layers**: a 2-layer bidirectional ``nn.LSTM(64, 128)`` followed by an ``nn.GRU(256, 128)``, on 4
+   sequences of 40 and 160 steps (8 with ``--quick``): modelmeter's analysis against a plain forward, timed in turn
+   in CPU time on one thread (on a loaded machine the forward's multi-threaded kernels stall, and its wall time with
+   them); the ratio per run, median (min-max), and the analysis time per recorded event. ``--recurrent-only`` runs
+   it alone.
 
 Every timed modelmeter run analyses a new input tensor (a clone): analyses of the same objects in the same state
 share one recording in-process, so repeating one call would time the counting only.
@@ -76,17 +81,19 @@ def timed(fn: Callable[[], Any], repeat: int) -> dict[str, Any]:
     return summary(times)
 
 
-def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, dict[str, Any]]:
+def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int,
+                  clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
     """As :func:`timed` for each of ``fns``, their runs taken in turn (a, b, a, b, ...): on a machine whose speed
-    drifts, a difference of their medians is then not a difference of two moments."""
+    drifts, a difference of their medians is then not a difference of two moments. ``clock``: wall-clock time,
+    or ``time.process_time`` (the CPU time of this process)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: {**summary(values), "times": values} for name, values in times.items()}
 
 
@@ -237,6 +244,64 @@ def pair(quick: bool, repeat: int) -> dict[str, Any]:
         rows[name] = row
         print(f"  pair {name}: " + ", ".join(f"{t} {fmt(row[t])}" for t in TOOLS), file=sys.stderr)
     return rows
+
+
+class Recurrent(nn.Module):
+    """Section 7's model: a 2-layer bidirectional LSTM, then a GRU on its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(64, 128, num_layers=2, bidirectional=True)
+        self.gru = nn.GRU(256, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0])[0]
+
+
+def recurrent(quick: bool, repeat: int) -> dict[str, Any]:
+    """Section 7: the analysis of a recurrent model against its forward, at two sequence lengths."""
+    torch.manual_seed(0)
+    model = Recurrent().eval()
+    rows: dict[str, Any] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time of one thread: a loaded machine stalls a multi-threaded kernel's wall time
+    try:
+        for steps in (8,) if quick else (40, 160):
+            rows[str(steps)] = recurrent_row(model, steps, repeat)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def recurrent_row(model: nn.Module, steps: int, repeat: int) -> dict[str, Any]:
+    """Section 7 at one sequence length: events, CPU times in turn, the ratio per run."""
+    import modelmeter
+
+    x = torch.randn(steps, 4, 64)
+    events = len(modelmeter.analyze(model, x.clone(), cache=False, quiet=True).trace.events)
+    row: dict[str, Any] = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x)},
+                                        repeat, clock=time.process_time)
+    row["events"] = events
+    row["ratio_runs"] = summary([a / b for a, b in zip(row["modelmeter"]["times"], row["forward"]["times"],
+                                                       strict=True)])
+    row["us_per_event"] = row["modelmeter"]["median_s"] / events * 1e6
+    print(f"  recurrent {steps} steps: modelmeter {fmt(row['modelmeter'])}, forward {fmt(row['forward'])}",
+          file=sys.stderr)
+    return row
+
+
+def markdown_recurrent(rows: dict[str, Any]) -> str:
+    """Section 7 as a markdown table."""
+    lines = ["### 7. Recurrent layers: LSTM(64, 128, 2 layers, bidirectional) + GRU(256, 128), batch 4 (CPU time, "
+             "one thread)", "",
+             "| steps | events | modelmeter | forward | mm/forward per run | µs per event |",
+             "|---|---|---|---|---|---|"]
+    for steps, row in rows.items():
+        runs = row["ratio_runs"]
+        lines.append(f"| {steps} | {row['events']} | {fmt(row['modelmeter'])} | {fmt(row['forward'])} | "
+                     f"{runs['median_s']:.2f}x ({runs['min_s']:.2f}-{runs['max_s']:.2f}) | "
+                     f"{row['us_per_event']:.1f} |")
+    return "\n".join([*lines, ""])
 
 
 # Llama-2-70B in fresh processes ------------------------------------------------------------------------
@@ -462,10 +527,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, help="timed runs per measurement (default 5, 1 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--pair-only", action="store_true", help="only section 6 (fvcore's usage pattern)")
+    parser.add_argument("--recurrent-only", action="store_true", help="only section 7 (recurrent layers)")
     args = parser.parse_args()
     repeat = args.repeat or (1 if args.quick else 5)
     torch.set_num_threads(THREADS)
     report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine()}
+    if args.recurrent_only:
+        report["recurrent"] = recurrent(args.quick, repeat)
+        print(markdown_recurrent(report["recurrent"]))
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(report, out, indent=1)
+        return 0
     if args.pair_only:
         report["pair"] = pair(args.quick, repeat)
         print(markdown_pair(report["pair"]))
@@ -479,7 +552,8 @@ def main() -> int:
     report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))  # cheap, and the noisiest: more runs
     report["cached"] = cached(args.quick, min(repeat, 3))
     report["pair"] = pair(args.quick, repeat)
-    print(markdown(report) + "\n" + markdown_pair(report["pair"]))
+    report["recurrent"] = recurrent(args.quick, repeat)
+    print(markdown(report) + "\n" + markdown_pair(report["pair"]) + "\n" + markdown_recurrent(report["recurrent"]))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=1)

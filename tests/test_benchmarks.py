@@ -88,3 +88,14 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     assert cached["ratios"]["persistent_first/persistent_cached"] == pytest.approx(
         cached["persistent_first"]["median_s"] / cached["persistent_cached"]["median_s"])
     assert "### 5. Cached re-analysis" in done.stdout
+
+
+def test_the_recurrent_section_times_analysis_and_forward_in_turn() -> None:
+    compare = load_compare()
+    rows = compare.recurrent(True, 2)
+    row = rows["8"]
+    assert row["events"] > 0 and positive(row["modelmeter"]) and positive(row["forward"])
+    per_run = [a / b for a, b in zip(row["modelmeter"]["times"], row["forward"]["times"], strict=True)]
+    assert row["ratio_runs"]["median_s"] == pytest.approx(sorted(per_run)[0] / 2 + sorted(per_run)[1] / 2)
+    assert row["us_per_event"] == pytest.approx(row["modelmeter"]["median_s"] / row["events"] * 1e6)
+    assert "| 8 | " in compare.markdown_recurrent(rows)

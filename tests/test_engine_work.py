@@ -9,6 +9,7 @@ the cell's outputs.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from types import FrameType
@@ -18,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+from modelmeter.engine import recurrent
 from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.tracer import record_trace
 
@@ -42,11 +44,19 @@ def _recording_work(model: nn.Module, x: torch.Tensor) -> tuple[int, Counter[str
     return len(trace.events), calls
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["written", "decomposed"])
 @pytest.mark.parametrize("make", [lambda: nn.LSTM(8, 16, num_layers=2, bidirectional=True),
                                   lambda: nn.GRU(8, 16, num_layers=2)], ids=["lstm", "gru"])
-def test_a_recurrent_layer_costs_the_same_work_per_step_however_long_the_sequence(make: Any) -> None:
+def test_a_recurrent_layer_costs_the_same_work_per_step_however_long_the_sequence(make: Any, written: bool) -> None:
+    """Both when the decomposition is written into the trace (engine/recurrent.py, the forward pass without
+    autograd) and when it runs (a backward pass needs its autograd graph)."""
     torch.manual_seed(0)
     model = make().eval()
+    with contextlib.nullcontext() if written else recurrent.decomposed():
+        _flat_per_step(model)
+
+
+def _flat_per_step(model: nn.Module) -> None:
     _recording_work(model, torch.randn(2, 1, 8))  # first calls of a process (caches, imports) are not the model's
     (e4, c4), (e8, c8), (e16, c16) = (_recording_work(model, torch.randn(steps, 1, 8)) for steps in (4, 8, 16))
     assert e4 < e8 < e16

@@ -38,6 +38,7 @@ from .inputs import tensors_in
 from .meta_kernels import direct_kernel, fused_on_meta
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
+from .recurrent import RECURRENT_CALLS, Target, emulate
 from .storages import StorageTracker
 from .trace import Level, OpEvent, Phase, Trace
 from .values import Shadows
@@ -300,6 +301,13 @@ class Recorder:
         self.trace.events.append(OpEvent(op, "dispatch", self._open[-1] if self._open else -1, scope, phase,
                                          place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin))
 
+    def synthetic_target(self) -> Target:
+        """Where events written without running their operators go (engine/recurrent.py): inside the call open now,
+        in its scope and phase."""
+        scope, phase, origin = self._event_context()
+        return Target(self.trace.events, self.storages.records, self._open[-1], scope, phase, origin,
+                      self.storages.outputs, self.storages.knows)
+
     def call(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any], *,
              python: bool = False, operator: bool = False) -> Any:
         """Record ``run()`` as a user-level call of ``op`` on ``args``/``kwargs`` (see :meth:`open_function` and
@@ -363,6 +371,10 @@ class FunctionRecorder(TorchFunctionMode):
         if higher_order:  # flex_attention & co. have no rule for a Python dispatch mode: counted as a whole
             with pop_mode_temporarily():
                 return func(*args, **kwargs)
+        if func in RECURRENT_CALLS:  # LSTM, GRU, RNN on meta tensors: their decomposition written, not run
+            emulated = emulate(self.recorder.synthetic_target, func, args, kwargs)
+            if emulated is not None:
+                return emulated
         # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
         fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
         return func(*args, **kwargs) if fused is None else fused

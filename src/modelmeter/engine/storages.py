@@ -54,6 +54,10 @@ class StorageTracker:
         if record is not None and self.open:
             record.died = self.clock()
 
+    def knows(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage has a record (it was seen, and lives)."""
+        return id(tensor.untyped_storage()) in self._live
+
     def existing(self, tensor: torch.Tensor, kind: StorageKind) -> None:
         """A storage that is there before the run starts (model state, inputs)."""
         self._record(tensor, kind, -1)
