@@ -1,18 +1,19 @@
 """What the CPU kernels refuse and PyTorch's meta kernels let through.
 
-A fake run (meta stand-ins for a CPU model, a model built on meta, FakeTensors on the CPU) runs meta kernels, which
-check less than the CPU kernels they stand for: a float64 input meets a float32 weight in ``mm``, ``addmm`` or
-``convolution``, a transposed convolution gets the wrong number of channels, a norm mixes dtypes, an integer tensor
-goes through ``gelu`` or ``softmax``, ... The real run refuses each of these, so a fake run that counted them would
-count a model that cannot run. Each check below raises where the CPU kernel would, before the meta kernel runs;
-the failing module's call is then explained by :mod:`.expectations` as for a real run.
+A fake run (meta stand-ins for a CPU model, a model built on meta, FakeTensors) runs meta kernels, which check less
+than the CPU kernels they stand for: a float64 input meets a float32 weight in ``mm``, ``addmm`` or ``convolution``,
+a transposed convolution gets the wrong number of channels, a norm mixes dtypes, an integer tensor goes through
+``gelu`` or ``softmax``, ... The real run refuses each of these, so a fake run that counted them would count a model
+that cannot run. Each check below raises where the CPU kernel would, before the meta kernel runs; the failing
+module's call is then explained by :mod:`.expectations` as for a real run. Real tensors are left to their kernels.
 
 The table was found by running wrong calls on the CPU and on meta tensors side by side; ``WRONG_CALLS`` in
 tests/test_wrong_inputs.py keeps them, each refused by the CPU and by a fake run. Only what the CPU kernel refuses
-whatever the values is checked (an embedding index out of range needs values). Most checks hold on every device (operands of one dtype, shapes, integer
-indices); the CPU's own rules (a norm's mixes of dtypes, integer inputs to ``histc`` and resampling) apply only to
-tensors that stand for CPU ones — not to a model built on meta, which may be meant for any device and whose code may
-take another device's path, nor to FakeTensors on ``cuda`` (a model written for GPUs).
+whatever the values is checked (an embedding index out of range needs values). Most checks hold on every device
+(operands of one dtype, shapes, integer indices); the CPU's own rules (a norm's mixes of dtypes, integer inputs to
+``histc`` and resampling) apply only to tensors that stand for CPU ones — not to a model built on meta, which may be
+meant for any device and whose code may take another device's path, nor to FakeTensors on ``cuda`` (a model
+written for GPUs).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _floating_only(op: str, *also: torch.dtype, cpu_only: bool = False) -> Check
     where = " on the CPU" if cpu_only else ""
 
     def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        x = args[0] if args else None
+        x: Any = args[0] if args else None
         if not _without_values(x) or x.is_floating_point() or x.is_complex() or x.dtype in also:
             return
         if not cpu_only or _stands_for_cpu(x):
