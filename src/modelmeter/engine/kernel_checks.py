@@ -76,11 +76,18 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _same_dtype(op: str, *slots: tuple[int, str]) -> Check:
-    """The tensors at ``slots`` must share one dtype (matrix products, index updates, grid sampling, ...)."""
+    """The tensors at ``slots`` must share one dtype (matrix products, index updates, grid sampling, ...). The
+    common case — one dtype — is decided first, cheaply: some of these run once per layer."""
     def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        tensors = _named_tensors(args, kwargs, slots)
-        if tensors and _without_values(tensors[0][1]) and len({t.dtype for _, t in tensors}) > 1:
-            raise RuntimeError(f"{op} expects tensors of one dtype, got {_dtype_list(tensors)}")
+        dtype = None
+        for index, name in slots:
+            value = args[index] if len(args) > index else kwargs.get(name)
+            if isinstance(value, torch.Tensor):
+                if dtype is None:
+                    dtype, lead = value.dtype, value
+                elif value.dtype != dtype and _without_values(lead):
+                    raise RuntimeError(f"{op} expects tensors of one dtype, got "
+                                       f"{_dtype_list(_named_tensors(args, kwargs, slots))}")
 
     return check
 
@@ -102,7 +109,7 @@ def _floating_only(op: str, *also: torch.dtype, cpu_only: bool = False) -> Check
     return check
 
 
-def _norm(op: str, shape_of: Callable[[tuple[Any, ...], dict[str, Any]], list[int]] | None,
+def _norm(op: str, shape_of: Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, ...]] | None,
           *parameters: tuple[int, str]) -> Check:
     """A norm's input is floating-point; its parameters (weight, bias, running statistics) have the shape
     ``shape_of(args, kwargs)`` (where given: the direct meta kernels of batch and layer norm skip the meta kernel's
@@ -114,29 +121,35 @@ def _norm(op: str, shape_of: Callable[[tuple[Any, ...], dict[str, Any]], list[in
         if not x.is_floating_point():
             raise RuntimeError(f"{op} is not implemented for {_dtype_name(x.dtype)} tensors (it takes floating-point "
                                "ones)")
-        given = _named_tensors(args, kwargs, parameters)
         expected = shape_of(args, kwargs) if shape_of is not None else None
-        for name, tensor in given:
-            if expected is not None and list(tensor.shape) != expected:
-                raise RuntimeError(f"{op} of an input of shape {list(x.shape)} expects a {name} of shape {expected}, "
-                                   f"got {list(tensor.shape)}")
-        dtypes = {t.dtype for _, t in given}
-        mixed = x.dtype in _REDUCED and dtypes == {torch.float32}
-        if dtypes and dtypes != {x.dtype} and not mixed and _stands_for_cpu(x):
+        one_dtype = True
+        for index, name in parameters:
+            tensor = args[index] if len(args) > index else kwargs.get(name)
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if expected is not None and tensor.shape != expected:
+                raise RuntimeError(f"{op} of an input of shape {list(x.shape)} expects a {name} of shape "
+                                   f"{list(expected)}, got {list(tensor.shape)}")
+            one_dtype = one_dtype and tensor.dtype == x.dtype
+        if one_dtype:
+            return
+        given = _named_tensors(args, kwargs, parameters)
+        mixed = x.dtype in _REDUCED and {t.dtype for _, t in given} == {torch.float32}
+        if not mixed and _stands_for_cpu(x):
             raise RuntimeError(f"{op} expects its parameters in the input's dtype (or float32 for a float16 or "
                                f"bfloat16 input), got input {_dtype_name(x.dtype)}, {_dtype_list(given)}")
 
     return check
 
 
-def _channels(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+def _channels(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
     """Batch norm's parameters: one value per channel (dimension 1)."""
     x = _argument(args, kwargs, 0, "input")
-    return [x.shape[1] if x.dim() > 1 else 0]
+    return (x.shape[1] if x.dim() > 1 else 0,)
 
 
-def _normalized_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
-    return [int(n) for n in _argument(args, kwargs, 1, "normalized_shape")]
+def _normalized_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(_argument(args, kwargs, 1, "normalized_shape"))
 
 
 def _attention_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -160,23 +173,26 @@ def _convolution(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``aten::convolution``: what the CPU checks and the meta kernel does not — the weight's and bias's dtypes,
     the bias's size, groups dividing the output channels, a transposed convolution's input channels and output
     padding."""
-    x, weight, bias = (_argument(args, kwargs, i, name) for i, name in enumerate(("input", "weight", "bias")))
+    x, weight, bias = _argument(args, kwargs, 0, "input"), _argument(args, kwargs, 1, "weight"), \
+        _argument(args, kwargs, 2, "bias")
     if not (_without_values(x) and isinstance(weight, torch.Tensor)):
         return
+    _CONVOLUTION_DTYPES(args, kwargs)
     transposed = bool(_argument(args, kwargs, 6, "transposed"))
     groups = int(_argument(args, kwargs, 8, "groups") or 1)
-    given = [("input", x), ("weight", weight), *([("bias", bias)] if isinstance(bias, torch.Tensor) else [])]
-    if len({t.dtype for _, t in given}) > 1:
-        raise RuntimeError(f"convolution expects tensors of one dtype, got {_dtype_list(given)}")
-    if weight.dim() > 0 and weight.shape[0] % groups:
+    shape = weight.shape
+    if shape and shape[0] % groups:
         raise RuntimeError(f"convolution with groups={groups} expects a weight whose first dimension is divisible "
-                           f"by {groups}, got weight of shape {list(weight.shape)}")
-    outputs = weight.shape[1] * groups if transposed else weight.shape[0]
-    if isinstance(bias, torch.Tensor) and (bias.dim() != 1 or bias.shape[0] != outputs):
+                           f"by {groups}, got weight of shape {list(shape)}")
+    outputs = shape[1] * groups if transposed else shape[0]
+    if isinstance(bias, torch.Tensor) and bias.shape != (outputs,):
         raise RuntimeError(f"convolution with a weight of shape {list(weight.shape)} expects a bias of {outputs} "
                            f"elements, got shape {list(bias.shape)}")
     if transposed:
         _transposed(x, weight, args, kwargs)
+
+
+_CONVOLUTION_DTYPES = _same_dtype("convolution", (0, "input"), (1, "weight"), (2, "bias"))
 
 
 def _transposed(x: torch.Tensor, weight: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
