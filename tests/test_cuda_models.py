@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelmeter import FlopCountAnalysis, ModelRunError, analyze
+from modelmeter import FlopCountAnalysis, InputMismatchError, ModelRunError, analyze
 from modelmeter.cli import main
 from test_model_unchanged import differences, reachable
 
@@ -176,3 +176,16 @@ def test_the_command_says_where_it_counted(capsys: pytest.CaptureFixture[str], t
     assert main([f"{path}:build", "--input", "2x4", "--backward", "--format", "json", "--no-cache"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["device"] == "cuda:0" and data["modules"][0]["metrics"]["backward_flops"] == 2 * 4 * 4  # dW
+
+
+@NO_CUDA
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_wrong_input_of_a_gpu_model_says_what_it_expected(backward: bool) -> None:
+    """A float64 input into its float32 projection: a GPU's kernel refuses it as the CPU's does, so the fake run on
+    cuda:0 (or the step run as on the CPU) refuses it too, where the real CPU model fails."""
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError):  # the oracle: the same model on the CPU, real kernels
+        Net("cpu")(x)
+    with pytest.raises(InputMismatchError, match=r"module 'proj' \(Linear\) at operator aten::linear: expected "
+                                                 r"float32 inputs \(the dtype of its weight\), got float64"):
+        analyze(Net("cuda()"), x, backward=backward)
