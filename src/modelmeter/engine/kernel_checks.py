@@ -173,8 +173,9 @@ def _convolution(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``aten::convolution``: what the CPU checks and the meta kernel does not — the weight's and bias's dtypes,
     the bias's size, groups dividing the output channels, a transposed convolution's input channels and output
     padding."""
-    x, weight, bias = _argument(args, kwargs, 0, "input"), _argument(args, kwargs, 1, "weight"), \
-        _argument(args, kwargs, 2, "bias")
+    x = _argument(args, kwargs, 0, "input")
+    weight = _argument(args, kwargs, 1, "weight")
+    bias = _argument(args, kwargs, 2, "bias")
     if not (_without_values(x) and isinstance(weight, torch.Tensor)):
         return
     _CONVOLUTION_DTYPES(args, kwargs)
