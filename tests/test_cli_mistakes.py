@@ -283,7 +283,7 @@ def test_a_forward_that_creates_cuda_tensors_needs_a_fake_run(capsys: pytest.Cap
     err = one_line_error(capsys, [f"{models}:cuda_forward", "--input", "2x4", "--execution", "real"], 1)
     assert err.startswith("modelmeter: the model failed in NewTensorOnCuda.forward at operator aten::")
     assert "it puts tensors on CUDA" in err
-    assert "a fake run (execution 'auto' or 'fake') of the forward pass counts them" in err
+    assert "a fake run (execution 'auto' or 'fake') counts them on cuda, forward and backward" in err
     model = load_model(f"{models}:cuda_forward").model  # the Python API raises the same
     with pytest.raises(ModelRunError, match=r"it puts tensors on CUDA, .* modelmeter needs no GPU"):
         FlopCountAnalysis(model, torch.zeros(2, 4), execution="real").total()

@@ -1,6 +1,7 @@
 """A model written for GPUs (``.cuda()``, ``.to("cuda")``, ``device="cuda"`` inside ``forward``) analyses on a
 machine without one: FakeTensors stand on ``cuda`` with no GPU, so its parameters, buffers and inputs run as
-FakeTensors on ``cuda:0`` and the result says where it was counted.
+FakeTensors on ``cuda:0`` and the result says where it was counted. A training step (a backward pass) runs as on
+the CPU, torch's autograd engine needing a GPU for CUDA tensors, and is recorded on ``cuda:0``.
 
 Oracle: the same model written device-agnostically, analysed on the CPU, and its real run under torch's own
 ``FlopCounterMode``: the counts are the same, only the device differs. The model is left exactly as found
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelmeter import FlopCountAnalysis, ModelRunError, analyze
+from modelmeter import FlopCountAnalysis, InputMismatchError, ModelRunError, analyze
 from modelmeter.cli import main
 from test_model_unchanged import differences, reachable
 
@@ -76,16 +77,55 @@ def test_a_model_written_for_gpus_is_counted_on_cuda_without_one(style: str, on_
     assert not torch.cuda.is_available() and not torch.cuda.is_initialized()
 
 
+def _step(model: nn.Module, x: torch.Tensor, **options: object) -> tuple[dict[str, object], object]:
+    """A training step's result as plain data (every metric, the memory, the roofline's bytes), less what says
+    where it ran; and its analysis."""
+    analysis = analyze(model, x, backward=True, memory=True, optimizer="adamw", device="h100",  # type: ignore
+                       **options)
+    data = analysis.result().to_dict()
+    for key in ("device", "assumptions"):
+        data.pop(key)
+    return data, analysis
+
+
 @NO_CUDA
-def test_a_training_step_of_a_gpu_model_says_it_needs_a_gpu() -> None:
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("on_meta", [False, True])
+def test_a_training_step_of_a_gpu_model_is_counted_without_one(style: str, on_meta: bool) -> None:
     """torch's autograd engine starts the CUDA device of a graph on CUDA tensors, fake or not (``hasPrimaryContext``
-    fails on a machine without one): the error says so, and that the forward pass is counted without a GPU."""
-    model = Net("cuda()")
+    fails on a machine without one): the step runs as on the CPU and is recorded on ``cuda:0``. Oracles: the same
+    model written for the CPU (every metric, forward and backward: FLOPs, activations, memory, bytes), and torch's
+    FlopCounterMode of that model's real step."""
+    device = "meta" if on_meta else "cpu"
+    model, x = Net(style).to(device), torch.randn(2, 6, 8, device=device)
     before = reachable(model)
-    with pytest.raises(ModelRunError, match=r"it puts tensors on CUDA, .*forward pass counts them as FakeTensors on "
-                                            r"cuda \(a backward pass needs a GPU\)"):
-        analyze(model, torch.randn(2, 6, 8), backward=True).result()
+    counted, analysis = _step(model, x)
+    expected, _ = _step(Net("cpu").to(device), torch.randn(2, 6, 8, device=device))
+    assert counted == expected
+    reference = Net("cpu")
+    with FlopCounterMode(display=False) as real:  # torch's own count of a real step on the CPU
+        reference(torch.randn(2, 6, 8)).sum().backward()
+    proj = next(row for row in analysis.result().modules if row.name == "proj")  # type: ignore[attr-defined]
+    # the forward product and the weight's gradient (the input needs none)
+    assert proj.metrics["flops"] == real.get_total_flops() // 2 == 2 * (2 * 6 * 8 * 8)
+    result = analysis.result()  # type: ignore[attr-defined]
+    assert result.device == "cuda:0" and result.execution == "fake"
+    assert any("counted on cuda:0 (no GPU was used; its step ran as on the CPU" in a for a in result.assumptions)
+    trace = analysis.trace  # type: ignore[attr-defined]
+    assert {e.phase for e in trace.events} == {"forward", "backward"}
+    assert {t.device for e in trace.events for t in e.inputs if hasattr(t, "device")} == {"cuda:0"}
+    assert {s.device for s in trace.storages} == {"cuda:0"}
     assert differences(before, reachable(model)) == []
+    assert not torch.cuda.is_available() and not torch.cuda.is_initialized()
+
+
+@NO_CUDA
+def test_a_training_step_records_the_models_own_calls() -> None:
+    """The call the model made is recorded as made (``aten::to`` to ``cuda``); ``is_cuda`` answers as on the CPU."""
+    model = Net("to")
+    _, analysis = _step(model, torch.randn(2, 6, 8))
+    calls = [e for e in analysis.trace.events if e.op == "aten::to" and e.level == "function"]  # type: ignore
+    assert len(calls) == 1 and "cuda" in calls[0].inputs
 
 
 @NO_CUDA
@@ -133,3 +173,19 @@ def test_the_command_says_where_it_counted(capsys: pytest.CaptureFixture[str], t
     assert main([f"{path}:build", "--input", "2x4", "--format", "json", "--no-cache"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["device"] == "cuda:0" and data["modules"][0]["metrics"]["flops"] == 2 * 4 * 4
+    assert main([f"{path}:build", "--input", "2x4", "--backward", "--format", "json", "--no-cache"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device"] == "cuda:0" and data["modules"][0]["metrics"]["backward_flops"] == 2 * 4 * 4  # dW
+
+
+@NO_CUDA
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_wrong_input_of_a_gpu_model_says_what_it_expected(backward: bool) -> None:
+    """A float64 input into its float32 projection: a GPU's kernel refuses it as the CPU's does, so the fake run on
+    cuda:0 (or the step run as on the CPU) refuses it too, where the real CPU model fails."""
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError):  # the oracle: the same model on the CPU, real kernels
+        Net("cpu")(x)
+    with pytest.raises(InputMismatchError, match=r"module 'proj' \(Linear\) at operator aten::linear: expected "
+                                                 r"float32 inputs \(the dtype of its weight\), got float64"):
+        analyze(Net("cuda()"), x, backward=backward)

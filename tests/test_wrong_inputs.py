@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from modelmeter import FlopCountAnalysis, InputMismatchError, ModelRunError
@@ -70,6 +71,35 @@ CASES: list[tuple[str, Callable[[], nn.Module], torch.Tensor, str, str, Callable
     ("batch norm", lambda: nn.Sequential(nn.BatchNorm2d(4)), torch.zeros(2, 3, 5, 5), "'0' (BatchNorm2d)",
      "aten::batch_norm", lambda m: f"expected {m[0].num_features} channels in dimension 1, got an input of shape "
                                    "2x3x5x5"),
+    # what meta kernels let through and the CPU's refuse (engine/kernel_checks.py): the same error in every execution
+    ("transposed conv channels", lambda: nn.Sequential(nn.ConvTranspose2d(3, 8, 3)), torch.zeros(1, 5, 8, 8),
+     "'0' (ConvTranspose2d)", "aten::conv_transpose2d",
+     lambda m: f"expected {m[0].in_channels} input channels, got 5 (an input of shape 1x5x8x8)"),
+    ("grouped transposed conv", lambda: nn.Sequential(nn.ConvTranspose1d(4, 6, 3, groups=2)), torch.zeros(2, 6, 8),
+     "'0' (ConvTranspose1d)", "aten::conv_transpose1d",
+     lambda m: f"expected {m[0].in_channels} input channels, got 6 (an input of shape 2x6x8)"),
+    ("float64 into linear", lambda: nn.Sequential(nn.Linear(4, 3)), torch.zeros(2, 4, dtype=torch.float64),
+     "'0' (Linear)", "aten::linear", lambda m: f"expected {str(m[0].weight.dtype)[6:]} inputs (the dtype of its "
+                                               "weight), got float64"),
+    ("int64 into linear", lambda: nn.Sequential(nn.Linear(4, 3, bias=False)), torch.zeros(2, 4, dtype=torch.long),
+     "'0' (Linear)", "aten::linear", lambda m: "expected float32 inputs (the dtype of its weight), got int64"),
+    ("float64 into conv", lambda: nn.Sequential(nn.Conv2d(3, 4, 3, bias=False)),
+     torch.zeros(1, 3, 8, 8, dtype=torch.float64), "'0' (Conv2d)", "aten::conv2d",
+     lambda m: "expected float32 inputs (the dtype of its weight), got float64"),
+    ("float16 into transposed conv", lambda: nn.Sequential(nn.ConvTranspose2d(3, 4, 3)),
+     torch.zeros(1, 3, 8, 8, dtype=torch.float16), "'0' (ConvTranspose2d)", "aten::conv_transpose2d",
+     lambda m: "expected float32 inputs (the dtype of its weight), got float16"),
+    ("float64 into batch norm", lambda: nn.Sequential(nn.BatchNorm1d(4)), torch.zeros(2, 4, dtype=torch.float64),
+     "'0' (BatchNorm1d)", "aten::batch_norm",
+     lambda m: "expected float32 inputs (the dtype of its parameters, or float16 or bfloat16), got float64"),
+    ("float64 into layer norm", lambda: nn.Sequential(nn.LayerNorm(4)), torch.zeros(2, 4, dtype=torch.float64),
+     "'0' (LayerNorm)", "aten::layer_norm",
+     lambda m: "expected float32 inputs (the dtype of its parameters, or float16 or bfloat16), got float64"),
+    ("float64 into group norm", lambda: nn.Sequential(nn.GroupNorm(2, 4)), torch.zeros(2, 4, 3, dtype=torch.float64),
+     "'0' (GroupNorm)", "aten::group_norm",
+     lambda m: "expected float32 inputs (the dtype of its parameters, or float16 or bfloat16), got float64"),
+    ("integers into layer norm", lambda: nn.Sequential(nn.LayerNorm(4)), torch.zeros(2, 4, dtype=torch.long),
+     "'0' (LayerNorm)", "aten::layer_norm", lambda m: "expected floating-point inputs, got int64"),
 ]
 
 
@@ -103,11 +133,12 @@ def test_a_model_on_meta_says_the_same() -> None:
     assert "at operator aten::conv2d: expected 3 input channels, got 1" in str(error)
 
 
-def test_a_transposed_conv_counts_its_weight_the_other_way_round() -> None:
-    """Its weight is (in, out / groups, ...): the input channels are its first dimension. (Run on real kernels: the
-    meta kernel of a transposed convolution does not check the channels.)"""
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_a_transposed_conv_counts_its_weight_the_other_way_round(execution: str) -> None:
+    """Its weight is (in, out / groups, ...): the input channels are its first dimension. (PyTorch's meta kernel of
+    a transposed convolution does not check them: the fake run does, as the CPU kernel would.)"""
     model = nn.Sequential(nn.ConvTranspose2d(3, 8, 3))
-    error = _failure(model, torch.zeros(1, 5, 8, 8), "real")
+    error = _failure(model, torch.zeros(1, 5, 8, 8), execution)
     assert isinstance(error, InputMismatchError)
     assert f"aten::conv_transpose2d: expected {model[0].in_channels} input channels, got 5" in str(error)
 
@@ -173,6 +204,18 @@ def test_the_command_names_the_first_conv_and_its_channels(capsys: pytest.Captur
     assert "module 'conv1' (Conv2d) at operator aten::conv2d: expected a 4-d input" in err
 
 
+def test_the_command_names_the_dtype_the_first_conv_wants(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's model is built on meta: meta kernels let a float64 image into a float32 conv, the check
+    does not."""
+    from torchvision.models import resnet18
+
+    with pytest.raises(RuntimeError):  # the oracle: the real model refuses it
+        resnet18()(torch.zeros(1, 3, 64, 64, dtype=torch.float64))
+    err = _one_line(capsys, ["resnet18", "--input", "1x3x64x64:float64"], 2)
+    assert err == ("modelmeter: the model failed in module 'conv1' (Conv2d) at operator aten::conv2d: expected "
+                   "float32 inputs (the dtype of its weight), got float64\n")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("shape", "expected"), [
     ("1x16:float32", "module 'model.embed_tokens' (Embedding) at operator aten::embedding: expected integer token "
@@ -225,6 +268,191 @@ def _call(op: str, *inputs: Any) -> OpEvent:
     (_call("aten::embedding", _meta(10, 4), _meta(2, 3, dtype="int32"), -1, False, False), None),
     (_call("aten::linear", _meta(2, 3)), None),  # a call recorded without its weight: nothing to say
     (_call("aten::matmul", _meta(2, 3), _meta(4, 5)), None),  # no parameters: no rule
+    (_call("aten::linear", _meta(2, 3, dtype="int32"), _meta(5, 3)),
+     "expected float32 inputs (the dtype of its weight), got int32"),
+    (_call("aten::layer_norm", _meta(2, 5, dtype="bfloat16"), [5], _meta(5), _meta(5), 1e-5, True),
+     None),  # a reduced-precision input beside float32 parameters: the CPU's mixed-precision norm
+    (_call("aten::layer_norm", _meta(2, 5, dtype="float16"), [5], _meta(5, dtype="bfloat16"), None, 1e-5, True),
+     "expected bfloat16 inputs (the dtype of its parameters), got float16"),
+    (_call("aten::batch_norm", _meta(2, 4, dtype="float64"), None, None, _meta(4), _meta(4), False, 0.1, 1e-5, True),
+     "expected float32 inputs (the dtype of its parameters, or float16 or bfloat16), got float64"),
+    (_call("aten::cross_entropy", _meta(4, 5), _meta(4, dtype="int32")),
+     "expected a target of int64 class indices (or of class probabilities shaped as the 4x5 input), got int32 of "
+     "shape 4"),
+    (_call("aten::cross_entropy", _meta(4, 5), _meta(4, 5)), None),  # probabilities
+    (_call("aten::nll_loss", _meta(4, 5), _meta(4, dtype="uint8")), None),
 ])
 def test_each_rule_reads_what_its_call_fixes(event: OpEvent, expected: str | None) -> None:
     assert mismatch(event) == expected
+
+
+# --- every wrong call the CPU refuses, the fake run refuses too ----------------------------------------------------
+# Found by running wrong calls on the CPU and on meta tensors side by side: PyTorch's meta kernels (and the direct
+# ones of engine/meta_kernels.py) check less than the CPU kernels they stand for. Each case below is refused by
+# the CPU; a fake run must not count it. The arguments: shapes (float32), or (shape, dtype).
+F64, F16, BF16, I64, I32 = torch.float64, torch.float16, torch.bfloat16, torch.long, torch.int32
+
+
+def _t(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> tuple[tuple[int, ...], torch.dtype]:
+    return shape, dtype
+
+
+WRONG_CALLS: dict[str, tuple[Callable[..., Any], list[Any]]] = {
+    # products of two dtypes
+    "mm": (torch.mm, [_t((2, 3), F64), _t((3, 4))]),
+    "mm of integers and floats": (torch.mm, [_t((2, 3), I64), _t((3, 4))]),
+    "addmm's bias": (torch.addmm, [_t((4,), F64), _t((2, 3)), _t((3, 4))]),
+    "matmul 3-d": (torch.matmul, [_t((2, 2, 3), F64), _t((3, 4))]),
+    "mv": (torch.mv, [_t((2, 3), F64), _t((3,))]),
+    "linear's bias": (F.linear, [_t((2, 3)), _t((4, 3)), _t((4,), F64)]),
+    "cdist": (torch.cdist, [_t((4, 3), F64), _t((5, 3))]),
+    "lstm cell": (lambda x, h, c, wi, wh: torch.lstm_cell(x, (h, c), wi, wh),
+                  [_t((2, 3), F64), _t((2, 4)), _t((2, 4)), _t((16, 3)), _t((16, 4))]),
+    # convolutions
+    "conv of integers": (F.conv2d, [_t((1, 3, 8, 8), I64), _t((4, 3, 3, 3))]),
+    "conv1d float64": (F.conv1d, [_t((1, 3, 8), F64), _t((4, 3, 3))]),
+    "conv groups not dividing the outputs": (lambda x, w: F.conv2d(x, w, groups=2), [_t((1, 6, 8, 8)),
+                                                                                     _t((3, 3, 3, 3))]),
+    "conv bias size": (F.conv2d, [_t((1, 3, 8, 8)), _t((4, 3, 3, 3)), _t((5,))]),
+    "transposed conv channels": (F.conv_transpose2d, [_t((1, 5, 8, 8)), _t((3, 4, 3, 3))]),
+    "transposed conv3d channels": (F.conv_transpose3d, [_t((1, 5, 4, 4, 4)), _t((3, 4, 3, 3, 3))]),
+    "transposed conv groups": (lambda x, w: F.conv_transpose2d(x, w, groups=2), [_t((1, 3, 8, 8)),
+                                                                                 _t((3, 4, 3, 3))]),
+    "transposed conv bias size": (F.conv_transpose2d, [_t((1, 3, 8, 8)), _t((3, 4, 3, 3)), _t((5,))]),
+    "transposed conv output padding": (lambda x, w: F.conv_transpose2d(x, w, output_padding=1),
+                                       [_t((1, 3, 8, 8)), _t((3, 4, 3, 3))]),
+    # norms
+    "batch norm float64": (lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b),
+                           [_t((2, 4, 4), F64), _t((4,)), _t((4,)), _t((4,)), _t((4,))]),
+    "batch norm training float64": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                                    [_t((2, 4, 4), F64), _t((4,)), _t((4,))]),
+    "batch norm of integers": (lambda x, m, v: F.batch_norm(x, m, v), [_t((2, 4, 4), I64), _t((4,)), _t((4,))]),
+    "batch norm weight size": (lambda x, w, m, v: F.batch_norm(x, m, v, w), [_t((2, 4, 4)), _t((3,)), _t((4,)),
+                                                                              _t((4,))]),
+    "batch norm float32 input, float16 weight": (lambda x, w, m, v: F.batch_norm(x, m, v, w),
+                                                 [_t((2, 4, 4)), _t((4,), F16), _t((4,), F16), _t((4,), F16)]),
+    "layer norm float64": (lambda x, w, b: F.layer_norm(x, (4,), w, b), [_t((2, 4), F64), _t((4,)), _t((4,))]),
+    "layer norm weight shape": (lambda x, w: F.layer_norm(x, (4,), w), [_t((2, 4)), _t((5,))]),
+    "layer norm bfloat16 weight": (lambda x, w: F.layer_norm(x, (4,), w), [_t((2, 4), F16), _t((4,), BF16)]),
+    "group norm float64": (lambda x, w, b: F.group_norm(x, 2, w, b), [_t((2, 6, 5), F64), _t((6,)), _t((6,))]),
+    "instance norm float64": (lambda x, w, b: F.instance_norm(x, weight=w, bias=b),
+                              [_t((2, 4, 5), F64), _t((4,)), _t((4,))]),
+    # losses, lookups, index updates
+    "cross entropy of int32 classes": (F.cross_entropy, [_t((4, 5)), _t((4,), I32)]),
+    "nll loss of float classes": (F.nll_loss, [_t((4, 5)), _t((4,))]),
+    "binary cross entropy float64 target": (F.binary_cross_entropy, [_t((4, 5)), _t((4, 5), F64)]),
+    "embedding bag weights": (lambda i, o, w, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p),
+                              [_t((6,), I64), _t((2,), I64), _t((10, 4)), _t((6,), F64)]),
+    "index_select float index": (lambda x, i: torch.index_select(x, 0, i), [_t((4, 3)), _t((2,))]),
+    "index_add": (lambda x, i, s: x.index_add(0, i, s), [_t((4, 3)), _t((2,), I64), _t((2, 3), F64)]),
+    "index_copy": (lambda x, i, s: x.index_copy(0, i, s), [_t((4, 3)), _t((2,), I64), _t((2, 3), F64)]),
+    "index_put": (lambda x, i, v: x.index_put((i,), v), [_t((4, 3)), _t((2,), I64), _t((2, 3), F64)]),
+    "grid sample": (lambda x, g: F.grid_sample(x, g, align_corners=False), [_t((1, 3, 4, 4)), _t((1, 2, 2, 2), F64)]),
+    "polar": (torch.polar, [_t((3,)), _t((3,), F64)]),
+    "attention mask float64": (lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                               [_t((1, 2, 4, 8)), _t((4, 4), F64)]),
+    "attention mask shape": (lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                             [_t((1, 2, 4, 8)), _t((3, 4))]),
+    # kernels written for floating-point tensors
+    "softmax of integers": (lambda x: F.softmax(x, -1), [_t((4, 3), I64)]),
+    "log_softmax of integers": (lambda x: F.log_softmax(x, -1), [_t((4, 3), I32)]),
+    "gelu of integers": (F.gelu, [_t((4, 3), I64)]),
+    "silu in place of integers": (lambda x: F.silu(x, inplace=True), [_t((4, 3), I64)]),
+    "hardswish of integers": (F.hardswish, [_t((4, 3), I64)]),
+    "softplus of integers": (F.softplus, [_t((4, 3), I64)]),
+    "var of integers": (torch.var, [_t((4, 3), I64)]),
+    "nearest upsampling of integers": (lambda x: F.interpolate(x, scale_factor=2), [_t((1, 3, 4, 4), I64)]),
+    "bilinear upsampling of integers": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+                                        [_t((1, 3, 4, 4), I32)]),
+    "area resampling of bytes": (lambda x: F.interpolate(x, size=3, mode="area"), [_t((1, 3, 4, 4), torch.uint8)]),
+}
+
+# The CPU's own rules: a model built on meta (or given meta inputs) may be meant for another device, whose kernels
+# take these (CUDA's histc and norms take other dtypes), and is counted as given.
+CPU_ONLY = {"batch norm float64", "batch norm training float64", "batch norm float32 input, float16 weight",
+            "layer norm float64", "layer norm bfloat16 weight", "group norm float64", "instance norm float64",
+            "nearest upsampling of integers", "bilinear upsampling of integers", "area resampling of bytes"}
+
+# The same operators on arguments the CPU takes (mixed-precision norms, a boolean or float32 mask beside float16
+# queries, bytes resampled, int32 indices, ...): the checks refuse none of them.
+RIGHT_CALLS: dict[str, tuple[Callable[..., Any], list[Any]]] = {
+    "mm": (torch.mm, [_t((2, 3), F64), _t((3, 4), F64)]),
+    "linear": (F.linear, [_t((2, 3)), _t((4, 3)), _t((4,))]),
+    "grouped conv": (lambda x, w: F.conv2d(x, w, groups=2), [_t((1, 6, 8, 8)), _t((4, 3, 3, 3))]),
+    "grouped transposed conv": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1, groups=2),
+                                [_t((1, 4, 8, 8)), _t((4, 3, 3, 3)), _t((6,))]),
+    "batch norm bfloat16 input, float32 parameters": (
+        lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b), [_t((2, 4, 4), BF16), _t((4,)), _t((4,)), _t((4,)),
+                                                            _t((4,))]),
+    "batch norm training": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                            [_t((2, 4, 4)), _t((4,)), _t((4,))]),
+    "layer norm float16 input, float32 weight": (lambda x, w, b: F.layer_norm(x, (4,), w, b),
+                                                 [_t((2, 4), F16), _t((4,)), _t((4,))]),
+    "group norm": (lambda x, w, b: F.group_norm(x, 2, w, b), [_t((2, 6, 5)), _t((6,)), _t((6,))]),
+    "nll loss": (F.nll_loss, [_t((4, 5)), _t((4,), I64)]),
+    "cross entropy of probabilities": (F.cross_entropy, [_t((4, 5)), _t((4, 5))]),
+    "index_select int32 index": (lambda x, i: torch.index_select(x, 0, i), [_t((4, 3)), _t((2,), I32)]),
+    "index_add": (lambda x, i, s: x.index_add(0, i, s), [_t((4, 3)), _t((2,), I64), _t((2, 3))]),
+    "attention float16 with a float32 mask": (lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                                              [_t((1, 2, 4, 8), F16), _t((2, 1, 4))]),
+    "attention with a boolean mask": (lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                                      [_t((1, 2, 4, 8)), _t((4, 4), torch.bool)]),
+    "softmax": (lambda x: F.softmax(x, -1), [_t((4, 3), F16)]),
+    "gelu": (F.gelu, [_t((4, 3), BF16)]),
+    "nearest upsampling of bytes": (lambda x: F.interpolate(x, scale_factor=2), [_t((1, 3, 4, 4), torch.uint8)]),
+    "bilinear upsampling": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), [_t((1, 3, 4, 4))]),
+}
+
+
+class Call(nn.Module):
+    """One functional call on the inputs, as a model."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.function(*inputs)
+
+
+def _tensors(specs: list[Any], device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Valid values: positive floats, zeros as indices and classes (in range), masks that keep everything."""
+    return tuple(_tensor(shape, dtype).to(device) for shape, dtype in specs)
+
+
+def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.rand(shape).to(dtype)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype)
+    return torch.zeros(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", list(WRONG_CALLS))
+def test_a_call_the_cpu_refuses_is_refused_by_a_fake_run_too(name: str) -> None:
+    function, specs = WRONG_CALLS[name]
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the oracle: the CPU refuses it
+        function(*_tensors(specs))
+    real = _failure(Call(function), _tensors(specs), "real")
+    runs = [("fake", "cpu"), ("auto", "cpu")]  # meta stand-ins, then FakeTensors on the CPU
+    if name in CPU_ONLY:
+        assert FlopCountAnalysis(Call(function), _tensors(specs, "meta")).trace.execution == "fake"
+    else:
+        runs.append(("auto", "meta"))  # meta inputs: meta kernels
+    for execution, device in runs:
+        error = _failure(Call(function), _tensors(specs, device), execution)
+        assert type(error) is type(real), (execution, device, str(error))
+        assert "\n" not in str(error) and "Traceback" not in str(error)
+        if isinstance(real, InputMismatchError):
+            assert str(error) == str(real)
+
+
+@pytest.mark.parametrize("name", list(RIGHT_CALLS))
+def test_the_same_operators_on_what_the_cpu_takes_are_counted_as_a_real_run(name: str) -> None:
+    function, specs = RIGHT_CALLS[name]
+    inputs = _tensors(specs)
+    real = FlopCountAnalysis(Call(function), inputs, execution="real")  # type: ignore[arg-type]
+    for execution, device in (("fake", "cpu"), ("fake", "meta")):
+        analysis = FlopCountAnalysis(Call(function), _tensors(specs, device), execution=execution)  # type: ignore
+        assert analysis.trace.execution == "fake"
+        assert analysis.total() == real.total() and analysis.by_operator() == real.by_operator()

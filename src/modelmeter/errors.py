@@ -45,9 +45,8 @@ def cuda_failure(exc: BaseException) -> str | None:
     if error is None:
         return None
     return (f"it puts tensors on CUDA, which this machine cannot run ({type(error).__name__}); modelmeter needs no "
-            "GPU: a fake run (execution 'auto' or 'fake') of the forward pass counts them as FakeTensors on cuda (a "
-            "backward pass needs a GPU), or create tensors on the device of the inputs or parameters (x.device) and "
-            "build the model on cpu")
+            "GPU: a fake run (execution 'auto' or 'fake') counts them on cuda, forward and backward, or create "
+            "tensors on the device of the inputs or parameters (x.device) and build the model on cpu")
 
 
 def puts_tensors_on_cuda(exc: BaseException) -> bool:

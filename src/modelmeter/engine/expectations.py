@@ -3,7 +3,8 @@
 A model given the wrong input fails deep inside torch (``Invalid channel dimensions``, ``a and b must have same
 reduction dim``). The operators that take a module's parameters say what fits them: a convolution's weight fixes
 the input's channels and rank, a linear layer's weight its last dimension, an embedding takes integer ids, a norm's
-weight or ``normalized_shape`` fixes its channels or last dimensions. Each rule reads the recorded call
+weight or ``normalized_shape`` fixes its channels or last dimensions, a product's or a norm's weight the input's
+dtype, a classification loss wants class indices of int64. Each rule reads the recorded call
 (:class:`OpEvent` inputs in schema order, tensors as :class:`TensorMeta`) and returns "expected ..., got ..."
 when the input does not fit, None when it does (the failure is then something else, reported as it is).
 """
@@ -17,6 +18,7 @@ from .trace import OpEvent, TensorMeta
 
 _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 _INTEGER_IDS = ("int64", "int32")
+_REDUCED = ("float16", "bfloat16")
 _TOKEN_IDS = "integer token ids of shape (batch, seq)"
 
 
@@ -51,10 +53,27 @@ def _argument(inputs: list[Any], index: int, default: Any) -> Any:
 
 
 def _dtype(x: TensorMeta, weight: TensorMeta) -> str | None:
-    """A floating-point input in another dtype than the weight it meets."""
-    if x.is_floating_point and weight.is_floating_point and x.dtype != weight.dtype:
+    """An input in another dtype than the floating-point weight it meets (a product takes one dtype)."""
+    if weight.is_floating_point and x.dtype != weight.dtype:
         return f"expected {weight.dtype} inputs (the dtype of its weight), got {x.dtype}"
     return None
+
+
+def _norm_dtype(x: TensorMeta, parameters: list[TensorMeta]) -> str | None:
+    """A norm's input is floating-point, in its parameters' dtype; beside float32 parameters, float16 and bfloat16
+    inputs fit too (the CPU's mixed-precision norms)."""
+    if not x.is_floating_point:
+        return f"expected floating-point inputs, got {x.dtype}"
+    dtypes = {p.dtype for p in parameters}
+    if len(dtypes) != 1 or x.dtype in dtypes or (dtypes == {"float32"} and x.dtype in _REDUCED):
+        return None
+    dtype = dtypes.pop()
+    reduced = ", or float16 or bfloat16" if dtype == "float32" else ""
+    return f"expected {dtype} inputs (the dtype of its parameters{reduced}), got {x.dtype}"
+
+
+def _tensors_at(inputs: list[Any], *slots: int) -> list[TensorMeta]:
+    return [inputs[i] for i in slots if isinstance(_argument(inputs, i, None), TensorMeta)]
 
 
 def _convolution(transposed: bool, groups_at: int) -> Callable[[list[Any]], str | None]:
@@ -102,23 +121,29 @@ def _layer_norm(inputs: list[Any]) -> str | None:
     if x.dim() < len(normalized) or tuple(x.shape[x.dim() - len(normalized):]) != normalized:
         last = "x".join(map(str, normalized))
         return f"expected an input whose last dimensions are {last}, got shape {_shape(x)}"
-    return None
+    return _norm_dtype(x, _tensors_at(inputs, 2, 3))
 
 
 def _channels(weight_at: int, *others: int) -> Callable[[list[Any]], str | None]:
     """A norm over dimension 1 (batch, group, instance norm): the channels its weight or running statistics
-    have."""
+    have, and their dtype."""
     def rule(inputs: list[Any]) -> str | None:
         x = inputs[0]
-        sized = [inputs[i] for i in (weight_at, *others) if isinstance(_argument(inputs, i, None), TensorMeta)]
-        if not sized:
-            return None
-        channels = sized[0].shape[0]
-        if x.dim() < 2 or x.shape[1] != channels:
-            return f"expected {channels} channels in dimension 1, got an input of shape {_shape(x)}"
-        return None
+        sized = _tensors_at(inputs, weight_at, *others)
+        if sized and (x.dim() < 2 or x.shape[1] != sized[0].shape[0]):
+            return f"expected {sized[0].shape[0]} channels in dimension 1, got an input of shape {_shape(x)}"
+        return _norm_dtype(x, sized)
 
     return rule
+
+
+def _class_indices(inputs: list[Any]) -> str | None:
+    """A classification loss's target: int64 class indices (uint8 too), or probabilities of the input's shape."""
+    x, target = inputs[0], inputs[1]
+    if target.is_floating_point or target.dtype in ("int64", "uint8"):
+        return None
+    return (f"expected a target of int64 class indices (or of class probabilities shaped as the {_shape(x)} "
+            f"input), got {target.dtype} of shape {_shape(target)}")
 
 
 _RULES: dict[str, Callable[[list[Any]], str | None]] = {
@@ -129,9 +154,11 @@ _RULES: dict[str, Callable[[list[Any]], str | None]] = {
     "aten::linear": _linear,
     "aten::embedding": _embedding,
     "aten::layer_norm": _layer_norm,
-    "aten::batch_norm": _channels(1, 3),
-    "aten::instance_norm": _channels(1, 3),
-    "aten::group_norm": _channels(2),
+    "aten::batch_norm": _channels(1, 2, 3, 4),
+    "aten::instance_norm": _channels(1, 2, 3, 4),
+    "aten::group_norm": _channels(2, 3),
+    "aten::cross_entropy": _class_indices,
+    "aten::nll_loss": _class_indices,
 }
 
 

@@ -35,6 +35,7 @@ from .._torch_compat import (
 )
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
+from .kernel_checks import Check, kernel_check
 from .meta_kernels import direct_kernel, fused_on_meta
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
@@ -473,6 +474,8 @@ class DispatchRecorder(EagerDispatchMode):
             return result
         shadows = rec.shadows
         try:
+            if operator.check is not None:  # what the CPU kernel refuses and the meta kernel lets through
+                operator.check(args, kwargs)
             known = shadows.item(args[0]) if shadows is not None and func is _ITEM else None
             if known is not None:  # .item() of a value-determined tensor: no need for real kernels
                 result = known
@@ -515,11 +518,12 @@ class _Operator(NamedTuple):
     schema: torch.FunctionSchema
     prim: bool
     direct: tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None
+    check: Check | None
 
 
 def _operator(func: OpOverload) -> _Operator:
     found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema_of(func), func.namespace == "prim",
-                                         direct_kernel(func))
+                                         direct_kernel(func), kernel_check(func))
     return found
 
 

@@ -32,6 +32,7 @@ from .._torch_compat import (
     unset_fake_temporarily,
 )
 from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
+from .cuda_stand_in import CudaRequests, on_device
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
 from .inputs import map_tensors, tensors_in
@@ -84,14 +85,32 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     try:
         return _record_fake(run, parts, args, kwargs, execution, model_on_meta, no_values)
     except ModelRunError as exc:
-        # A backward pass cannot be faked on CUDA: torch's autograd engine starts the device of the graph's tensors.
-        if backward or not puts_tensors_on_cuda(exc):
+        if not puts_tensors_on_cuda(exc):
             raise
+    if backward:
+        return _cuda_step(run, parts, args, kwargs, model_on_meta, no_values)
     # The model puts tensors on CUDA itself (x.cuda(), device="cuda"): everything runs as FakeTensors on CUDA, which
     # need no GPU, so its tensors meet on one device and are counted where the model meant them to be.
     trace = run(fake=True, model_on_meta=model_on_meta, no_values=no_values, device=_CUDA)
     trace.assumptions.append(f"the model puts tensors on CUDA: its parameters, buffers and inputs were counted as "
                              f"FakeTensors on {_CUDA} (no GPU was used)")
+    return trace
+
+
+def _cuda_step(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], model_on_meta: bool,
+               no_values: bool) -> Trace:
+    """A step with a backward pass of a model that puts tensors on CUDA. Torch's autograd engine starts the CUDA
+    device of a graph on CUDA tensors, fake or not, so the step runs as on the CPU, its requests for CUDA sent to
+    the CPU stand-ins, and is recorded on ``cuda:0`` (cuda_stand_in.py)."""
+    run.cuda_requests = True
+    try:
+        trace = _record_fake(run, parts, args, kwargs, "fake", model_on_meta, no_values)
+    finally:
+        run.cuda_requests = False
+    on_device(trace, str(_CUDA))
+    trace.assumptions.append(f"the model puts tensors on CUDA: its parameters, buffers and inputs were counted on "
+                             f"{_CUDA} (no GPU was used; its step ran as on the CPU, as torch's autograd engine needs "
+                             "a GPU for a backward pass on CUDA tensors)")
     return trace
 
 
@@ -194,6 +213,7 @@ class _Run:
                  names: ModuleNames, backward: bool, loss_fn: LossFn | None) -> None:
         self.model, self.parts, self.args, self.kwargs, self.names = model, parts, args, kwargs, names
         self.backward, self.loss_fn = backward, loss_fn
+        self.cuda_requests = False  # a fake run sends the model's requests for CUDA to its own device
 
     def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False,
                  device: torch.device | None = None) -> Trace:
@@ -241,6 +261,8 @@ class _Run:
                     stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack_saved, _unpack))
                 else:  # inference: no graph, nothing saved for a backward pass
                     stack.enter_context(torch.no_grad())
+                if fake and self.cuda_requests:
+                    stack.enter_context(CudaRequests(_run_device(parts, args, kwargs)))
                 stack.enter_context(autograd_functions(recorder))
                 stack.enter_context(FunctionRecorder(recorder))
                 stack.enter_context(DispatchRecorder(recorder))
@@ -293,6 +315,12 @@ class _Run:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
             recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
+
+
+def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The device the run's tensors are on: its model's state as it runs, else its inputs."""
+    tensors = [*parts.running(parts.state()), *tensors_in((args, kwargs))]
+    return str(tensors[0].device) if tensors else "cpu"
 
 
 def _packed(tensor: torch.Tensor) -> torch.Tensor:
