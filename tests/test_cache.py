@@ -7,6 +7,7 @@ nothing is ever written to the real user cache. Whether the model ran is observe
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import logging
@@ -44,6 +45,7 @@ from modelmeter.cache import TraceCache, cache_info, clear_cache, parse_size, tr
 from modelmeter.cli import main
 from modelmeter.engine.inputs import split_inputs
 from modelmeter.engine.serialize import dumps, loads
+from modelmeter.engine.trace import Storage
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +101,13 @@ def key(model: nn.Module, inputs: Any, execution: str = "auto") -> str:
 
 
 def entries(root: Path) -> list[Path]:
-    return sorted((root / "traces").glob("*.json.gz"))
+    """The trace entries of the cache in ``root``."""
+    return sorted(p for p in (root / "traces").glob("*.json.gz") if not p.name.endswith(".result.json.gz"))
+
+
+def results(root: Path) -> list[Path]:
+    """The results kept beside the traces of the cache in ``root``."""
+    return sorted((root / "traces").glob("*.result.json.gz"))
 
 
 # --- in-process: one trace for every metric ---------------------------------------------------------------
@@ -538,27 +546,49 @@ def test_serialization_round_trip_is_exact(trace: Trace) -> None:
 def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
     with pytest.raises(TypeError):
         trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [torch.zeros(1)], [])], scopes=[()]))
-    good = trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [1], [])], scopes=[()]))
-    row = good["events"][0]
-    inputs, outputs, kwargs = row[5:8]  # indices into the values table
+    good = trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [1], [])], scopes=[()],
+                               storages=[Storage(8, "float32", "cpu", "input")]))
+    fields = list(dataclasses.fields(OpEvent))
+    column = {f.name: i for i, f in enumerate(fields)}
+    inputs, outputs, kwargs = (good["events"][column[name]][0] for name in ("inputs", "outputs", "kwargs"))
 
-    def event(**changes: Any) -> list[Any]:
-        return [changes.get(str(i), value) for i, value in enumerate(row)]
+    def event(**changes: Any) -> list[list[Any]]:
+        """The one event's columns, some replaced."""
+        return [changes.get(f.name, good["events"][i]) for i, f in enumerate(fields)]
+
+    def storage(**changes: Any) -> list[list[Any]]:
+        return [changes.get(f.name, good["storages"][i]) for i, f in enumerate(dataclasses.fields(Storage))]
 
     for broken in (
         {**good, "version": 999},
-        {**good, "version": 4},  # an entry of the format before the values table
+        {**good, "version": 5},  # an entry of the format before the columns
         {**good, "format": "pickle"},
-        {**good, "events": [event(**{"2": 5})]},  # parent after itself
-        {**good, "events": [event(**{"1": "sideways"})]},
+        {**good, "events": event(parent=[5])},  # parent after itself
+        {**good, "events": event(parent=[0])},  # parent is itself
+        {**good, "events": event(origin=[3])},
+        {**good, "events": event(scope=[1])},  # no such scope
+        {**good, "events": event(level=[len(good["strings"])])},  # no such string
+        {**good, "strings": [*good["strings"][:-1], "sideways"]},  # a storage kind that does not exist
+        {**good, "strings": [*good["strings"][:-1], 7]},
         {**good, "values": [[{"$py/object": "os.system"}], *good["values"][1:]]},
-        {**good, "events": [event(**{"5": 99})]},  # refers to no value
-        {**good, "events": [event(**{"5": kwargs})]},  # inputs that are a dict
-        {**good, "events": [event(**{"7": inputs})]},  # kwargs that are a list
-        {**good, "events": [event(**{"6": float(outputs)})]},
-        {**good, "events": [event(**{"5": [1]})]},  # a value inline, as format 3 wrote it
+        {**good, "events": event(inputs=[99])},  # refers to no value
+        {**good, "events": event(inputs=[kwargs])},  # inputs that are a dict
+        {**good, "events": event(kwargs=[inputs])},  # kwargs that are a list
+        {**good, "events": event(outputs=[float(outputs)])},
+        {**good, "events": event(inputs=[[1]])},  # a value inline, as format 3 wrote it
+        {**good, "events": event(python=[0])},  # a number where a boolean belongs
+        {**good, "events": event(parent=[True])},
+        {**good, "events": event(op=[])},  # columns of different lengths
+        {**good, "events": event()[:-1]},  # a column short
+        {**good, "events": good["events"][0]},
+        {**good, "storages": storage(nbytes=[-1])},
+        {**good, "storages": storage(died=[2])},  # after the run's last event
+        {**good, "storages": storage(saved_scope=[1])},
+        {**good, "storages": storage(kind=[good["events"][column["op"]][0]])},  # a storage of kind "x"
         {key: value for key, value in good.items() if key != "values"},
+        {key: value for key, value in good.items() if key != "storages"},
         {**good, "fields": {**good["fields"], "scopes": [["not a tuple"]]}},
+        {**good, "fields": {**good["fields"], "storages": []}},  # a columnar field among the plain ones
         [1, 2, 3],
     ):
         with pytest.raises(ValueError):

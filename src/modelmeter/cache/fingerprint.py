@@ -618,6 +618,27 @@ def _recorder_digest() -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def package_digest() -> str:
+    """A digest of the source of the whole modelmeter package, so a result counted by a development checkout is
+    not read by another state of it (handles, metrics and reports change counts without changing the version);
+    ``""`` where the package is not installed as files."""
+    h = hashlib.sha256()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(root):
+        return ""
+    try:
+        for directory, subdirectories, files in os.walk(root):
+            subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+            for name in sorted(n for n in files if n.endswith(".py")):
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    h.update(os.path.relpath(path, root).encode() + b"\x00" + f.read() + b"\x00")
+    except OSError:
+        return ""
+    return h.hexdigest()
+
+
 def _versions() -> tuple[Any, ...]:
     return (KEY_VERSION, FORMAT_VERSION, tuple(sorted(schema_signature().items())), modelmeter_version.__version__,
             _recorder_digest(), torch.__version__, sys.version)
