@@ -481,6 +481,187 @@ def test_concurrent_processes_share_one_entry(tmp_path: Path, cache_env: Path) -
     assert [p.name for p in (cache_env / "traces").iterdir() if p.name.startswith(".tmp")] == []
 
 
+# --- results kept beside the trace (issue 20) --------------------------------------------------------------
+class Odd(nn.Module):
+    """A model with an operator no handle counts (an FFT) and a module that never runs: the warnings a kept result
+    must log as counting does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.unused = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(self.fc(x)).real.sum(-1)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often ``Analysis.result()`` counted (built a result from the views' statistics) instead of reading one."""
+    import modelmeter.analysis
+
+    calls: list[int] = []
+    build = modelmeter.analysis.build_result
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(modelmeter.analysis, "build_result", counting)
+    return calls
+
+
+RICH = {"backward": True, "memory": True, "optimizer": "adamw", "device": "h100", "efficiency": 0.5,
+        "quiet": True}
+
+
+def test_a_kept_result_is_read_instead_of_counted_and_equals_a_fresh_count_exactly(cache_env: Path,
+                                                                                   counted: list[int]) -> None:
+    fresh = analyze(*transformer_block(), cache=False, **RICH).result()  # the oracle: counted from a new recording
+    counted.clear()
+    block, x = transformer_block()
+    first = analyze(block, x, cache=True, **RICH).result()
+    assert counted == [1] and len(results(cache_env)) == 1
+    again, y = transformer_block()  # a new identical model: the disk cache, not the in-process recording
+    analysis = analyze(again, y, cache=True, **RICH)
+    kept = analysis.result()
+    assert analysis.from_cache and counted == [1]  # read, not counted
+    assert repr(kept) == repr(fresh) == repr(first)  # every field, its types too (1 is not 1.0, a list no tuple)
+    assert kept.to_json() == fresh.to_json()
+    assert analysis.result() is not kept  # each call its own object: changing one changes no other
+    kept.modules[0].metrics["flops"] = -1
+    assert analysis.result().total("flops") == fresh.total("flops")
+
+
+@pytest.mark.parametrize("change", [
+    {"convention": "flops"}, {"dense_attention": True}, {"attention_kernel": "math"}, {"memory": False, "optimizer": None},
+    {"optimizer": "sgd"}, {"state_dtype": "bfloat16"}, {"foreach": True}, {"device": "a100"}, {"device": None,
+                                                                                                "efficiency": 1.0},
+    {"efficiency": 0.7}, {"launch_overhead": 1e-6}, {"tf32": True}, {"measured_time": 0.01},
+])
+def test_changed_settings_count_again(cache_env: Path, counted: list[int], change: dict[str, Any]) -> None:
+    settings = {**RICH, **change}
+    oracle = analyze(*transformer_block(), cache=False, **settings).result()
+    analyze(*transformer_block(), cache=True, **RICH).result()
+    counted.clear()
+    analysis = analyze(*transformer_block(), cache=True, **settings)
+    result = analysis.result()
+    assert analysis.from_cache and counted == [1]  # the trace from the cache, the result counted
+    assert repr(result) == repr(oracle)
+    assert len(results(cache_env)) == 2  # kept beside the first one
+    assert repr(analyze(*transformer_block(), cache=True, **settings).result()) == repr(result) and counted == [1]
+
+
+def test_another_name_or_another_source_counts_again(cache_env: Path, counted: list[int],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    analyze(Net(), image(), cache=True).result()
+    assert analyze(Net(), image(), cache=True).result(name="Renamed").model == "Renamed" and len(counted) == 2
+    monkeypatch.setattr(modelmeter.session, "package_digest", lambda: "edited")  # a development checkout, edited
+    analyze(Net(), image(), cache=True).result()
+    assert len(counted) == 3 and len(results(cache_env)) == 3
+    analyze(Net(), image(), cache=True).result()
+    assert len(counted) == 3
+
+
+def test_custom_handles_and_ancestor_modes_are_counted_and_not_kept(cache_env: Path, counted: list[int]) -> None:
+    expected = analyze(Net(), image(), cache=True).result()
+    assert len(results(cache_env)) == 1
+    custom = analyze(Net(), image(), cache=True)
+    custom.flops.set_op_handle("aten::linear", lambda inputs, outputs: 1000)
+    result = custom.result()
+    assert custom.from_cache and result.total("flops") != expected.total("flops")
+    assert result.row("fc").metrics["flops"] == 1000
+    caller = analyze(Net(), image(), cache=True)
+    caller.activations.ancestor_mode("caller")
+    caller.result()
+    cleared = analyze(Net(), image(), cache=True)
+    cleared.flops.clear_op_handles()
+    assert cleared.result().total("flops") == 0
+    assert len(counted) == 4 and len(results(cache_env)) == 1  # each counted, none kept
+    assert repr(analyze(Net(), image(), cache=True).result()) == repr(expected) and len(counted) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "valid gzip, wrong json", "another key",
+                                    "another trace entry", "wrong fields", "wrong types"])
+def test_a_damaged_or_stale_result_is_counted_again_and_replaced(cache_env: Path, counted: list[int], damage: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    expected = analyze(Net(), image(), cache=True).result()
+    (path,) = results(cache_env)
+    data = path.read_bytes()
+    kept = json.loads(gzip.decompress(data))
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "valid gzip, wrong json":
+        path.write_bytes(gzip.compress(b'{"format": "modelmeter-result-cache-entry", "result": [1, 2]}'))
+    else:
+        if damage == "another key":
+            kept["key"] = "0" * 64
+        elif damage == "another trace entry":  # counted from a trace entry that has since been replaced
+            kept["entry"] = "0" * 64
+        elif damage == "wrong fields":
+            kept["result"]["$d"] = kept["result"]["$d"][1:]
+        else:
+            kept["result"]["$d"][0][1] = 7  # the model's name, a number
+        path.write_bytes(gzip.compress(json.dumps(kept).encode()))
+    counted.clear()
+    with caplog.at_level(logging.INFO, logger="modelmeter"):
+        result = analyze(Net(), image(), cache=True).result()
+    assert counted == [1] and repr(result) == repr(expected)
+    assert caplog.records and all(r.levelno <= logging.WARNING for r in caplog.records)
+    assert results(cache_env) == [path] and path.read_bytes() == data  # replaced by what the first run wrote
+    assert repr(analyze(Net(), image(), cache=True).result()) == repr(expected) and counted == [1]
+
+
+def test_a_replaced_trace_entry_is_not_read_with_the_old_result(cache_env: Path, counted: list[int]) -> None:
+    analyze(Net(), image(), cache=True).result()
+    (entry,) = entries(cache_env)
+    entry.write_bytes(gzip.compress(gzip.decompress(entry.read_bytes()), compresslevel=1))  # same trace, new bytes
+    analysis = analyze(Net(), image(), cache=True)
+    analysis.result()
+    assert analysis.from_cache and len(counted) == 2  # the result of the former entry is not this one's
+
+
+def test_a_kept_result_logs_the_warnings_counting_logs_once(cache_env: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    def messages(cache: bool) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="modelmeter"):
+            analysis = analyze(Odd(), torch.randn(2, 8), cache=cache)
+            analysis.result()
+            analysis.result()
+            analysis.flops.total()
+        return [r.getMessage() for r in caplog.records]
+
+    expected = messages(cache=False)
+    assert len(expected) == 2 and "aten::fft_rfft" in expected[0] and "unused" in expected[1]
+    assert messages(cache=True) == expected  # counted, and kept
+    assert messages(cache=True) == expected  # read: the same warnings, once
+
+
+def test_cache_info_and_clear_count_kept_results(cache_env: Path) -> None:
+    analyze(Net(), image(), cache=True).result()
+    analyze(Net(), image(), cache=True, convention="flops").result()
+    info = cache_info()
+    files = [*entries(cache_env), *results(cache_env)]
+    assert info["entries"] == 1 and len(results(cache_env)) == 2
+    assert info["bytes"] == sum(p.stat().st_size for p in files)
+    assert clear_cache() == 1 and not [p for p in (cache_env / "traces").iterdir()]
+
+
+def test_eviction_removes_a_trace_with_its_results(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    analyze(Net(), image(), cache_dir=root).result()
+    time.sleep(0.05)
+    analyze(Net(p=0.3), image(), cache_dir=root).result()
+    first, second = sorted(entries(root), key=lambda p: p.stat().st_mtime_ns)
+    kept = {p: p.stat().st_size for p in [*entries(root), *results(root)]}
+    cache = TraceCache(root, size_limit=sum(kept.values()) - 1)
+    assert cache.evict() == 2  # the oldest trace, and its result with it
+    assert entries(root) == [second] and [p.name[:64] for p in results(root)] == [second.name[:64]]
+
+
 # --- serialization ----------------------------------------------------------------------------------------
 def exact(a: Any, b: Any) -> bool:
     """Equal values of identical types all the way down (NaN equals NaN, -0.0 differs from 0.0)."""
@@ -603,6 +784,13 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
     assert loads(text.encode()).events[0].inputs == [1]
 
 
+def test_every_field_of_events_and_storages_has_a_column() -> None:
+    from modelmeter.engine import serialize
+
+    assert tuple(serialize._EVENT_COLUMNS) == tuple(f.name for f in dataclasses.fields(OpEvent))
+    assert tuple(serialize._STORAGE_COLUMNS) == tuple(f.name for f in dataclasses.fields(Storage))
+
+
 def test_equal_arguments_are_written_once_and_read_as_each_events_own() -> None:
     """The values table: a repeated argument description is stored once; every event reads its own list."""
     meta = TensorMeta((2, 3), "float32", "cpu")
@@ -649,13 +837,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return out
 
 
-def test_cli_caches_by_default(capsys: pytest.CaptureFixture[str], cache_env: Path) -> None:
+def test_cli_caches_by_default(capsys: pytest.CaptureFixture[str], cache_env: Path, counted: list[int]) -> None:
     first = run(capsys, "gpt2_tiny", "--depth", "1")
     assert "from the cache" not in first.splitlines()[0]
-    assert len(entries(cache_env)) == 1
+    assert len(entries(cache_env)) == 1 and len(results(cache_env)) == 1 and counted == [1]
     second = run(capsys, "gpt2_tiny", "--depth", "1")
     assert "(fake run, from the cache," in second.splitlines()[0]
-    assert first.splitlines()[1:] == second.splitlines()[1:]
+    assert first.splitlines()[1:] == second.splitlines()[1:] and counted == [1]  # the result read, not counted
+    assert run(capsys, "gpt2_tiny", "--depth", "1", "--convention", "flops") != second and counted == [1, 1]
     info = json.loads(run(capsys, "cache", "info", "--format", "json"))
     assert info["entries"] == 1 and info["path"] == str(cache_env / "traces") and info["bytes"] > 0
     assert "entries:     1" in run(capsys, "cache", "info")
