@@ -7,12 +7,15 @@ nothing is ever written to the real user cache. Whether the model ran is observe
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import gzip
 import json
 import logging
 import math
 import os
+import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -234,6 +237,15 @@ def test_run_options_and_versions_are_keyed(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.1")
     assert key(model, x) != base
+
+
+def test_the_engine_and_the_package_source_are_digested() -> None:
+    """The trace key holds a digest of the recording engine's source (the trace format included), a kept result's
+    key one of the whole package: never the empty fallback of a package not installed as files."""
+    from modelmeter.cache.fingerprint import _recorder_digest, package_digest
+
+    assert re.fullmatch("[0-9a-f]{64}", _recorder_digest()) and re.fullmatch("[0-9a-f]{64}", package_digest())
+    assert _recorder_digest() != package_digest()
 
 
 def test_object_attributes_are_keyed_without_what_varies_between_equal_objects() -> None:
@@ -731,15 +743,30 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
                                storages=[Storage(8, "float32", "cpu", "input")]))
     fields = list(dataclasses.fields(OpEvent))
     column = {f.name: i for i, f in enumerate(fields)}
-    inputs, outputs, kwargs = (good["events"][column[name]][0] for name in ("inputs", "outputs", "kwargs"))
 
-    def event(**changes: Any) -> list[list[Any]]:
-        """The one event's columns, some replaced."""
-        return [changes.get(f.name, good["events"][i]) for i, f in enumerate(fields)]
+    def packed(numbers: list[Any]) -> list[str]:
+        """A column as the format writes it: 64-bit little-endian integers, base64."""
+        return ["q", base64.b64encode(struct.pack(f"<{len(numbers)}q", *numbers)).decode()]
 
-    def storage(**changes: Any) -> list[list[Any]]:
-        return [changes.get(f.name, good["storages"][i]) for i, f in enumerate(dataclasses.fields(Storage))]
+    def unpacked(data: list[str]) -> list[int]:
+        raw = base64.b64decode(data[1])
+        return list(struct.unpack(f"<{len(raw) // struct.calcsize(data[0])}{data[0]}", raw))
 
+    inputs, outputs, kwargs = (unpacked(good["events"][column[name]])[0] for name in ("inputs", "outputs", "kwargs"))
+
+    def numbers(value: Any) -> bool:
+        return type(value) is list and all(type(n) is int for n in value)
+
+    def event(**changes: Any) -> list[Any]:
+        """The one event's columns, some replaced (lists of numbers are packed, anything else is written as given)."""
+        return [packed(changes[f.name]) if numbers(changes.get(f.name)) else changes.get(f.name, good["events"][i])
+                for i, f in enumerate(fields)]
+
+    def storage(**changes: Any) -> list[Any]:
+        return [packed(changes[f.name]) if f.name in changes else good["storages"][i]
+                for i, f in enumerate(dataclasses.fields(Storage))]
+
+    assert trace_from_dict({**good, "events": event(parent=[-1], python=[0])}).events[0].python is False  # oracle
     for broken in (
         {**good, "version": 999},
         {**good, "version": 5},  # an entry of the format before the columns
@@ -753,19 +780,23 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
         {**good, "strings": [*good["strings"][:-1], 7]},
         {**good, "values": [[{"$py/object": "os.system"}], *good["values"][1:]]},
         {**good, "events": event(inputs=[99])},  # refers to no value
+        {**good, "events": event(inputs=[-1])},
         {**good, "events": event(inputs=[kwargs])},  # inputs that are a dict
         {**good, "events": event(kwargs=[inputs])},  # kwargs that are a list
-        {**good, "events": event(outputs=[float(outputs)])},
-        {**good, "events": event(inputs=[[1]])},  # a value inline, as format 3 wrote it
-        {**good, "events": event(python=[0])},  # a number where a boolean belongs
-        {**good, "events": event(parent=[True])},
+        {**good, "events": event(python=[2])},  # a boolean neither 0 nor 1
+        {**good, "events": event(outputs=["d", packed([outputs])[1]])},  # not an integer type
+        {**good, "events": event(outputs=["q", "not base64!"])},
+        {**good, "events": event(outputs=["q", "AAAA"])},  # 3 bytes: not a whole 8-byte item
+        {**good, "events": event(outputs=["q", packed([outputs])[1], "more"])},
+        {**good, "events": event(outputs=[[outputs]])},  # numbers unpacked, as format 5 wrote them
+        {**good, "events": event(outputs=3)},
         {**good, "events": event(op=[])},  # columns of different lengths
         {**good, "events": event()[:-1]},  # a column short
         {**good, "events": good["events"][0]},
         {**good, "storages": storage(nbytes=[-1])},
         {**good, "storages": storage(died=[2])},  # after the run's last event
         {**good, "storages": storage(saved_scope=[1])},
-        {**good, "storages": storage(kind=[good["events"][column["op"]][0]])},  # a storage of kind "x"
+        {**good, "storages": storage(kind=[0])},  # a storage of kind "x"
         {key: value for key, value in good.items() if key != "values"},
         {key: value for key, value in good.items() if key != "storages"},
         {**good, "fields": {**good["fields"], "scopes": [["not a tuple"]]}},

@@ -606,11 +606,9 @@ def _recorder_digest() -> str:
     """A digest of the source of modelmeter's engine (what records a trace) and of the trace format, so a
     development checkout that changes how traces are recorded does not read traces of its former self."""
     h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    engine = os.path.join(os.path.dirname(here), "engine")
+    engine = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine")
     try:
-        files = sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py"))
-        for path in [*files, os.path.join(here, "serialize.py")]:
+        for path in sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py")):  # serialize.py too
             with open(path, "rb") as f:
                 h.update(os.path.basename(path).encode() + b"\x00" + f.read() + b"\x00")
     except OSError:  # not installed as files (a zip, a frozen app): the version has to do

@@ -19,12 +19,16 @@ detected rather than returned.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import gzip
 import json
 import math
 import operator
+import sys
 import zlib
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +59,7 @@ _EVENT_COLUMNS: dict[str, type[Any]] = {"op": str, "level": str, "parent": int, 
 _STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device": str, "kind": str, "born": int,
                                           "died": int, "saved": int, "saved_scope": int, "order": int}
 _COLUMNAR = ("events", "storages")  # the Trace fields written as columns
+_TYPECODES = ("b", "h", "i", "q")  # the array types a column's numbers are packed in, narrowest first
 
 
 def schema_signature() -> dict[str, list[str]]:
@@ -102,11 +107,13 @@ def to_data(value: Any) -> Any:
 def trace_to_dict(trace: Trace) -> dict[str, Any]:
     """``trace`` as JSON-safe data (``json.dumps`` works on it with ``allow_nan=False``).
 
-    Events and storages are written as columns, one array per field (:data:`_EVENT_COLUMNS`,
-    :data:`_STORAGE_COLUMNS`): a string field holds indices into the table ``strings`` (operator names, phases,
-    dtypes), an argument field (``inputs``, ``outputs``, ``kwargs``) indices into the table ``values``, where each
-    distinct argument description is written once (a model's layers repeat them), and a number field the numbers
-    themselves. Reading parses arrays of numbers and builds each record with one call."""
+    Events and storages are written as columns, one per field (:data:`_EVENT_COLUMNS`, :data:`_STORAGE_COLUMNS`),
+    each a packed array of integers (``[typecode, base64 of its little-endian bytes]``, the narrowest of
+    ``b h i q`` that holds them): a string field's indices into the table ``strings`` (operator names, phases,
+    dtypes), an argument field's (``inputs``, ``outputs``, ``kwargs``) into the table ``values``, where each
+    distinct argument description is written once (a model's layers repeat them), a number field's numbers and a
+    boolean field's 0 and 1. Reading decodes a column at once, with no number parsed on its own, and builds each
+    record with one call."""
     fields = {name: _encode(getattr(trace, name)) for name in _TRACE_FIELDS if name not in _COLUMNAR}
     tables = _Tables()
     events = tables.columns(trace.events, _EVENT_COLUMNS)
@@ -152,8 +159,41 @@ class _Tables:
                 column = [self.string(v) for v in column]
             elif kind is not int and kind is not bool:
                 column = [self.value(v) for v in column]
-            out.append(column)
+            out.append(_packed(column))
         return out
+
+
+def _packed(numbers: list[int]) -> list[str]:
+    """Integers as ``[typecode, base64]``: the bytes of an :class:`array.array` of the narrowest type that holds
+    them all, little-endian — what reading turns back into numbers without parsing each."""
+    low, high = min(numbers, default=0), max(numbers, default=0)
+    for code in _TYPECODES:
+        bound = 1 << (array(code).itemsize * 8 - 1)
+        if -bound <= low and high < bound:
+            break
+    else:
+        raise ValueError(f"a number of the trace does not fit 64 bits: {high if high > 0 else low}")
+    packed = array(code, numbers)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return [code, base64.b64encode(packed.tobytes()).decode("ascii")]
+
+
+def _unpacked(column: Any, what: str) -> list[int]:
+    """The integers :func:`_packed` wrote; ValueError for anything else."""
+    if type(column) is not list or len(column) != 2 or column[0] not in _TYPECODES or type(column[1]) is not str:
+        raise ValueError(f"{what}: expected [typecode, base64 data]")
+    try:
+        raw = base64.b64decode(column[1], validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    numbers = array(column[0])
+    if len(raw) % numbers.itemsize:
+        raise ValueError(f"{what}: the data is not a whole number of items")
+    numbers.frombytes(raw)
+    if sys.byteorder == "big":
+        numbers.byteswap()
+    return numbers.tolist()
 
 
 # decoding ------------------------------------------------------------------------------------------
@@ -279,7 +319,7 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
         raise ValueError("a trace entry has the wrong fields")
     try:
         strings = _list(data.get("strings"), "strings")
-        if not _all_of(strings, str):
+        if not all(type(text) is str for text in strings):
             raise ValueError("the strings table holds something other than strings")
         values = [decode(v) for v in _list(data.get("values"), "values")]
         plain = {name: decode(value) for name, value in fields.items()}
@@ -297,11 +337,6 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
     return trace
 
 
-def _all_of(items: list[Any], kind: type[Any]) -> bool:
-    """Every item's type is exactly ``kind`` (not a subclass: ``True`` is no ``int`` here)."""
-    return set(map(type, items)) <= {kind}
-
-
 def _within(column: list[int], low: int, high: int, what: str) -> None:
     """Every number of ``column`` (integers, checked) lies in ``[low, high]``."""
     if column and (min(column) < low or max(column) > high):
@@ -311,25 +346,25 @@ def _within(column: list[int], low: int, high: int, what: str) -> None:
 def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values: list[Any],
              what: str) -> dict[str, list[Any]]:
     """The columns ``trace_to_dict`` wrote for ``kinds``, read back: strings and arguments looked up in their
-    tables (each event given its own copy of its lists and dicts), every value's type checked."""
+    tables (each event given its own copy of its lists and dicts)."""
     columns = _list(data, what)
     if len(columns) != len(kinds):
         raise ValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
     out: dict[str, list[Any]] = {}
     size = None
-    for (name, kind), column in zip(kinds.items(), columns, strict=True):
-        column = _list(column, f"{what}.{name}")
+    for (name, kind), packed in zip(kinds.items(), columns, strict=True):
+        column = _unpacked(packed, f"{what}.{name}")
         if size is not None and len(column) != size:
             raise ValueError(f"{what}: the columns differ in length")
         size = len(column)
-        if kind is int or kind is bool:
-            if not _all_of(column, kind):
-                raise ValueError(f"{what}.{name}: expected {kind.__name__} values")
+        if kind is int:
             out[name] = column
             continue
+        if kind is bool:
+            _within(column, 0, 1, f"{what}.{name} (a boolean)")
+            out[name] = list(map(bool, column))
+            continue
         table = strings if kind is str else values
-        if not _all_of(column, int):
-            raise ValueError(f"{what}.{name}: expected indices into the {'strings' if kind is str else 'values'} table")
         _within(column, 0, len(table) - 1, f"{what}.{name} (an index into its table)")
         if kind is str:
             out[name] = list(map(table.__getitem__, column))
