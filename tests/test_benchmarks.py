@@ -88,3 +88,21 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     assert cached["ratios"]["persistent_first/persistent_cached"] == pytest.approx(
         cached["persistent_first"]["median_s"] / cached["persistent_cached"]["median_s"])
     assert "### 5. Cached re-analysis" in done.stdout
+
+
+CACHE_BENCH = SCRIPT.parent / "cache_bench.py"
+
+
+@pytest.mark.slow
+def test_cache_bench_times_record_first_and_hit_in_new_processes(tmp_path: Path) -> None:
+    """benchmarks/cache_bench.py on the tiny Llama: a round of three new processes, the hit read from the cache and
+    counted what recording counted, and the ratio is record / hit of that round."""
+    out = tmp_path / "cache.json"
+    done = subprocess.run([sys.executable, str(CACHE_BENCH), "--models", "llama_tiny", "--repeat", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text())["llama_tiny"]
+    assert row["same_result"] and row["hit_read_the_cache"] and row["events"] > 0
+    (record,), (hit,) = row["record"]["runs"], row["hit"]["runs"]
+    assert row["ratio"]["runs"] == [record / hit] and row["first"]["median"] > 0
+    assert "| llama_tiny fwd+bwd |" in done.stdout

@@ -155,7 +155,7 @@ class ModelAnalysis(MetricView):
         self._warn_unsupported = True
         self._warn_uncalled = True
         self._custom = False  # set_op_handle or clear_op_handles was called
-        self._warned = False  # the warnings of these settings were logged from a result kept in the cache
+        self._warned = False  # the current settings' warnings were logged (by counting, or from a kept result)
 
     def _recount(self) -> None:
         """Forget the statistics (and that their warnings were logged): the settings changed."""
