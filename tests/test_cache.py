@@ -613,9 +613,9 @@ def test_a_damaged_or_stale_result_is_counted_again_and_replaced(cache_env: Path
         elif damage == "another trace entry":  # counted from a trace entry that has since been replaced
             kept["entry"] = "0" * 64
         elif damage == "wrong fields":
-            kept["result"]["$d"] = kept["result"]["$d"][1:]
+            del kept["result"]["device"]
         else:
-            kept["result"]["$d"][0][1] = 7  # the model's name, a number
+            kept["result"]["model"] = 7  # the model's name, a number
         path.write_bytes(gzip.compress(json.dumps(kept).encode()))
     counted.clear()
     with caplog.at_level(logging.INFO, logger="modelmeter"):
@@ -813,6 +813,16 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
         with pytest.raises(ValueError):
             loads(text.replace("[1]", f"[{bad}]").encode())
     assert loads(text.encode()).events[0].inputs == [1]
+
+
+def test_dicts_are_plain_objects_unless_they_could_read_as_a_tag() -> None:
+    odd = [{"a": 1}, {"$t": [1]}, {"$t": 1, "b": (2,)}, {1: "x"}, {}]
+    trace = Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [], [], kwargs=d) for d in odd], scopes=[()])
+    data = trace_to_dict(trace)
+    assert {"a": 1} in data["values"] and {"$t": 1, "b": {"$t": [2]}} in data["values"]
+    assert {"$d": [["$t", [1]]]} in data["values"] and {"$d": [[1, "x"]]} in data["values"]
+    for back in (loads(dumps(trace)), trace_from_dict(json.loads(json.dumps(data)))):
+        assert [e.kwargs for e in back.events] == odd and exact(back, trace)
 
 
 def test_every_field_of_events_and_storages_has_a_column() -> None:

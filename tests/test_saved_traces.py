@@ -66,7 +66,7 @@ def _rewrite(path: Path, change: object) -> None:
     (lambda d: d.update(format="other"), "its format is not"),
     (lambda d: d.update(result=[]), "it holds no result"),
     (lambda d: d["trace"]["fields"].update(model=3), "malformed trace fields"),
-    (lambda d: d["trace"]["fields"]["aliases"]["$d"].append(["ghost", "nowhere"]), "aliases in the trace lead"),
+    (lambda d: d["trace"]["fields"]["aliases"].update(ghost="nowhere"), "aliases in the trace lead"),
     (lambda d: d.update(settings={"convention": "fvcore", "evil": 1}), "unknown saved-trace settings"),
     (lambda d: d["trace"].update(version=5), r"trace format version 5; this modelmeter reads 6 \(recorded by an older"),
     (lambda d: d["trace"]["events"].__setitem__(0, ["q", "!!"]), "events.op: Only base64 data"),

@@ -3,8 +3,8 @@
 No pickle: a cache entry is data, never code. Every field of ``Trace``, ``OpEvent`` and ``TensorMeta`` is
 written (found through :func:`dataclasses.fields`, so a field added later is covered, and the list of field
 names is stored and checked on reading). Values keep their exact type: JSON's own ``null``, booleans,
-integers, finite floats, strings and arrays (Python lists) are written as they are; everything else is a
-one-key object tagged with ``$``::
+integers, finite floats, strings, arrays (Python lists) and objects (dicts whose keys are all strings, but for
+one key that starts with ``$``) are written as they are; everything else is a one-key object tagged with ``$``::
 
     {"$t": [...]}          tuple                   {"$f": "inf" | "-inf" | "nan"}   non-finite float
     {"$c": [re, im]}       complex                 {"$s": [...]}                    set
@@ -89,6 +89,8 @@ def _encode(value: Any) -> Any:
     if kind is tuple:
         return {"$t": [_encode(v) for v in value]}
     if kind is dict:
+        if all(type(k) is str for k in value) and not _looks_tagged(value):
+            return {k: _encode(v) for k, v in value.items()}
         return {"$d": [[_encode(k), _encode(v)] for k, v in value.items()]}
     if kind is complex:
         return {"$c": [_encode(value.real), _encode(value.imag)]}
@@ -262,6 +264,11 @@ def _record(kind: type[Any], fields: tuple[str, ...], items: list[Any]) -> Any:
     return kind(*items)  # the fields in dataclasses.fields order, as written
 
 
+def _looks_tagged(value: dict[Any, Any]) -> bool:
+    """A one-key object whose key starts with ``$``: a tag, so a dict like it is written tagged itself."""
+    return len(value) == 1 and str(next(iter(value)))[:1] == "$"
+
+
 def _decode(value: Any) -> Any:
     """A value of :func:`trace_to_dict`'s output back as it was (strict: any other object is an error)."""
     kind = type(value)
@@ -269,8 +276,10 @@ def _decode(value: Any) -> Any:
         return value
     if kind is list:
         return [_decode(v) for v in value]
-    if kind is not dict or len(value) != 1:
+    if kind is not dict:
         raise ValueError(f"unexpected value in a trace entry: {value!r:.80}")
+    if not _looks_tagged(value):
+        return {k: _decode(v) for k, v in value.items()}
     (tag, body), = value.items()
     return _untag(tag, _decode(body))
 
