@@ -546,10 +546,9 @@ def test_a_kept_result_is_read_instead_of_counted_and_equals_a_fresh_count_exact
 
 
 @pytest.mark.parametrize("change", [
-    {"convention": "flops"}, {"dense_attention": True}, {"attention_kernel": "math"}, {"memory": False, "optimizer": None},
-    {"optimizer": "sgd"}, {"state_dtype": "bfloat16"}, {"foreach": True}, {"device": "a100"}, {"device": None,
-                                                                                                "efficiency": 1.0},
-    {"efficiency": 0.7}, {"launch_overhead": 1e-6}, {"tf32": True}, {"measured_time": 0.01},
+    {"convention": "flops"}, {"dense_attention": True}, {"attention_kernel": "math"},
+    {"memory": False, "optimizer": None}, {"optimizer": "sgd"}, {"state_dtype": "bfloat16"}, {"foreach": True},
+    {"device": "a100"}, {"device": None, "efficiency": 1.0}, {"efficiency": 0.7}, {"launch_overhead": 1e-6}, {"tf32": True}, {"measured_time": 0.01},
 ])
 def test_changed_settings_count_again(cache_env: Path, counted: list[int], change: dict[str, Any]) -> None:
     settings = {**RICH, **change}
@@ -667,7 +666,7 @@ def test_eviction_removes_a_trace_with_its_results(tmp_path: Path) -> None:
     analyze(Net(), image(), cache_dir=root).result()
     time.sleep(0.05)
     analyze(Net(p=0.3), image(), cache_dir=root).result()
-    first, second = sorted(entries(root), key=lambda p: p.stat().st_mtime_ns)
+    _, second = sorted(entries(root), key=lambda p: p.stat().st_mtime_ns)
     kept = {p: p.stat().st_size for p in [*entries(root), *results(root)]}
     cache = TraceCache(root, size_limit=sum(kept.values()) - 1)
     assert cache.evict() == 2  # the oldest trace, and its result with it

@@ -607,8 +607,8 @@ def _recorder_digest() -> str:
     development checkout that changes how traces are recorded does not read traces of its former self."""
     h = hashlib.sha256()
     engine = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine")
-    try:
-        for path in sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py")):  # serialize.py too
+    try:  # serialize.py, the trace format, among them
+        for path in sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py")):
             with open(path, "rb") as f:
                 h.update(os.path.basename(path).encode() + b"\x00" + f.read() + b"\x00")
     except OSError:  # not installed as files (a zip, a frozen app): the version has to do
