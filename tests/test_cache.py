@@ -548,7 +548,8 @@ def test_a_kept_result_is_read_instead_of_counted_and_equals_a_fresh_count_exact
 @pytest.mark.parametrize("change", [
     {"convention": "flops"}, {"dense_attention": True}, {"attention_kernel": "math"},
     {"memory": False, "optimizer": None}, {"optimizer": "sgd"}, {"state_dtype": "bfloat16"}, {"foreach": True},
-    {"device": "a100"}, {"device": None, "efficiency": 1.0}, {"efficiency": 0.7}, {"launch_overhead": 1e-6}, {"tf32": True}, {"measured_time": 0.01},
+    {"device": "a100"}, {"device": None, "efficiency": 1.0}, {"efficiency": 0.7}, {"launch_overhead": 1e-6},
+    {"tf32": True}, {"measured_time": 0.01},
 ])
 def test_changed_settings_count_again(cache_env: Path, counted: list[int], change: dict[str, Any]) -> None:
     settings = {**RICH, **change}
