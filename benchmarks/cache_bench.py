@@ -12,10 +12,11 @@ For each model, ``--repeat`` rounds, each in new Python processes:
 
 Each process's timer starts after the imports (``modelmeter.analysis`` included), building the model and a
 ``gc.collect()``. Prints each column's median with its range, and the ratio record / hit of each round (median
-and range). Models: ``llama2_70b`` (Llama-2-70B from its ``transformers`` config on meta, 2048 tokens, forward
-and backward: issue 20's target is a hit >= 10x faster than recording), ``llama_tiny`` (the same architecture
-with 2 layers of width 256, 128 tokens: a small model, whose hit must not be slower than recording) and any
-torchvision model name (real weights on the CPU: the IMAGENET1K_V1 checkpoint when it is already in torch's hub
+and range), in wall-clock time and in the process's CPU time (steadier on a loaded machine).
+
+Models: ``llama2_70b`` (Llama-2-70B from its ``transformers`` config on meta, 2048 tokens, forward and backward:
+issue 20's target is a hit >= 10x faster than recording), ``llama_tiny`` (the same architecture with 2 layers of
+width 256, 128 tokens: a small model, whose hit must not be slower than recording) and any torchvision model name (real weights on the CPU: the IMAGENET1K_V1 checkpoint when it is already in torch's hub
 cache, else the random initialisation — nothing is downloaded; forward only).
 
 Then, for the first torchvision model: ``flop_count_table(flops, activations=acts)`` with the cache off, with a
@@ -86,13 +87,14 @@ def worker(args: argparse.Namespace) -> None:
 
     model, x, backward, weights_note = build(args.model)
     gc.collect()  # start every process's timer with no collection pending from the imports and the build
-    built = time.perf_counter()
+    built, cpu = time.perf_counter(), time.process_time()
     cache = args.cache_dir is not None
     analysis = modelmeter.analyze(model, x, backward=backward, execution=args.execution, cache=cache,
                                   cache_dir=args.cache_dir, quiet=True)
     result = analysis.result()
-    done = time.perf_counter()
-    print(json.dumps({"analysis_s": done - built, "setup_s": built - started, "from_cache": analysis.from_cache,
+    done, cpu = time.perf_counter(), time.process_time() - cpu
+    print(json.dumps({"analysis_s": done - built, "cpu_s": cpu, "setup_s": built - started,
+                      "from_cache": analysis.from_cache,
                       "result": result.to_json(indent=None), "events": len(analysis.trace.events),
                       "weights": weights_note}))
 
@@ -139,8 +141,10 @@ def rounds(args: argparse.Namespace, model: str) -> dict[str, Any]:
     return {"events": runs[-1]["record"]["events"], "weights": runs[-1]["record"]["weights"],
             "same_result": same, "hit_read_the_cache": cached,
             **{kind: summary([r[kind]["analysis_s"] for r in runs]) for kind in ("record", "first", "hit")},
+            **{f"{kind}_cpu": summary([r[kind]["cpu_s"] for r in runs]) for kind in ("record", "first", "hit")},
             "setup_s": summary([r["hit"]["setup_s"] for r in runs]),
-            "ratio": summary([r["record"]["analysis_s"] / r["hit"]["analysis_s"] for r in runs])}
+            "ratio": summary([r["record"]["analysis_s"] / r["hit"]["analysis_s"] for r in runs]),
+            "ratio_cpu": summary([r["record"]["cpu_s"] / r["hit"]["cpu_s"] for r in runs])}
 
 
 def runs_of_flop_count_table(name: str) -> tuple[int, str]:
@@ -184,13 +188,14 @@ def main() -> int:
     print(f"modelmeter trace cache benchmark: {', '.join(models)}, execution={args.execution}, {args.repeat} "
           f"round(s), torch {torch.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     report = {name: rounds(args, name) for name in models}
-    print("\n| model | events | record (cache off) | first (cache empty) | hit | record / hit |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model | events | record (cache off) | first (cache empty) | hit | record / hit | in CPU time |")
+    print("|---|---|---|---|---|---|---|")
     for name, row in report.items():
-        ratio = row["ratio"]
+        ratio, cpu = row["ratio"], row["ratio_cpu"]
         print(f"| {name}{' fwd+bwd' if name in LLAMA_SIZES else ''} | {row['events']} | {seconds(row['record'])} | "
               f"{seconds(row['first'])} | {seconds(row['hit'])} | "
-              f"{ratio['median']:.1f}x ({ratio['min']:.1f}-{ratio['max']:.1f}) |")
+              f"{ratio['median']:.1f}x ({ratio['min']:.1f}-{ratio['max']:.1f}) | "
+              f"{cpu['median']:.1f}x ({cpu['min']:.1f}-{cpu['max']:.1f}) |")
     ok = True
     for name, row in report.items():
         print(f"{name}: weights {row['weights']}; Python start + imports + build ~{row['setup_s']['median']:.2f} s "

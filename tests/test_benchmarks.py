@@ -105,4 +105,6 @@ def test_cache_bench_times_record_first_and_hit_in_new_processes(tmp_path: Path)
     assert row["same_result"] and row["hit_read_the_cache"] and row["events"] > 0
     (record,), (hit,) = row["record"]["runs"], row["hit"]["runs"]
     assert row["ratio"]["runs"] == [record / hit] and row["first"]["median"] > 0
+    (record_cpu,), (hit_cpu,) = row["record_cpu"]["runs"], row["hit_cpu"]["runs"]
+    assert row["ratio_cpu"]["runs"] == [record_cpu / hit_cpu]
     assert "| llama_tiny fwd+bwd |" in done.stdout
