@@ -16,8 +16,9 @@ and range), in wall-clock time and in the process's CPU time (steadier on a load
 
 Models: ``llama2_70b`` (Llama-2-70B from its ``transformers`` config on meta, 2048 tokens, forward and backward:
 issue 20's target is a hit >= 10x faster than recording), ``llama_tiny`` (the same architecture with 2 layers of
-width 256, 128 tokens: a small model, whose hit must not be slower than recording) and any torchvision model name (real weights on the CPU: the IMAGENET1K_V1 checkpoint when it is already in torch's hub
-cache, else the random initialisation — nothing is downloaded; forward only).
+width 256, 128 tokens: a small model, whose hit must not be slower than recording) and any torchvision model name
+(real weights on the CPU: the IMAGENET1K_V1 checkpoint when it is already in torch's hub cache, else the random
+initialisation — nothing is downloaded; forward only).
 
 Then, for the first torchvision model: ``flop_count_table(flops, activations=acts)`` with the cache off, with a
 forward pre-hook counting the model's calls: it must be 1.
