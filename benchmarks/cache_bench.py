@@ -1,18 +1,30 @@
-"""Benchmark of modelmeter's trace cache (docs/caching.md).
+"""Benchmark of modelmeter's persistent trace cache (docs/caching.md): a hit against recording, in new processes.
 
-    python benchmarks/cache_bench.py [--model vit_b_16] [--execution auto] [--repeat 1] [--keep DIR]
+    python benchmarks/cache_bench.py [--models vit_b_16,llama_tiny,llama2_70b] [--repeat 5] [--execution auto]
+                                     [--keep DIR] [--json out.json]
 
-1. **Persistent cache.** Analyses torchvision's ViT-B/16 with real weights (tensors on the CPU; the
-   IMAGENET1K_V1 checkpoint when it is already in torch's hub cache, else the random initialisation — nothing
-   is downloaded) in a new process with the cache on and a fresh temporary cache directory, then again in
-   another new process reading the trace from that cache. Prints the time of ``analyze()`` + ``result()`` in
-   each process, the whole process wall times (Python start, ``import torch``, building the model included),
-   and their ratios. The issue's target is >= 10x for the analysis.
-2. **One run for a table with activations.** ``flop_count_table(flops, activations=acts)`` on the same model
-   with the cache off: a forward pre-hook counts the model's calls; it must be 1.
+For each model, ``--repeat`` rounds, each in new Python processes:
 
-Exit status 0 when the model ran once for the table and the second process read the cache; 1 otherwise.
-Wall-clock ratios are printed, never asserted.
+1. **record**: ``analyze()`` + ``result()`` with the cache off — what recording and counting cost;
+2. **first**: the same with the cache on and a fresh, empty cache directory — recording, counting, then storing
+   the trace and the result beside it;
+3. **hit**: again, from that cache directory — the trace and the result read instead.
+
+Each process's timer starts after the imports (``modelmeter.analysis`` included), building the model and a
+``gc.collect()``. Prints each column's median with its range, and the ratio record / hit of each round (median
+and range), in wall-clock time and in the process's CPU time (steadier on a loaded machine).
+
+Models: ``llama2_70b`` (Llama-2-70B from its ``transformers`` config on meta, 2048 tokens, forward and backward:
+issue 20's target is a hit >= 10x faster than recording), ``llama_tiny`` (the same architecture with 2 layers of
+width 256, 128 tokens: a small model, whose hit must not be slower than recording) and any torchvision model name
+(real weights on the CPU: the IMAGENET1K_V1 checkpoint when it is already in torch's hub cache, else the random
+initialisation — nothing is downloaded; forward only).
+
+Then, for the first torchvision model: ``flop_count_table(flops, activations=acts)`` with the cache off, with a
+forward pre-hook counting the model's calls: it must be 1.
+
+Exit status 0 when every hit read the cache and counted what recording counted, and the table ran the model
+once; 1 otherwise. Wall-clock ratios are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -21,16 +33,33 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
+LLAMA_SIZES = {
+    "llama2_70b": ({"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64}, 2048),
+    "llama_tiny": ({"hidden_size": 256, "intermediate_size": 896, "num_hidden_layers": 2,
+                    "num_attention_heads": 8}, 128),
+}
 
-def build(name: str) -> tuple[Any, Any, str]:
-    """The torchvision model ``name`` with real weights on the CPU, an input, and where the weights came from."""
+
+def build(name: str) -> tuple[Any, Any, bool, str]:
+    """The model ``name``, an input, whether the analysis runs the backward pass, and where the weights came from."""
     import torch
+
+    if name in LLAMA_SIZES:
+        import transformers
+
+        sizes, tokens = LLAMA_SIZES[name]
+        config = transformers.LlamaConfig(**sizes, num_key_value_heads=8, vocab_size=32000)
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(config)
+        return model, torch.zeros(1, tokens, dtype=torch.long, device="meta"), True, "meta (no weights)"
     import torchvision
 
     torch.manual_seed(0)  # the same weights and input in every process (execution="real" keys values)
@@ -44,7 +73,7 @@ def build(name: str) -> tuple[Any, Any, str]:
             weights_note = f"{weights} from {path}"
     except Exception as exc:  # no registered weights, or an unreadable file: keep the random ones
         weights_note += f" ({type(exc).__name__})"
-    return model, torch.randn(1, 3, 224, 224), weights_note
+    return model, torch.randn(1, 3, 224, 224), False, weights_note
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -53,23 +82,28 @@ def worker(args: argparse.Namespace) -> None:
     import gc
 
     import modelmeter
-    import modelmeter.cache  # imported on first use otherwise: part of starting up, not of the analysis
+    import modelmeter.analysis  # imported on first use otherwise: part of starting up, not of the analysis
+    import modelmeter.cache
     import modelmeter.io
 
-    model, x, weights_note = build(args.model)
-    gc.collect()  # start both processes' timers with no collection pending from the imports and the build
-    built = time.perf_counter()
-    analysis = modelmeter.analyze(model, x, execution=args.execution, cache=True, cache_dir=args.cache_dir)
+    model, x, backward, weights_note = build(args.model)
+    gc.collect()  # start every process's timer with no collection pending from the imports and the build
+    built, cpu = time.perf_counter(), time.process_time()
+    cache = args.cache_dir is not None
+    analysis = modelmeter.analyze(model, x, backward=backward, execution=args.execution, cache=cache,
+                                  cache_dir=args.cache_dir, quiet=True)
     result = analysis.result()
-    done = time.perf_counter()
-    print(json.dumps({"analysis_s": done - built, "setup_s": built - started, "from_cache": analysis.from_cache,
-                      "flops": result.total("flops"), "activations": result.total("activations"),
-                      "events": len(analysis.trace.events), "weights": weights_note}))
+    done, cpu = time.perf_counter(), time.process_time() - cpu
+    print(json.dumps({"analysis_s": done - built, "cpu_s": cpu, "setup_s": built - started,
+                      "from_cache": analysis.from_cache,
+                      "result": result.to_json(indent=None), "events": len(analysis.trace.events),
+                      "weights": weights_note}))
 
 
-def one_process(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
-               "--execution", args.execution, "--cache-dir", cache_dir]
+def one_process(args: argparse.Namespace, model: str, cache_dir: str | None) -> dict[str, Any]:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--execution", args.execution]
+    if cache_dir is not None:
+        command += ["--cache-dir", cache_dir]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
@@ -80,11 +114,45 @@ def one_process(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
     return row
 
 
+def summary(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of ``values`` (and the values)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def rounds(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """``args.repeat`` rounds of record / first / hit processes for ``model``; their times and ratios."""
+    runs: list[dict[str, dict[str, Any]]] = []
+    for _ in range(args.repeat):
+        cache_dir = args.keep or tempfile.mkdtemp(prefix="modelmeter-bench-")
+        if args.keep:
+            shutil.rmtree(os.path.join(cache_dir, "traces"), ignore_errors=True)
+        try:
+            record = one_process(args, model, None)
+            first = one_process(args, model, cache_dir)
+            hit = one_process(args, model, cache_dir)
+        finally:
+            if not args.keep:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+        runs.append({"record": record, "first": first, "hit": hit})
+        print(f"  {model}: record {record['analysis_s']:.3f} s, first {first['analysis_s']:.3f} s, "
+              f"hit {hit['analysis_s']:.3f} s", file=sys.stderr)
+    same = all(r["hit"]["result"] == r["record"]["result"] == r["first"]["result"] for r in runs)
+    cached = all(not r["record"]["from_cache"] and not r["first"]["from_cache"] and r["hit"]["from_cache"]
+                 for r in runs)
+    return {"events": runs[-1]["record"]["events"], "weights": runs[-1]["record"]["weights"],
+            "same_result": same, "hit_read_the_cache": cached,
+            **{kind: summary([r[kind]["analysis_s"] for r in runs]) for kind in ("record", "first", "hit")},
+            **{f"{kind}_cpu": summary([r[kind]["cpu_s"] for r in runs]) for kind in ("record", "first", "hit")},
+            "setup_s": summary([r["hit"]["setup_s"] for r in runs]),
+            "ratio": summary([r["record"]["analysis_s"] / r["hit"]["analysis_s"] for r in runs]),
+            "ratio_cpu": summary([r["record"]["cpu_s"] / r["hit"]["cpu_s"] for r in runs])}
+
+
 def runs_of_flop_count_table(name: str) -> tuple[int, str]:
     """How often the model ran for ``flop_count_table(flops, activations=acts)`` (cache off)."""
     from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, flop_count_table
 
-    model, x, _ = build(name)
+    model, x, _, _ = build(name)
     calls = []
     handle = model.register_forward_pre_hook(lambda module, inputs: calls.append(1))
     flops = FlopCountAnalysis(model, x).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
@@ -94,60 +162,57 @@ def runs_of_flop_count_table(name: str) -> tuple[int, str]:
     return len(calls), table
 
 
+def seconds(row: dict[str, Any]) -> str:
+    return f"{row['median']:.3f} s ({row['min']:.3f}-{row['max']:.3f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="vit_b_16", help="a torchvision model name (default vit_b_16)")
+    parser.add_argument("--models", default="vit_b_16,llama_tiny,llama2_70b",
+                        help="comma-separated: llama2_70b, llama_tiny or torchvision model names "
+                             "(default vit_b_16,llama_tiny,llama2_70b)")
     parser.add_argument("--execution", choices=("auto", "fake", "real"), default="auto")
-    parser.add_argument("--repeat", type=int, default=1, help="cold/warm process pairs to run (each cold one "
-                                                              "with a fresh cache directory); medians are shown")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds per model, each in new processes (default 5)")
     parser.add_argument("--keep", metavar="DIR", help="use (and keep) this cache directory instead of a temporary one")
+    parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
 
-    import statistics
-
     import torch
 
-    print(f"modelmeter trace cache benchmark: torchvision {args.model}, execution={args.execution}, "
-          f"torch {torch.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    pairs = []
-    for _ in range(args.repeat):
-        cache_dir = args.keep or tempfile.mkdtemp(prefix="modelmeter-bench-")
-        if args.keep:
-            shutil.rmtree(os.path.join(cache_dir, "traces"), ignore_errors=True)
-        try:
-            cold = one_process(args, cache_dir)
-            warm = one_process(args, cache_dir)
-        finally:
-            if not args.keep:
-                shutil.rmtree(cache_dir, ignore_errors=True)
-        pairs.append((cold, warm))
-    cold, warm = pairs[-1]
-    print(f"weights: {cold['weights']}")
-    print(f"trace: {cold['events']} events; flops {cold['flops']:,}, activations {cold['activations']:,}")
-    same = all(c["flops"] == w["flops"] and c["activations"] == w["activations"] for c, w in pairs)
-    cached = all(not c["from_cache"] and w["from_cache"] for c, w in pairs)
-
-    def median(key: str, which: int) -> float:
-        return statistics.median(p[which][key] for p in pairs)
-
-    first, again = median("analysis_s", 0), median("analysis_s", 1)
-    first_p, again_p = median("process_s", 0), median("process_s", 1)
-    print(f"analyze()+result(), new process, cache empty:     {first:8.3f} s")
-    print(f"analyze()+result(), new process, from the cache:  {again:8.3f} s   -> {first / again:6.1f}x faster")
-    print(f"whole process (start, import, build, analyse):     {first_p:8.3f} s vs {again_p:.3f} s -> "
-          f"{first_p / again_p:.2f}x")
-    print(f"  of which Python start + imports + building the model: ~{median('setup_s', 1):.3f} s per process")
-    print(f"same counts from the cache: {same}; second process read the cache: {cached}")
-
-    runs, table = runs_of_flop_count_table(args.model)
-    print(f"\nflop_count_table(flops, activations=acts) ran the model {runs} time(s)")
-    print(table)
-    return 0 if runs == 1 and same and cached else 1
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    print(f"modelmeter trace cache benchmark: {', '.join(models)}, execution={args.execution}, {args.repeat} "
+          f"round(s), torch {torch.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    report = {name: rounds(args, name) for name in models}
+    print("\n| model | events | record (cache off) | first (cache empty) | hit | record / hit | in CPU time |")
+    print("|---|---|---|---|---|---|---|")
+    for name, row in report.items():
+        ratio, cpu = row["ratio"], row["ratio_cpu"]
+        print(f"| {name}{' fwd+bwd' if name in LLAMA_SIZES else ''} | {row['events']} | {seconds(row['record'])} | "
+              f"{seconds(row['first'])} | {seconds(row['hit'])} | "
+              f"{ratio['median']:.1f}x ({ratio['min']:.1f}-{ratio['max']:.1f}) | "
+              f"{cpu['median']:.1f}x ({cpu['min']:.1f}-{cpu['max']:.1f}) |")
+    ok = True
+    for name, row in report.items():
+        print(f"{name}: weights {row['weights']}; Python start + imports + build ~{row['setup_s']['median']:.2f} s "
+              f"per process; same result from the cache: {row['same_result']}; hit read the cache: "
+              f"{row['hit_read_the_cache']}")
+        ok = ok and row["same_result"] and row["hit_read_the_cache"]
+    vision = [name for name in models if name not in LLAMA_SIZES]
+    if vision:
+        runs, table = runs_of_flop_count_table(vision[0])
+        print(f"\nflop_count_table(flops, activations=acts) on {vision[0]} ran the model {runs} time(s)")
+        print(table)
+        ok = ok and runs == 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -99,3 +99,23 @@ def test_the_recurrent_section_times_analysis_and_forward_in_turn() -> None:
     assert row["ratio_runs"]["median_s"] == pytest.approx(sorted(per_run)[0] / 2 + sorted(per_run)[1] / 2)
     assert row["us_per_event"] == pytest.approx(row["modelmeter"]["median_s"] / row["events"] * 1e6)
     assert "| 8 | " in compare.markdown_recurrent(rows)
+
+
+CACHE_BENCH = SCRIPT.parent / "cache_bench.py"
+
+
+@pytest.mark.slow
+def test_cache_bench_times_record_first_and_hit_in_new_processes(tmp_path: Path) -> None:
+    """benchmarks/cache_bench.py on the tiny Llama: a round of three new processes, the hit read from the cache and
+    counted what recording counted, and the ratio is record / hit of that round."""
+    out = tmp_path / "cache.json"
+    done = subprocess.run([sys.executable, str(CACHE_BENCH), "--models", "llama_tiny", "--repeat", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text())["llama_tiny"]
+    assert row["same_result"] and row["hit_read_the_cache"] and row["events"] > 0
+    (record,), (hit,) = row["record"]["runs"], row["hit"]["runs"]
+    assert row["ratio"]["runs"] == [record / hit] and row["first"]["median"] > 0
+    (record_cpu,), (hit_cpu,) = row["record_cpu"]["runs"], row["hit_cpu"]["runs"]
+    assert row["ratio_cpu"]["runs"] == [record_cpu / hit_cpu]
+    assert "| llama_tiny fwd+bwd |" in done.stdout

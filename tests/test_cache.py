@@ -7,11 +7,15 @@ nothing is ever written to the real user cache. Whether the model ran is observe
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import gzip
 import json
 import logging
 import math
 import os
+import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -44,6 +48,7 @@ from modelmeter.cache import TraceCache, cache_info, clear_cache, parse_size, tr
 from modelmeter.cli import main
 from modelmeter.engine.inputs import split_inputs
 from modelmeter.engine.serialize import dumps, loads
+from modelmeter.engine.trace import Storage
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +104,13 @@ def key(model: nn.Module, inputs: Any, execution: str = "auto") -> str:
 
 
 def entries(root: Path) -> list[Path]:
-    return sorted((root / "traces").glob("*.json.gz"))
+    """The trace entries of the cache in ``root``."""
+    return sorted(p for p in (root / "traces").glob("*.json.gz") if not p.name.endswith(".result.json.gz"))
+
+
+def results(root: Path) -> list[Path]:
+    """The results kept beside the traces of the cache in ``root``."""
+    return sorted((root / "traces").glob("*.result.json.gz"))
 
 
 # --- in-process: one trace for every metric ---------------------------------------------------------------
@@ -226,6 +237,15 @@ def test_run_options_and_versions_are_keyed(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.1")
     assert key(model, x) != base
+
+
+def test_the_engine_and_the_package_source_are_digested() -> None:
+    """The trace key holds a digest of the recording engine's source (the trace format included), a kept result's
+    key one of the whole package: never the empty fallback of a package not installed as files."""
+    from modelmeter.cache.fingerprint import _recorder_digest, package_digest
+
+    assert re.fullmatch("[0-9a-f]{64}", _recorder_digest()) and re.fullmatch("[0-9a-f]{64}", package_digest())
+    assert _recorder_digest() != package_digest()
 
 
 def test_object_attributes_are_keyed_without_what_varies_between_equal_objects() -> None:
@@ -473,6 +493,187 @@ def test_concurrent_processes_share_one_entry(tmp_path: Path, cache_env: Path) -
     assert [p.name for p in (cache_env / "traces").iterdir() if p.name.startswith(".tmp")] == []
 
 
+# --- results kept beside the trace (issue 20) --------------------------------------------------------------
+class Odd(nn.Module):
+    """A model with an operator no handle counts (an FFT) and a module that never runs: the warnings a kept result
+    must log as counting does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.unused = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(self.fc(x)).real.sum(-1)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often ``Analysis.result()`` counted (built a result from the views' statistics) instead of reading one."""
+    import modelmeter.analysis
+
+    calls: list[int] = []
+    build = modelmeter.analysis.build_result
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(modelmeter.analysis, "build_result", counting)
+    return calls
+
+
+RICH = {"backward": True, "memory": True, "optimizer": "adamw", "device": "h100", "efficiency": 0.5,
+        "quiet": True}
+
+
+def test_a_kept_result_is_read_instead_of_counted_and_equals_a_fresh_count_exactly(cache_env: Path,
+                                                                                   counted: list[int]) -> None:
+    fresh = analyze(*transformer_block(), cache=False, **RICH).result()  # the oracle: counted from a new recording
+    counted.clear()
+    block, x = transformer_block()
+    first = analyze(block, x, cache=True, **RICH).result()
+    assert counted == [1] and len(results(cache_env)) == 1
+    again, y = transformer_block()  # a new identical model: the disk cache, not the in-process recording
+    analysis = analyze(again, y, cache=True, **RICH)
+    kept = analysis.result()
+    assert analysis.from_cache and counted == [1]  # read, not counted
+    assert repr(kept) == repr(fresh) == repr(first)  # every field, its types too (1 is not 1.0, a list no tuple)
+    assert kept.to_json() == fresh.to_json()
+    assert analysis.result() is not kept  # each call its own object: changing one changes no other
+    kept.modules[0].metrics["flops"] = -1
+    assert analysis.result().total("flops") == fresh.total("flops")
+
+
+@pytest.mark.parametrize("change", [
+    {"convention": "flops"}, {"dense_attention": True}, {"attention_kernel": "math"},
+    {"memory": False, "optimizer": None}, {"optimizer": "sgd"}, {"state_dtype": "bfloat16"}, {"foreach": True},
+    {"device": "a100"}, {"device": None, "efficiency": 1.0}, {"efficiency": 0.7}, {"launch_overhead": 1e-6},
+    {"tf32": True}, {"measured_time": 0.01},
+])
+def test_changed_settings_count_again(cache_env: Path, counted: list[int], change: dict[str, Any]) -> None:
+    settings = {**RICH, **change}
+    oracle = analyze(*transformer_block(), cache=False, **settings).result()
+    analyze(*transformer_block(), cache=True, **RICH).result()
+    counted.clear()
+    analysis = analyze(*transformer_block(), cache=True, **settings)
+    result = analysis.result()
+    assert analysis.from_cache and counted == [1]  # the trace from the cache, the result counted
+    assert repr(result) == repr(oracle)
+    assert len(results(cache_env)) == 2  # kept beside the first one
+    assert repr(analyze(*transformer_block(), cache=True, **settings).result()) == repr(result) and counted == [1]
+
+
+def test_another_name_or_another_source_counts_again(cache_env: Path, counted: list[int],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    analyze(Net(), image(), cache=True).result()
+    assert analyze(Net(), image(), cache=True).result(name="Renamed").model == "Renamed" and len(counted) == 2
+    monkeypatch.setattr(modelmeter.session, "package_digest", lambda: "edited")  # a development checkout, edited
+    analyze(Net(), image(), cache=True).result()
+    assert len(counted) == 3 and len(results(cache_env)) == 3
+    analyze(Net(), image(), cache=True).result()
+    assert len(counted) == 3
+
+
+def test_custom_handles_and_ancestor_modes_are_counted_and_not_kept(cache_env: Path, counted: list[int]) -> None:
+    expected = analyze(Net(), image(), cache=True).result()
+    assert len(results(cache_env)) == 1
+    custom = analyze(Net(), image(), cache=True)
+    custom.flops.set_op_handle("aten::linear", lambda inputs, outputs: 1000)
+    result = custom.result()
+    assert custom.from_cache and result.total("flops") != expected.total("flops")
+    assert result.row("fc").metrics["flops"] == 1000
+    caller = analyze(Net(), image(), cache=True)
+    caller.activations.ancestor_mode("caller")
+    caller.result()
+    cleared = analyze(Net(), image(), cache=True)
+    cleared.flops.clear_op_handles()
+    assert cleared.result().total("flops") == 0
+    assert len(counted) == 4 and len(results(cache_env)) == 1  # each counted, none kept
+    assert repr(analyze(Net(), image(), cache=True).result()) == repr(expected) and len(counted) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "valid gzip, wrong json", "another key",
+                                    "another trace entry", "wrong fields", "wrong types"])
+def test_a_damaged_or_stale_result_is_counted_again_and_replaced(cache_env: Path, counted: list[int], damage: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    expected = analyze(Net(), image(), cache=True).result()
+    (path,) = results(cache_env)
+    data = path.read_bytes()
+    kept = json.loads(gzip.decompress(data))
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "valid gzip, wrong json":
+        path.write_bytes(gzip.compress(b'{"format": "modelmeter-result-cache-entry", "result": [1, 2]}'))
+    else:
+        if damage == "another key":
+            kept["key"] = "0" * 64
+        elif damage == "another trace entry":  # counted from a trace entry that has since been replaced
+            kept["entry"] = "0" * 64
+        elif damage == "wrong fields":
+            del kept["result"]["device"]
+        else:
+            kept["result"]["model"] = 7  # the model's name, a number
+        path.write_bytes(gzip.compress(json.dumps(kept).encode()))
+    counted.clear()
+    with caplog.at_level(logging.INFO, logger="modelmeter"):
+        result = analyze(Net(), image(), cache=True).result()
+    assert counted == [1] and repr(result) == repr(expected)
+    assert caplog.records and all(r.levelno <= logging.WARNING for r in caplog.records)
+    assert results(cache_env) == [path] and path.read_bytes() == data  # replaced by what the first run wrote
+    assert repr(analyze(Net(), image(), cache=True).result()) == repr(expected) and counted == [1]
+
+
+def test_a_replaced_trace_entry_is_not_read_with_the_old_result(cache_env: Path, counted: list[int]) -> None:
+    analyze(Net(), image(), cache=True).result()
+    (entry,) = entries(cache_env)
+    entry.write_bytes(gzip.compress(gzip.decompress(entry.read_bytes()), compresslevel=1))  # same trace, new bytes
+    analysis = analyze(Net(), image(), cache=True)
+    analysis.result()
+    assert analysis.from_cache and len(counted) == 2  # the result of the former entry is not this one's
+
+
+def test_a_kept_result_logs_the_warnings_counting_logs_once(cache_env: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    def messages(cache: bool) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="modelmeter"):
+            analysis = analyze(Odd(), torch.randn(2, 8), cache=cache)
+            analysis.result()
+            analysis.result()
+            analysis.flops.total()
+        return [r.getMessage() for r in caplog.records]
+
+    expected = messages(cache=False)
+    assert len(expected) == 2 and "aten::fft_rfft" in expected[0] and "unused" in expected[1]
+    assert messages(cache=True) == expected  # counted, and kept
+    assert messages(cache=True) == expected  # read: the same warnings, once
+
+
+def test_cache_info_and_clear_count_kept_results(cache_env: Path) -> None:
+    analyze(Net(), image(), cache=True).result()
+    analyze(Net(), image(), cache=True, convention="flops").result()
+    info = cache_info()
+    files = [*entries(cache_env), *results(cache_env)]
+    assert info["entries"] == 1 and len(results(cache_env)) == 2
+    assert info["bytes"] == sum(p.stat().st_size for p in files)
+    assert clear_cache() == 1 and not [p for p in (cache_env / "traces").iterdir()]
+
+
+def test_eviction_removes_a_trace_with_its_results(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    analyze(Net(), image(), cache_dir=root).result()
+    time.sleep(0.05)
+    analyze(Net(p=0.3), image(), cache_dir=root).result()
+    _, second = sorted(entries(root), key=lambda p: p.stat().st_mtime_ns)
+    kept = {p: p.stat().st_size for p in [*entries(root), *results(root)]}
+    cache = TraceCache(root, size_limit=sum(kept.values()) - 1)
+    assert cache.evict() == 2  # the oldest trace, and its result with it
+    assert entries(root) == [second] and [p.name[:64] for p in results(root)] == [second.name[:64]]
+
+
 # --- serialization ----------------------------------------------------------------------------------------
 def exact(a: Any, b: Any) -> bool:
     """Equal values of identical types all the way down (NaN equals NaN, -0.0 differs from 0.0)."""
@@ -538,27 +739,68 @@ def test_serialization_round_trip_is_exact(trace: Trace) -> None:
 def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
     with pytest.raises(TypeError):
         trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [torch.zeros(1)], [])], scopes=[()]))
-    good = trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [1], [])], scopes=[()]))
-    row = good["events"][0]
-    inputs, outputs, kwargs = row[5:8]  # indices into the values table
+    good = trace_to_dict(Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [1], [])], scopes=[()],
+                               storages=[Storage(8, "float32", "cpu", "input")]))
+    fields = list(dataclasses.fields(OpEvent))
+    column = {f.name: i for i, f in enumerate(fields)}
+
+    def packed(numbers: list[Any]) -> list[str]:
+        """A column as the format writes it: 64-bit little-endian integers, base64."""
+        return ["q", base64.b64encode(struct.pack(f"<{len(numbers)}q", *numbers)).decode()]
+
+    def unpacked(data: list[str]) -> list[int]:
+        raw = base64.b64decode(data[1])
+        return list(struct.unpack(f"<{len(raw) // struct.calcsize(data[0])}{data[0]}", raw))
+
+    inputs, outputs, kwargs = (unpacked(good["events"][column[name]])[0] for name in ("inputs", "outputs", "kwargs"))
+
+    def numbers(value: Any) -> bool:
+        return type(value) is list and all(type(n) is int for n in value)
 
     def event(**changes: Any) -> list[Any]:
-        return [changes.get(str(i), value) for i, value in enumerate(row)]
+        """The one event's columns, some replaced (lists of numbers are packed, anything else is written as given)."""
+        return [packed(changes[f.name]) if numbers(changes.get(f.name)) else changes.get(f.name, good["events"][i])
+                for i, f in enumerate(fields)]
 
+    def storage(**changes: Any) -> list[Any]:
+        return [packed(changes[f.name]) if f.name in changes else good["storages"][i]
+                for i, f in enumerate(dataclasses.fields(Storage))]
+
+    assert trace_from_dict({**good, "events": event(parent=[-1], python=[0])}).events[0].python is False  # oracle
     for broken in (
         {**good, "version": 999},
-        {**good, "version": 4},  # an entry of the format before the values table
+        {**good, "version": 5},  # an entry of the format before the columns
         {**good, "format": "pickle"},
-        {**good, "events": [event(**{"2": 5})]},  # parent after itself
-        {**good, "events": [event(**{"1": "sideways"})]},
+        {**good, "events": event(parent=[5])},  # parent after itself
+        {**good, "events": event(parent=[0])},  # parent is itself
+        {**good, "events": event(origin=[3])},
+        {**good, "events": event(scope=[1])},  # no such scope
+        {**good, "events": event(level=[len(good["strings"])])},  # no such string
+        {**good, "strings": [*good["strings"][:-1], "sideways"]},  # a storage kind that does not exist
+        {**good, "strings": [*good["strings"][:-1], 7]},
         {**good, "values": [[{"$py/object": "os.system"}], *good["values"][1:]]},
-        {**good, "events": [event(**{"5": 99})]},  # refers to no value
-        {**good, "events": [event(**{"5": kwargs})]},  # inputs that are a dict
-        {**good, "events": [event(**{"7": inputs})]},  # kwargs that are a list
-        {**good, "events": [event(**{"6": float(outputs)})]},
-        {**good, "events": [event(**{"5": [1]})]},  # a value inline, as format 3 wrote it
+        {**good, "events": event(inputs=[99])},  # refers to no value
+        {**good, "events": event(inputs=[-1])},
+        {**good, "events": event(inputs=[kwargs])},  # inputs that are a dict
+        {**good, "events": event(kwargs=[inputs])},  # kwargs that are a list
+        {**good, "events": event(python=[2])},  # a boolean neither 0 nor 1
+        {**good, "events": event(outputs=["d", packed([outputs])[1]])},  # not an integer type
+        {**good, "events": event(outputs=["q", "not base64!"])},
+        {**good, "events": event(outputs=["q", "AAAA"])},  # 3 bytes: not a whole 8-byte item
+        {**good, "events": event(outputs=["q", packed([outputs])[1], "more"])},
+        {**good, "events": event(outputs=[[outputs]])},  # numbers unpacked, as format 5 wrote them
+        {**good, "events": event(outputs=3)},
+        {**good, "events": event(op=[])},  # columns of different lengths
+        {**good, "events": event()[:-1]},  # a column short
+        {**good, "events": good["events"][0]},
+        {**good, "storages": storage(nbytes=[-1])},
+        {**good, "storages": storage(died=[2])},  # after the run's last event
+        {**good, "storages": storage(saved_scope=[1])},
+        {**good, "storages": storage(kind=[0])},  # a storage of kind "x"
         {key: value for key, value in good.items() if key != "values"},
+        {key: value for key, value in good.items() if key != "storages"},
         {**good, "fields": {**good["fields"], "scopes": [["not a tuple"]]}},
+        {**good, "fields": {**good["fields"], "storages": []}},  # a columnar field among the plain ones
         [1, 2, 3],
     ):
         with pytest.raises(ValueError):
@@ -571,6 +813,23 @@ def test_serialization_rejects_what_it_cannot_write_or_read() -> None:
         with pytest.raises(ValueError):
             loads(text.replace("[1]", f"[{bad}]").encode())
     assert loads(text.encode()).events[0].inputs == [1]
+
+
+def test_dicts_are_plain_objects_unless_they_could_read_as_a_tag() -> None:
+    odd = [{"a": 1}, {"$t": [1]}, {"$t": 1, "b": (2,)}, {1: "x"}, {}]
+    trace = Trace(events=[OpEvent("x", "dispatch", -1, 0, "forward", [], [], kwargs=d) for d in odd], scopes=[()])
+    data = trace_to_dict(trace)
+    assert {"a": 1} in data["values"] and {"$t": 1, "b": {"$t": [2]}} in data["values"]
+    assert {"$d": [["$t", [1]]]} in data["values"] and {"$d": [[1, "x"]]} in data["values"]
+    for back in (loads(dumps(trace)), trace_from_dict(json.loads(json.dumps(data)))):
+        assert [e.kwargs for e in back.events] == odd and exact(back, trace)
+
+
+def test_every_field_of_events_and_storages_has_a_column() -> None:
+    from modelmeter.engine import serialize
+
+    assert tuple(serialize._EVENT_COLUMNS) == tuple(f.name for f in dataclasses.fields(OpEvent))
+    assert tuple(serialize._STORAGE_COLUMNS) == tuple(f.name for f in dataclasses.fields(Storage))
 
 
 def test_equal_arguments_are_written_once_and_read_as_each_events_own() -> None:
@@ -619,13 +878,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return out
 
 
-def test_cli_caches_by_default(capsys: pytest.CaptureFixture[str], cache_env: Path) -> None:
+def test_cli_caches_by_default(capsys: pytest.CaptureFixture[str], cache_env: Path, counted: list[int]) -> None:
     first = run(capsys, "gpt2_tiny", "--depth", "1")
     assert "from the cache" not in first.splitlines()[0]
-    assert len(entries(cache_env)) == 1
+    assert len(entries(cache_env)) == 1 and len(results(cache_env)) == 1 and counted == [1]
     second = run(capsys, "gpt2_tiny", "--depth", "1")
     assert "(fake run, from the cache," in second.splitlines()[0]
-    assert first.splitlines()[1:] == second.splitlines()[1:]
+    assert first.splitlines()[1:] == second.splitlines()[1:] and counted == [1]  # the result read, not counted
+    assert run(capsys, "gpt2_tiny", "--depth", "1", "--convention", "flops") != second and counted == [1, 1]
     info = json.loads(run(capsys, "cache", "info", "--format", "json"))
     assert info["entries"] == 1 and info["path"] == str(cache_env / "traces") and info["bytes"] > 0
     assert "entries:     1" in run(capsys, "cache", "info")

@@ -66,8 +66,11 @@ def _rewrite(path: Path, change: object) -> None:
     (lambda d: d.update(format="other"), "its format is not"),
     (lambda d: d.update(result=[]), "it holds no result"),
     (lambda d: d["trace"]["fields"].update(model=3), "malformed trace fields"),
-    (lambda d: d["trace"]["fields"]["aliases"]["$d"].append(["ghost", "nowhere"]), "aliases in the trace lead"),
+    (lambda d: d["trace"]["fields"]["aliases"].update(ghost="nowhere"), "aliases in the trace lead"),
     (lambda d: d.update(settings={"convention": "fvcore", "evil": 1}), "unknown saved-trace settings"),
+    (lambda d: d["trace"].update(version=5), r"trace format version 5; this modelmeter reads 6 \(recorded by an older"),
+    (lambda d: d["trace"]["events"].__setitem__(0, ["q", "!!"]), "events.op: Only base64 data"),
+    (lambda d: d["trace"]["storages"].pop(), "storages: expected 9 columns, got 8"),
 ])
 def test_a_damaged_file_is_one_clear_error_naming_it(tmp_path: Path, change: object, message: str) -> None:
     path, _ = saved(tmp_path)

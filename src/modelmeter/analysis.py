@@ -160,8 +160,28 @@ class Analysis:
         return list(self.trace.assumptions)
 
     def result(self, name: str | None = None) -> Result:
-        """The structured :class:`~modelmeter.Result` (modules x metrics x operators)."""
-        return build_result(self.model, self.metrics, name=name, memory=self.memory, time=self.roofline)
+        """The structured :class:`~modelmeter.Result` (modules x metrics x operators).
+
+        With the trace cache on, the result is kept beside the trace, keyed by the settings and ``name``: the
+        next analysis of the same run with the same settings reads it instead of counting (not when the views'
+        handles or ancestor mode were changed: handles are code, which the cache does not keep)."""
+        settings = self._result_settings(name)
+        if settings is not None:
+            kept = self.session.kept_result(settings)
+            if kept is not None:
+                self.flops.log_kept_warnings(kept.unsupported, [row.name for row in kept.modules if not row.called])
+                return kept
+        result = build_result(self.model, self.metrics, name=name, memory=self.memory, time=self.roofline)
+        if settings is not None:
+            self.session.keep_result(settings, result)
+        return result
+
+    def _result_settings(self, name: str | None) -> dict[str, Any] | None:
+        """What :meth:`result` depends on besides the trace — the settings and the name —, or None when a view
+        counts with handles or an ancestor mode of the user's."""
+        if not (self.flops.counts_as_made() and self.activations.counts_as_made()):
+            return None
+        return {**self._settings, "name": name or type(self.model).__name__}
 
     def table(self, max_depth: int = 3, show_param_shapes: bool = True) -> str:
         """fvcore's ``flop_count_table`` with parameters, flops and activations."""

@@ -9,20 +9,24 @@ reported on in a process that never built the model.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
 from torch import nn
 
-from .cache import TraceCache, cached_trace
+from ._version import __version__
+from .cache import StoredTrace, TraceCache, cached_trace, package_digest
 from .cache.shared import SHARED
-from .devices import Device, device_from_dict, get_device
+from .devices import DEVICES, Device, device_from_dict, device_to_dict, get_device
 from .engine.gc_pause import no_gc
+from .engine.serialize import to_data
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Trace
 from .engine.tracer import record_trace
@@ -42,9 +46,9 @@ from .metrics.memory import (
 from .metrics.memory_timeline import memory_timeline
 from .metrics.parameters import count_by_prefix
 from .metrics.roofline import Roofline, RooflineSettings, roofline
-from .reports.result import ModuleRow, Result
+from .reports.result import SCHEMA_VERSION, ModuleRow, Result
 
-__all__ = ["Execution", "LossFn", "RunSpec", "Session", "result_from_trace"]
+__all__ = ["Execution", "LossFn", "RunSpec", "Session", "plain_settings", "result_from_trace"]
 
 logger = logging.getLogger("modelmeter")
 CacheSetting = bool | TraceCache | None
@@ -67,6 +71,7 @@ class Session:
         self._cache = cache
         self._cache_dir = cache_dir
         self._from_cache = False
+        self._stored: StoredTrace | None = None  # where the disk cache keeps the trace, when it does
         self._tracer_warnings = "no_tracer_warning"
         self._memory: MemoryModel | None = None
 
@@ -135,10 +140,50 @@ class Session:
             store = self._trace_cache()
             if store is None:
                 return record()
-            trace, self._from_cache = cached_trace(store, self.spec, record)
+            trace, self._from_cache, self._stored = cached_trace(store, self.spec, record)
             return trace
 
         return SHARED.get_or_record(self.spec, load_or_record)
+
+    def kept_result(self, settings: Mapping[str, Any]) -> Result | None:
+        """The Result of ``settings`` (an analysis's settings and name) kept in the disk cache beside this session's
+        trace, as a new object; None when none is kept, or it cannot be read (then with a WARNING)."""
+        digest = self._result_digest(settings)
+        if digest is None or self._stored is None:
+            return None
+        data = self._stored.load_result(digest)
+        if data is None:
+            return None
+        try:
+            return _result_of(data)
+        except (TypeError, ValueError) as exc:
+            logger.warning("Ignoring a result kept in the trace cache that cannot be read (%s); counting again.", exc)
+            return None
+
+    def keep_result(self, settings: Mapping[str, Any], result: Result) -> None:
+        """Keep ``result``, counted from this session's trace with ``settings``, beside the trace in the disk cache
+        (when the trace is kept there), so that the next analysis of the same run and settings does not count."""
+        digest = self._result_digest(settings)
+        if digest is not None and self._stored is not None:
+            self._stored.store_result(digest, _result_data(result))
+
+    def _result_digest(self, settings: Mapping[str, Any]) -> str | None:
+        """What a result of ``settings`` is kept under: the settings, the trace's fields that its user may change
+        in place (the command adds its loader's assumptions), the result schema, modelmeter's version and the
+        digest of its source. None without a trace kept in the cache, or for settings that are not data."""
+        if self._stored is None or self._trace is None:
+            return None
+        trace = self._trace
+        described = {"settings": plain_settings(settings), "assumptions": trace.assumptions, "model": trace.model,
+                     "execution": trace.execution, "sizes": [len(trace.events), len(trace.storages),
+                                                             len(trace.modules)],
+                     "schema": SCHEMA_VERSION, "modelmeter": __version__, "source": package_digest()}
+        try:
+            text = json.dumps(to_data(described), separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            logger.info("Not keeping the result in the cache: its settings are not plain data (%s).", exc)
+            return None
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def _trace_cache(self) -> TraceCache | None:
         if isinstance(self._cache, TraceCache):
@@ -155,12 +200,20 @@ class Session:
 # warnings ----------------------------------------------------------------------------------------
 def log_statistics(trace: Trace, stats: Statistics, *, unsupported: bool = True, uncalled: bool = True) -> None:
     """Log (WARNING) the operators no handle counted and the modules with a ``forward`` that never ran."""
+    log_warnings(trace, stats.unsupported.get("", Counter()), stats.uncalled, unsupported=unsupported,
+                 uncalled=uncalled)
+
+
+def log_warnings(trace: Trace, unsupported_ops: Mapping[str, int], uncalled_modules: Collection[str], *,
+                 unsupported: bool = True, uncalled: bool = True) -> None:
+    """:func:`log_statistics` of the whole model's ``unsupported_ops`` (operator -> calls) and the
+    ``uncalled_modules`` (canonical names)."""
     if unsupported:
-        for op, freq in stats.unsupported.get("", Counter()).items():
+        for op, freq in unsupported_ops.items():
             logger.warning("Unsupported operator %s encountered %d time(s)", op, freq)
     if uncalled:
         table = trace.module_table()
-        names = sorted(n for n in stats.uncalled if table[n].has_forward)
+        names = sorted(n for n in uncalled_modules if table[n].has_forward)
         if names:
             logger.warning(
                 "The following submodules of the model were never called during the trace of the graph. "
@@ -343,6 +396,51 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
         predicted = roofline(trace, time, attention_kernel=attention_kernel, dense_attention=dense_attention,
                              optimizer=spec)
     return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns, time=predicted)
+
+
+def plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (an analysis's) as JSON data: an OptimizerSpec as its fields, a ``torch.dtype`` as its name, a
+    device as its name when it is the catalog's, else as its fields."""
+    out = dict(settings)
+    device = out.get("device")
+    if isinstance(device, Device):
+        out["device"] = device.name if DEVICES.get(device.name) == device else device_to_dict(device)
+    if isinstance(out.get("optimizer"), OptimizerSpec):
+        out["optimizer"] = asdict(out["optimizer"])
+    if out.get("state_dtype") is not None:
+        out["state_dtype"] = str(out["state_dtype"]).removeprefix("torch.")
+    return out
+
+
+# a Result kept in the cache ----------------------------------------------------------------------
+# The fields of a Result and of its rows with their types, checked on reading (a field added to either class and not
+# here makes a kept result unreadable: it is counted again, never read without it).
+_ROW_TYPES = {"name": str, "type": str, "params": int, "metrics": dict, "by_operator": dict, "called": bool,
+              "output_shapes": dict}
+_RESULT_FIELD_TYPES = {"model": str, "inputs": list, "metrics": list, "modules": list, "convention": str,
+                       "execution": str, "device": str, "unsupported": dict, "assumptions": list, "dtypes": dict,
+                       "memory": dict, "roofline": dict, "schema_version": int}
+
+
+def _result_data(result: Result) -> dict[str, Any]:
+    """``result`` as data :func:`~modelmeter.engine.serialize.to_data` writes exactly (rows as dicts of fields)."""
+    data = {f.name: getattr(result, f.name) for f in fields(Result)}
+    data["modules"] = [{f.name: getattr(row, f.name) for f in fields(ModuleRow)} for row in result.modules]
+    return data
+
+
+def _result_of(data: Any) -> Result:
+    """The Result :func:`_result_data` described; ValueError for data of another shape."""
+    _check_fields(data, _RESULT_FIELD_TYPES, "result")
+    for row in data["modules"]:
+        _check_fields(row, _ROW_TYPES, "result row")
+    return Result(**{**data, "modules": [ModuleRow(**row) for row in data["modules"]]})
+
+
+def _check_fields(data: Any, types: Mapping[str, type], what: str) -> None:
+    if type(data) is not dict or set(data) != set(types) \
+            or not all(type(data[name]) is kind for name, kind in types.items()):
+        raise ValueError(f"a {what} of other fields or types")
 
 
 # time --------------------------------------------------------------------------------------------

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .devices import DEVICES, Device, device_to_dict
 from .engine.trace import Trace
 from .metrics.memory import OptimizerSpec
 from .reports.saved import SavedTrace, check_settings, read_saved_trace, write_saved_trace
-from .session import result_from_trace
+from .session import plain_settings, result_from_trace
 
 if TYPE_CHECKING:
     from .analysis import Analysis
@@ -28,7 +26,7 @@ def save_trace(analysis: Analysis, path: str | os.PathLike[str], *, name: str | 
     The file keeps what the conventions count: handles set with ``set_op_handle`` are code, so they are not
     saved, and the saved result is the one the analysis's settings give without them.
     """
-    settings = check_settings({**_plain(analysis.settings), "name": name})
+    settings = check_settings({**plain_settings(analysis.settings), "name": name})
     trace = analysis.trace
     saved_by = {"modelmeter": __version__, "torch": trace.versions.get("torch", "")}
     write_saved_trace(SavedTrace(trace, _count(trace, settings), settings, saved_by), path)
@@ -53,17 +51,3 @@ def _count(trace: Trace, settings: dict[str, Any]) -> Result:
     elif isinstance(settings["optimizer"], dict):  # an OptimizerSpec of the user's, saved as its fields
         settings = {**settings, "optimizer": OptimizerSpec(**settings["optimizer"])}
     return result_from_trace(trace, quiet=True, **settings)
-
-
-def _plain(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` as JSON data: an OptimizerSpec as its fields, a ``torch.dtype`` as its name, a device as its
-    name when it is the catalog's, else as its fields."""
-    out = dict(settings)
-    device = out.get("device")
-    if isinstance(device, Device):
-        out["device"] = device.name if DEVICES.get(device.name) == device else device_to_dict(device)
-    if isinstance(out.get("optimizer"), OptimizerSpec):
-        out["optimizer"] = dataclasses.asdict(out["optimizer"])
-    if out.get("state_dtype") is not None:
-        out["state_dtype"] = str(out["state_dtype"]).removeprefix("torch.")
-    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from torch import nn
@@ -21,7 +22,7 @@ from .handles.binding import Formula
 from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import AncestorMode, Statistics, count
-from .session import CacheSetting, Session, counted_phases, log_statistics
+from .session import CacheSetting, Session, counted_phases, log_statistics, log_warnings
 
 V = TypeVar("V", bound="MetricView")
 T = TypeVar("T", bound="ModelAnalysis")
@@ -153,6 +154,13 @@ class ModelAnalysis(MetricView):
         self._ancestor_mode: AncestorMode = "owner"
         self._warn_unsupported = True
         self._warn_uncalled = True
+        self._custom = False  # set_op_handle or clear_op_handles was called
+        self._warned = False  # the current settings' warnings were logged (by counting, or from a kept result)
+
+    def _recount(self) -> None:
+        """Forget the statistics (and that their warnings were logged): the settings changed."""
+        self._stats = None
+        self._warned = False
 
     # results ---------------------------------------------------------------------------------
     def statistics(self) -> Statistics:
@@ -162,8 +170,25 @@ class ModelAnalysis(MetricView):
         if self._stats is None:
             self._stats = count(self.trace, self._op_handles, self._ancestor_mode, user=self._user_handles,
                                 elementwise=self._elementwise, phases=self._phases)
-            log_statistics(self.trace, self._stats, unsupported=self._warn_unsupported, uncalled=self._warn_uncalled)
+            if not self._warned:
+                log_statistics(self.trace, self._stats, unsupported=self._warn_unsupported,
+                               uncalled=self._warn_uncalled)
+            self._warned = True
         return self._stats
+
+    def counts_as_made(self) -> bool:
+        """True while the view counts with the handles and ancestor mode it was made with (no
+        :meth:`set_op_handle`, :meth:`clear_op_handles` or ancestor mode ``"caller"``): the only counts a result
+        kept in the trace cache may stand for, since handles are code."""
+        return not self._custom and self._ancestor_mode == "owner"
+
+    def log_kept_warnings(self, unsupported: Mapping[str, int], uncalled: Collection[str]) -> None:
+        """Log what :meth:`statistics` would log, from a result kept in the cache that stands in for counting
+        (the whole model's ``unsupported`` operators and the ``uncalled`` modules); once, as counting does."""
+        if self._stats is None and not self._warned:
+            log_warnings(self.trace, unsupported, uncalled, unsupported=self._warn_unsupported,
+                         uncalled=self._warn_uncalled)
+            self._warned = True
 
     def by_phase(self, module_name: str = "") -> dict[str, int]:
         """The count of ``module_name`` split by phase: ``{"forward": n, "backward": n}`` (backward is 0
@@ -208,7 +233,8 @@ class ModelAnalysis(MetricView):
             if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
                 raise TypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
             self._user_handles[name] = handle
-        self._stats = None
+        self._custom = True
+        self._recount()
         return self
 
     def clear_op_handles(self: T) -> T:
@@ -217,7 +243,8 @@ class ModelAnalysis(MetricView):
         self._op_handles = {}
         self._user_handles = {}
         self._elementwise = None
-        self._stats = None
+        self._custom = True
+        self._recount()
         return self
 
     def ancestor_mode(self: T, mode: str) -> T:
@@ -227,7 +254,7 @@ class ModelAnalysis(MetricView):
             raise ValueError(f"Unrecognized ancestor mode: {mode}")
         if mode != self._ancestor_mode:
             self._ancestor_mode = mode  # type: ignore[assignment]
-            self._stats = None
+            self._recount()
         return self
 
     def unsupported_ops_warnings(self: T, enabled: bool) -> T:
@@ -251,7 +278,7 @@ class ModelAnalysis(MetricView):
         other._session = session
         other._op_handles = dict(self._op_handles)
         other._user_handles = dict(self._user_handles)
-        other._stats = None
+        other._recount()
         return other
 
 

@@ -14,24 +14,27 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine.serialize import FORMAT_VERSION, trace_from_dict, trace_to_dict
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import Uncacheable, cache_key, trace_key, watch_code
+from .fingerprint import Uncacheable, cache_key, package_digest, trace_key, watch_code
 from .store import DEFAULT_SIZE_LIMIT, SIZE_ENV, TraceCache, parse_size
 
 __all__ = [
     "DEFAULT_SIZE_LIMIT",
     "FORMAT_VERSION",
     "SIZE_ENV",
+    "StoredTrace",
     "TraceCache",
     "Uncacheable",
     "cache_info",
     "cache_key",
     "cached_trace",
     "clear_cache",
+    "package_digest",
     "parse_size",
     "trace_from_dict",
     "trace_key",
@@ -53,8 +56,28 @@ def clear_cache(cache_dir: CacheDir = None) -> int:
     return TraceCache(cache_dir).clear()
 
 
-def cached_trace(cache: TraceCache, spec: RunSpec, record: Callable[[], Trace]) -> tuple[Trace, bool]:
-    """The trace of the run ``spec`` describes from ``cache``, else ``record()`` (then stored); and whether it hit.
+@dataclass(frozen=True)
+class StoredTrace:
+    """A trace kept in a :class:`TraceCache`: its ``key`` and the digest of its ``entry``, where results counted
+    from it are kept (bound to that entry: a result of a trace entry since replaced is not read)."""
+
+    cache: TraceCache
+    key: str
+    entry: str
+
+    def load_result(self, settings: str) -> Any:
+        """The result kept for the ``settings`` digest, as data (see :meth:`TraceCache.load_result`), else None."""
+        return self.cache.load_result(self.key, self.entry, settings)
+
+    def store_result(self, settings: str, result: Any) -> bool:
+        """Keep ``result`` (data) for the ``settings`` digest; False if not kept."""
+        return self.cache.store_result(self.key, self.entry, settings, result)
+
+
+def cached_trace(cache: TraceCache, spec: RunSpec,
+                 record: Callable[[], Trace]) -> tuple[Trace, bool, StoredTrace | None]:
+    """The trace of the run ``spec`` describes from ``cache``, else ``record()`` (then stored); whether it hit;
+    and where it is kept (None when it is not in the cache).
 
     Never fails because of the cache: a model or inputs that cannot be fingerprinted, or a trace that cannot
     be stored, are recorded as without a cache (with a WARNING). Nothing is cached where the key cannot be
@@ -66,11 +89,11 @@ def cached_trace(cache: TraceCache, spec: RunSpec, record: Callable[[], Trace]) 
         key = cache_key(spec)
     except Uncacheable as exc:
         logger.info("Not caching the trace: %s.", exc)
-        return record(), False
+        return record(), False, None
     except Exception as exc:  # an attribute that cannot be walked, say: the cache is an optimisation
         logger.warning("Cannot fingerprint the model and inputs for the trace cache (%s: %s); running the model.",
                        type(exc).__name__, exc)
-        return record(), False
+        return record(), False, None
     executed: dict[Any, bool] | None = None
 
     def watched_record() -> Trace:
@@ -96,4 +119,5 @@ def cached_trace(cache: TraceCache, spec: RunSpec, record: Callable[[], Trace]) 
             return False
         return True
 
-    return cache.get_or_record(key.digest, watched_record, storable)
+    trace, hit, entry = cache.get_or_record(key.digest, watched_record, storable)
+    return trace, hit, None if entry is None else StoredTrace(cache, key.digest, entry)

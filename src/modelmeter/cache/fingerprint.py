@@ -606,14 +606,33 @@ def _recorder_digest() -> str:
     """A digest of the source of modelmeter's engine (what records a trace) and of the trace format, so a
     development checkout that changes how traces are recorded does not read traces of its former self."""
     h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    engine = os.path.join(os.path.dirname(here), "engine")
-    try:
-        files = sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py"))
-        for path in [*files, os.path.join(here, "serialize.py")]:
+    engine = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine")
+    try:  # serialize.py, the trace format, among them
+        for path in sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py")):
             with open(path, "rb") as f:
                 h.update(os.path.basename(path).encode() + b"\x00" + f.read() + b"\x00")
     except OSError:  # not installed as files (a zip, a frozen app): the version has to do
+        return ""
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def package_digest() -> str:
+    """A digest of the source of the whole modelmeter package, so a result counted by a development checkout is
+    not read by another state of it (handles, metrics and reports change counts without changing the version);
+    ``""`` where the package is not installed as files."""
+    h = hashlib.sha256()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(root):
+        return ""
+    try:
+        for directory, subdirectories, files in os.walk(root):
+            subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+            for name in sorted(n for n in files if n.endswith(".py")):
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    h.update(os.path.relpath(path, root).encode() + b"\x00" + f.read() + b"\x00")
+    except OSError:
         return ""
     return h.hexdigest()
 

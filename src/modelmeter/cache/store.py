@@ -1,4 +1,5 @@
-"""The persistent trace cache: one gzipped JSON file per key in ``<cache dir>/traces/``.
+"""The persistent trace cache: one gzipped JSON file per key in ``<cache dir>/traces/``, and beside it the results
+counted from that trace, one file per key and counting settings.
 
 Writes are atomic (a temporary file in the same directory, flushed and fsynced, then ``os.replace``), so a
 reader sees a whole entry or none. A process that misses takes a per-key file lock before running the
@@ -8,15 +9,21 @@ more than :data:`MAX_ENTRY_BYTES`) is discarded with a WARNING and the trace rec
 kept under a size limit by evicting the least recently used entries (a hit refreshes an entry's
 modification time).
 
-The cache only ever deletes files it names itself — ``<64 hex digits>.json.gz`` entries, their ``.lock``
-files and the temporary files of its atomic writes — so a cache directory shared with other files (a project
-folder) never loses them. A lock file is removed only when no process holds it, a temporary file only when
-the process that wrote it has ended (or, when that cannot be told, after an hour).
+A result file is named by its trace's key and a digest of the counting settings (modelmeter's version and source
+among them), and holds the digest of the trace entry it was counted from: a result of other settings, of another
+modelmeter or of an entry since replaced is never read as this trace's result.
+
+The cache only ever deletes files it names itself — ``<64 hex digits>.json.gz`` entries, their ``.lock`` files,
+``<64 hex digits>-<64 hex digits>.result.json.gz`` results and the temporary files of its atomic writes — so a
+cache directory shared with other files (a project folder) never loses them. A lock file is removed only when no
+process holds it, a temporary file only when the process that wrote it has ended (or, when that cannot be told,
+after an hour).
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import logging
 import os
@@ -28,7 +35,7 @@ from typing import Any
 
 from .. import _version
 from ..engine.gc_pause import no_gc
-from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, parse, trace_from_parsed, trace_to_dict
+from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, parse, to_data, trace_from_parsed, trace_to_dict
 from ..engine.trace import Trace
 from ..io.atomic import atomic_write, owner_gone
 
@@ -43,13 +50,17 @@ DEFAULT_SIZE_LIMIT = 1 << 30  # 1 GiB
 SIZE_ENV = "MODELMETER_CACHE_SIZE"
 SUBDIR = "traces"
 SUFFIX = ".json.gz"
+RESULT_SUFFIX = ".result" + SUFFIX
 _LOCK_SUFFIX = SUFFIX + ".lock"
 _STALE_SECONDS = 3600.0
 _ENTRY = "modelmeter-trace-cache-entry"
+_RESULT = "modelmeter-result-cache-entry"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _ENTRY_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(SUFFIX))
+_RESULT_NAME = re.compile(r"(?P<key>[0-9a-f]{64})-[0-9a-f]{64}" + re.escape(RESULT_SUFFIX))
 _LOCK_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(_LOCK_SUFFIX))
-_TEMP_NAME = re.compile(r"\.[0-9a-f]{64}" + re.escape(SUFFIX) + r"\.(?P<owner>.+\.\d+)\.[0-9a-f]{8}\.tmp")
+_TEMP_NAME = re.compile(r"\.[0-9a-f]{64}(?:-[0-9a-f]{64}\.result)?" + re.escape(SUFFIX)
+                        + r"\.(?P<owner>.+\.\d+)\.[0-9a-f]{8}\.tmp")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -110,14 +121,14 @@ class TraceCache:
 
         A damaged entry is deleted with a WARNING and None returned.
         """
+        found = self._read(key)
+        return None if found is None else found[0]
+
+    def _read(self, key: str) -> tuple[Trace, str] | None:
+        """The trace stored under ``key`` and the digest of its entry, or None (see :meth:`load`)."""
         path = self.entry_path(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            logger.warning("Cannot read the trace cache entry %s (%s); running the model instead.", path, exc)
+        data = self._bytes(path, "trace cache entry")
+        if data is None:
             return None
         try:
             trace = _decode_entry(data, key)
@@ -128,17 +139,18 @@ class TraceCache:
             return None
         with suppress(OSError):  # least recently *used*: a hit counts as a use
             os.utime(path)
-        return trace
+        return trace, hashlib.sha256(data).hexdigest()
 
     def get_or_record(self, key: str, record: Callable[[], Trace],
-                      storable: Callable[[Trace], bool] = lambda _: True) -> tuple[Trace, bool]:
-        """The trace under ``key``, else ``record()`` (stored when ``storable``); and whether it was a hit.
+                      storable: Callable[[Trace], bool] = lambda _: True) -> tuple[Trace, bool, str | None]:
+        """The trace under ``key``, else ``record()`` (stored when ``storable``); whether it was a hit; and the
+        digest of its entry (what results kept beside it are bound to), None when it was not stored.
 
         While one process records a key, others asking for it wait on the key's lock and then read its entry.
         """
-        trace = self.load(key)
-        if trace is not None:
-            return trace, True
+        found = self._read(key)
+        if found is not None:
+            return found[0], True, found[1]
         from ..io import file_lock
 
         lock = file_lock(self.entry_path(key), timeout=self.lock_timeout)
@@ -151,72 +163,145 @@ class TraceCache:
             locked = False
         try:
             if locked:
-                trace = self.load(key)  # another process may have recorded it meanwhile
-                if trace is not None:
-                    return trace, True
+                found = self._read(key)  # another process may have recorded it meanwhile
+                if found is not None:
+                    return found[0], True, found[1]
             trace = record()
-            if storable(trace):
-                self.store(key, trace)
-            return trace, False
+            digest = self._store(key, trace) if storable(trace) else None
+            return trace, False, digest
         finally:
             if locked:
                 lock.release()
 
+    def load_result(self, key: str, entry: str, settings: str) -> Any:
+        """What :meth:`store_result` kept for the trace entry of digest ``entry`` under ``key`` and the
+        ``settings`` digest (tags decoded, see :func:`~modelmeter.engine.serialize.parse`), else None.
+
+        A result of another entry (one that has since been replaced) is deleted and None returned; a damaged one
+        likewise, with a WARNING.
+        """
+        path = self.result_path(key, settings)
+        data = self._bytes(path, "result cache entry")
+        if data is None:
+            return None
+        try:
+            with no_gc():
+                kept = parse(gunzip(data))
+            if type(kept) is not dict or kept.get("format") != _RESULT or kept.get("key") != key \
+                    or kept.get("settings") != settings or "result" not in kept:
+                raise ValueError("not a modelmeter result cache entry of this key and these settings")
+        except ValueError as exc:
+            logger.warning("Discarding the damaged result cache entry %s (%s); counting again.", path, exc)
+            self._remove(path)
+            return None
+        if kept.get("entry") != entry:
+            logger.info("Discarding the result cache entry %s: it was counted from another trace entry.", path)
+            self._remove(path)
+            return None
+        with suppress(OSError):
+            os.utime(path)
+        return kept["result"]
+
+    def _bytes(self, path: str, what: str) -> bytes | None:
+        """The contents of ``path``; None when it does not exist or cannot be read (with a WARNING)."""
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("Cannot read the %s %s (%s); continuing without it.", what, path, exc)
+            return None
+
     # writing ------------------------------------------------------------------------------------
     def store(self, key: str, trace: Trace) -> bool:
         """Write ``trace`` under ``key`` atomically, then evict down to the size limit; False if not kept."""
-        path = self.entry_path(key)
+        return self._store(key, trace) is not None
+
+    def _store(self, key: str, trace: Trace) -> str | None:
+        """:meth:`store`, returning the digest of the entry written (None if not kept)."""
         try:
             data = _encode_entry(key, trace)
         except (TypeError, ValueError) as exc:
             logger.warning("Cannot cache this trace (%s); it is used without being stored.", exc)
+            return None
+        path = self.entry_path(key)
+        return hashlib.sha256(data).hexdigest() if self._write(path, data, "trace") else None
+
+    def result_path(self, key: str, settings: str) -> str:
+        if not _KEY.fullmatch(settings):
+            raise ValueError(f"a settings digest is 64 lowercase hex digits, got {settings!r}")
+        return self.entry_path(key)[:-len(SUFFIX)] + f"-{settings}{RESULT_SUFFIX}"
+
+    def store_result(self, key: str, entry: str, settings: str, result: Any) -> bool:
+        """Keep ``result`` (data the trace format can hold) beside the trace entry of digest ``entry`` under
+        ``key``, for the counting ``settings`` digest; False if not kept."""
+        path = self.result_path(key, settings)
+        try:
+            with no_gc():
+                text = json.dumps({"format": _RESULT, "key": key, "settings": settings, "entry": entry,
+                                   "modelmeter": _version.__version__, "result": to_data(result)},
+                                  separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            logger.warning("Cannot cache this result (%s); it is used without being stored.", exc)
             return False
+        raw = text.encode("utf-8")
+        if len(raw) > MAX_ENTRY_BYTES:
+            logger.info("Not caching a result of %d bytes of JSON: over the limit of an entry.", len(raw))
+            return False
+        return self._write(path, gzip.compress(raw, compresslevel=6, mtime=0), "result")
+
+    def _write(self, path: str, data: bytes, what: str) -> bool:
+        """Write ``data`` to ``path`` atomically within the size limit, then evict; whether it was kept."""
         if len(data) > self.size_limit:
-            logger.info("Not caching a %d-byte trace: the cache is limited to %d bytes.", len(data), self.size_limit)
+            logger.info("Not caching a %d-byte %s: the cache is limited to %d bytes.", len(data), what,
+                        self.size_limit)
             return False
         try:
             atomic_write(path, lambda f: f.write(data))
         except OSError as exc:
-            logger.warning("Cannot write the trace cache entry %s (%s); continuing without it.", path, exc)
+            logger.warning("Cannot write the %s cache entry %s (%s); continuing without it.", what, path, exc)
             return False
         self.evict()
         return True
 
     def evict(self) -> int:
-        """Remove least recently used entries until the total fits the size limit; the number removed.
+        """Remove least recently used files until the total fits the size limit — a trace entry with the
+        results kept beside it —; the number of files removed.
 
         Also removes what killed processes left behind: lock files nobody holds that are over an hour old,
         and temporary files whose writer has ended.
         """
-        entries = self._entries()
-        total = sum(size for _, size, _ in entries)
+        files = self._entries(_ENTRY_NAME) + self._entries(_RESULT_NAME)
+        sizes = {path: size for path, size, _ in files}
+        total = sum(sizes.values())
         removed = 0
-        for path, size, _ in sorted(entries, key=lambda e: (e[2], e[0])):
+        for path, _, _ in sorted(files, key=lambda e: (e[2], e[0])):
             if total <= self.size_limit:
                 break
-            with suppress(OSError):
-                os.remove(path)
-                removed += 1
-            total -= size
+            if path not in sizes:  # a result that went with its trace
+                continue
+            for gone in [path, *self._results_of(path, sizes)]:
+                removed += self._remove(gone)
+                total -= sizes.pop(gone)
         self._remove_leftovers(time.time() - _STALE_SECONDS)
         return removed
 
     def clear(self) -> int:
-        """Remove every entry, every lock file nobody holds and every temporary file whose writer has ended;
-        the number of entries removed. Files the cache did not write are left alone."""
-        removed = 0
-        for path, _, _ in self._entries():
-            with suppress(OSError):
-                os.remove(path)
-                removed += 1
+        """Remove every entry and result, every lock file nobody holds and every temporary file whose writer has
+        ended; the number of trace entries removed. Files the cache did not write are left alone."""
+        for path, _, _ in self._entries(_RESULT_NAME):
+            self._remove(path)
+        removed = sum(self._remove(path) for path, _, _ in self._entries(_ENTRY_NAME))
         self._remove_leftovers(None)
         return removed
 
     def info(self) -> dict[str, Any]:
-        """``{"path", "entries", "bytes", "limit"}`` of this cache."""
-        entries = self._entries()
-        return {"path": self.path, "entries": len(entries), "bytes": sum(size for _, size, _ in entries),
-                "limit": self.size_limit}
+        """``{"path", "entries", "bytes", "limit"}`` of this cache (its trace entries, and the bytes of all its
+        files: entries and the results kept beside them)."""
+        entries = self._entries(_ENTRY_NAME)
+        size = sum(size for _, size, _ in entries + self._entries(_RESULT_NAME))
+        return {"path": self.path, "entries": len(entries), "bytes": size, "limit": self.size_limit}
 
     # internals ----------------------------------------------------------------------------------
     def _files(self, pattern: re.Pattern[str]) -> list[os.DirEntry[str]]:
@@ -228,14 +313,29 @@ class TraceCache:
         except FileNotFoundError:
             return []
 
-    def _entries(self) -> list[tuple[str, int, int]]:
-        """``(path, bytes, mtime in ns)`` of every entry."""
+    def _entries(self, pattern: re.Pattern[str]) -> list[tuple[str, int, int]]:
+        """``(path, bytes, mtime in ns)`` of every file of the cache whose name matches ``pattern``."""
         found = []
-        for item in self._files(_ENTRY_NAME):
+        for item in self._files(pattern):
             with suppress(OSError):
                 st = item.stat(follow_symlinks=False)
                 found.append((item.path, st.st_size, st.st_mtime_ns))
         return found
+
+    @staticmethod
+    def _results_of(entry: str, paths: dict[str, int]) -> list[str]:
+        """The results among ``paths`` kept beside the trace entry ``entry``."""
+        key = os.path.basename(entry)[:64]
+        return [path for path in paths
+                if (match := _RESULT_NAME.fullmatch(os.path.basename(path))) is not None and match["key"] == key]
+
+    @staticmethod
+    def _remove(path: str) -> bool:
+        try:
+            os.remove(path)
+        except OSError:
+            return False
+        return True
 
     def _remove_leftovers(self, older_than: float | None) -> None:
         """Lock files no process holds (last touched before ``older_than``, if given) and temporary files of

@@ -3,14 +3,13 @@
 No pickle: a cache entry is data, never code. Every field of ``Trace``, ``OpEvent`` and ``TensorMeta`` is
 written (found through :func:`dataclasses.fields`, so a field added later is covered, and the list of field
 names is stored and checked on reading). Values keep their exact type: JSON's own ``null``, booleans,
-integers, finite floats, strings and arrays (Python lists) are written as they are; everything else is a
-one-key object tagged with ``$``::
+integers, finite floats, strings, arrays (Python lists) and objects (dicts whose keys are all strings, but for
+one key that starts with ``$``) are written as they are; everything else is a one-key object tagged with ``$``::
 
     {"$t": [...]}          tuple                   {"$f": "inf" | "-inf" | "nan"}   non-finite float
     {"$c": [re, im]}       complex                 {"$s": [...]}                    set
     {"$z": [...]}          frozenset               {"$d": [[key, value], ...]}      dict (any keys, in order)
     {"$m": [field, ...]}   TensorMeta, fields in ``dataclasses.fields`` order
-    {"$b": [field, ...]}   Storage, likewise
     {"$M": [field, ...]}   ModuleInfo, likewise    {"$p": [field, ...]}             ParameterInfo, likewise
 
 Anything else (a tensor, a module, an arbitrary object) cannot be written: :class:`TypeError`.
@@ -20,11 +19,16 @@ detected rather than returned.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import gzip
 import json
 import math
+import operator
+import sys
 import zlib
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -32,10 +36,11 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 5  # 2: the module table, the run's description (model, versions) and the operators' tags;
+FORMAT_VERSION = 6  # 2: the module table, the run's description (model, versions) and the operators' tags;
 #                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads);
 #                     4: Trace.output_shapes (each module's output shapes, per call);
-#                     5: events' arguments written once per distinct value (the ``values`` table)
+#                     5: events' arguments written once per distinct value (the ``values`` table);
+#                     6: events and storages as columns, their strings in the ``strings`` table
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -46,9 +51,15 @@ _META_FIELDS = tuple(f.name for f in dataclasses.fields(TensorMeta))
 _STORAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Storage))
 _MODULE_FIELDS = tuple(f.name for f in dataclasses.fields(ModuleInfo))
 _PARAMETER_FIELDS = tuple(f.name for f in dataclasses.fields(ParameterInfo))
-# The event fields written once per distinct value (the ``values`` table), and their types.
-_INTERNED: dict[str, type[Any]] = {"inputs": list, "outputs": list, "kwargs": dict}
-_INTERNED_AT = tuple((_EVENT_FIELDS.index(name), kind) for name, kind in _INTERNED.items())
+# The columns of events and storages, in their classes' field order, with the type of each field's values: a
+# ``str`` is written as its index in the ``strings`` table, a ``list`` or ``dict`` (an event's arguments) as its
+# index in the ``values`` table, numbers as they are. A field added to OpEvent or Storage must be given a type here.
+_EVENT_COLUMNS: dict[str, type[Any]] = {"op": str, "level": str, "parent": int, "scope": int, "phase": str,
+                                        "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool}
+_STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device": str, "kind": str, "born": int,
+                                          "died": int, "saved": int, "saved_scope": int, "order": int}
+_COLUMNAR = ("events", "storages")  # the Trace fields written as columns
+_TYPECODES = ("b", "h", "i", "q")  # the array types a column's numbers are packed in, narrowest first
 
 
 def schema_signature() -> dict[str, list[str]]:
@@ -71,8 +82,6 @@ def _encode(value: Any) -> Any:
         return [_encode(v) for v in value]
     if kind is TensorMeta:
         return {"$m": [_encode(getattr(value, name)) for name in _META_FIELDS]}
-    if kind is Storage:
-        return {"$b": [getattr(value, name) for name in _STORAGE_FIELDS]}
     if kind is ModuleInfo:
         return {"$M": [_encode(getattr(value, name)) for name in _MODULE_FIELDS]}
     if kind is ParameterInfo:
@@ -80,6 +89,8 @@ def _encode(value: Any) -> Any:
     if kind is tuple:
         return {"$t": [_encode(v) for v in value]}
     if kind is dict:
+        if all(type(k) is str for k in value) and not _looks_tagged(value):
+            return {k: _encode(v) for k, v in value.items()}
         return {"$d": [[_encode(k), _encode(v)] for k, v in value.items()]}
     if kind is complex:
         return {"$c": [_encode(value.real), _encode(value.imag)]}
@@ -89,29 +100,102 @@ def _encode(value: Any) -> Any:
     raise TypeError(f"a trace value of type {kind.__name__} cannot be serialised: {value!r:.80}")
 
 
+def to_data(value: Any) -> Any:
+    """``value`` — plain data, tuples, sets, dicts with any keys, non-finite floats, complex numbers, trace records —
+    as JSON-safe data that :func:`parse` reads back exactly; :class:`TypeError` for anything else."""
+    return _encode(value)
+
+
 def trace_to_dict(trace: Trace) -> dict[str, Any]:
     """``trace`` as JSON-safe data (``json.dumps`` works on it with ``allow_nan=False``).
 
-    An event's arguments (``inputs``, ``outputs``, ``kwargs``) are written once per distinct value, in the table
-    ``values``, and the event holds the value's index there: a model's layers repeat the same argument
-    descriptions, so reading parses each once and the events are plain arrays of numbers and strings."""
-    fields = {name: _encode(getattr(trace, name)) for name in _TRACE_FIELDS if name != "events"}
-    index: dict[str, int] = {}
-    values: list[Any] = []
+    Events and storages are written as columns, one per field (:data:`_EVENT_COLUMNS`, :data:`_STORAGE_COLUMNS`),
+    each a packed array of integers (``[typecode, base64 of its little-endian bytes]``, the narrowest of
+    ``b h i q`` that holds them): a string field's indices into the table ``strings`` (operator names, phases,
+    dtypes), an argument field's (``inputs``, ``outputs``, ``kwargs``) into the table ``values``, where each
+    distinct argument description is written once (a model's layers repeat them), a number field's numbers and a
+    boolean field's 0 and 1. Reading decodes a column at once, with no number parsed on its own, and builds each
+    record with one call."""
+    fields = {name: _encode(getattr(trace, name)) for name in _TRACE_FIELDS if name not in _COLUMNAR}
+    tables = _Tables()
+    events = tables.columns(trace.events, _EVENT_COLUMNS)
+    storages = tables.columns(trace.storages, _STORAGE_COLUMNS)
+    return {"format": FORMAT, "version": FORMAT_VERSION, "schema": schema_signature(), "fields": fields,
+            "strings": tables.strings, "values": tables.values, "events": events, "storages": storages}
 
-    def interned(value: Any) -> int:
-        encoded = _encode(value)
-        text = json.dumps(encoded, separators=(",", ":"), allow_nan=False)
-        found = index.get(text)
+
+class _Tables:
+    """The ``strings`` and ``values`` tables of one trace being written, each entry once."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = []
+        self.values: list[Any] = []
+        self._string_index: dict[str, int] = {}
+        self._value_index: dict[str, int] = {}
+
+    def string(self, text: str) -> int:
+        found = self._string_index.get(text)
         if found is None:
-            found = index[text] = len(values)
-            values.append(encoded)
+            found = self._string_index[text] = len(self.strings)
+            self.strings.append(text)
         return found
 
-    events = [[interned(getattr(event, name)) if name in _INTERNED else _encode(getattr(event, name))
-               for name in _EVENT_FIELDS] for event in trace.events]
-    return {"format": FORMAT, "version": FORMAT_VERSION, "schema": schema_signature(), "fields": fields,
-            "values": values, "events": events}
+    def value(self, value: Any) -> int:
+        encoded = _encode(value)
+        text = json.dumps(encoded, separators=(",", ":"), allow_nan=False)
+        found = self._value_index.get(text)
+        if found is None:
+            found = self._value_index[text] = len(self.values)
+            self.values.append(encoded)
+        return found
+
+    def columns(self, records: list[Any], kinds: dict[str, type[Any]]) -> list[list[Any]]:
+        """One array per field of ``records`` (in ``kinds``' order): a ``TypeError`` for a value of another kind."""
+        out = []
+        for name, kind in kinds.items():
+            column = [getattr(record, name) for record in records]
+            if not all(type(v) is kind for v in column):
+                bad = next(v for v in column if type(v) is not kind)
+                raise TypeError(f"a trace's {name} must be a {kind.__name__}, got {type(bad).__name__}: {bad!r:.80}")
+            if kind is str:
+                column = [self.string(v) for v in column]
+            elif kind is not int and kind is not bool:
+                column = [self.value(v) for v in column]
+            out.append(_packed(column))
+        return out
+
+
+def _packed(numbers: list[int]) -> list[str]:
+    """Integers as ``[typecode, base64]``: the bytes of an :class:`array.array` of the narrowest type that holds
+    them all, little-endian — what reading turns back into numbers without parsing each."""
+    low, high = min(numbers, default=0), max(numbers, default=0)
+    for code in _TYPECODES:
+        bound = 1 << (array(code).itemsize * 8 - 1)
+        if -bound <= low and high < bound:
+            break
+    else:
+        raise ValueError(f"a number of the trace does not fit 64 bits: {high if high > 0 else low}")
+    packed = array(code, numbers)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return [code, base64.b64encode(packed.tobytes()).decode("ascii")]
+
+
+def _unpacked(column: Any, what: str) -> list[int]:
+    """The integers :func:`_packed` wrote; ValueError for anything else."""
+    if type(column) is not list or len(column) != 2 or column[0] not in _TYPECODES or type(column[1]) is not str:
+        raise ValueError(f"{what}: expected [typecode, base64 data]")
+    try:
+        raw = base64.b64decode(column[1], validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    numbers = array(column[0])
+    if len(raw) % numbers.itemsize:
+        raise ValueError(f"{what}: the data is not a whole number of items")
+    numbers.frombytes(raw)
+    if sys.byteorder == "big":
+        numbers.byteswap()
+    return numbers.tolist()
 
 
 # decoding ------------------------------------------------------------------------------------------
@@ -150,8 +234,6 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
         if metas is not None:
             metas[memo_key] = made
         return made
-    if tag == "$b":
-        return _record(Storage, _STORAGE_FIELDS, items)
     if tag == "$M":
         return _record(ModuleInfo, _MODULE_FIELDS, items)
     if tag == "$p":
@@ -182,6 +264,11 @@ def _record(kind: type[Any], fields: tuple[str, ...], items: list[Any]) -> Any:
     return kind(*items)  # the fields in dataclasses.fields order, as written
 
 
+def _looks_tagged(value: dict[Any, Any]) -> bool:
+    """A one-key object whose key starts with ``$``: a tag, so a dict like it is written tagged itself."""
+    return len(value) == 1 and str(next(iter(value)))[:1] == "$"
+
+
 def _decode(value: Any) -> Any:
     """A value of :func:`trace_to_dict`'s output back as it was (strict: any other object is an error)."""
     kind = type(value)
@@ -189,8 +276,10 @@ def _decode(value: Any) -> Any:
         return value
     if kind is list:
         return [_decode(v) for v in value]
-    if kind is not dict or len(value) != 1:
+    if kind is not dict:
         raise ValueError(f"unexpected value in a trace entry: {value!r:.80}")
+    if not _looks_tagged(value):
+        return {k: _decode(v) for k, v in value.items()}
     (tag, body), = value.items()
     return _untag(tag, _decode(body))
 
@@ -235,36 +324,93 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
     if data.get("schema") != schema_signature():
         raise ValueError("the trace was written for other Trace/OpEvent/TensorMeta fields")
     fields = data.get("fields")
-    if type(fields) is not dict or set(fields) != set(_TRACE_FIELDS) - {"events"}:
+    if type(fields) is not dict or set(fields) != set(_TRACE_FIELDS) - set(_COLUMNAR):
         raise ValueError("a trace entry has the wrong fields")
     try:
+        strings = _list(data.get("strings"), "strings")
+        if not all(type(text) is str for text in strings):
+            raise ValueError("the strings table holds something other than strings")
         values = [decode(v) for v in _list(data.get("values"), "values")]
-        n_fields = len(_EVENT_FIELDS)
-        events = []
-        for row in _list(data.get("events"), "events"):
-            if len(_list(row, "event")) != n_fields:
-                raise ValueError("an event has the wrong number of fields")
-            fields_of_event = [decode(v) for v in row]
-            for position, kind in _INTERNED_AT:
-                fields_of_event[position] = _interned_value(values, fields_of_event[position], kind)
-            events.append(OpEvent(*fields_of_event))  # the fields in dataclasses.fields order, as written
-        trace = Trace(events=events, **{name: decode(value) for name, value in fields.items()})
+        plain = {name: decode(value) for name, value in fields.items()}
+        events = _columns(data.get("events"), _EVENT_COLUMNS, strings, values, "events")
+        storages = _columns(data.get("storages"), _STORAGE_COLUMNS, strings, values, "storages")
+        scopes = plain.get("scopes")
+        n_scopes = len(scopes) if type(scopes) is list else 0
+        _check_events(events, n_scopes)
+        _check_storages(storages, len(events["op"]), n_scopes)
+        trace = Trace(events=list(map(OpEvent, *events.values())), storages=list(map(Storage, *storages.values())),
+                      **plain)  # the columns in dataclasses.fields order, as written
     except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
         raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
     _check(trace)
     return trace
 
 
-def _interned_value(values: list[Any], position: Any, kind: type[Any]) -> Any:
-    """A copy of ``values[position]`` (an event's own list or dict: events do not share them), checked."""
-    if type(position) is not int or not 0 <= position < len(values) or type(values[position]) is not kind:
-        raise ValueError(f"an event's argument refers to no {kind.__name__} of the values table: {position!r:.40}")
-    return kind(values[position])
+def _within(column: list[int], low: int, high: int, what: str) -> None:
+    """Every number of ``column`` (integers, checked) lies in ``[low, high]``."""
+    if column and (min(column) < low or max(column) > high):
+        raise ValueError(f"{what} out of range in the trace")
+
+
+def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values: list[Any],
+             what: str) -> dict[str, list[Any]]:
+    """The columns ``trace_to_dict`` wrote for ``kinds``, read back: strings and arguments looked up in their
+    tables (each event given its own copy of its lists and dicts)."""
+    columns = _list(data, what)
+    if len(columns) != len(kinds):
+        raise ValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
+    out: dict[str, list[Any]] = {}
+    size = None
+    for (name, kind), packed in zip(kinds.items(), columns, strict=True):
+        column = _unpacked(packed, f"{what}.{name}")
+        if size is not None and len(column) != size:
+            raise ValueError(f"{what}: the columns differ in length")
+        size = len(column)
+        if kind is int:
+            out[name] = column
+            continue
+        if kind is bool:
+            _within(column, 0, 1, f"{what}.{name} (a boolean)")
+            out[name] = list(map(bool, column))
+            continue
+        table = strings if kind is str else values
+        _within(column, 0, len(table) - 1, f"{what}.{name} (an index into its table)")
+        if kind is str:
+            out[name] = list(map(table.__getitem__, column))
+        else:
+            if not all(type(table[i]) is kind for i in set(column)):
+                raise ValueError(f"{what}.{name} refers to a value of the values table that is not a {kind.__name__}")
+            out[name] = list(map(kind, map(table.__getitem__, column)))  # copies: events do not share them
+    return out
+
+
+def _check_events(events: dict[str, list[Any]], n_scopes: int) -> None:
+    """What metrics rely on in the events' columns: known levels and phases, parents and origins before the
+    event, scopes of the scope table."""
+    n = len(events["op"])
+    if not set(events["level"]) <= {"function", "dispatch"} or not set(events["phase"]) <= set(PHASES):
+        raise ValueError("an event of an unknown level or phase")
+    for name in ("parent", "origin"):
+        column = events[name]
+        _within(column, -1, n, f"an event's {name}")
+        if not all(map(operator.lt, column, range(n))):
+            raise ValueError(f"an event's {name} is not an earlier event")
+    _within(events["scope"], 0, n_scopes - 1, "an event's scope")
+
+
+def _check_storages(storages: dict[str, list[Any]], n_events: int, n_scopes: int) -> None:
+    """Storage records: known kinds, sizes, and times within the run."""
+    if not set(storages["kind"]) <= set(STORAGE_KINDS):
+        raise ValueError("a storage of an unknown kind")
+    _within(storages["nbytes"], 0, 1 << 63, "a storage's size")
+    for name in ("born", "died", "saved"):
+        _within(storages[name], -1, n_events, f"a storage's {name}")
+    _within(storages["saved_scope"], -1, n_scopes - 1, "a storage's saved_scope")
 
 
 def _check(trace: Trace) -> None:
-    """The types every metric relies on, so a damaged entry fails here and not in a handle."""
-    n_scopes = len(trace.scopes)
+    """The types every metric relies on, so a damaged entry fails here and not in a handle (the events and
+    storages were checked column by column)."""
     if not all(type(s) is tuple and all(type(n) is str for n in s) for s in trace.scopes):
         raise ValueError("trace scopes must be tuples of module names")
     if type(trace.called) is not set or type(trace.assumptions) is not list or type(trace.execution) is not str \
@@ -277,20 +423,6 @@ def _check(trace: Trace) -> None:
             and all(type(shape) is str and type(n) is int and n > 0 for shape, n in calls.items())
             for name, calls in trace.output_shapes.items()):
         raise ValueError("malformed output shapes in the trace")
-    n_events = len(trace.events)
-    if type(trace.storages) is not list or not all(
-            type(s) is Storage and type(s.nbytes) is int and s.nbytes >= 0 and s.kind in STORAGE_KINDS
-            and all(type(t) is int and -1 <= t <= n_events for t in (s.born, s.died, s.saved))
-            and type(s.saved_scope) is int and -1 <= s.saved_scope < n_scopes for s in trace.storages):
-        raise ValueError("malformed storages in the trace")
-    for i, ev in enumerate(trace.events):
-        if (type(ev.op) is not str or ev.level not in ("function", "dispatch")
-                or ev.phase not in PHASES
-                or type(ev.parent) is not int or not -1 <= ev.parent < i
-                or type(ev.origin) is not int or not -1 <= ev.origin < i
-                or type(ev.scope) is not int or not 0 <= ev.scope < n_scopes
-                or type(ev.inputs) is not list or type(ev.outputs) is not list or type(ev.kwargs) is not dict):
-            raise ValueError(f"malformed event {i}")
 
 
 def _check_modules(trace: Trace) -> None:
