@@ -49,6 +49,9 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.
           torch.memory_format)
 # nn.Module's own bookkeeping: parameters, buffers, children and hooks are keyed on their own.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+_PLAIN_TYPES = frozenset(_PLAIN)
+# The hooks of a module that has none: what :meth:`_State.hooks` makes of empty tables.
+_NO_HOOKS = tuple(((), tuple(() for _ in group[1:])) for group in forward_hook_tables(nn.Module()))
 
 
 class _Unshareable(Exception):
@@ -59,16 +62,26 @@ class _State:
     """The key of one call's state, and the objects whose identities it names (held weakly)."""
 
     def __init__(self) -> None:
-        self.alive: list[weakref.ref[Any]] = []
+        self._refs: dict[int, weakref.ref[Any]] = {}  # id -> a weak reference to the object, one per object
+        self._held: list[Any] = []  # every object named, alive for the walk: no id of it names another meanwhile
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
+        self._forwards: dict[type, tuple[Any, ...]] = {}  # a module class -> its forward's key (classes repeat)
+
+    @property
+    def alive(self) -> list[weakref.ref[Any]]:
+        """Weak references to every object the key names by identity."""
+        return list(self._refs.values())
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
-        try:
-            self.alive.append(weakref.ref(obj))
-        except TypeError as exc:
-            raise _Unshareable(f"{type(obj).__name__} has no weak references") from exc
-        return ("id", id(obj))
+        key = id(obj)
+        if key not in self._refs:
+            try:
+                self._refs[key] = weakref.ref(obj)
+            except TypeError as exc:
+                raise _Unshareable(f"{type(obj).__name__} has no weak references") from exc
+            self._held.append(obj)
+        return ("id", key)
 
     def tensor(self, t: torch.Tensor) -> tuple[Any, ...]:
         """A tensor by identity, version counter (in-place changes), metadata and where its data lives (``.data``
@@ -76,41 +89,43 @@ class _State:
         if t.is_inference():  # changed in place inside inference_mode without a trace: nothing to key it by
             raise _Unshareable("an inference tensor tracks no version counter")
         strided = t.layout == torch.strided
-        return (self.identity(t), version_counter(t), type(t), tuple(t.shape), t.stride() if strided else None,
-                t.storage_offset() if strided else None, t.dtype, str(t.device), t.layout, t.requires_grad,
+        return (self.identity(t), version_counter(t), type(t), t.shape, t.stride() if strided else None,
+                t.storage_offset() if strided else None, t.dtype, t.device, t.layout, t.requires_grad,
                 _data_ptr(t))
 
     def value(self, obj: Any, depth: int = 0) -> Any:
         """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`.
         Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
-        if isinstance(obj, _PLAIN):
-            return (type(obj), obj)
+        kind = type(obj)
+        if kind in _PLAIN_TYPES or isinstance(obj, _PLAIN):  # the exact types first: the common case, at once
+            return (kind, obj)
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj)
         if isinstance(obj, enum.Enum):
-            return (type(obj), obj.name)
+            return (kind, obj.name)
         if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
             return ("seen", self._seen[id(obj)])
         self._seen[id(obj)] = len(self._seen)
         if depth > _MAX_DEPTH:
             raise _Unshareable("the inputs or attributes nest too deep to key")
         if isinstance(obj, (tuple, list)):
-            return (type(obj), tuple(self.value(x, depth + 1) for x in obj))
+            return (kind, tuple(self.value(x, depth + 1) for x in obj))
         if isinstance(obj, dict):
-            return (type(obj), self.items(obj, depth + 1))
+            return (kind, self.items(obj, depth + 1))
         if isinstance(obj, (set, frozenset)):
-            return (type(obj), frozenset(self.value(x, depth + 1) for x in obj))
+            return (kind, frozenset(self.value(x, depth + 1) for x in obj))
         if isinstance(obj, nn.Module):  # a module held as an attribute: keyed as a child where it is one
             return self.identity(obj)
         if isinstance(obj, types.FunctionType | types.MethodType | types.BuiltinFunctionType | type):
             return self.callable(obj)
         attributes = getattr(obj, "__dict__", None)
         if attributes is None:
-            raise _Unshareable(f"a {type(obj).__name__} cannot be looked into")
-        return (type(obj), self.identity(obj), self.items(attributes, depth + 1))
+            raise _Unshareable(f"a {kind.__name__} cannot be looked into")
+        return (kind, self.identity(obj), self.items(attributes, depth + 1))
 
     def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
-        return tuple((self.value(k, depth), self.value(v, depth)) for k, v in mapping.items() if k not in skip)
+        value = self.value
+        return tuple([(value(k, depth), value(v, depth)) for k, v in mapping.items() if k not in skip])
 
     def callable(self, fn: Any) -> tuple[Any, ...]:
         """A function by identity and code (a method by its function and object)."""
@@ -123,14 +138,26 @@ class _State:
         """A module at ``path`` (None: an empty slot): identity, class, forward, flag, hooks, tensors, attributes."""
         if module is None:
             return (path, None)
-        hooks = tuple((tuple(self.callable(h) for h in tables[0].values()), tuple(tuple(flags) for flags in tables[1:]))
-                      for tables in forward_hook_tables(module))
-        return (path, self.identity(module), type(module), self.callable(type(module).forward), module.training,
-                hooks, self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
+        kind = type(module)
+        forward = self._forwards.get(kind)
+        if forward is None:
+            forward = self._forwards[kind] = self.callable(kind.forward)
+        return (path, self.identity(module), kind, forward, module.training, self.hooks(module),
+                self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
                 self.items(module.__dict__, 1, _MODULE_INTERNALS))
 
+    def hooks(self, module: nn.Module) -> tuple[Any, ...]:
+        """A module's forward hooks and their flags (nearly always none: one check)."""
+        tables = forward_hook_tables(module)
+        if not any(tables[0]) and not any(tables[1]):
+            return _NO_HOOKS
+        return tuple((tuple(self.callable(h) for h in group[0].values()), tuple(tuple(flags) for flags in group[1:]))
+                     for group in tables)
+
     def tensors(self, table: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple((name, None if t is None else self.tensor(t)) for name, t in table.items())
+        if not table:
+            return ()
+        return tuple([(name, None if t is None else self.tensor(t)) for name, t in table.items()])
 
 
 def _data_ptr(t: torch.Tensor) -> int | None:
