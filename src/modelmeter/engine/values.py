@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
+from .._torch_compat import FakeTensor, OpOverload, disable_current_modes
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
@@ -42,10 +42,11 @@ class Shadows:
         return getattr(tensor, _VALUES, None) if isinstance(tensor, torch.Tensor) else None
 
     def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  result: Any) -> None:
-        """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise."""
+                  result: Any, mutable: bool) -> None:
+        """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise.
+        ``mutable``: ``func`` changes an argument in place (its schema says so)."""
         first = args[0] if args else None
-        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not schema_of(func).is_mutable:
+        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not mutable:
             return  # the common case, decided at once: the first operand (an activation, a weight) has no values
         outputs = _tensors(result)
         if not outputs:
@@ -53,7 +54,7 @@ class Shadows:
         # stops at the first tensor without values: most operators read an activation or a parameter first
         if not all(hasattr(t, _VALUES) for t in _each_tensor((args, kwargs))) \
                 or any(t.numel() > LIMIT for t in outputs):
-            if schema_of(func).is_mutable:  # an in-place update by unknown values: the old values are wrong now
+            if mutable:  # an in-place update by unknown values: the old values are wrong now
                 _forget(outputs)
             return
         try:
