@@ -39,6 +39,7 @@ from .._torch_compat import (
     parameters_of,
     version_counter,
 )
+from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
 from .fingerprint import run_options
@@ -103,6 +104,8 @@ class _State:
             return self.tensor(obj)
         if isinstance(obj, enum.Enum):
             return (kind, obj.name)
+        if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
+            return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
         if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
             return ("seen", self._seen[id(obj)])
         self._seen[id(obj)] = len(self._seen)
@@ -125,7 +128,8 @@ class _State:
 
     def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         value = self.value
-        return tuple([(value(k, depth), value(v, depth)) for k, v in mapping.items() if k not in skip])
+        return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
+                      for k, v in mapping.items() if k not in skip])
 
     def callable(self, fn: Any) -> tuple[Any, ...]:
         """A function by identity and code (a method by its function and object)."""
@@ -176,28 +180,45 @@ def _modules(model: nn.Module | None, prefix: str = "") -> list[tuple[str, nn.Mo
     return found
 
 
-def call_state(spec: RunSpec) -> tuple[tuple[Any, ...], list[weakref.ref[Any]]] | None:
+class _Key:
+    """A call's state as a dictionary key: its (large, nested) tuple hashed once — a tuple does not keep its hash,
+    and the store looks a key up more than once; equal keys are then compared in full."""
+
+    __slots__ = ("hash", "parts")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self.hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self.hash == other.hash and self.parts == other.parts
+
+
+def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     """The key of running ``spec`` now, and weak references to the objects it names by identity; None when the
     call cannot be keyed safely."""
     state = _State()
     try:
-        pre, post = global_forward_hooks()
-        key = (run_options(spec.execution), spec.backward,
-               None if spec.loss_fn is None else state.callable(spec.loss_fn),
-               tuple(state.callable(h) for h in (*pre.values(), *post.values())),
-               tuple(state.module(path, module) for path, module in _modules(spec.model)),
-               state.value(spec.args), state.value(spec.kwargs))
-        hash(key)
-    except (_Unshareable, TypeError):
+        with no_gc():  # thousands of small tuples, none in a cycle
+            pre, post = global_forward_hooks()
+            key = (run_options(spec.execution), spec.backward,
+                   None if spec.loss_fn is None else state.callable(spec.loss_fn),
+                   tuple(state.callable(h) for h in (*pre.values(), *post.values())),
+                   tuple(state.module(path, module) for path, module in _modules(spec.model)),
+                   state.value(spec.args), state.value(spec.kwargs))
+            return _Key(key), state.alive
+    except (_Unshareable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
-    return key, state.alive
 
 
 class SharedRecordings:
     """The last few traces recorded in this process, each under the state of the call that made it."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: OrderedDict[tuple[Any, ...], tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
+        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
 
@@ -222,7 +243,7 @@ class SharedRecordings:
         self._keep(before[0], before[1], trace)
         return trace
 
-    def _find(self, key: tuple[Any, ...]) -> Trace | None:
+    def _find(self, key: _Key) -> Trace | None:
         with self._lock:
             self._drop_dead()
             entry = self._entries.get(key)
@@ -231,7 +252,7 @@ class SharedRecordings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def _keep(self, key: tuple[Any, ...], alive: list[weakref.ref[Any]], trace: Trace) -> None:
+    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], trace: Trace) -> None:
         with self._lock:
             self._entries[key] = (alive, trace)
             self._entries.move_to_end(key)
