@@ -11,6 +11,7 @@ real kernels. A tensor gets a shadow only when every tensor it was computed from
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,12 +31,28 @@ class Shadows:
     asked of every operand of every operator — is one attribute lookup.
     """
 
+    def __init__(self) -> None:
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # seeds to copy (inside seeding())
+
+    @contextmanager
+    def seeding(self) -> Iterator[None]:
+        """Seeds given inside are copied together when it ends: setting the modes aside costs more than copying a
+        small tensor, and a model has hundreds of small buffers. Nothing may run the model inside."""
+        self._pending = []
+        try:
+            yield
+            _copy_values(self._pending)
+        finally:
+            self._pending = None
+
     def seed(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """``fake`` stands for the real tensor ``real`` (an input, a buffer): its values are known."""
         if real.is_meta or real.numel() > LIMIT or isinstance(real, FakeTensor):
             return
-        with disable_current_modes(), torch.no_grad():
-            setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
+        if self._pending is not None:
+            self._pending.append((fake, real))
+        else:
+            _copy_values([(fake, real)])
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         """The values of ``tensor`` when known."""
@@ -70,6 +87,15 @@ class Shadows:
         """``tensor.item()`` from its values, or None when they are unknown."""
         values = self.get(tensor)
         return None if values is None else values.item()
+
+
+def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Give each fake tensor a copy of its real tensor's values (on the CPU), with the modes set aside."""
+    if not seeds:
+        return
+    with disable_current_modes(), torch.no_grad():
+        for fake, real in seeds:
+            setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
 
 
 def _each_tensor(value: Any) -> Iterator[torch.Tensor]:
