@@ -18,7 +18,10 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
    process: the analysis time, the whole process time, and the peak RSS (``resource.getrusage`` maxrss).
 4. **Per-operator overhead**: a deep stack of tiny Linear+GELU layers on a (1, 8) input:
    (modelmeter time - plain forward time) / number of events in the trace, in microseconds; the two are timed in
-   turn (15 runs each by default), so a drift of the machine's speed falls on both.
+   turn (15 runs each by default), so a drift of the machine's speed falls on both, with the floor: the forward
+   under global module hooks and a function and a dispatch mode whose handlers do nothing (what any recorder of
+   this kind pays before it records anything); per run, modelmeter's and the floor's time over the forward's.
+   ``--overhead-only`` runs this section alone.
 5. **Cached re-analysis** of ViT-B/16: in-process (the metrics of a second analysis given ``trace=``) and
    persistent (``cache_dir=`` a new directory, then a second fresh process reading it) against the first analysis.
 
@@ -303,14 +306,50 @@ def overhead(quick: bool, repeat: int) -> dict[str, Any]:
 
 
 def tiny_stack(layers: int, repeat: int) -> dict[str, Any]:
-    """Events and times of modelmeter and of a plain forward on ``layers`` x (Linear(8, 8) + GELU)."""
+    """Events and times of modelmeter, of a plain forward and of the floor (:func:`run_floor`) on ``layers`` x
+    (Linear(8, 8) + GELU), timed in turn; per run, modelmeter's and the floor's time over the forward's."""
     import modelmeter
 
     model = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(layers))).eval()
     x = torch.randn(1, 8)
     events = len(modelmeter.analyze(model, x, cache=False, quiet=True).trace.events)
-    times = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x)}, repeat)
-    return {"layers": layers, "events": events, **times}
+    times = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x),
+                           "floor": run_floor(model, x)}, repeat)
+    ratios = {f"{tool}/forward": summary([a / b for a, b in zip(times[tool]["times"], times["forward"]["times"],
+                                                                  strict=True)]) for tool in ("modelmeter", "floor")}
+    return {"layers": layers, "events": events, **times, "ratio_runs": ratios}
+
+
+def run_floor(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    """A forward under what a recording adds before it records anything: global module hooks (before and after
+    every call) and a function mode and a dispatch mode (modelmeter's kind: no torch.compile guard), all with empty
+    handlers."""
+    from torch.overrides import TorchFunctionMode
+
+    from modelmeter._torch_compat import EagerDispatchMode
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    class Dispatch(EagerDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    def nothing(*_: Any) -> None:
+        return None
+
+    def go() -> Any:
+        hooks = nn.modules.module
+        handles = [hooks.register_module_forward_pre_hook(nothing),
+                   hooks.register_module_forward_hook(nothing, always_call=True)]
+        try:
+            with torch.no_grad(), Functions(), Dispatch():
+                return model(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return go
 
 
 # cached re-analysis ------------------------------------------------------------------------------------
@@ -431,7 +470,7 @@ def markdown(report: dict[str, Any]) -> str:
               f"**{o['us_per_event']:.1f} µs per operator event** (fixed costs included); "
               f"{o['marginal_us_per_event']:.1f} µs per event marginal (against {o['shallow']['layers']} layers, "
               f"{o['shallow']['events']} events: modelmeter {fmt(o['shallow']['modelmeter'])}, "
-              f"forward {fmt(o['shallow']['forward'])}).", "",
+              f"forward {fmt(o['shallow']['forward'])}).", "", markdown_overhead_ratios(o), "",
               "### 5. Cached re-analysis (ViT-B/16)", "",
               "| analysis | time | speed-up |", "|---|---|---|",
               f"| first (in process) | {fmt(c['first'])} | 1x |",
@@ -441,6 +480,14 @@ def markdown(report: dict[str, Any]) -> str:
               f"| fresh process, from the cache | {fmt(c['persistent_cached'])} | "
               f"{fmt_ratio(c['ratios']['persistent_first/persistent_cached'])} |", ""]
     return "\n".join(lines)
+
+
+def markdown_overhead_ratios(row: dict[str, Any]) -> str:
+    """Section 4's ratios per run: modelmeter's and the floor's time over the forward's, median (min-max)."""
+    cells = [f"{row['ratio_runs'][key]['median_s']:.2f}x ({row['ratio_runs'][key]['min_s']:.2f}-"
+             f"{row['ratio_runs'][key]['max_s']:.2f})" for key in ("modelmeter/forward", "floor/forward")]
+    return (f"Per run, against the forward: modelmeter {cells[0]}; the floor (the forward under global module hooks "
+            f"and two modes, all with empty handlers: {fmt(row['floor'])}) {cells[1]}.")
 
 
 def markdown_pair(rows: dict[str, Any]) -> str:
@@ -462,13 +509,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, help="timed runs per measurement (default 5, 1 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--pair-only", action="store_true", help="only section 6 (fvcore's usage pattern)")
+    parser.add_argument("--overhead-only", action="store_true", help="only section 4 (the per-event overhead)")
     args = parser.parse_args()
     repeat = args.repeat or (1 if args.quick else 5)
     torch.set_num_threads(THREADS)
     report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine()}
-    if args.pair_only:
-        report["pair"] = pair(args.quick, repeat)
-        print(markdown_pair(report["pair"]))
+    if args.pair_only or args.overhead_only:
+        if args.overhead_only:
+            report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))
+            print(markdown_overhead_ratios(report["overhead"]))
+        if args.pair_only:
+            report["pair"] = pair(args.quick, repeat)
+            print(markdown_pair(report["pair"]))
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(report, out, indent=1)

@@ -62,10 +62,11 @@ __all__ = [  # what the package imports from here
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
-    "current_autograd_node", "disable_current_modes", "no_torch_function", "eager_flex_attention", "fake_from_meta",
+    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "non_persistent_buffers",
-    "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily", "python2_pickle_mappings", "pytree",
+    "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "no_torch_function",
+    "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
+    "python2_pickle_mappings", "pytree",
     "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
     "version_counter", "weights_only_allowed_globals",
 ]
@@ -110,7 +111,7 @@ def qualified_name(packet: OpOverloadPacket) -> str:
 # that made the node. torch.autograd.graph uses it itself; there is no public wrapper.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 
-# --- __torch_function__ handling (torch._C, since 1.12) ----------------------------------------------------------------
+# --- __torch_function__ handling (torch._C, since 1.12) -------------------------------------------------------------
 # Turns __torch_function__ handling off for a block, modes included: the recorder's module hooks read the shapes of a
 # module's outputs without the function recorder seeing every attribute access (a microsecond each). What
 # torch.overrides uses itself; there is no public name.
