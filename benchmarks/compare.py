@@ -18,14 +18,18 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
    process: the analysis time, the whole process time, and the peak RSS (``resource.getrusage`` maxrss).
 4. **Per-operator overhead**: a deep stack of tiny Linear+GELU layers on a (1, 8) input:
    (modelmeter time - plain forward time) / number of events in the trace, in microseconds; the two are timed in
-   turn (15 runs each by default), so a drift of the machine's speed falls on both.
+   turn (15 runs each by default), so a drift of the machine's speed falls on both, with the floor: the forward
+   under global module hooks and a function and a dispatch mode whose handlers do nothing (what any recorder of
+   this kind pays before it records anything); per run, modelmeter's and the floor's time over the forward's.
+   ``--overhead-only`` runs this section alone.
 5. **Cached re-analysis** of ViT-B/16: in-process (the metrics of a second analysis given ``trace=``) and
    persistent (``cache_dir=`` a new directory, then a second fresh process reading it) against the first analysis.
 
 6. **fvcore's pattern**: ``FlopCountAnalysis(model, x)``, ``ActivationCountAnalysis(model, x)`` and
    ``flop_count_table(flops, activations=acts)`` on ResNet-50 and ViT-B/16 (real tensors), modelmeter's (the two
    analyses share one recording) and fvcore's, against FlopCounterMode and a plain forward, timed in turn; ratios
-   per run, median (min-max). ``--pair-only`` runs this section alone.
+   per run, median (min-max). ``--pair-only`` runs this section alone. With ``--cpu-time``, sections 4 and 6 are
+   timed in CPU time of the main thread with one torch thread (for a machine whose other tenants keep the cores busy).
 7. **Recurrent layers**: a 2-layer bidirectional ``nn.LSTM(64, 128)`` followed by an ``nn.GRU(256, 128)``, on 4
    sequences of 40 and 160 steps (8 with ``--quick``): modelmeter's analysis against a plain forward, timed in turn
    in CPU time on one thread (on a loaded machine the forward's multi-threaded kernels stall, and its wall time with
@@ -63,6 +67,10 @@ import torch
 from torch import nn
 
 THREADS = 2
+# What the in-process sections time with: wall-clock seconds, or with --cpu-time the CPU time of the main thread
+# (one torch thread): on a machine whose other tenants keep both cores busy, a real forward with two threads waits on
+# its own second thread, and wall-clock ratios say more about the load than about the tools.
+clock = time.perf_counter
 MODELS = ("resnet50", "vit_b_16", "swin_t", "gpt2")
 TOOLS = ("modelmeter", "fvcore", "flop_counter", "forward")
 
@@ -75,25 +83,26 @@ def timed(fn: Callable[[], Any], repeat: int) -> dict[str, Any]:
     fn()
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return summary(times)
 
 
 def timed_in_turn(fns: dict[str, Callable[[], Any]], repeat: int,
-                  clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
+                  timer: Callable[[], float] | None = None) -> dict[str, dict[str, Any]]:
     """As :func:`timed` for each of ``fns``, their runs taken in turn (a, b, a, b, ...): on a machine whose speed
-    drifts, a difference of their medians is then not a difference of two moments. ``clock``: wall-clock time,
-    or ``time.process_time`` (the CPU time of this process)."""
+    drifts, a difference of their medians is then not a difference of two moments. ``timer``: the module's
+    :data:`clock` unless given (section 7 takes ``time.process_time``, the CPU time of this process)."""
+    tick = clock if timer is None else timer
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            start = clock()
+            start = tick()
             fn()
-            times[name].append(clock() - start)
+            times[name].append(tick() - start)
     return {name: {**summary(values), "times": values} for name, values in times.items()}
 
 
@@ -280,7 +289,7 @@ def recurrent_row(model: nn.Module, steps: int, repeat: int) -> dict[str, Any]:
     x = torch.randn(steps, 4, 64)
     events = len(modelmeter.analyze(model, x.clone(), cache=False, quiet=True).trace.events)
     row: dict[str, Any] = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x)},
-                                        repeat, clock=time.process_time)
+                                        repeat, timer=time.process_time)
     row["events"] = events
     row["ratio_runs"] = summary([a / b for a, b in zip(row["modelmeter"]["times"], row["forward"]["times"],
                                                        strict=True)])
@@ -368,14 +377,50 @@ def overhead(quick: bool, repeat: int) -> dict[str, Any]:
 
 
 def tiny_stack(layers: int, repeat: int) -> dict[str, Any]:
-    """Events and times of modelmeter and of a plain forward on ``layers`` x (Linear(8, 8) + GELU)."""
+    """Events and times of modelmeter, of a plain forward and of the floor (:func:`run_floor`) on ``layers`` x
+    (Linear(8, 8) + GELU), timed in turn; per run, modelmeter's and the floor's time over the forward's."""
     import modelmeter
 
     model = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(layers))).eval()
     x = torch.randn(1, 8)
     events = len(modelmeter.analyze(model, x, cache=False, quiet=True).trace.events)
-    times = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x)}, repeat)
-    return {"layers": layers, "events": events, **times}
+    times = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x),
+                           "floor": run_floor(model, x)}, repeat)
+    ratios = {f"{tool}/forward": summary([a / b for a, b in zip(times[tool]["times"], times["forward"]["times"],
+                                                                  strict=True)]) for tool in ("modelmeter", "floor")}
+    return {"layers": layers, "events": events, **times, "ratio_runs": ratios}
+
+
+def run_floor(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    """A forward under what a recording adds before it records anything: global module hooks (before and after
+    every call) and a function mode and a dispatch mode (modelmeter's kind: no torch.compile guard), all with empty
+    handlers."""
+    from torch.overrides import TorchFunctionMode
+
+    from modelmeter._torch_compat import EagerDispatchMode
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    class Dispatch(EagerDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    def nothing(*_: Any) -> None:
+        return None
+
+    def go() -> Any:
+        hooks = nn.modules.module
+        handles = [hooks.register_module_forward_pre_hook(nothing),
+                   hooks.register_module_forward_hook(nothing, always_call=True)]
+        try:
+            with torch.no_grad(), Functions(), Dispatch():
+                return model(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return go
 
 
 # cached re-analysis ------------------------------------------------------------------------------------
@@ -446,7 +491,8 @@ def machine() -> dict[str, Any]:
         except Exception:  # a missing comparison package is reported in the table
             versions[package] = "not installed"
     return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "torch_threads": THREADS, "python": platform.python_version(), "torch": torch.__version__, **versions,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
+            **versions,
             "platform": platform.platform(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat("T", "seconds")}
 
@@ -496,7 +542,7 @@ def markdown(report: dict[str, Any]) -> str:
               f"**{o['us_per_event']:.1f} µs per operator event** (fixed costs included); "
               f"{o['marginal_us_per_event']:.1f} µs per event marginal (against {o['shallow']['layers']} layers, "
               f"{o['shallow']['events']} events: modelmeter {fmt(o['shallow']['modelmeter'])}, "
-              f"forward {fmt(o['shallow']['forward'])}).", "",
+              f"forward {fmt(o['shallow']['forward'])}).", "", markdown_overhead_ratios(o), "",
               "### 5. Cached re-analysis (ViT-B/16)", "",
               "| analysis | time | speed-up |", "|---|---|---|",
               f"| first (in process) | {fmt(c['first'])} | 1x |",
@@ -506,6 +552,14 @@ def markdown(report: dict[str, Any]) -> str:
               f"| fresh process, from the cache | {fmt(c['persistent_cached'])} | "
               f"{fmt_ratio(c['ratios']['persistent_first/persistent_cached'])} |", ""]
     return "\n".join(lines)
+
+
+def markdown_overhead_ratios(row: dict[str, Any]) -> str:
+    """Section 4's ratios per run: modelmeter's and the floor's time over the forward's, median (min-max)."""
+    cells = [f"{row['ratio_runs'][key]['median_s']:.2f}x ({row['ratio_runs'][key]['min_s']:.2f}-"
+             f"{row['ratio_runs'][key]['max_s']:.2f})" for key in ("modelmeter/forward", "floor/forward")]
+    return (f"Per run, against the forward: modelmeter {cells[0]}; the floor (the forward under global module hooks "
+            f"and two modes, all with empty handlers: {fmt(row['floor'])}) {cells[1]}.")
 
 
 def markdown_pair(rows: dict[str, Any]) -> str:
@@ -527,21 +581,29 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, help="timed runs per measurement (default 5, 1 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--pair-only", action="store_true", help="only section 6 (fvcore's usage pattern)")
+    parser.add_argument("--overhead-only", action="store_true", help="only section 4 (the per-event overhead)")
     parser.add_argument("--recurrent-only", action="store_true", help="only section 7 (recurrent layers)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="sections 4 and 6 in CPU time of the main thread, one torch thread (a loaded machine)")
     args = parser.parse_args()
     repeat = args.repeat or (1 if args.quick else 5)
-    torch.set_num_threads(THREADS)
-    report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine()}
-    if args.recurrent_only:
-        report["recurrent"] = recurrent(args.quick, repeat)
-        print(markdown_recurrent(report["recurrent"]))
-        if args.json:
-            with open(args.json, "w") as out:
-                json.dump(report, out, indent=1)
-        return 0
-    if args.pair_only:
-        report["pair"] = pair(args.quick, repeat)
-        print(markdown_pair(report["pair"]))
+    global clock
+    if args.cpu_time:
+        if not (args.pair_only or args.overhead_only):
+            parser.error("--cpu-time times sections 4 and 6: pass it with --pair-only and/or --overhead-only")
+        clock = time.thread_time
+    torch.set_num_threads(1 if args.cpu_time else THREADS)
+    report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine(), "cpu_time": args.cpu_time}
+    if args.pair_only or args.overhead_only or args.recurrent_only:
+        if args.overhead_only:
+            report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))
+            print(markdown_overhead_ratios(report["overhead"]))
+        if args.pair_only:
+            report["pair"] = pair(args.quick, repeat)
+            print(markdown_pair(report["pair"]))
+        if args.recurrent_only:
+            report["recurrent"] = recurrent(args.quick, repeat)
+            print(markdown_recurrent(report["recurrent"]))
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(report, out, indent=1)

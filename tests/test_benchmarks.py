@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +74,10 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     overhead = report["overhead"]
     assert overhead["events"] > overhead["shallow"]["events"] > 0
     for row in (overhead, overhead["shallow"]):
-        assert positive(row["modelmeter"]) and positive(row["forward"])
+        assert positive(row["modelmeter"]) and positive(row["forward"]) and positive(row["floor"])
+        for tool in ("modelmeter", "floor"):
+            per_run = [a / b for a, b in zip(row[tool]["times"], row["forward"]["times"], strict=True)]
+            assert row["ratio_runs"][f"{tool}/forward"]["median_s"] == pytest.approx(statistics.median(per_run))
     extra = overhead["modelmeter"]["median_s"] - overhead["forward"]["median_s"]
     assert overhead["us_per_event"] == pytest.approx(extra / overhead["events"] * 1e6)
     shallow = overhead["shallow"]["modelmeter"]["median_s"] - overhead["shallow"]["forward"]["median_s"]

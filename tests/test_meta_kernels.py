@@ -109,6 +109,7 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
             cases += [(f"layer_norm {label} {dtype}", aten.native_layer_norm.default, (t, [8], w, b, 1e-5), {}),
                       (f"layer_norm 2d {label} {dtype}", aten.native_layer_norm.default, (t, list(t.shape[1:]), None,
                                                                                           None, 1e-5), {})]
+        cases += _convolution_cases(dtype)
         m1, m2 = torch.randn(6, 4, dtype=dtype), torch.randn(4, 3, dtype=dtype)
         for label, bias in (("vector", torch.randn(3, dtype=dtype)), ("matrix", torch.randn(6, 3, dtype=dtype)),
                             ("row", torch.randn(1, 3, dtype=dtype))):
@@ -116,6 +117,23 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
                       (f"addmm {label} m2.T {dtype}", aten.addmm.default, (bias, m1, m2.t().contiguous().t()), {}),
                       (f"addmm {label} m1.T {dtype}", aten.addmm.default, (bias, m1.t().contiguous().t(), m2),
                        {"beta": 0.5})]
+    return cases
+
+
+def _convolution_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
+    """Convolutions of 1 to 3 spatial dimensions: strides, padding, dilation, groups, a bias or none, size-1
+    dimensions."""
+    conv = torch.ops.aten.convolution.default
+    cases: list[tuple[str, object, tuple[object, ...], dict[str, object]]] = []
+    for spatial, (stride, padding, dilation), groups, bias, batch in itertools.product(
+            ((9,), (7, 6), (5, 4, 6), (1, 1)), ((1, 0, 1), (2, 1, 1), (3, 2, 2)), (1, 2), (False, True), (1, 2)):
+        n = len(spatial)
+        x = torch.randn(batch, 4, *spatial, dtype=dtype)
+        weight = torch.randn(6, 4 // groups, *([3] * n if min(spatial) >= 3 else [1] * n), dtype=dtype)
+        geometry = ([stride] * n, [padding] * n, [dilation] * n)
+        cases.append((f"convolution {spatial} s{stride} p{padding} d{dilation} g{groups} bias={bias} n={batch} {dtype}",
+                      conv, (x, weight, torch.randn(6, dtype=dtype) if bias else None, *geometry, False, [0] * n,
+                             groups), {}))
     return cases
 
 
@@ -198,6 +216,17 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
     assert fast_meta_kernel(aten.mean.dim, (a.t(), [0])) is None  # not contiguous: left to torch
     assert fast_meta_kernel(aten.mean.dim, (a, [2])) is None  # no such dimension: torch's error
+    image, weight = torch.empty(1, 4, 8, 8, device="meta"), torch.empty(6, 4, 3, 3, device="meta")
+    geometry = ([1, 1], [1, 1], [1, 1])
+    conv = aten.convolution.default
+    assert fast_meta_kernel(conv, (image, weight, None, *geometry, False, [0, 0], 1)) is not None
+    last = image.contiguous(memory_format=torch.channels_last)
+    assert fast_meta_kernel(conv, (last, weight, None, *geometry, False, [0, 0], 1)) is None  # the kernels' choice
+    assert fast_meta_kernel(conv, (image, weight, None, *geometry, True, [0, 0], 1)) is None  # transposed
+    assert fast_meta_kernel(conv, (image, weight.half(), None, *geometry, False, [0, 0], 1)) is None  # two dtypes
+    assert fast_meta_kernel(conv, (image, weight, None, [0, 0], [1, 1], [1, 1], False, [0, 0], 1)) is None
+    assert fast_meta_kernel(conv, (image[:, :, :1, :1], weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+                                   1)) is None  # an empty output: torch's error
     assert fast_meta_kernel(aten.native_layer_norm.default, (a, [4], None, None, 1e-5)) is None
     channels_last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
     assert fast_meta_kernel(aten.roll.default, (channels_last, [1])) is None

@@ -192,6 +192,22 @@ def test_a_changed_call_runs_again(change: str) -> None:
     assert acts.total() == 3 * 8 and acts.trace is not flops.trace and len(runs) == 2
 
 
+def test_a_tuple_attribute_is_keyed_by_its_values_and_their_types() -> None:
+    """A tuple of plain values (sizes, paddings) is keyed at once, by its values and their types: an equal tuple
+    shares the recording, one whose element changed value or type (``1 == True``) does not."""
+    model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
+    model[0].sizes = (1, 2)
+    runs = _runs(model)
+    FlopCountAnalysis(model, x).total()
+    model[0].sizes = tuple([1, 2])  # another object, the same values
+    ActivationCountAnalysis(model, x).total()
+    assert len(runs) == 1
+    for changed in ((True, 2), (1, 3), (1.0, 2)):
+        model[0].sizes = changed
+        ActivationCountAnalysis(model, x).total()
+    assert len(runs) == 4
+
+
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "autocast", "default_dtype"])
 def test_another_global_mode_runs_again(mode: str) -> None:
     model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)

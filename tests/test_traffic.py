@@ -742,6 +742,8 @@ def test_a_sparse_tensor_is_counted_as_what_it_stores() -> None:
     coo, csr = eye.to_sparse(), eye.to_sparse_csr()
     assert tensor_meta(coo).footprint == (100 * F32 + 2 * 100 * 8) // F32  # 100 values, 2 x 100 int64 indices
     assert tensor_meta(csr).footprint == (100 * F32 + 101 * 8 + 100 * 8) // F32  # values, row pointers, columns
+    fewer = torch.diag(torch.arange(100.0) % 2).to_sparse()  # the same shape and strides, 50 values stored
+    assert tensor_meta(fewer).footprint == (50 * F32 + 2 * 50 * 8) // F32
     x = r(100, 5)
     counts = bytes_of(Fn(lambda s, x: torch.sparse.mm(s, x)), coo, x, execution="real")  # a meta copy stores none
     assert counts["_sparse_addmm"] == 3 * 500 * F32 + (100 * F32 + 2 * 100 * 8)  # zeros, x, out; the sparse matrix

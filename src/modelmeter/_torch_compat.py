@@ -64,8 +64,9 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "non_persistent_buffers",
-    "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily", "python2_pickle_mappings", "pytree",
+    "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "no_torch_function",
+    "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
+    "python2_pickle_mappings", "pytree",
     "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
     "version_counter", "weights_only_allowed_globals",
 ]
@@ -109,6 +110,12 @@ def qualified_name(packet: OpOverloadPacket) -> str:
 # The autograd node running now (None outside a backward pass): attributes a backward operator to the forward call
 # that made the node. torch.autograd.graph uses it itself; there is no public wrapper.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+
+# --- __torch_function__ handling (torch._C, since 1.12) -------------------------------------------------------------
+# Turns __torch_function__ handling off for a block, modes included: the recorder's module hooks read the shapes of a
+# module's outputs without the function recorder seeing every attribute access (a microsecond each). What
+# torch.overrides uses itself; there is no public name.
+no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
 
 
 # --- nn.Module's own tables ----------------------------------------------------------------------------------------

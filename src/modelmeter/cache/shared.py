@@ -39,6 +39,7 @@ from .._torch_compat import (
     parameters_of,
     version_counter,
 )
+from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
 from .fingerprint import run_options
@@ -49,6 +50,9 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.
           torch.memory_format)
 # nn.Module's own bookkeeping: parameters, buffers, children and hooks are keyed on their own.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+_PLAIN_TYPES = frozenset(_PLAIN)
+# The hooks of a module that has none: what :meth:`_State.hooks` makes of empty tables.
+_NO_HOOKS = tuple(((), tuple(() for _ in group[1:])) for group in forward_hook_tables(nn.Module()))
 
 
 class _Unshareable(Exception):
@@ -59,16 +63,26 @@ class _State:
     """The key of one call's state, and the objects whose identities it names (held weakly)."""
 
     def __init__(self) -> None:
-        self.alive: list[weakref.ref[Any]] = []
+        self._refs: dict[int, weakref.ref[Any]] = {}  # id -> a weak reference to the object, one per object
+        self._held: list[Any] = []  # every object named, alive for the walk: no id of it names another meanwhile
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
+        self._forwards: dict[type, tuple[Any, ...]] = {}  # a module class -> its forward's key (classes repeat)
+
+    @property
+    def alive(self) -> list[weakref.ref[Any]]:
+        """Weak references to every object the key names by identity."""
+        return list(self._refs.values())
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
-        try:
-            self.alive.append(weakref.ref(obj))
-        except TypeError as exc:
-            raise _Unshareable(f"{type(obj).__name__} has no weak references") from exc
-        return ("id", id(obj))
+        key = id(obj)
+        if key not in self._refs:
+            try:
+                self._refs[key] = weakref.ref(obj)
+            except TypeError as exc:
+                raise _Unshareable(f"{type(obj).__name__} has no weak references") from exc
+            self._held.append(obj)
+        return ("id", key)
 
     def tensor(self, t: torch.Tensor) -> tuple[Any, ...]:
         """A tensor by identity, version counter (in-place changes), metadata and where its data lives (``.data``
@@ -76,41 +90,46 @@ class _State:
         if t.is_inference():  # changed in place inside inference_mode without a trace: nothing to key it by
             raise _Unshareable("an inference tensor tracks no version counter")
         strided = t.layout == torch.strided
-        return (self.identity(t), version_counter(t), type(t), tuple(t.shape), t.stride() if strided else None,
-                t.storage_offset() if strided else None, t.dtype, str(t.device), t.layout, t.requires_grad,
+        return (self.identity(t), version_counter(t), type(t), t.shape, t.stride() if strided else None,
+                t.storage_offset() if strided else None, t.dtype, t.device, t.layout, t.requires_grad,
                 _data_ptr(t))
 
     def value(self, obj: Any, depth: int = 0) -> Any:
         """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`.
         Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
-        if isinstance(obj, _PLAIN):
-            return (type(obj), obj)
+        kind = type(obj)
+        if kind in _PLAIN_TYPES or isinstance(obj, _PLAIN):  # the exact types first: the common case, at once
+            return (kind, obj)
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj)
         if isinstance(obj, enum.Enum):
-            return (type(obj), obj.name)
+            return (kind, obj.name)
+        if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
+            return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
         if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
             return ("seen", self._seen[id(obj)])
         self._seen[id(obj)] = len(self._seen)
         if depth > _MAX_DEPTH:
             raise _Unshareable("the inputs or attributes nest too deep to key")
         if isinstance(obj, (tuple, list)):
-            return (type(obj), tuple(self.value(x, depth + 1) for x in obj))
+            return (kind, tuple(self.value(x, depth + 1) for x in obj))
         if isinstance(obj, dict):
-            return (type(obj), self.items(obj, depth + 1))
+            return (kind, self.items(obj, depth + 1))
         if isinstance(obj, (set, frozenset)):
-            return (type(obj), frozenset(self.value(x, depth + 1) for x in obj))
+            return (kind, frozenset(self.value(x, depth + 1) for x in obj))
         if isinstance(obj, nn.Module):  # a module held as an attribute: keyed as a child where it is one
             return self.identity(obj)
         if isinstance(obj, types.FunctionType | types.MethodType | types.BuiltinFunctionType | type):
             return self.callable(obj)
         attributes = getattr(obj, "__dict__", None)
         if attributes is None:
-            raise _Unshareable(f"a {type(obj).__name__} cannot be looked into")
-        return (type(obj), self.identity(obj), self.items(attributes, depth + 1))
+            raise _Unshareable(f"a {kind.__name__} cannot be looked into")
+        return (kind, self.identity(obj), self.items(attributes, depth + 1))
 
     def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
-        return tuple((self.value(k, depth), self.value(v, depth)) for k, v in mapping.items() if k not in skip)
+        value = self.value
+        return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
+                      for k, v in mapping.items() if k not in skip])
 
     def callable(self, fn: Any) -> tuple[Any, ...]:
         """A function by identity and code (a method by its function and object)."""
@@ -123,14 +142,26 @@ class _State:
         """A module at ``path`` (None: an empty slot): identity, class, forward, flag, hooks, tensors, attributes."""
         if module is None:
             return (path, None)
-        hooks = tuple((tuple(self.callable(h) for h in tables[0].values()), tuple(tuple(flags) for flags in tables[1:]))
-                      for tables in forward_hook_tables(module))
-        return (path, self.identity(module), type(module), self.callable(type(module).forward), module.training,
-                hooks, self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
+        kind = type(module)
+        forward = self._forwards.get(kind)
+        if forward is None:
+            forward = self._forwards[kind] = self.callable(kind.forward)
+        return (path, self.identity(module), kind, forward, module.training, self.hooks(module),
+                self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
                 self.items(module.__dict__, 1, _MODULE_INTERNALS))
 
+    def hooks(self, module: nn.Module) -> tuple[Any, ...]:
+        """A module's forward hooks and their flags (nearly always none: one check)."""
+        tables = forward_hook_tables(module)
+        if not any(tables[0]) and not any(tables[1]):
+            return _NO_HOOKS
+        return tuple((tuple(self.callable(h) for h in group[0].values()), tuple(tuple(flags) for flags in group[1:]))
+                     for group in tables)
+
     def tensors(self, table: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple((name, None if t is None else self.tensor(t)) for name, t in table.items())
+        if not table:
+            return ()
+        return tuple([(name, None if t is None else self.tensor(t)) for name, t in table.items()])
 
 
 def _data_ptr(t: torch.Tensor) -> int | None:
@@ -149,28 +180,45 @@ def _modules(model: nn.Module | None, prefix: str = "") -> list[tuple[str, nn.Mo
     return found
 
 
-def call_state(spec: RunSpec) -> tuple[tuple[Any, ...], list[weakref.ref[Any]]] | None:
+class _Key:
+    """A call's state as a dictionary key: its (large, nested) tuple hashed once — a tuple does not keep its hash,
+    and the store looks a key up more than once; equal keys are then compared in full."""
+
+    __slots__ = ("hash", "parts")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self.hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self.hash == other.hash and self.parts == other.parts
+
+
+def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     """The key of running ``spec`` now, and weak references to the objects it names by identity; None when the
     call cannot be keyed safely."""
     state = _State()
     try:
-        pre, post = global_forward_hooks()
-        key = (run_options(spec.execution), spec.backward,
-               None if spec.loss_fn is None else state.callable(spec.loss_fn),
-               tuple(state.callable(h) for h in (*pre.values(), *post.values())),
-               tuple(state.module(path, module) for path, module in _modules(spec.model)),
-               state.value(spec.args), state.value(spec.kwargs))
-        hash(key)
-    except (_Unshareable, TypeError):
+        with no_gc():  # thousands of small tuples, none in a cycle
+            pre, post = global_forward_hooks()
+            key = (run_options(spec.execution), spec.backward,
+                   None if spec.loss_fn is None else state.callable(spec.loss_fn),
+                   tuple(state.callable(h) for h in (*pre.values(), *post.values())),
+                   tuple(state.module(path, module) for path, module in _modules(spec.model)),
+                   state.value(spec.args), state.value(spec.kwargs))
+            return _Key(key), state.alive
+    except (_Unshareable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
-    return key, state.alive
 
 
 class SharedRecordings:
     """The last few traces recorded in this process, each under the state of the call that made it."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: OrderedDict[tuple[Any, ...], tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
+        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
 
@@ -195,7 +243,7 @@ class SharedRecordings:
         self._keep(before[0], before[1], trace)
         return trace
 
-    def _find(self, key: tuple[Any, ...]) -> Trace | None:
+    def _find(self, key: _Key) -> Trace | None:
         with self._lock:
             self._drop_dead()
             entry = self._entries.get(key)
@@ -204,7 +252,7 @@ class SharedRecordings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def _keep(self, key: tuple[Any, ...], alive: list[weakref.ref[Any]], trace: Trace) -> None:
+    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], trace: Trace) -> None:
         with self._lock:
             self._entries[key] = (alive, trace)
             self._entries.move_to_end(key)

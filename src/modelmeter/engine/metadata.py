@@ -51,7 +51,28 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def tensor_meta(tensor: torch.Tensor) -> TensorMeta:
-    """A tensor's :class:`TensorMeta`; equal descriptions are one (immutable) object, made once."""
+    """A tensor's :class:`TensorMeta`; equal descriptions are one (immutable) object, made once.
+
+    It runs for every argument of every operator: a dense tensor is found by its shape, strides, dtype and device as
+    torch hands them out (a few attribute reads and one look-up); other layouts (what a sparse tensor stores is not
+    in its shape), and a key that cannot be hashed, are described from their parts."""
+    if tensor.layout != torch.strided:
+        return _described(tensor)
+    try:
+        key = (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, _meta_device)
+        found = _DENSE.get(key)
+    except (RuntimeError, TypeError):  # no shape (a nested tensor of strided layout), sizes that are not numbers
+        return _described(tensor)
+    if found is None:
+        if len(_DENSE) > _METAS_LIMIT:
+            _DENSE.clear()
+        found = _DENSE[key] = _described(tensor)
+    return found
+
+
+def _described(tensor: torch.Tensor) -> TensorMeta:
+    """:func:`tensor_meta` from the tensor's parts: its shape, dtype, device (what meta tensors stand for), and its
+    footprint (what a sparse tensor stores, what a broadcast one addresses)."""
     try:
         shape = tuple(tensor.shape)
     except RuntimeError:
@@ -112,6 +133,7 @@ def _stored(tensor: torch.Tensor) -> int:
 
 
 _METAS: dict[tuple[Any, ...], TensorMeta] = {}
+_DENSE: dict[tuple[Any, ...], TensorMeta] = {}  # tensor_meta's look-up by (shape, strides, dtype, device, meta's)
 
 NESTED_STRIDED = ("a nested tensor of strided layout (torch.nested.nested_tensor's default) cannot be counted: "
                   "its operators run per sequence inside PyTorch, unseen; use layout=torch.jagged")

@@ -49,19 +49,30 @@ class ModuleNames:
     def infos(self) -> list[ModuleInfo]:
         """Every module as plain data, in ``named_modules()`` order; each parameter under its first owner."""
         seen: set[int] = set()
+        by_id = self.by_id
         out = []
         for name, module in self.modules.items():
-            params = []
-            for key, param in parameters_of(module).items():
-                if param is not None and id(param) not in seen:
-                    seen.add(id(param))
-                    params.append(ParameterInfo(key, tuple(param.shape), dtype_name(param.dtype),
-                                                param.numel() * param.element_size()))
-            children = tuple((key, None if child is None else self.by_id[id(child)])
-                             for key, child in children_of(module).items())
-            out.append(ModuleInfo(name, type(module).__name__, class_name(module), _extra_repr(module), children,
-                                  tuple(params), _has_forward(module)))
+            params: tuple[ParameterInfo, ...] = ()
+            own = parameters_of(module)
+            if own:
+                params = tuple(_parameter_infos(own, seen))
+            children = children_of(module)
+            slots = tuple([(key, None if child is None else by_id[id(child)]) for key, child in children.items()]) \
+                if children else ()
+            out.append(ModuleInfo(name, type(module).__name__, class_name(module), _extra_repr(module), slots, params,
+                                  _has_forward(module)))
         return out
+
+
+def _parameter_infos(own: dict[str, nn.Parameter | None], seen: set[int]) -> list[ParameterInfo]:
+    """A module's own parameters not seen before (``seen``: their ids, updated)."""
+    infos = []
+    for key, param in own.items():
+        if param is not None and id(param) not in seen:
+            seen.add(id(param))
+            infos.append(ParameterInfo(key, tuple(param.shape), dtype_name(param.dtype),
+                                       param.numel() * param.element_size()))
+    return infos
 
 
 def _has_forward(module: nn.Module) -> bool:

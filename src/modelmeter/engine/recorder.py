@@ -28,6 +28,7 @@ from .._torch_compat import (
     OpOverloadPacket,
     current_autograd_node,
     intercepted_function_apply,
+    no_torch_function,
     pop_mode_temporarily,
     pytree,
     qualified_name,
@@ -154,10 +155,11 @@ class Recorder:
         name = self.names.by_id.get(id(module))
         if name is None or not self._stack:
             return
-        if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
-            self.tag_nodes(output, self._scope, -1)
-        if self.phase == "forward":  # a checkpointed block re-run in the backward pass is no call of the model's
-            self._note_output(name, output)
+        with no_torch_function():  # what the hook reads of the output is no call of the model's
+            if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
+                self.tag_nodes(output, self._scope, -1)
+            if self.phase == "forward":  # a checkpointed block re-run in the backward pass is no call of the model's
+                self._note_output(name, output)
         # Pop back to this module's entry (robust when an inner call raised).
         while self._stack:
             self._scope = self._outer_scopes.pop()
@@ -490,7 +492,7 @@ class DispatchRecorder(EagerDispatchMode):
             if len(sys.modules) != rec.modules_loaded:
                 rec.after_import()
             if shadows is not None and not rec.in_attention_call():
-                shadows.propagate(func, args, kwargs, result)
+                shadows.propagate(func, args, kwargs, result, operator.mutable)
             rec.add_dispatch(operator.name, operator.schema, args, kwargs, result)  # fails on what it cannot describe
         except BaseException:
             rec.note_failure(operator.name, "dispatch")
@@ -517,12 +519,14 @@ class _Operator(NamedTuple):
     name: str
     schema: torch.FunctionSchema
     prim: bool
+    mutable: bool
     direct: tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None
     check: Check | None
 
 
 def _operator(func: OpOverload) -> _Operator:
-    found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema_of(func), func.namespace == "prim",
+    schema = schema_of(func)
+    found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema, func.namespace == "prim", schema.is_mutable,
                                          direct_kernel(func), kernel_check(func))
     return found
 
@@ -542,7 +546,7 @@ _SHAPES_SHOWN = 4
 def output_shapes(tensors: list[torch.Tensor]) -> str:
     """``"1x64x56x56"``, ``"2x5x8, 1x2x8"`` for several tensors (in the output's order), ``"scalar"`` for a 0-d
     one; ``""`` for none. Made once per distinct list of shapes: it runs at the end of every module call."""
-    key = (tuple(tuple(t.shape) for t in tensors[:_SHAPES_SHOWN]), len(tensors))
+    key = (tuple([t.shape for t in tensors[:_SHAPES_SHOWN]]), len(tensors))
     text = _SHAPE_TEXTS.get(key)
     if text is None:
         shapes = ["x".join(map(str, shape)) if shape else "scalar" for shape in key[0]]
@@ -554,7 +558,7 @@ def output_shapes(tensors: list[torch.Tensor]) -> str:
     return text
 
 
-_SHAPE_TEXTS: dict[tuple[tuple[tuple[int, ...], ...], int], str] = {}
+_SHAPE_TEXTS: dict[tuple[tuple[torch.Size, ...], int], str] = {}
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

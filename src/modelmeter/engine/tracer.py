@@ -229,17 +229,19 @@ class _Run:
                 stack.enter_context(torch.inference_mode(False))
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
-                    args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
-                    if model_on_meta:
-                        stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
-                    else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
-                        stack.enter_context(_SwappedState(parts, _MetaStandIn(shadows)))
-                        stack.enter_context(meta_stands_for("cpu"))
+                    with shadows.seeding():
+                        args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
+                        if model_on_meta:
+                            stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
+                        else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
+                            stack.enter_context(_SwappedState(parts, _MetaStandIn(shadows)))
+                            stack.enter_context(meta_stands_for("cpu"))
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
                     shadows = recorder.shadows = Shadows()
-                    args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)
-                    stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
+                    with shadows.seeding():
+                        args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)
+                        stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
                     args, kwargs = _real_inputs(args), _real_inputs(kwargs)

@@ -11,11 +11,12 @@ real kernels. A tensor gets a shadow only when every tensor it was computed from
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
+from .._torch_compat import FakeTensor, OpOverload, disable_current_modes
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
@@ -30,22 +31,39 @@ class Shadows:
     asked of every operand of every operator — is one attribute lookup.
     """
 
+    def __init__(self) -> None:
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # seeds to copy (inside seeding())
+
+    @contextmanager
+    def seeding(self) -> Iterator[None]:
+        """Seeds given inside are copied together when it ends: setting the modes aside costs more than copying a
+        small tensor, and a model has hundreds of small buffers. Nothing may run the model inside."""
+        self._pending = []
+        try:
+            yield
+            _copy_values(self._pending)
+        finally:
+            self._pending = None
+
     def seed(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """``fake`` stands for the real tensor ``real`` (an input, a buffer): its values are known."""
         if real.is_meta or real.numel() > LIMIT or isinstance(real, FakeTensor):
             return
-        with disable_current_modes(), torch.no_grad():
-            setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
+        if self._pending is not None:
+            self._pending.append((fake, real))
+        else:
+            _copy_values([(fake, real)])
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         """The values of ``tensor`` when known."""
         return getattr(tensor, _VALUES, None) if isinstance(tensor, torch.Tensor) else None
 
     def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  result: Any) -> None:
-        """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise."""
+                  result: Any, mutable: bool) -> None:
+        """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise.
+        ``mutable``: ``func`` changes an argument in place (its schema says so)."""
         first = args[0] if args else None
-        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not schema_of(func).is_mutable:
+        if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not mutable:
             return  # the common case, decided at once: the first operand (an activation, a weight) has no values
         outputs = _tensors(result)
         if not outputs:
@@ -53,7 +71,7 @@ class Shadows:
         # stops at the first tensor without values: most operators read an activation or a parameter first
         if not all(hasattr(t, _VALUES) for t in _each_tensor((args, kwargs))) \
                 or any(t.numel() > LIMIT for t in outputs):
-            if schema_of(func).is_mutable:  # an in-place update by unknown values: the old values are wrong now
+            if mutable:  # an in-place update by unknown values: the old values are wrong now
                 _forget(outputs)
             return
         try:
@@ -69,6 +87,15 @@ class Shadows:
         """``tensor.item()`` from its values, or None when they are unknown."""
         values = self.get(tensor)
         return None if values is None else values.item()
+
+
+def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Give each fake tensor a copy of its real tensor's values (on the CPU), with the modes set aside."""
+    if not seeds:
+        return
+    with disable_current_modes(), torch.no_grad():
+        for fake, real in seeds:
+            setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
 
 
 def _each_tensor(value: Any) -> Iterator[torch.Tensor]:
