@@ -182,12 +182,13 @@ print(sorted(({"torch._dynamo", "sympy"} & set(sys.modules)) - before))
 """
 
 
-@pytest.mark.parametrize("model,expected", [("mlp", []), ("cnn", ["sympy"])])
-def test_an_analysis_of_a_plain_model_does_not_import_dynamo(model: str, expected: list[str]) -> None:
-    """torch._dynamo takes over a second to import: a plain model's analysis does not import it (nor sympy, but
-    PyTorch's convolution meta kernel checks its shapes with ``torch._check``, which imports sympy)."""
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_an_analysis_of_a_plain_model_does_not_import_dynamo(model: str) -> None:
+    """torch._dynamo and sympy take over a second to import: a plain model's forward analysis imports neither
+    (PyTorch's convolution meta kernel and its contiguous-strides helper check sizes with ``torch._check``, whose
+    first call imports sympy: both are made directly)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     done = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER_ANALYSIS, model], capture_output=True, text=True,
                           env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')) == expected
+    assert json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')) == []

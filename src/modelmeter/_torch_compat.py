@@ -26,7 +26,7 @@ from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
 # Dense-layout test and contiguous strides (torch._prims_common, since 2.0): the rules torch's own meta kernels
 # follow, so the direct meta kernels give the same strides.
-from torch._prims_common import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 # FakeTensors (torch._subclasses.fake_tensor, since 2.0): a fake run replaces parameters, buffers and inputs by
 # FakeTensors (metadata, no storage); FakeTensorMode and FakeTensor have no public home. The three ``...Exception``s
@@ -64,7 +64,7 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "make_contiguous_strides_for", "no_torch_function",
+    "is_non_overlapping_and_dense_or_false", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree",
     "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
+from .._torch_compat import is_non_overlapping_and_dense_or_false
 from .metadata import recorded_device
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -158,16 +158,14 @@ def _elementwise_dense(x: torch.Tensor) -> bool:
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    """The strides of a contiguous tensor of ``shape`` (torch's own helper takes tens of µs: remembered)."""
-    found = _CONTIGUOUS.get(shape)
-    if found is None:
-        if len(_CONTIGUOUS) > 4096:
-            _CONTIGUOUS.clear()
-        found = _CONTIGUOUS[shape] = tuple(make_contiguous_strides_for(shape))
-    return found
-
-
-_CONTIGUOUS: dict[torch.Size, tuple[int, ...]] = {}
+    """The strides of a contiguous tensor of ``shape``, as torch gives them (a size-0 dimension counted as 1).
+    Written here: torch's helper checks the sizes with ``torch._check``, whose first call imports sympy (~1 s)."""
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _batch_norm_fits(args: tuple[Any, ...]) -> bool:
