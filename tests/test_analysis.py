@@ -538,6 +538,18 @@ def test_operator_without_fake_kernel_runs_real_and_is_reported() -> None:
     assert flops.by_operator() == Counter({"linear": 32, "double": 8})
 
 
+class CustomOpOnIntegersAndFloats(nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _double(i), _double(x), _double(i)
+
+
+def test_unknown_operator_is_reported_per_call_that_computes_in_floating_point() -> None:
+    # one operator, so one kind for the whole count; whether a call only did integer arithmetic is per call
+    flops = quiet(FlopCountAnalysis(CustomOpOnIntegersAndFloats(), (torch.randn(2, 4), torch.arange(4))))
+    assert flops.total() == 0
+    assert flops.unsupported_ops() == Counter({"modelmeter_test::double": 1})
+
+
 def test_distributed_data_parallel_root_and_module_get_the_full_count(tmp_path: Path) -> None:
     import torch.distributed as dist
 

@@ -189,6 +189,14 @@ def test_integer_work_is_free() -> None:
     assert analysis(lambda i: (i + 1) * 2 > 3, torch.arange(12)).total() == 0
 
 
+def test_integer_work_is_free_between_floating_point_work_of_the_same_operator() -> None:
+    # the operator's kind is decided once per count, whether its result is integer once per call
+    def model(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x + 1, i + 1, x + 2, i + 2
+
+    assert analysis(model, torch.randn(3, 4), torch.arange(5)).by_operator() == Counter({"add": 2 * 12})
+
+
 def test_dropout_counts_as_its_decomposition() -> None:
     x = torch.randn(4, 5)
     torch.manual_seed(0)

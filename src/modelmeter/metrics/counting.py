@@ -98,6 +98,8 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
 # Where user handles apply: everywhere; only they (inside a Python-level call the table ignores); not at all
 # (inside a call fvcore records as a whole: its operators are counted by the table).
 _OPEN, _USER_ONLY, _CLOSED = 0, 1, 2
+# What an aten operator without a handle is (see :meth:`_Visitor.kind`).
+_FREE, _ELEMENTWISE, _OTHER = 0, 1, 2
 
 
 class _Visitor:
@@ -115,9 +117,20 @@ class _Visitor:
         self.ancestors = Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
         self.classify = Classifier(trace.op_tags)  # torch's facts about the operators, as the run recorded them
+        # Per operator, remembered for this pass (operators repeat event after event): its handle in each mode,
+        # and its kind when it has none (see :meth:`kind`).
+        self.handle_memo: tuple[dict[str, tuple[Any, bool]], ...] = ({}, {}, {})
+        self.kinds: dict[str, int] = {}
 
     def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         """The handle of ``op`` in ``mode``, and whether it is a user handle."""
+        memo = self.handle_memo[mode]
+        found = memo.get(op)
+        if found is None:
+            found = memo[op] = self._lookup(op, mode)
+        return found
+
+    def _lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         if self.user and mode != _CLOSED:
             found = self.user.get(op, _MISSING)
             if found is _MISSING and op.startswith(PYTHON_OP):
@@ -130,13 +143,14 @@ class _Visitor:
         event = self.events[index]
         if event.origin >= 0 and event.phase == "backward" and self.covered_backward(index, into):
             return
-        key, inputs = event.op, event.inputs
+        op = key = event.op
+        inputs = event.inputs
         alias = fvcore_alias(event, self.events[event.parent] if event.parent >= 0 else None) \
             if self.user and mode != _CLOSED else None
-        if alias is not None and alias[0] in self.user and event.op not in self.user:
+        if alias is not None and alias[0] in self.user and op not in self.user:
             (key, inputs), handle, from_user = alias, self.user[alias[0]], True
         else:
-            handle, from_user = self.lookup(event.op, mode)
+            handle, from_user = self.handle_memo[mode].get(op) or self.lookup(op, mode)
             if event.python and self.fallback is not None and not from_user:
                 handle = _MISSING  # a metric of kernels: Python code runs none of its own
         if handle is None:
@@ -157,26 +171,40 @@ class _Visitor:
             if mode == _USER_ONLY:
                 return
             if self.fallback is not None:
-                if self.classify.is_view(event.op):
+                if self.classify.is_view(op):
                     return
-                handle = self.fallbacks.get(event.op)
+                handle = self.fallbacks.get(op)
                 if handle is None:
-                    handle = self.fallbacks[event.op] = self.fallback(event.op)
-            elif self.classify.is_free(event.op) or _integer_only(event.outputs):
-                return
-            elif not self.classify.is_elementwise(event.op):
-                if into is None:
-                    if user_op is not None and not self.classify.is_free(user_op):
-                        self.report(event, user_op)
-                    else:
-                        self.report(event, _fvcore_name(self, event))
-                return
+                    handle = self.fallbacks[op] = self.fallback(op)
             else:
+                kind = self.kinds.get(op)
+                if kind is None:
+                    kind = self.kind(op)
+                if kind == _FREE:
+                    return
+                if kind == _OTHER:  # unknown, unless it only did index or mask arithmetic (free)
+                    if into is None and not _integer_only(event.outputs):
+                        if user_op is not None and not self.classify.is_free(user_op):
+                            self.report(event, user_op)
+                        else:
+                            self.report(event, _fvcore_name(self, event))
+                    return
                 handle = self.elementwise
-                if handle is None:
+                if handle is None or _integer_only(event.outputs):
                     return
         self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
                        into)
+
+    def kind(self, op: str) -> int:
+        """Whether operator ``op`` (without a handle) is free, element-wise or neither (remembered)."""
+        if self.classify.is_free(op):
+            found = _FREE
+        elif self.classify.is_elementwise(op):
+            found = _ELEMENTWISE
+        else:
+            found = _OTHER
+        self.kinds[op] = found
+        return found
 
     def covered_backward(self, index: int, into: Counter[str] | None) -> bool:
         """Count backward operator ``index`` by its forward call's ``backward:`` formula; False when it has none."""
@@ -301,8 +329,13 @@ class _Tally:
 
 def _integer_only(outputs: list[Any]) -> bool:
     """True when every output is an integer or boolean tensor (index and mask arithmetic is free)."""
-    tensors = [o for o in outputs if isinstance(o, TensorMeta)]
-    return bool(tensors) and not any(t.is_floating_point for t in tensors)
+    found = False
+    for value in outputs:
+        if isinstance(value, TensorMeta):
+            if value.is_floating_point:
+                return False
+            found = True
+    return found
 
 
 def _as_items(op: str, value: Any) -> list[tuple[str, Any]]:
