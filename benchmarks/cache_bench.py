@@ -1,6 +1,6 @@
 """Benchmark of modelmeter's persistent trace cache (docs/caching.md): a hit against recording, in new processes.
 
-    python benchmarks/cache_bench.py [--models vit_b_16,llama_tiny,llama2_70b] [--repeat 5] [--execution auto]
+    python benchmarks/cache_bench.py [--models mlp,cnn,vit_b_16,llama_tiny,llama2_70b] [--repeat 5] [--execution auto]
                                      [--keep DIR] [--json out.json]
 
 For each model, ``--repeat`` rounds, each in new Python processes:
@@ -14,11 +14,15 @@ Each process's timer starts after the imports (``modelmeter.analysis`` included)
 ``gc.collect()``. Prints each column's median with its range, and the ratio record / hit of each round (median
 and range), in wall-clock time and in the process's CPU time (steadier on a loaded machine).
 
-Models: ``llama2_70b`` (Llama-2-70B from its ``transformers`` config on meta, 2048 tokens, forward and backward:
-issue 20's target is a hit >= 10x faster than recording), ``llama_tiny`` (the same architecture with 2 layers of
-width 256, 128 tokens: a small model, whose hit must not be slower than recording) and any torchvision model name
+Models: ``mlp`` and ``cnn`` (trivially small models, forward only: a hit must not be slower than recording even
+where there is almost nothing to record), ``llama2_70b`` (Llama-2-70B from its ``transformers`` config on meta,
+2048 tokens, forward and backward: issue 20's target is a hit >= 10x faster than recording), ``llama_tiny`` (the
+same architecture with 2 layers of width 256, 128 tokens) and any torchvision model name
 (real weights on the CPU: the IMAGENET1K_V1 checkpoint when it is already in torch's hub cache, else the random
 initialisation — nothing is downloaded; forward only).
+
+For the small models, also ``--repeat`` rounds in the benchmark's own process: record against a hit, each round
+the median CPU time of 40 analyses (the in-process shared recordings cleared, so a hit reads the disk cache).
 
 Then, for the first torchvision model: ``flop_count_table(flops, activations=acts)`` with the cache off, with a
 forward pre-hook counting the model's calls: it must be 1.
@@ -48,10 +52,30 @@ LLAMA_SIZES = {
 }
 
 
+SMALL = ("mlp", "cnn")
+
+
+def small(name: str) -> tuple[Any, Any]:
+    """A trivially small model and its input: ``mlp`` (3 Linear layers and 2 ReLUs, 5 events) or ``cnn`` (2 conv
+    layers, batch norm, pooling and a Linear head), where the cache's fixed costs weigh most."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+        return model, torch.randn(8, 64)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    return model.eval(), torch.randn(2, 3, 32, 32)
+
+
 def build(name: str) -> tuple[Any, Any, bool, str]:
     """The model ``name``, an input, whether the analysis runs the backward pass, and where the weights came from."""
     import torch
 
+    if name in SMALL:
+        return (*small(name), False, "random initialisation")
     if name in LLAMA_SIZES:
         import transformers
 
@@ -134,8 +158,8 @@ def rounds(args: argparse.Namespace, model: str) -> dict[str, Any]:
             if not args.keep:
                 shutil.rmtree(cache_dir, ignore_errors=True)
         runs.append({"record": record, "first": first, "hit": hit})
-        print(f"  {model}: record {record['analysis_s']:.3f} s, first {first['analysis_s']:.3f} s, "
-              f"hit {hit['analysis_s']:.3f} s", file=sys.stderr)
+        print(f"  {model}: record {record['analysis_s']:.4f} s, first {first['analysis_s']:.4f} s, "
+              f"hit {hit['analysis_s']:.4f} s", file=sys.stderr)
     same = all(r["hit"]["result"] == r["record"]["result"] == r["first"]["result"] for r in runs)
     cached = all(not r["record"]["from_cache"] and not r["first"]["from_cache"] and r["hit"]["from_cache"]
                  for r in runs)
@@ -146,6 +170,40 @@ def rounds(args: argparse.Namespace, model: str) -> dict[str, Any]:
             "setup_s": summary([r["hit"]["setup_s"] for r in runs]),
             "ratio": summary([r["record"]["analysis_s"] / r["hit"]["analysis_s"] for r in runs]),
             "ratio_cpu": summary([r["record"]["cpu_s"] / r["hit"]["cpu_s"] for r in runs])}
+
+
+def in_process(args: argparse.Namespace, name: str, calls: int = 40) -> dict[str, Any]:
+    """For a small model, ``args.repeat`` rounds in this process, each the median CPU time of ``calls`` analyses
+    with the cache off and of as many hits (the in-process shared recordings cleared first, so that a hit reads
+    the disk cache as a new process would, with the imports, the cache directory and the source digests warm)."""
+    import gc
+
+    import modelmeter
+    import modelmeter.analysis
+    from modelmeter.cache.shared import SHARED
+
+    model, x, _, _ = build(name)
+    cache_dir = tempfile.mkdtemp(prefix="modelmeter-bench-")
+
+    def analysis_cpu(cache: bool, first: bool = False) -> float:
+        SHARED.clear()
+        gc.collect()
+        cpu = time.process_time()
+        analysis = modelmeter.analyze(model, x, execution=args.execution, cache=cache,
+                                      cache_dir=cache_dir if cache else None, quiet=True)
+        analysis.result()
+        if analysis.from_cache != (cache and not first):
+            sys.exit(f"{name}: an analysis in one process did not read the cache as expected")
+        return time.process_time() - cpu
+
+    try:
+        analysis_cpu(True, first=True)  # records and stores
+        rows = [{kind: statistics.median(analysis_cpu(kind == "hit") for _ in range(calls))
+                 for kind in ("record", "hit")} for _ in range(args.repeat)]
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    return {"record_cpu": summary([r["record"] for r in rows]), "hit_cpu": summary([r["hit"] for r in rows]),
+            "ratio_cpu": summary([r["record"] / r["hit"] for r in rows])}
 
 
 def runs_of_flop_count_table(name: str) -> tuple[int, str]:
@@ -163,14 +221,17 @@ def runs_of_flop_count_table(name: str) -> tuple[int, str]:
 
 
 def seconds(row: dict[str, Any]) -> str:
+    """The median and range of ``row``, in milliseconds below a tenth of a second."""
+    if row["max"] < 0.1:
+        return f"{row['median'] * 1e3:.1f} ms ({row['min'] * 1e3:.1f}-{row['max'] * 1e3:.1f})"
     return f"{row['median']:.3f} s ({row['min']:.3f}-{row['max']:.3f})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="vit_b_16,llama_tiny,llama2_70b",
-                        help="comma-separated: llama2_70b, llama_tiny or torchvision model names "
-                             "(default vit_b_16,llama_tiny,llama2_70b)")
+    parser.add_argument("--models", default="mlp,cnn,vit_b_16,llama_tiny,llama2_70b",
+                        help="comma-separated: mlp, cnn, llama2_70b, llama_tiny or torchvision model names "
+                             "(default mlp,cnn,vit_b_16,llama_tiny,llama2_70b)")
     parser.add_argument("--execution", choices=("auto", "fake", "real"), default="auto")
     parser.add_argument("--repeat", type=int, default=5, help="rounds per model, each in new processes (default 5)")
     parser.add_argument("--keep", metavar="DIR", help="use (and keep) this cache directory instead of a temporary one")
@@ -189,21 +250,32 @@ def main() -> int:
     print(f"modelmeter trace cache benchmark: {', '.join(models)}, execution={args.execution}, {args.repeat} "
           f"round(s), torch {torch.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     report = {name: rounds(args, name) for name in models}
-    print("\n| model | events | record (cache off) | first (cache empty) | hit | record / hit | in CPU time |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model | events | record (cache off) | first (cache empty) | hit | record / hit | CPU: record | CPU: hit "
+          "| record / hit in CPU time |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, row in report.items():
         ratio, cpu = row["ratio"], row["ratio_cpu"]
         print(f"| {name}{' fwd+bwd' if name in LLAMA_SIZES else ''} | {row['events']} | {seconds(row['record'])} | "
               f"{seconds(row['first'])} | {seconds(row['hit'])} | "
               f"{ratio['median']:.1f}x ({ratio['min']:.1f}-{ratio['max']:.1f}) | "
+              f"{seconds(row['record_cpu'])} | {seconds(row['hit_cpu'])} | "
               f"{cpu['median']:.1f}x ({cpu['min']:.1f}-{cpu['max']:.1f}) |")
+    small_models = [name for name in models if name in SMALL]
+    if small_models:
+        print(f"\nIn one process (each round the median CPU time of 40 analyses; {args.repeat} rounds):\n")
+        print("| model | CPU: record | CPU: hit | record / hit in CPU time |\n|---|---|---|---|")
+    for name in small_models:
+        row = report[name]["in_process"] = in_process(args, name)
+        cpu = row["ratio_cpu"]
+        print(f"| {name} | {seconds(row['record_cpu'])} | {seconds(row['hit_cpu'])} | "
+              f"{cpu['median']:.2f}x ({cpu['min']:.2f}-{cpu['max']:.2f}) |")
     ok = True
     for name, row in report.items():
         print(f"{name}: weights {row['weights']}; Python start + imports + build ~{row['setup_s']['median']:.2f} s "
               f"per process; same result from the cache: {row['same_result']}; hit read the cache: "
               f"{row['hit_read_the_cache']}")
         ok = ok and row["same_result"] and row["hit_read_the_cache"]
-    vision = [name for name in models if name not in LLAMA_SIZES]
+    vision = [name for name in models if name not in LLAMA_SIZES and name not in SMALL]
     if vision:
         runs, table = runs_of_flop_count_table(vision[0])
         print(f"\nflop_count_table(flops, activations=acts) on {vision[0]} ran the model {runs} time(s)")

@@ -123,3 +123,19 @@ def test_cache_bench_times_record_first_and_hit_in_new_processes(tmp_path: Path)
     (record_cpu,), (hit_cpu,) = row["record_cpu"]["runs"], row["hit_cpu"]["runs"]
     assert row["ratio_cpu"]["runs"] == [record_cpu / hit_cpu]
     assert "| llama_tiny fwd+bwd |" in done.stdout
+
+
+@pytest.mark.slow
+def test_cache_bench_times_a_small_model_in_new_processes_and_in_one(tmp_path: Path) -> None:
+    """benchmarks/cache_bench.py on the small MLP: the rounds in new processes, and rounds in its own process whose
+    ratio is each round's record / hit; every hit read the cache and counted what recording counted."""
+    out = tmp_path / "cache.json"
+    done = subprocess.run([sys.executable, str(CACHE_BENCH), "--models", "mlp", "--repeat", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text())["mlp"]
+    assert row["same_result"] and row["hit_read_the_cache"] and row["events"] > 0
+    inside = row["in_process"]
+    records, hits = inside["record_cpu"]["runs"], inside["hit_cpu"]["runs"]
+    assert len(records) == 2 and inside["ratio_cpu"]["runs"] == [r / h for r, h in zip(records, hits, strict=True)]
+    assert "| mlp |" in done.stdout and "In one process" in done.stdout and "flop_count_table" not in done.stdout

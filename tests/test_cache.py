@@ -239,13 +239,94 @@ def test_run_options_and_versions_are_keyed(monkeypatch: pytest.MonkeyPatch) -> 
     assert key(model, x) != base
 
 
-def test_the_engine_and_the_package_source_are_digested() -> None:
+def test_the_engine_and_the_package_source_are_digested(cache_env: Path) -> None:
     """The trace key holds a digest of the recording engine's source (the trace format included), a kept result's
     key one of the whole package: never the empty fallback of a package not installed as files."""
     from modelmeter.cache.fingerprint import _recorder_digest, package_digest
 
     assert re.fullmatch("[0-9a-f]{64}", _recorder_digest()) and re.fullmatch("[0-9a-f]{64}", package_digest())
     assert _recorder_digest() != package_digest()
+    cache_env.mkdir()
+    for _ in range(2):  # kept in the cache directory (the source is settled), then read back: the same digests
+        assert _recorder_digest.__wrapped__(str(cache_env)) == _recorder_digest()
+        assert package_digest.__wrapped__(str(cache_env)) == package_digest()
+    assert len(list(cache_env.glob("source-digest-*.json"))) == 2
+
+
+def _source_tree(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "a.py").write_text("x = 1\n")
+    (root / "sub" / "b.py").write_text("y = 2\n")
+    (root / "notes.txt").write_text("not source")
+    return root
+
+
+def test_the_source_digest_is_kept_under_the_files_stats_and_follows_every_edit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source digest kept in the cache is read back only while every file's stats are the ones it was kept
+    under: an edit of the same size, even with its modification time put back, gives the digest of the contents."""
+    from modelmeter.cache import fingerprint
+
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", -60.0)  # the files were just written: keep it anyway
+    root, memo_dir = str(_source_tree(tmp_path / "pkg")), str(tmp_path / "cache")
+    os.mkdir(memo_dir)
+    unkept = fingerprint._source_digest(root, None)
+    assert fingerprint._source_digest(root, memo_dir) == unkept
+    [memo] = Path(memo_dir).iterdir()
+    kept = json.loads(memo.read_text())
+    memo.write_text(json.dumps({**kept, "digest": "f" * 64}))
+    assert fingerprint._source_digest(root, memo_dir) == "f" * 64  # read back, not recomputed
+    time.sleep(0.05)  # past the file clock's tick
+    before = os.stat(tmp_path / "pkg" / "a.py")
+    (tmp_path / "pkg" / "a.py").write_text("x = 3\n")
+    os.utime(tmp_path / "pkg" / "a.py", ns=(before.st_atime_ns, before.st_mtime_ns))  # as `cp -p` or a tool might
+    edited = fingerprint._source_digest(root, None)
+    assert edited != unkept and fingerprint._source_digest(root, memo_dir) == edited
+    assert fingerprint._source_digest(root, memo_dir) == edited  # and kept under the new stats
+    (tmp_path / "pkg" / "notes.txt").write_text("not source either")  # not a .py file: the same digest
+    assert fingerprint._source_digest(root, memo_dir) == edited
+    (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "sub" / "c.py")  # a rename changes the digest
+    assert fingerprint._source_digest(root, memo_dir) == fingerprint._source_digest(root, None) != edited
+    memo.write_text("garbage")
+    assert fingerprint._source_digest(root, memo_dir) == fingerprint._source_digest(root, None)
+
+
+def test_a_source_digest_is_not_kept_while_a_file_was_just_written(tmp_path: Path) -> None:
+    """A file changed within the file clock's tick could keep its stats: the digest of so fresh a tree is
+    computed from the contents every time, never kept."""
+    from modelmeter.cache import fingerprint
+
+    root, memo_dir = str(_source_tree(tmp_path / "pkg")), str(tmp_path / "cache")
+    os.mkdir(memo_dir)
+    assert fingerprint._source_digest(root, memo_dir) == fingerprint._source_digest(root, None)
+    assert os.listdir(memo_dir) == []
+
+
+def test_a_cache_in_use_is_not_probed_again(cache_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a cache whose ``traces`` folder exists writes no probe file (a cached analysis of a small model
+    would pay more for it than the hit saves); a new cache directory is still probed, and an unwritable one
+    still falls back to the temporary directory's."""
+    from modelmeter.io import cache_dir
+
+    probes = []
+    real_mkstemp = cache_dir.tempfile.mkstemp
+
+    def mkstemp(*args: Any, **kwargs: Any) -> Any:
+        probes.append(kwargs.get("dir"))
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(cache_dir.tempfile, "mkstemp", mkstemp)
+    assert analyze(Net(), image(), cache=True).result() is not None and probes == [str(cache_env)]
+    analysis = analyze(Net(), image(), cache=True)
+    assert analysis.result() is not None and analysis.from_cache and probes == [str(cache_env)]
+    os.chmod(cache_env / "traces", 0o500)
+    try:
+        if os.access(cache_env / "traces", os.W_OK):
+            pytest.skip("this user may write in any directory (root)")
+        TraceCache()
+        assert len(probes) == 2
+    finally:
+        os.chmod(cache_env / "traces", 0o700)
 
 
 def test_object_attributes_are_keyed_without_what_varies_between_equal_objects() -> None:
@@ -568,7 +649,7 @@ def test_another_name_or_another_source_counts_again(cache_env: Path, counted: l
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     analyze(Net(), image(), cache=True).result()
     assert analyze(Net(), image(), cache=True).result(name="Renamed").model == "Renamed" and len(counted) == 2
-    monkeypatch.setattr(modelmeter.session, "package_digest", lambda: "edited")  # a development checkout, edited
+    monkeypatch.setattr(modelmeter.session, "package_digest", lambda *_: "edited")  # a development checkout, edited
     analyze(Net(), image(), cache=True).result()
     assert len(counted) == 3 and len(results(cache_env)) == 3
     analyze(Net(), image(), cache=True).result()

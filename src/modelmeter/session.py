@@ -177,7 +177,8 @@ class Session:
         described = {"settings": plain_settings(settings), "assumptions": trace.assumptions, "model": trace.model,
                      "execution": trace.execution, "sizes": [len(trace.events), len(trace.storages),
                                                              len(trace.modules)],
-                     "schema": SCHEMA_VERSION, "modelmeter": __version__, "source": package_digest()}
+                     "schema": SCHEMA_VERSION, "modelmeter": __version__,
+                     "source": package_digest(self._stored.cache.root)}
         try:
             text = json.dumps(to_data(described), separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:

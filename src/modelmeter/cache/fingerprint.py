@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import json
 import logging
 import os
 import re
@@ -46,6 +47,7 @@ import site
 import sys
 import sysconfig
 import threading
+import time
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -67,6 +69,7 @@ from .._torch_compat import (
 from ..engine.naming import named_modules_with_dup
 from ..engine.serialize import FORMAT_VERSION, schema_signature
 from ..engine.spec import RunSpec
+from ..io.atomic import atomic_write
 
 KEY_VERSION = 2
 
@@ -601,45 +604,110 @@ def run_options(execution: str) -> tuple[Any, ...]:
             str(torch.get_default_device()), tuple(autocast), tuple(switches), mha() if callable(mha) else None)
 
 
-@functools.lru_cache(maxsize=1)
-def _recorder_digest() -> str:
+@functools.lru_cache(maxsize=8)
+def _recorder_digest(memo_dir: str | None = None) -> str:
     """A digest of the source of modelmeter's engine (what records a trace) and of the trace format, so a
-    development checkout that changes how traces are recorded does not read traces of its former self."""
-    h = hashlib.sha256()
+    development checkout that changes how traces are recorded does not read traces of its former self
+    (``memo_dir``: see :func:`package_digest`)."""
     engine = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine")
     try:  # serialize.py, the trace format, among them
-        for path in sorted(os.path.join(engine, n) for n in os.listdir(engine) if n.endswith(".py")):
-            with open(path, "rb") as f:
-                h.update(os.path.basename(path).encode() + b"\x00" + f.read() + b"\x00")
+        return _source_digest(engine, memo_dir)
     except OSError:  # not installed as files (a zip, a frozen app): the version has to do
         return ""
-    return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
-def package_digest() -> str:
+@functools.lru_cache(maxsize=8)
+def package_digest(memo_dir: str | None = None) -> str:
     """A digest of the source of the whole modelmeter package, so a result counted by a development checkout is
     not read by another state of it (handles, metrics and reports change counts without changing the version);
-    ``""`` where the package is not installed as files."""
-    h = hashlib.sha256()
+    ``""`` where the package is not installed as files.
+
+    Reading the whole source costs a few milliseconds, as much as analysing a small model: with ``memo_dir``
+    (a cache directory), the digest is kept there under the files' stats and read back while they match
+    (see :func:`_source_digest`)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isdir(root):
         return ""
     try:
-        for directory, subdirectories, files in os.walk(root):
-            subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
-            for name in sorted(n for n in files if n.endswith(".py")):
-                path = os.path.join(directory, name)
-                with open(path, "rb") as f:
-                    h.update(os.path.relpath(path, root).encode() + b"\x00" + f.read() + b"\x00")
+        return _source_digest(root, memo_dir)
     except OSError:
         return ""
+
+
+_SOURCE_MEMO = "modelmeter-source-digest"
+_HEX64 = re.compile("[0-9a-f]{64}")
+#: Seconds every source file must be old before its digest is kept under its stats: a file's timestamps come
+#: from a coarse clock, so a file written in the tick its stats were read could otherwise keep the same stats.
+SETTLED_SECONDS = 2.0
+
+
+def _source_digest(root: str, memo_dir: str | None) -> str:
+    """The digest of the ``.py`` files under ``root`` (their paths and contents).
+
+    With ``memo_dir``, the digest of their stats — path, device, inode, size, modification and change times, which
+    any write to a file, a rename or a replacement changes (the change time cannot be set back) — is looked up
+    first in ``memo_dir``'s memo of ``root``; on a miss the contents are read, and the memo rewritten when every
+    file is older than :data:`SETTLED_SECONDS`. A memo that cannot be read or written is ignored."""
+    paths = _source_files(root)
+    if memo_dir is None:
+        return _contents_digest(root, paths)
+    stats, newest_ns = _stats_digest(root, paths)
+    memo = os.path.join(memo_dir, f"source-digest-{hashlib.sha256(root.encode()).hexdigest()[:16]}.json")
+    kept = _read_memo(memo)
+    if kept is not None and kept.get("root") == root and kept.get("stats") == stats:
+        return str(kept["digest"])
+    digest = _contents_digest(root, paths)
+    if newest_ns < (time.time() - SETTLED_SECONDS) * 1e9:
+        text = json.dumps({"format": _SOURCE_MEMO, "root": root, "stats": stats, "digest": digest})
+        with suppress(OSError):
+            atomic_write(memo, lambda f: f.write(text.encode()))
+    return digest
+
+
+def _contents_digest(root: str, paths: list[str]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(path[len(root) + 1:].encode() + b"\x00" + f.read() + b"\x00")
     return h.hexdigest()
 
 
-def _versions() -> tuple[Any, ...]:
+def _stats_digest(root: str, paths: list[str]) -> tuple[str, int]:
+    """A digest of the stats of ``paths`` (see :func:`_source_digest`), and the latest time one was changed (ns)."""
+    h = hashlib.sha256()
+    newest_ns = 0
+    for path in paths:
+        st = os.stat(path)
+        newest_ns = max(newest_ns, st.st_ctime_ns, st.st_mtime_ns)
+        h.update(f"{path[len(root) + 1:]}\x00{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+                 f"{st.st_ctime_ns}\x00".encode())
+    return h.hexdigest(), newest_ns
+
+
+def _source_files(root: str) -> list[str]:
+    """The ``.py`` files under ``root``, in a fixed order, ``__pycache__`` left out."""
+    found = []
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+        found += [os.path.join(directory, name) for name in sorted(n for n in files if n.endswith(".py"))]
+    return found
+
+
+def _read_memo(path: str) -> dict[str, Any] | None:
+    """The source digest memo at ``path``; None when there is none or it is not one."""
+    try:
+        with open(path, "rb") as f:
+            kept = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if type(kept) is not dict or kept.get("format") != _SOURCE_MEMO or not _HEX64.fullmatch(str(kept.get("digest"))):
+        return None
+    return kept
+
+
+def _versions(memo_dir: str | None) -> tuple[Any, ...]:
     return (KEY_VERSION, FORMAT_VERSION, tuple(sorted(schema_signature().items())), modelmeter_version.__version__,
-            _recorder_digest(), torch.__version__, sys.version)
+            _recorder_digest(memo_dir), torch.__version__, sys.version)
 
 
 @dataclass(frozen=True)
@@ -656,9 +724,10 @@ class Key:
                       for code, user in executed.items() if user and code not in self.code)
 
 
-def cache_key(spec: RunSpec) -> Key:
+def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
     """The cache key of running ``spec`` — ``model(*args, **kwargs)`` with ``execution`` (and a backward pass of
     ``loss_fn``, when ``backward``) — with the code it covers; :class:`Uncacheable` when it cannot be sure.
+    ``memo_dir``: where the digest of modelmeter's engine source may be kept (see :func:`package_digest`).
 
     For ``execution="real"`` the values of every tensor (parameters, buffers, tensor attributes, inputs)
     are hashed as well, since real kernels may depend on them.
@@ -682,7 +751,7 @@ def cache_key(spec: RunSpec) -> Key:
         if values is None:
             raise Uncacheable("a real run may depend on tensor values, and one tensor's values cannot be read")
         fp.add("values", values)
-    fp.add("versions", _versions())
+    fp.add("versions", _versions(memo_dir))
     return Key(fp.hexdigest(), _with_nested(fp.code))
 
 

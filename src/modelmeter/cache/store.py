@@ -101,9 +101,8 @@ class TraceCache:
     lock_timeout: float = 1800.0
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, size_limit: int | str | None = None) -> None:
-        from ..io import get_cache_dir
-
-        self.path = os.path.join(get_cache_dir(cache_dir), SUBDIR)
+        self.root = _cache_root(cache_dir)  #: the cache directory (the traces are in its ``traces`` folder)
+        self.path = os.path.join(self.root, SUBDIR)
         os.makedirs(self.path, exist_ok=True)
         self.size_limit = default_size_limit() if size_limit is None else parse_size(size_limit)
 
@@ -350,6 +349,20 @@ class TraceCache:
             with suppress(OSError):
                 if (match is not None and owner_gone(match["owner"])) or item.stat().st_mtime < stale:
                     os.remove(item.path)
+
+
+def _cache_root(cache_dir: str | os.PathLike[str] | None) -> str:
+    """:func:`~modelmeter.io.get_cache_dir`'s directory for ``cache_dir``, without its probe file where that
+    directory already has a ``traces`` folder this user may write in: a cache in use, whose directory passed the
+    probe before. (Writing and removing a probe file can cost a cached analysis of a small model more than its
+    hit saves; a write that fails later is reported and the trace used without being stored.)"""
+    from ..io.cache_dir import chosen_cache_dir, get_cache_dir
+
+    chosen = chosen_cache_dir(cache_dir)
+    traces = os.path.join(chosen, SUBDIR)
+    if os.path.isdir(traces) and all(os.access(d, os.W_OK | os.X_OK) for d in (chosen, traces)):
+        return chosen
+    return get_cache_dir(cache_dir)
 
 
 def _remove_unlocked(path: str) -> bool:

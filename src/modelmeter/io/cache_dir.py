@@ -76,6 +76,15 @@ def _make_writable_dir(path: str, *, private: bool = False) -> str | None:
     return None
 
 
+def chosen_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """The directory :func:`get_cache_dir` tries first, as an absolute path, neither created nor checked."""
+    if cache_dir is not None:
+        chosen = os.fspath(cache_dir)
+    else:
+        chosen = _env("MODELMETER_CACHE") or _env("FVCORE_CACHE") or _platform_cache_dir()
+    return os.path.abspath(os.path.expanduser(chosen))
+
+
 def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
     """The directory for cached files, created and checked writable; returned as an absolute path.
 
@@ -84,11 +93,7 @@ def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
     macOS, ``%LOCALAPPDATA%\\modelmeter\\Cache`` on Windows). ``~`` is expanded. If that directory cannot be
     written, ``<tempdir>/modelmeter_cache_<user>`` is used with a logged WARNING; if neither works, ``OSError``.
     """
-    if cache_dir is not None:
-        chosen = os.fspath(cache_dir)
-    else:
-        chosen = _env("MODELMETER_CACHE") or _env("FVCORE_CACHE") or _platform_cache_dir()
-    chosen = os.path.abspath(os.path.expanduser(chosen))
+    chosen = chosen_cache_dir(cache_dir)
     problem = _make_writable_dir(chosen)
     if problem is None:
         return chosen
