@@ -150,7 +150,7 @@ class _Visitor:
         if alias is not None and alias[0] in self.user and op not in self.user:
             (key, inputs), handle, from_user = alias, self.user[alias[0]], True
         else:
-            handle, from_user = self.handle_memo[mode].get(op) or self.lookup(op, mode)
+            handle, from_user = self.lookup(op, mode)
             if event.python and self.fallback is not None and not from_user:
                 handle = _MISSING  # a metric of kernels: Python code runs none of its own
         if handle is None:
@@ -177,9 +177,7 @@ class _Visitor:
                 if handle is None:
                     handle = self.fallbacks[op] = self.fallback(op)
             else:
-                kind = self.kinds.get(op)
-                if kind is None:
-                    kind = self.kind(op)
+                kind = self.kind(op)
                 if kind == _FREE:
                     return
                 if kind == _OTHER:  # unknown, unless it only did index or mask arithmetic (free)
@@ -197,6 +195,9 @@ class _Visitor:
 
     def kind(self, op: str) -> int:
         """Whether operator ``op`` (without a handle) is free, element-wise or neither (remembered)."""
+        found = self.kinds.get(op)
+        if found is not None:
+            return found
         if self.classify.is_free(op):
             found = _FREE
         elif self.classify.is_elementwise(op):
