@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import modelmeter
 from modelmeter import FlopCountAnalysis, InputMismatchError, ModelRunError
 from modelmeter.cli import main
 from modelmeter.engine.expectations import mismatch
@@ -456,3 +457,24 @@ def test_the_same_operators_on_what_the_cpu_takes_are_counted_as_a_real_run(name
         analysis = FlopCountAnalysis(Call(function), _tensors(specs, device), execution=execution)  # type: ignore
         assert analysis.trace.execution == "fake"
         assert analysis.total() == real.total() and analysis.by_operator() == real.by_operator()
+
+
+class Codebooks(nn.Module):
+    """Token ids of three dimensions (batch, time, codebooks), as multi-codebook audio models take them, and a
+    value read from a parameter: the fake run fails on the value, not on the ids, and the real kernels get past it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        keep = int(self.embed.weight.abs().sum().item()) % 3 + 1
+        return self.embed(ids).sum(-2)[:, :keep]
+
+
+def test_ids_of_three_dimensions_that_a_model_takes_are_not_refused() -> None:
+    """The token-ids guess (ids of more than (batch, seq) before a failure) is only a guess: the fallbacks still run."""
+    model, ids = Codebooks(), torch.zeros(2, 5, 3, dtype=torch.long)
+    analysis = modelmeter.analyze(model, ids, convention="flops", cache=False, quiet=True)
+    real = modelmeter.analyze(model, ids, convention="flops", execution="real", cache=False, quiet=True)
+    assert analysis.result().total("flops") == real.result().total("flops") > 0

@@ -133,14 +133,13 @@ def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[s
         # (values it does not know, code that mixes in CPU tensors, a missing meta kernel) runs under FakeTensors.
         try:
             return run(fake=True, model_on_meta=False, no_values=False, on_meta=True)
-        except InputMismatchError:
-            raise
-        except ModelRunError:
-            pass
+        except ModelRunError as exc:
+            if _certain_mismatch(exc):
+                raise
     try:
         return run(fake=True, model_on_meta=model_on_meta, no_values=no_values)
     except ModelRunError as exc:
-        if execution == "fake" or no_values or isinstance(exc, InputMismatchError) or puts_tensors_on_cuda(exc):
+        if execution == "fake" or no_values or _certain_mismatch(exc) or puts_tensors_on_cuda(exc):
             raise
         fake_failure = exc
     # Values are needed (.item(), data-dependent shapes), or an operator has no fake implementation:
@@ -603,30 +602,43 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     cuda = cuda_failure(exc)
     if cuda is not None:
         return ModelRunError(f"the model failed in {where}{at}: {cuda}", module, op)
-    misfit = _misfit(model, recorder)
+    misfit, certain = _misfit(model, recorder)
     if misfit is not None:
-        return InputMismatchError(f"the model failed in {where}{at}: {misfit}", module, op)
+        error_type = InputMismatchError if certain else _LikelyMismatch
+        return error_type(f"the model failed in {where}{at}: {misfit}", module, op)
     if recorder.phase == "backward" and module is None:
         return ModelRunError(f"the backward pass failed{at}: {type(exc).__name__}: {exc}{hint}", None, op)
     return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}{hint}", module, op)
 
 
-def _misfit(model: nn.Module, recorder: Recorder) -> str | None:
-    """What the failing call expected of its input when the input does not fit its parameters; else, for a model
-    that failed after its first embedding lookup took ids of more than (batch, seq), what that lookup expected."""
+class _LikelyMismatch(InputMismatchError):
+    """An input mismatch inferred from what happened before the failure (ids of more than (batch, seq) taken by the
+    first embedding lookup), not from the failing call itself: some models take such ids, and fail for another
+    reason a fallback run can get past (values they need), so the fallbacks still run."""
+
+
+def _certain_mismatch(exc: ModelRunError) -> bool:
+    """An input the failing call itself refuses: no other way of running the model gets past it."""
+    return isinstance(exc, InputMismatchError) and not isinstance(exc, _LikelyMismatch)
+
+
+def _misfit(model: nn.Module, recorder: Recorder) -> tuple[str | None, bool]:
+    """What the failing call expected of its input when the input does not fit its parameters (certain); else, for a
+    model that failed after its first embedding lookup took ids of more than (batch, seq), what that lookup expected
+    (likely)."""
     events, index = recorder.trace.events, recorder.failed_event
     if index >= 0:
         expected = mismatch(events[index])
         if expected is not None:
-            return expected
+            return expected, True
     lookup = token_ids_mismatch(events)
     if lookup is None:
-        return None
+        return None, False
     index, expected = lookup
     scope = recorder.trace.scopes[events[index].scope]
     name = scope[-1] if scope else ""
     return (f"the input of module {name!r} ({type(names_module(model, name)).__name__}) at operator aten::embedding "
-            f"does not fit it: {expected}")
+            f"does not fit it: {expected}"), False
 
 
 def names_module(model: nn.Module, name: str) -> nn.Module:
