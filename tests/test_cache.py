@@ -416,6 +416,37 @@ def test_cache_dir_argument_turns_the_cache_on(tmp_path: Path, cache_env: Path) 
     assert cache_info(elsewhere)["entries"] == 1
 
 
+def test_registered_handles_are_counted_and_not_kept(cache_env: Path, counted: list[int]) -> None:
+    """A formula given with ``register_handle`` is code the key cannot see: a kept result is neither read nor kept
+    while one is in place."""
+    expected = analyze(Net(), image(), cache=True).result()
+    modelmeter.register_handle("aten::linear", lambda inputs, outputs: 1000, convention="fvcore")
+    try:
+        result = analyze(Net(), image(), cache=True).result()
+    finally:
+        modelmeter.unregister_handle("aten::linear", convention="fvcore")
+    assert result.row("fc").metrics["flops"] == 1000 != expected.row("fc").metrics["flops"]
+    assert len(counted) == 2 and len(results(cache_env)) == 1
+    assert repr(analyze(Net(), image(), cache=True).result()) == repr(expected) and len(counted) == 2
+
+
+def test_a_device_file_that_changes_counts_again(cache_env: Path, tmp_path: Path) -> None:
+    """A device given as a file is keyed by what the file says when the result is made, not by its path."""
+    device_file = tmp_path / "gpu.json"
+
+    def describe(bandwidth: float) -> None:
+        device_file.write_text(json.dumps({"devices": {"gpu": {
+            "label": "a test GPU", "memory": 1e9, "bandwidth": bandwidth, "source": "this test",
+            "matrix": {"fp32": 1e12}, "vector": {"fp32": 1e12}}}}))
+
+    describe(1e12)
+    fast = analyze(Net(), image(), cache=True, device=str(device_file)).result()
+    describe(1e9)
+    slow = analyze(Net(), image(), cache=True, device=str(device_file)).result()
+    fresh = analyze(Net(), image(), cache=False, device=str(device_file)).result()
+    assert slow.roofline["time"]["total"] == fresh.roofline["time"]["total"] > fast.roofline["time"]["total"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "valid gzip, wrong json", "another key"])
 def test_a_damaged_entry_is_discarded_recomputed_and_rewritten(cache_env: Path, damage: str,
                                                                caplog: pytest.LogCaptureFixture) -> None:
@@ -753,6 +784,19 @@ def test_eviction_removes_a_trace_with_its_results(tmp_path: Path) -> None:
     cache = TraceCache(root, size_limit=sum(kept.values()) - 1)
     assert cache.evict() == 2  # the oldest trace, and its result with it
     assert entries(root) == [second] and [p.name[:64] for p in results(root)] == [second.name[:64]]
+
+
+def test_eviction_of_a_result_older_than_its_trace_removes_that_result_alone(cache_env: Path) -> None:
+    """A hit with other settings refreshes the trace and keeps a second result: the first result is then the
+    oldest file, and goes alone."""
+    analyze(Net(), image(), cache=True).result()
+    analyze(Net(), image(), cache=True, convention="macs").result()
+    (entry,), (first, second) = entries(cache_env), sorted(results(cache_env), key=lambda p: p.stat().st_mtime_ns)
+    for age, path in enumerate((first, entry, second)):
+        os.utime(path, ns=(10**18 + age * 10**9,) * 2)
+    sizes = [p.stat().st_size for p in (first, entry, second)]
+    assert TraceCache(cache_env, size_limit=sum(sizes) - 1).evict() == 1
+    assert entries(cache_env) == [entry] and results(cache_env) == [second]
 
 
 # --- serialization ----------------------------------------------------------------------------------------

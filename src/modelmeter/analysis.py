@@ -14,6 +14,7 @@ from .devices import Device
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Trace
 from .fvcore_api import flop_count_table
+from .handles.conventions import has_registered_handles
 from .memory import MemoryAnalysis
 from .metrics.memory import OptimizerSpec
 from .metrics.roofline import Roofline, roofline
@@ -177,11 +178,13 @@ class Analysis:
         return result
 
     def _result_settings(self, name: str | None) -> dict[str, Any] | None:
-        """What :meth:`result` depends on besides the trace — the settings and the name —, or None when a view
-        counts with handles or an ancestor mode of the user's."""
-        if not (self.flops.counts_as_made() and self.activations.counts_as_made()):
+        """What :meth:`result` depends on besides the trace — the settings (the device as the one resolved, not a
+        name or file that may say something else later) and the name —, or None when formulas of the user's count
+        (a view's handles or ancestor mode, :func:`~modelmeter.register_handle`)."""
+        if has_registered_handles() or not (self.flops.counts_as_made() and self.activations.counts_as_made()):
             return None
-        return {**self._settings, "name": name or type(self.model).__name__}
+        device = None if self._time is None else self._time.device
+        return {**self._settings, "device": device, "name": name or type(self.model).__name__}
 
     def table(self, max_depth: int = 3, show_param_shapes: bool = True) -> str:
         """fvcore's ``flop_count_table`` with parameters, flops and activations."""

@@ -280,7 +280,8 @@ class TraceCache:
                 break
             if path not in sizes:  # a result that went with its trace
                 continue
-            for gone in [path, *self._results_of(path, sizes)]:
+            is_entry = _ENTRY_NAME.fullmatch(os.path.basename(path)) is not None
+            for gone in [path, *self._results_of(path, sizes)] if is_entry else [path]:
                 removed += self._remove(gone)
                 total -= sizes.pop(gone)
         self._remove_leftovers(time.time() - _STALE_SECONDS)

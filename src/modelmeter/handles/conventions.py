@@ -90,6 +90,11 @@ def unregister_handle(op: str, *, convention: str | None = None) -> None:
         _REGISTERED.pop(op, None)
 
 
+def has_registered_handles() -> bool:
+    """True while :func:`register_handle` has formulas in place: counts then depend on code a cache cannot key."""
+    return bool(_REGISTERED)
+
+
 def _check_convention(name: str) -> None:
     if name not in CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}; got {name!r}")
