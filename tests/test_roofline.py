@@ -470,6 +470,18 @@ def test_the_optimizers_step_by_hand(name: str, flops_per_element: int, states: 
     assert "optimizer" not in plain.summary["time"]
 
 
+def test_an_optimizer_of_the_users_leaves_its_step_out_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """An OptimizerSpec of the user's describes memory, not an update: the time of the step is left out and said."""
+    from modelmeter.metrics.memory import OptimizerSpec
+
+    trace = trace_of(nn.Linear(16, 8), torch.randn(4, 16), backward=True)
+    plain = roofline(trace, RooflineSettings(GPU))
+    with caplog.at_level("WARNING", logger="modelmeter"):
+        out = roofline(trace, RooflineSettings(GPU), optimizer=OptimizerSpec("lion", states=1))
+    assert out.summary["time"] == plain.summary["time"] and "optimizer" not in out.summary["time"]
+    assert "optimizer 'lion'" in caplog.text and "leaves it out" in caplog.text
+
+
 def test_the_optimizers_states_in_their_own_dtype() -> None:
     from modelmeter.metrics.memory import optimizer_spec
 

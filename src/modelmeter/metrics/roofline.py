@@ -9,6 +9,7 @@ docs/roofline.md says what the numbers mean and what they assume.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from ..handles.traffic import itemsize, traffic_table
 from .counting import Ancestors, Statistics, Unit, count, work_dtype
 from .memory import OPTIMIZER_PHASE, OptimizerSpec, in_state_dtype
 from .traffic import count_bytes
+
+logger = logging.getLogger("modelmeter")
 
 # Roofline.summary["items"]["unit"] values
 IMAGES, TOKENS, SAMPLES = "images", "tokens", "samples"
@@ -121,8 +124,9 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
 
     ``optimizer`` (a training step's: the trace has a backward pass) adds its ``step()`` as the phase
     ``"optimizer"`` of the model as a whole: every parameter with a gradient read and written with its states,
-    its gradient read (:data:`OPTIMIZER_STEPS` has the FLOPs and kernels per element); the trace records no
-    optimizer, so this part is a model of torch.optim's step, not a count.
+    its gradient read (:data:`OPTIMIZER_STEPS` has the FLOPs and kernels per element; an optimizer it does not name
+    is left out, with a WARNING); the trace records no optimizer, so this part is a model of torch.optim's step,
+    not a count.
     """
     convention = get_convention("flops", dense_attention=dense_attention, attention_kernel=attention_kernel)
     flop_units: list[Unit] = []
@@ -253,9 +257,10 @@ def _time(unit: _Unit, settings: RooflineSettings) -> None:
 def _optimizer_units(trace: Trace, spec: OptimizerSpec) -> list[_Unit]:
     """The optimizer's step, one unit per dtype of the parameters it updates, owned by the model as a whole."""
     name = spec.name.lower()
-    if name not in OPTIMIZER_STEPS:
-        raise ValueError(f"the time of the step of optimizer {spec.name!r} is not known; known: "
-                         f"{', '.join(OPTIMIZER_STEPS)}")
+    if name not in OPTIMIZER_STEPS:  # an OptimizerSpec of the user's: its memory is known, its update is not
+        logger.warning("The time of the step of optimizer %r is not known (known: %s); the predicted time leaves "
+                       "it out.", spec.name, ", ".join(OPTIMIZER_STEPS))
+        return []
     flops_per_element, kernels_per_parameter = OPTIMIZER_STEPS[name]
     units: dict[str, _Unit] = {}
     for gradient in (s for s in trace.storages if s.kind == "gradient"):
