@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import pytest
@@ -216,6 +217,12 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.addmm.default, (a, a, a)) is None  # shapes that do not multiply
     assert fast_meta_kernel(aten.mean.dim, (a.t(), [0])) is None  # not contiguous: left to torch
     assert fast_meta_kernel(aten.mean.dim, (a, [2])) is None  # no such dimension: torch's error
+    mean = fast_meta_kernel(aten.mean.dim, (a, [1]))
+    assert mean is not None
+    with pytest.raises(RuntimeError) as refused:  # an integer dtype asked of a mean: refused as torch refuses it
+        aten.mean.dim(torch.ones(2, 3), [1], dtype=torch.int64)
+    with pytest.raises(RuntimeError, match=re.escape(str(refused.value).split(" Got:")[0])):
+        mean(a, [1], dtype=torch.int64)
     image, weight = torch.empty(1, 4, 8, 8, device="meta"), torch.empty(6, 4, 3, 3, device="meta")
     geometry = ([1, 1], [1, 1], [1, 1])
     conv = aten.convolution.default

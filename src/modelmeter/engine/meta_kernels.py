@@ -97,6 +97,9 @@ def _mean(x: torch.Tensor, dim: list[int] | None, keepdim: bool = False, *,
           dtype: torch.dtype | None = None) -> torch.Tensor:
     """``mean.dim``: the reduced shape, contiguous. (PyTorch's meta kernel is a Python reference whose first call
     imports ``torch._dynamo``, over a second in a new process.)"""
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"mean(): could not infer output dtype. Optional dtype must be either a floating point "
+                           f"or complex dtype. Got: {dtype}")
     reduced = {d % x.dim() for d in dim} if dim else set(range(x.dim()))
     shape = [1 if i in reduced else n for i, n in enumerate(x.shape) if keepdim or i not in reduced]
     return torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
