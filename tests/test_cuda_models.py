@@ -41,12 +41,18 @@ class Net(nn.Module):
             x = x.cuda()
         elif self.style == "to":
             x = x.to("cuda")
-        device = x.device if self.style == "cpu" else "cuda"  # "device=": it expects its inputs on CUDA already
+        elif self.style == "index":  # a bare index is a CUDA device
+            x = x.to(0)
+        device: torch.device | str | int = "cuda"  # "device=": it expects its inputs on CUDA already
+        if self.style == "cpu":
+            device = x.device
+        elif self.style == "index":
+            device = 0
         positions = torch.arange(x.shape[1], device=device, dtype=x.dtype)
         return self.norm(self.proj(x + positions[:, None]) * self.scale)
 
 
-STYLES = ["cuda()", "to", "device="]
+STYLES = ["cuda()", "to", "device=", "index"]
 
 
 def _counts(model: nn.Module, x: torch.Tensor, **options: object) -> tuple[dict[str, int], object]:

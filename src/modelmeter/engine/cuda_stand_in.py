@@ -42,8 +42,11 @@ class CudaRequests(TorchFunctionMode):
 
 
 def _is_cuda(value: Any) -> bool:
+    """A CUDA device: ``torch.device("cuda")``, ``"cuda:1"``, or a bare index (``.to(0)``, ``device=0``)."""
     if isinstance(value, torch.device):
         return value.type == "cuda"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
     return isinstance(value, str) and value.split(":")[0] == "cuda"
 
 
