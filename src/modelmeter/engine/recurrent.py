@@ -193,8 +193,7 @@ class _Run:
     def new(self, op: str, inputs: list[Any], meta: TensorMeta, real: bool = False) -> _Value:
         """The value a kernel allocates (``real``: one of the call's outputs, made as a tensor)."""
         born = len(self.events)
-        self.events.append(OpEvent(op, "dispatch", self.parent, self.scope, self.phase, inputs, [meta], {},
-                                   self.origin))
+        self.emit(op, inputs, [meta])
         if real:
             tensor = torch.empty(meta.shape, dtype=self.dtype, device="meta")
             self.t.register(tensor, born)
@@ -204,8 +203,7 @@ class _Run:
         return _Value(meta, _Block(record, self.events))
 
     def in_place(self, op: str, inputs: list[Any], target: _Value) -> _Value:
-        self.events.append(OpEvent(op, "dispatch", self.parent, self.scope, self.phase, inputs, [target.meta], {},
-                                   self.origin))
+        self.emit(op, inputs, [target.meta])
         return target
 
     def view(self, op: str, inputs: list[Any], source: _Value, shape: tuple[int, ...]) -> _Value:
