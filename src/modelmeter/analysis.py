@@ -167,14 +167,15 @@ class Analysis:
         next analysis of the same run with the same settings reads it instead of counting (not when the views'
         handles or ancestor mode were changed: handles are code, which the cache does not keep)."""
         settings = self._result_settings(name)
-        if settings is not None:
-            kept = self.session.kept_result(settings)
+        digest = None if settings is None else self.session.result_digest(settings)
+        if digest is not None:
+            kept = self.session.kept_result(digest)
             if kept is not None:
                 self.flops.log_kept_warnings(kept.unsupported, [row.name for row in kept.modules if not row.called])
                 return kept
         result = build_result(self.model, self.metrics, name=name, memory=self.memory, time=self.roofline)
-        if settings is not None:
-            self.session.keep_result(settings, result)
+        if digest is not None:
+            self.session.keep_result(digest, result)
         return result
 
     def _result_settings(self, name: str | None) -> dict[str, Any] | None:

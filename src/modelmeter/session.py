@@ -145,11 +145,11 @@ class Session:
 
         return SHARED.get_or_record(self.spec, load_or_record)
 
-    def kept_result(self, settings: Mapping[str, Any]) -> Result | None:
-        """The Result of ``settings`` (an analysis's settings and name) kept in the disk cache beside this session's
-        trace, as a new object; None when none is kept, or it cannot be read (then with a WARNING)."""
-        digest = self._result_digest(settings)
-        if digest is None or self._stored is None:
+    def kept_result(self, digest: str) -> Result | None:
+        """The Result kept in the disk cache beside this session's trace under ``digest`` (of
+        :meth:`result_digest`), as a new object; None when none is kept, or it cannot be read (then with a
+        WARNING)."""
+        if self._stored is None:
             return None
         data = self._stored.load_result(digest)
         if data is None:
@@ -160,14 +160,13 @@ class Session:
             logger.warning("Ignoring a result kept in the trace cache that cannot be read (%s); counting again.", exc)
             return None
 
-    def keep_result(self, settings: Mapping[str, Any], result: Result) -> None:
-        """Keep ``result``, counted from this session's trace with ``settings``, beside the trace in the disk cache
-        (when the trace is kept there), so that the next analysis of the same run and settings does not count."""
-        digest = self._result_digest(settings)
-        if digest is not None and self._stored is not None:
+    def keep_result(self, digest: str, result: Result) -> None:
+        """Keep ``result``, counted from this session's trace with the settings of ``digest``, beside the trace in
+        the disk cache, so that the next analysis of the same run and settings does not count."""
+        if self._stored is not None:
             self._stored.store_result(digest, _result_data(result))
 
-    def _result_digest(self, settings: Mapping[str, Any]) -> str | None:
+    def result_digest(self, settings: Mapping[str, Any]) -> str | None:
         """What a result of ``settings`` is kept under: the settings, the trace's fields that its user may change
         in place (the command adds its loader's assumptions), the result schema, modelmeter's version and the
         digest of its source. None without a trace kept in the cache, or for settings that are not data."""
