@@ -253,6 +253,15 @@ def test_the_engine_and_the_package_source_are_digested(cache_env: Path) -> None
     assert len(list(cache_env.glob("source-digest-*.json"))) == 2
 
 
+def test_the_source_digest_memos_are_the_caches_own_files(cache_env: Path) -> None:
+    """The memos go beside the entries, nothing in the cache directory itself, and clearing the cache removes them."""
+    analyze(Net(), image(), cache=True).result()
+    assert [p.name for p in cache_env.iterdir()] == ["traces"]
+    assert len(list((cache_env / "traces").glob("source-digest-*.json"))) == 2
+    clear_cache(cache_env)
+    assert list((cache_env / "traces").iterdir()) == []
+
+
 def _source_tree(root: Path) -> Path:
     (root / "sub").mkdir(parents=True)
     (root / "a.py").write_text("x = 1\n")

@@ -177,7 +177,7 @@ class Session:
                      "execution": trace.execution, "sizes": [len(trace.events), len(trace.storages),
                                                              len(trace.modules)],
                      "schema": SCHEMA_VERSION, "modelmeter": __version__,
-                     "source": package_digest(self._stored.cache.root)}
+                     "source": package_digest(self._stored.cache.path)}
         try:
             text = json.dumps(to_data(described), separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:

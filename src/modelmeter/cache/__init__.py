@@ -86,7 +86,7 @@ def cached_trace(cache: TraceCache, spec: RunSpec,
     does not cover may have steered it).
     """
     try:
-        key = cache_key(spec, cache.root)
+        key = cache_key(spec, cache.path)
     except Uncacheable as exc:
         logger.info("Not caching the trace: %s.", exc)
         return record(), False, None

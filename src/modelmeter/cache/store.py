@@ -58,6 +58,7 @@ _RESULT = "modelmeter-result-cache-entry"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _ENTRY_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(SUFFIX))
 _RESULT_NAME = re.compile(r"(?P<key>[0-9a-f]{64})-[0-9a-f]{64}" + re.escape(RESULT_SUFFIX))
+_MEMO_NAME = re.compile(r"source-digest-[0-9a-f]{16}\.json")  # fingerprint.package_digest's memos
 _LOCK_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(_LOCK_SUFFIX))
 _TEMP_NAME = re.compile(r"\.[0-9a-f]{64}(?:-[0-9a-f]{64}\.result)?" + re.escape(SUFFIX)
                         + r"\.(?P<owner>.+\.\d+)\.[0-9a-f]{8}\.tmp")
@@ -288,9 +289,10 @@ class TraceCache:
         return removed
 
     def clear(self) -> int:
-        """Remove every entry and result, every lock file nobody holds and every temporary file whose writer has
-        ended; the number of trace entries removed. Files the cache did not write are left alone."""
-        for path, _, _ in self._entries(_RESULT_NAME):
+        """Remove every entry and result, the source-digest memos, every lock file nobody holds and every temporary
+        file whose writer has ended; the number of trace entries removed. Files the cache did not write are left
+        alone."""
+        for path, _, _ in self._entries(_RESULT_NAME) + self._entries(_MEMO_NAME):
             self._remove(path)
         removed = sum(self._remove(path) for path, _, _ in self._entries(_ENTRY_NAME))
         self._remove_leftovers(None)
