@@ -64,11 +64,11 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "no_torch_function",
+    "is_non_overlapping_and_dense_or_false", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree",
-    "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
-    "version_counter", "weights_only_allowed_globals",
+    "qualified_name", "schema_of", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
+    "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -128,6 +128,24 @@ MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 def parameters_of(module: nn.Module) -> dict[str, nn.Parameter | None]:
     """The module's own parameters by name (``None`` for one registered as None)."""
     return module._parameters
+
+
+# --- DTensor (torch.distributed.tensor, since 2.4) ------------------------------------------------------------------
+def sharded_tensor_type() -> type | None:
+    """The DTensor class once ``torch.distributed.tensor`` is imported, else None (no DTensor can exist yet): looked
+    up, not imported, so an analysis without a parallel plan never imports torch.distributed."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (``DTensor._local_tensor``: ``to_local()`` would be a recorded autograd call);
+    any other tensor itself."""
+    dtensor = sharded_tensor_type()
+    if dtensor is None or not isinstance(tensor, dtensor):
+        return tensor
+    local: torch.Tensor = tensor._local_tensor  # type: ignore[attr-defined]
+    return local
 
 
 def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
