@@ -68,7 +68,7 @@ __all__ = [  # what the package imports from here
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree",
     "qualified_name", "schema_of", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
-    "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
+    "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -131,6 +131,42 @@ def parameters_of(module: nn.Module) -> dict[str, nn.Parameter | None]:
 
 
 # --- DTensor (torch.distributed.tensor, since 2.4) ------------------------------------------------------------------
+@contextlib.contextmanager
+def unseen_global_shape_runs() -> Iterator[None]:
+    """While open, the operators DTensor runs to work out an operator's global output shape reach no mode of ours.
+
+    DTensor's sharding propagation runs each new operator once on FakeTensors of the global shapes
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``, 2.14.1) with the modes of the run active: a recorder
+    would count that work, which no rank does (and only the first time, the result being cached). The only seam is
+    ``ShardingPropagator._fake_mode_lock``, a ``nullcontext`` that torch's multi-threaded tests replace by a lock and
+    that encloses exactly that run: replaced here by a context that sets every dispatch mode aside (sharding
+    propagation then makes a FakeTensorMode of its own), and put back on exit."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator.__dict__["_fake_mode_lock"]
+    ShardingPropagator._fake_mode_lock = _ModesAside()
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = original
+
+
+class _ModesAside:
+    """A re-entrant context manager: the dispatch modes set aside while it is open (see
+    :func:`unseen_global_shape_runs`)."""
+
+    def __init__(self) -> None:
+        self.open: list[contextlib.AbstractContextManager[Any]] = []
+
+    def __enter__(self) -> None:
+        aside = disable_current_modes()
+        aside.__enter__()
+        self.open.append(aside)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.open.pop().__exit__(*exc)
+
+
 def sharded_tensor_type() -> type | None:
     """The DTensor class once ``torch.distributed.tensor`` is imported, else None (no DTensor can exist yet): looked
     up, not imported, so an analysis without a parallel plan never imports torch.distributed."""
