@@ -64,7 +64,7 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "local_tensor", "no_torch_function",
+    "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree",
     "qualified_name", "schema_of", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
@@ -149,6 +149,20 @@ def unseen_global_shape_runs() -> Iterator[None]:
         yield
     finally:
         ShardingPropagator._fake_mode_lock = original
+
+
+@contextlib.contextmanager
+def kept_distributed_globals() -> Iterator[None]:
+    """Put back on exit what ``destroy_process_group`` leaves set: c10d's legacy ``_backend`` name (set by
+    ``init_process_group``, 2.14.1) and DTensor's random-number tracker (made by its first random operator)."""
+    from torch.distributed import distributed_c10d
+    from torch.distributed.tensor import _random
+
+    backend, tracker = distributed_c10d._backend, _random._rng_tracker
+    try:
+        yield
+    finally:
+        distributed_c10d._backend, _random._rng_tracker = backend, tracker
 
 
 class _ModesAside:

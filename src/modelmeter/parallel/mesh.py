@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .._torch_compat import kept_distributed_globals
 from ..errors import ParallelPlanError
 from .plan import ParallelPlan
 
@@ -32,7 +32,7 @@ def simulated_mesh(plan: ParallelPlan) -> Iterator[DeviceMesh | None]:
     is refused with a clear error rather than replaced, since everything that runs here would see the fake group
     as the one of the job. On exit the group and the mesh's subgroups are destroyed, and what DTensor keeps
     globally (its random-number tracker) is put back, so torch's distributed state is as it was, also when the
-    block raises."""
+    block raises (:func:`~modelmeter._torch_compat.kept_distributed_globals`)."""
     if plan.world_size == 1:
         yield None
         return
@@ -42,14 +42,13 @@ def simulated_mesh(plan: ParallelPlan) -> Iterator[DeviceMesh | None]:
                                 "group is set up (e.g. before init_process_group, or in another process)")
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-    tracker = _rng_tracker()
-    dist.init_process_group("fake", store=FakeStore(), rank=plan.rank, world_size=plan.world_size)
-    try:
-        dims = plan.mesh
-        yield init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
-    finally:
-        dist.destroy_process_group()
-        _set_rng_tracker(tracker)
+    with kept_distributed_globals():
+        dist.init_process_group("fake", store=FakeStore(), rank=plan.rank, world_size=plan.world_size)
+        try:
+            dims = plan.mesh
+            yield init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
+        finally:
+            dist.destroy_process_group()
 
 
 def group_names(mesh: DeviceMesh | None, flattened: Mapping[str, DeviceMesh]) -> dict[str, str]:
@@ -61,14 +60,3 @@ def group_names(mesh: DeviceMesh | None, flattened: Mapping[str, DeviceMesh]) ->
     groups.update({str(flat.get_group().group_name): name for name, flat in flattened.items()})
     return groups
 
-
-def _rng_tracker() -> Any:
-    from torch.distributed.tensor import _random
-
-    return _random._rng_tracker
-
-
-def _set_rng_tracker(tracker: Any) -> None:
-    from torch.distributed.tensor import _random
-
-    _random._rng_tracker = tracker
