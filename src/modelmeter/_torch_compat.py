@@ -62,13 +62,13 @@ __all__ = [  # what the package imports from here
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
-    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
+    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
     "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
-    "python2_pickle_mappings", "pytree",
-    "qualified_name", "schema_of", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
-    "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
+    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "schema_of", "set_state_dict_metadata",
+    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
+    "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -144,11 +144,27 @@ def unseen_global_shape_runs() -> Iterator[None]:
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     original = ShardingPropagator.__dict__["_fake_mode_lock"]
-    ShardingPropagator._fake_mode_lock = _ModesAside()
+    ShardingPropagator._fake_mode_lock = _ModesAside()  # type: ignore[assignment]
     try:
         yield
     finally:
         ShardingPropagator._fake_mode_lock = original
+
+
+def fake_store() -> Any:
+    """The store of torch's fake process group (``torch.testing._internal.distributed.fake_pg``, since 2.1: what
+    PyTorch's own tests simulate ranks with); importing it registers the ``"fake"`` backend."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def replicate_module() -> Callable[..., Any]:
+    """torch's ``replicate`` — DDP as a composable API, on FSDP2's machinery: gradients all-reduced per parameter
+    group (``torch.distributed._composable.replicate_with_fsdp``, 2.14.1; its home is not public yet)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    return replicate
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .._torch_compat import FakeTensorMode, sharded_tensor_type
+from .._torch_compat import FakeTensorMode, buffers_of, parameters_of, replicate_module, sharded_tensor_type
 from ..errors import ParallelPlanError
 from .plan import ParallelPlan
 
@@ -28,14 +28,14 @@ def meta_copy(model: nn.Module) -> nn.Module:
     dtensor = sharded_tensor_type()
     memo: dict[int, Any] = {}
     for module in model.modules():
-        for name, param in module._parameters.items():
+        for name, param in parameters_of(module).items():
             if param is None or id(param) in memo:
                 continue
             if dtensor is not None and isinstance(param, dtensor):
                 raise ParallelPlanError(f"parameter {name!r} of {type(module).__name__} is a DTensor: the model is "
                                         "already parallelised; give the plain model and the plan instead")
             memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
-        for buffer in module._buffers.values():
+        for buffer in buffers_of(module).values():
             if buffer is not None and id(buffer) not in memo:
                 memo[id(buffer)] = torch.empty_like(buffer, device="meta")
     try:
@@ -126,8 +126,7 @@ def _data_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh,
             reshard = None if root else plan.zero == 3
             return fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard, mp_policy=policy)
     else:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
+        replicate = replicate_module()
         replica_mesh = mesh[dims[0]]
         if len(dims) > 1:
             replica_mesh = made["_".join(dims)] = mesh[dims]._flatten("_".join(dims))

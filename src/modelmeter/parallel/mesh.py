@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .._torch_compat import kept_distributed_globals
+from .._torch_compat import fake_store, kept_distributed_globals
 from ..errors import ParallelPlanError
 from .plan import ParallelPlan
 
@@ -40,10 +40,8 @@ def simulated_mesh(plan: ParallelPlan) -> Iterator[DeviceMesh | None]:
         raise ParallelPlanError("a default process group is already initialised in this process; a parallel "
                                 "analysis simulates its ranks on a fake one of its own: run it where no process "
                                 "group is set up (e.g. before init_process_group, or in another process)")
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
     with kept_distributed_globals():
-        dist.init_process_group("fake", store=FakeStore(), rank=plan.rank, world_size=plan.world_size)
+        dist.init_process_group("fake", store=fake_store(), rank=plan.rank, world_size=plan.world_size)
         try:
             dims = plan.mesh
             yield init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
