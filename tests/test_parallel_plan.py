@@ -196,6 +196,7 @@ def test_a_ranks_parameters_are_its_shards(distributed_state: Any) -> None:
         assert analysis.parameters[""] == whole // shards, plan  # every llama2_tiny dim 0 divides by 4
         assert sum(info.global_params for info in analysis.trace.modules) == whole
         assert analysis.result().modules[0].params == whole // shards
+        assert sum(s.nbytes for s in analysis.trace.storages if s.kind == "parameter") == whole // shards * 4
 
 
 @pytest.mark.parametrize(("rank", "rows"), [(0, 2), (1, 2), (2, 1), (3, 0)])
@@ -203,13 +204,19 @@ def test_an_uneven_shard_is_torch_chunks_share(rank: int, rows: int, distributed
     """FSDP2 shards dim 0 as ``torch.chunk`` does (padding the last shards' storage): 5 rows on 4 ranks are chunks of
     ceil(5 / 4) = 2, so ranks 0 and 1 hold 2 rows, rank 2 the last one and rank 3 none."""
     model = nn.Sequential(nn.Linear(10, 5), nn.ReLU(), nn.Linear(5, 3))
-    trace = modelmeter.analyze(model, torch.randn(2, 10), parallel=f"fsdp=4,rank={rank}", quiet=True).trace
+    trace = modelmeter.analyze(model, torch.randn(2, 10), backward=True, parallel=f"fsdp=4,rank={rank}",
+                               quiet=True).trace
     first = {p.name: p for p in trace.module_table()["0"].parameters}
     assert first["weight"].shape == (rows, 10) and first["weight"].global_shape == (5, 10)
     assert first["bias"].shape == (rows,) and first["weight"].nbytes == rows * 10 * 4
     chunk = math.ceil(3 / 4)  # the second layer: 3 rows on 4 ranks, chunks of 1
     assert trace.module_table()["2"].parameters[0].shape == (max(0, min(chunk, 3 - rank * chunk)), 5)
     assert trace.parallel is not None and trace.parallel["rank"] == rank
+    # every rank's storage is padded to the longest shard: 2 x 10 and 2 floats, 1 x 5 and 1 float (bytes of float32)
+    padded = [2 * 10 * 4, 2 * 4, 1 * 5 * 4, 1 * 4]
+    assert [s.nbytes for s in trace.storages if s.kind == "parameter"] == padded
+    # FSDP2 reduce-scatters the group's gradients into one buffer, of the padded shards' size
+    assert [s.nbytes for s in trace.storages if s.kind == "gradient"] == [sum(padded)]
 
 
 def test_the_trace_describes_the_plan_and_names_the_groups_mesh_dimensions(distributed_state: Any) -> None:
