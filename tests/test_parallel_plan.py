@@ -228,12 +228,29 @@ def test_the_trace_describes_the_plan_and_names_the_groups_mesh_dimensions(distr
     assert parallel["mesh"] == {"dp": 2, "fsdp": 4} and parallel["coordinates"] == {"dp": 1, "fsdp": 1}
     assert sorted(parallel["groups"].values()) == ["dp", "fsdp"]
     assert parallel["options"]["zero"] == 3
-    named = {e.inputs[1] for e in trace.events if e.op == "c10d::_allgather_base_"}
-    assert named, "the all-gathers name their process group"
     # the module table keeps the model's classes (fully_shard gives each module a class of its own)
     assert trace.model == "Llama" and trace.module_table()["model.layers.0"].type == "LlamaDecoderLayer"
     assert trace_from_dict(trace_to_dict(trace)).parallel == parallel
     assert trace_from_dict(trace_to_dict(trace)).modules == trace.modules
+
+
+def test_zero1_over_both_data_parallel_dimensions_replicates_over_their_flattened_group(
+        distributed_state: Any) -> None:
+    model, x = _tiny()
+    trace = modelmeter.analyze(model, x, backward=True, parallel="dp=2,fsdp=2,zero=1", quiet=True).trace
+    assert trace.parallel is not None and sorted(trace.parallel["groups"].values()) == ["dp", "dp_fsdp", "fsdp"]
+    assert _collectives(trace) == {"c10d::allreduce_": 3}
+    assert sum(info.params for info in trace.modules) == modelmeter.parameter_count(model)[""]
+
+
+def test_the_pipeline_dimension_is_carried_and_the_rank_runs_the_model_it_is_given(distributed_state: Any) -> None:
+    model, x = _tiny()
+    analysis = modelmeter.analyze(model, x, backward=True, parallel="pp=2,fsdp=2,rank=3", quiet=True)
+    parallel = analysis.trace.parallel
+    assert parallel is not None and parallel["mesh"] == {"pp": 2, "fsdp": 2}
+    assert parallel["coordinates"] == {"pp": 1, "fsdp": 1} and sorted(parallel["groups"].values()) == ["fsdp", "pp"]
+    assert analysis.flops.total() == modelmeter.FlopCountAnalysis(model, x, backward=True).total()
+    assert analysis.parameters[""] == modelmeter.parameter_count(model)[""] // 2
 
 
 def test_mixed_precision_gathers_and_computes_in_bfloat16(distributed_state: Any) -> None:
