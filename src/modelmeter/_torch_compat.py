@@ -63,7 +63,7 @@ __all__ = [  # what the package imports from here
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store",
-    "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
+    "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
     "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "schema_of", "set_state_dict_metadata",
@@ -157,6 +157,12 @@ def fake_store() -> Any:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     return FakeStore()
+
+
+def flattened_mesh(mesh: Any, name: str) -> Any:
+    """``mesh``'s dimensions flattened into one named ``name`` (``DeviceMesh._flatten``, since 2.6: torchtitan's way
+    to one data-parallel group over several dimensions; no public spelling yet)."""
+    return mesh._flatten(name)
 
 
 def replicate_module() -> Callable[..., Any]:

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .._torch_compat import FakeTensorMode, buffers_of, parameters_of, replicate_module, sharded_tensor_type
+from .._torch_compat import (
+    FakeTensorMode,
+    buffers_of,
+    flattened_mesh,
+    parameters_of,
+    replicate_module,
+    sharded_tensor_type,
+)
 from ..errors import ParallelPlanError
 from .plan import ParallelPlan
 
@@ -99,10 +106,9 @@ def _default_tp_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any
     try:
         from .tensor_plans import default_tp_plan  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        default_tp_plan = None
-    if default_tp_plan is None:
         raise ParallelPlanError(f"tp > 1 needs a tensor-parallel plan for {type(model).__name__}: pass one as "
-                                "ParallelPlan(..., tp_plan={module name: ColwiseParallel() | RowwiseParallel() ...})")
+                                "ParallelPlan(..., tp_plan={module name: ColwiseParallel() | RowwiseParallel() ...})"
+                                ) from None
     found: dict[str, Any] = default_tp_plan(model, sequence_parallel)
     return found
 
@@ -129,7 +135,7 @@ def _data_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh,
         replicate = replicate_module()
         replica_mesh = mesh[dims[0]]
         if len(dims) > 1:
-            replica_mesh = made["_".join(dims)] = mesh[dims]._flatten("_".join(dims))
+            replica_mesh = made["_".join(dims)] = flattened_mesh(mesh[dims], "_".join(dims))
 
         def apply(module: nn.Module, root: bool) -> Any:
             return replicate(module, mesh=replica_mesh, mp_policy=policy)
