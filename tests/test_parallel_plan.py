@@ -199,6 +199,14 @@ def test_a_ranks_parameters_are_its_shards(distributed_state: Any) -> None:
         assert sum(s.nbytes for s in analysis.trace.storages if s.kind == "parameter") == whole // shards * 4
 
 
+def test_a_memory_analysis_of_a_rank_holds_its_parameter_shards(distributed_state: Any) -> None:
+    """Only the view's option is tested here: what FSDP2 gathers and frees is the memory analysis's to follow."""
+    model, x = _tiny()
+    memory = modelmeter.MemoryAnalysis(model, x, training=True, optimizer="adamw", parallel="fsdp=4")
+    assert memory.trace.parallel is not None
+    assert memory.peak_info().by_kind["parameter"] == modelmeter.parameter_count(model)[""] * 4 // 4  # float32
+
+
 @pytest.mark.parametrize(("rank", "rows"), [(0, 2), (1, 2), (2, 1), (3, 0)])
 def test_an_uneven_shard_is_torch_chunks_share(rank: int, rows: int, distributed_state: Any) -> None:
     """FSDP2 shards dim 0 as ``torch.chunk`` does (padding the last shards' storage): 5 rows on 4 ranks are chunks of
