@@ -29,8 +29,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("base", ("modelmeter.errors", "modelmeter._version", "modelmeter._torch_compat"), ()),
     ("io", ("modelmeter.io",), ("base",)),
     ("checkpoint", ("modelmeter.checkpoint",), ("io",)),
-    ("engine", ("modelmeter.engine",), ("base",)),
+    ("plan", ("modelmeter.parallel.plan",), ("base",)),  # a parallel plan: plain data, torch-free
+    ("engine", ("modelmeter.engine",), ("base", "plan")),
     ("runner", ("modelmeter.engine.tracer",), ("engine",)),  # runs the model: nothing below it may
+    ("parallel", ("modelmeter.parallel",), ("runner",)),  # runs one rank of a plan, on torch.distributed
     ("handles", ("modelmeter.handles",), ("engine",)),
     ("devices", ("modelmeter.devices",), ("base",)),  # the accelerators' datasheets: plain data, torch-free
     ("metrics", ("modelmeter.metrics",), ("handles", "devices")),
@@ -38,7 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("cache", ("modelmeter.cache",), ("format", "io")),
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),
     ("session", ("modelmeter.session", "modelmeter.views", "modelmeter.analysis", "modelmeter.memory",
-                 "modelmeter.fvcore_api", "modelmeter.trace_files"), ("runner", "cache", "reports")),
+                 "modelmeter.fvcore_api", "modelmeter.trace_files"), ("parallel", "cache", "reports")),
     ("zoo", ("modelmeter.zoo",), ("base",)),
     # the command's model loaders, and the words of its errors they share with it
     ("loaders", ("modelmeter.cli.models", "modelmeter.cli.errors"), ("engine", "zoo")),

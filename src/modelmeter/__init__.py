@@ -18,12 +18,13 @@ _EXPORTS = {
     "engine.inputs": ("Args",),
     "engine.spec": ("RunSpec",),
     "engine.trace": ("ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
-    "errors": ("InputMismatchError", "ModelMeterError", "ModelRunError"),
+    "errors": ("InputMismatchError", "ModelMeterError", "ModelRunError", "ParallelPlanError"),
     "fvcore_api": ("flop_count_str", "flop_count_table", "parameter_count", "parameter_count_table"),
     "handles.base": ("CountInside", "Handle", "backward_key", "get_shape"),
     "handles.conventions": ("CONVENTIONS", "get_convention", "register_handle", "unregister_handle"),
     "memory": ("MemoryAnalysis",),
     "metrics.memory": ("OPTIMIZERS", "OptimizerSpec", "Peak", "Point"),
+    "parallel.plan": ("ParallelPlan",),
     "reports.html": ("render_html", "write_html"),
     "reports.render": ("render",),
     "reports.result": ("Result",),
@@ -58,12 +59,13 @@ if TYPE_CHECKING:
     from .engine.inputs import Args
     from .engine.spec import RunSpec
     from .engine.trace import ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
-    from .errors import InputMismatchError, ModelMeterError, ModelRunError
+    from .errors import InputMismatchError, ModelMeterError, ModelRunError, ParallelPlanError
     from .fvcore_api import flop_count_str, flop_count_table, parameter_count, parameter_count_table
     from .handles.base import CountInside, Handle, backward_key, get_shape
     from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
     from .memory import MemoryAnalysis
     from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
+    from .parallel.plan import ParallelPlan
     from .reports.html import render_html, write_html
     from .reports.render import render
     from .reports.result import Result
@@ -113,6 +115,8 @@ __all__ = [
     "ModuleInfo",
     "OpEvent",
     "OptimizerSpec",
+    "ParallelPlan",
+    "ParallelPlanError",
     "ParameterInfo",
     "Peak",
     "Point",

@@ -62,12 +62,12 @@ __all__ = [  # what the package imports from here
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
-    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
-    "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "no_torch_function",
+    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store",
+    "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
+    "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
-    "python2_pickle_mappings", "pytree",
-    "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
+    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "schema_of", "set_state_dict_metadata",
+    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
     "version_counter", "weights_only_allowed_globals",
 ]
 
@@ -128,6 +128,96 @@ MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 def parameters_of(module: nn.Module) -> dict[str, nn.Parameter | None]:
     """The module's own parameters by name (``None`` for one registered as None)."""
     return module._parameters
+
+
+# --- DTensor (torch.distributed.tensor, since 2.4) ------------------------------------------------------------------
+@contextlib.contextmanager
+def unseen_global_shape_runs() -> Iterator[None]:
+    """While open, the operators DTensor runs to work out an operator's global output shape reach no mode of ours.
+
+    DTensor's sharding propagation runs each new operator once on FakeTensors of the global shapes
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``, 2.14.1) with the modes of the run active: a recorder
+    would count that work, which no rank does (and only the first time, the result being cached). The only seam is
+    ``ShardingPropagator._fake_mode_lock``, a ``nullcontext`` that torch's multi-threaded tests replace by a lock and
+    that encloses exactly that run: replaced here by a context that sets every dispatch mode aside (sharding
+    propagation then makes a FakeTensorMode of its own), and put back on exit."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator.__dict__["_fake_mode_lock"]
+    ShardingPropagator._fake_mode_lock = _ModesAside()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = original
+
+
+def fake_store() -> Any:
+    """The store of torch's fake process group (``torch.testing._internal.distributed.fake_pg``, since 2.1: what
+    PyTorch's own tests simulate ranks with); importing it registers the ``"fake"`` backend."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def flattened_mesh(mesh: Any, name: str) -> Any:
+    """``mesh``'s dimensions flattened into one named ``name`` (``DeviceMesh._flatten``, since 2.6: torchtitan's way
+    to one data-parallel group over several dimensions; no public spelling yet)."""
+    return mesh._flatten(name)
+
+
+def replicate_module() -> Callable[..., Any]:
+    """torch's ``replicate`` — DDP as a composable API, on FSDP2's machinery: gradients all-reduced per parameter
+    group (``torch.distributed._composable.replicate_with_fsdp``, 2.14.1; its home is not public yet)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    return replicate
+
+
+@contextlib.contextmanager
+def kept_distributed_globals() -> Iterator[None]:
+    """Put back on exit what ``destroy_process_group`` leaves set: c10d's legacy ``_backend`` name (set by
+    ``init_process_group``, 2.14.1) and DTensor's random-number tracker (made by its first random operator)."""
+    from torch.distributed import distributed_c10d
+    from torch.distributed.tensor import _random
+
+    backend, tracker = distributed_c10d._backend, _random._rng_tracker
+    try:
+        yield
+    finally:
+        distributed_c10d._backend, _random._rng_tracker = backend, tracker
+
+
+class _ModesAside:
+    """A re-entrant context manager: the dispatch modes set aside while it is open (see
+    :func:`unseen_global_shape_runs`)."""
+
+    def __init__(self) -> None:
+        self.open: list[contextlib.AbstractContextManager[Any]] = []
+
+    def __enter__(self) -> None:
+        aside = disable_current_modes()
+        aside.__enter__()
+        self.open.append(aside)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.open.pop().__exit__(*exc)
+
+
+def sharded_tensor_type() -> type | None:
+    """The DTensor class once ``torch.distributed.tensor`` is imported, else None (no DTensor can exist yet): looked
+    up, not imported, so an analysis without a parallel plan never imports torch.distributed."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (``DTensor._local_tensor``: ``to_local()`` would be a recorded autograd call);
+    any other tensor itself."""
+    dtensor = sharded_tensor_type()
+    if dtensor is None or not isinstance(tensor, dtensor):
+        return tensor
+    local: torch.Tensor = tensor._local_tensor  # type: ignore[attr-defined]
+    return local
 
 
 def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:

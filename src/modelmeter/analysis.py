@@ -18,6 +18,7 @@ from .handles.conventions import has_registered_handles
 from .memory import MemoryAnalysis
 from .metrics.memory import OptimizerSpec
 from .metrics.roofline import Roofline, roofline
+from .parallel.plan import ParallelPlan
 from .reports.result import Result
 from .session import CacheSetting, Counted, Session, assemble_result, roofline_settings
 from .views import (
@@ -81,7 +82,8 @@ class Analysis:
                  quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
                  state_dtype: str | torch.dtype | None = None, foreach: bool | None = None,
                  attention_kernel: str = "fused", device: str | Device | None = None, efficiency: float = 1.0,
-                 launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None) -> None:
+                 launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None,
+                 parallel: str | ParallelPlan | None = None) -> None:
         if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
             raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
@@ -95,7 +97,7 @@ class Analysis:
         self._time = roofline_settings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
                                        measured_time=measured_time)
         self._roofline: Roofline | None = None
-        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
+        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn, parallel=parallel)
         #: The one run every view reads: its spec, its trace, the caches.
         self.session = Session(spec, cache=cache, cache_dir=cache_dir)
         self.flops = FlopCountAnalysis.from_session(self.session, convention=convention,
@@ -202,7 +204,8 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
             quiet: bool = False, memory: bool = False, optimizer: str | OptimizerSpec | None = None,
             state_dtype: str | torch.dtype | None = None, foreach: bool | None = None,
             attention_kernel: str = "fused", device: str | Device | None = None, efficiency: float = 1.0,
-            launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None) -> Analysis:
+            launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None,
+            parallel: str | ParallelPlan | None = None) -> Analysis:
     """Run ``model`` on ``inputs`` once (or read the run from the cache) and return every metric of it.
 
     Example::
@@ -223,9 +226,14 @@ def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_
     0) and ``tf32`` (float32 products on tensor cores) adjust it; ``measured_time``, the seconds a measured step
     took, gives the MFU and HFU. The result then has the ``bytes``, ``time``, ``intensity`` and
     ``compute_bound`` columns and a ``roofline`` summary.
+
+    ``parallel`` (a plan's text such as ``"dp=2,fsdp=64,tp=8"``, or a :class:`~modelmeter.ParallelPlan`) analyses
+    one rank of that plan — ``inputs`` are that rank's batch — on PyTorch's own FSDP2/DTensor machinery over a fake
+    process group: its FLOPs, the collectives it issues, its parameter shards (docs/parallel.md).
+    ``trace.parallel`` describes the plan and the rank.
     """
     return Analysis(model, inputs, convention=convention, dense_attention=dense_attention, backward=backward,
                     loss_fn=loss_fn, execution=execution, cache=cache, cache_dir=cache_dir, quiet=quiet,
                     memory=memory, optimizer=optimizer, state_dtype=state_dtype, foreach=foreach,
                     attention_kernel=attention_kernel, device=device, efficiency=efficiency,
-                    launch_overhead=launch_overhead, tf32=tf32, measured_time=measured_time)
+                    launch_overhead=launch_overhead, tf32=tf32, measured_time=measured_time, parallel=parallel)

@@ -13,6 +13,7 @@ from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Phase, Trace
 from .metrics.counting import Statistics
 from .metrics.memory import OptimizerSpec, Peak, Point, activation_statistics, module_peaks, peak, saved_bytes, timeline
+from .parallel.plan import ParallelPlan
 from .session import CacheSetting, MemoryColumns, Session, memory_columns, memory_optimizer
 from .views import MetricView
 
@@ -41,7 +42,7 @@ class MemoryAnalysis(MetricView):
 
     A view over a :class:`~modelmeter.Session`, composed with it rather than a counting analysis: memory is
     attributed to the module that owns each operator, with no handles, so it has no ``set_op_handle``,
-    ``clear_op_handles`` or ``ancestor_mode``.
+    ``clear_op_handles`` or ``ancestor_mode``. ``parallel`` records one rank of that plan (docs/parallel.md).
 
     Example::
 
@@ -55,12 +56,13 @@ class MemoryAnalysis(MetricView):
                  optimizer: str | OptimizerSpec | None = None, state_dtype: str | torch.dtype | None = None,
                  foreach: bool | None = None, loss_fn: LossFn | None = None, execution: Execution = "auto",
                  trace: Trace | None = None, cache: CacheSetting = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None,
+                 parallel: str | ParallelPlan | None = None) -> None:
         spec = memory_optimizer(training, optimizer, state_dtype, foreach)
         if trace is not None and trace.backward != training:
             raise ValueError(f"the given trace {'has' if trace.backward else 'has no'} backward pass, but "
                              f"training={training}: record it with backward={training}")
-        run = RunSpec.of(model, inputs, execution=execution, backward=training, loss_fn=loss_fn)
+        run = RunSpec.of(model, inputs, execution=execution, backward=training, loss_fn=loss_fn, parallel=parallel)
         self._attach(Session(run, trace=trace, cache=cache, cache_dir=cache_dir), spec)
 
     @classmethod

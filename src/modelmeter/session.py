@@ -134,7 +134,11 @@ class Session:
         """The trace another analysis of this call recorded in the same state (:mod:`modelmeter.cache.shared`),
         else the disk cache's, else a new recording."""
         def record() -> Trace:
-            return record_trace(self.spec)
+            if self.spec.parallel is None:
+                return record_trace(self.spec)
+            from .parallel.runner import record_parallel  # imports torch.distributed: only for a plan
+
+            return record_parallel(self.spec)
 
         def load_or_record() -> Trace:
             store = self._trace_cache()

@@ -22,6 +22,7 @@ from .handles.binding import Formula
 from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import AncestorMode, Statistics, count
+from .parallel.plan import ParallelPlan
 from .session import CacheSetting, Session, counted_phases, log_statistics, log_warnings
 
 V = TypeVar("V", bound="MetricView")
@@ -127,6 +128,9 @@ class ModelAnalysis(MetricView):
 
     An analysis is a view over a :class:`~modelmeter.Session` (its own, unless made by :meth:`from_session`):
     views of one session share its run.
+
+    ``parallel`` (a plan's text such as ``"fsdp=8,tp=2"``, or a :class:`~modelmeter.ParallelPlan`) counts one
+    rank of that plan, ``inputs`` being that rank's batch (docs/parallel.md).
     """
 
     _default_handles: ClassVar[dict[str, Handle | CountInside]] = {}
@@ -134,8 +138,8 @@ class ModelAnalysis(MetricView):
     def __init__(self, model: nn.Module, inputs: Any, *, execution: Execution = "auto",
                  trace: Trace | None = None, cache: CacheSetting = None,
                  cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
-                 loss_fn: LossFn | None = None) -> None:
-        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
+                 loss_fn: LossFn | None = None, parallel: str | ParallelPlan | None = None) -> None:
+        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn, parallel=parallel)
         self._attach(Session(spec, trace=trace, cache=cache, cache_dir=cache_dir))
 
     @classmethod
@@ -309,9 +313,10 @@ class FlopCountAnalysis(ModelAnalysis):
     def __init__(self, model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
                  execution: Execution = "auto", trace: Trace | None = None, cache: CacheSetting = None,
                  cache_dir: str | os.PathLike[str] | None = None, backward: bool = False,
-                 loss_fn: LossFn | None = None, attention_kernel: str = "fused") -> None:
+                 loss_fn: LossFn | None = None, attention_kernel: str = "fused",
+                 parallel: str | ParallelPlan | None = None) -> None:
         get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)  # checked first
-        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn)
+        spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn, parallel=parallel)
         self._attach_counting(Session(spec, trace=trace, cache=cache, cache_dir=cache_dir), convention,
                               dense_attention, attention_kernel)
 

@@ -737,6 +737,8 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
     fp.model(spec.model)
     fp.add("inputs", fp.value((spec.args, spec.kwargs)))
     fp.add("run", run_options(execution))
+    if spec.parallel is not None:
+        fp.add("parallel", spec.parallel.key())
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
     fp.user_modules()

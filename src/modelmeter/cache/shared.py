@@ -208,7 +208,8 @@ def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
                    None if spec.loss_fn is None else state.callable(spec.loss_fn),
                    tuple(state.callable(h) for h in (*pre.values(), *post.values())),
                    tuple(state.module(path, module) for path, module in _modules(spec.model)),
-                   state.value(spec.args), state.value(spec.kwargs))
+                   state.value(spec.args), state.value(spec.kwargs),
+                   None if spec.parallel is None else spec.parallel.key())
             return _Key(key), state.alive
     except (_Unshareable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None

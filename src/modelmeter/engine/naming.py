@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from .._torch_compat import children_of, class_name, parameters_of
+from .._torch_compat import children_of, class_name, local_tensor, parameters_of
 from .metadata import dtype_name
 from .trace import ModuleInfo, ParameterInfo
 
@@ -65,13 +65,16 @@ class ModuleNames:
 
 
 def _parameter_infos(own: dict[str, nn.Parameter | None], seen: set[int]) -> list[ParameterInfo]:
-    """A module's own parameters not seen before (``seen``: their ids, updated)."""
+    """A module's own parameters not seen before (``seen``: their ids, updated); a DTensor's as this rank's shard,
+    with its global shape."""
     infos = []
     for key, param in own.items():
         if param is not None and id(param) not in seen:
             seen.add(id(param))
-            infos.append(ParameterInfo(key, tuple(param.shape), dtype_name(param.dtype),
-                                       param.numel() * param.element_size()))
+            local = local_tensor(param)
+            whole = None if local is param else tuple(param.shape)
+            infos.append(ParameterInfo(key, tuple(local.shape), dtype_name(param.dtype),
+                                       local.numel() * local.element_size(), whole))
     return infos
 
 

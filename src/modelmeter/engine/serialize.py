@@ -36,11 +36,12 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 6  # 2: the module table, the run's description (model, versions) and the operators' tags;
+FORMAT_VERSION = 7  # 2: the module table, the run's description (model, versions) and the operators' tags;
 #                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads);
 #                     4: Trace.output_shapes (each module's output shapes, per call);
 #                     5: events' arguments written once per distinct value (the ``values`` table);
-#                     6: events and storages as columns, their strings in the ``strings`` table
+#                     6: events and storages as columns, their strings in the ``strings`` table;
+#                     7: Trace.parallel (the plan of a simulated rank), ParameterInfo.global_shape
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -434,7 +435,8 @@ def _check_modules(trace: Trace) -> None:
         raise ValueError("module names in the trace are not unique strings")
     for module in trace.modules:
         if type(module.children) is not tuple or type(module.parameters) is not tuple \
-                or not all(type(p) is ParameterInfo and type(p.nbytes) is int for p in module.parameters) \
+                or not all(type(p) is ParameterInfo and type(p.nbytes) is int
+                           and (p.global_shape is None or type(p.global_shape) is tuple) for p in module.parameters) \
                 or not all(type(c) is tuple and len(c) == 2 and (c[1] is None or c[1] in names)
                            for c in module.children):
             raise ValueError(f"malformed module {module.name!r} in the trace")

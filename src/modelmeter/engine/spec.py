@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..parallel.plan import ParallelPlan, as_plan
 from .inputs import Args, check_inputs, split_inputs
 
 Execution = Literal["auto", "fake", "real"]
@@ -20,7 +21,8 @@ class RunSpec:
     """``model(*args, **kwargs)`` run once with ``execution`` (``"auto"``, ``"fake"`` or ``"real"``), and its
     backward pass of ``loss_fn(output)`` when ``backward`` (the default loss: the sum of the output's
     floating-point tensors). ``inputs`` are the inputs as the user gave them (what :meth:`of` split into
-    ``args`` and ``kwargs``), kept so that an analysis can be copied with the same inputs.
+    ``args`` and ``kwargs``), kept so that an analysis can be copied with the same inputs. ``parallel``: the run is
+    one rank's under that plan (:mod:`modelmeter.parallel`; the inputs are that rank's), None for one device.
 
     The recorder (``record_trace``), the cache key (``trace_key``) and the trace cache (``cached_trace``) all
     take the spec whole. Compared by identity: inputs hold tensors, whose ``==`` is element-wise.
@@ -33,22 +35,24 @@ class RunSpec:
     execution: Execution = "auto"
     backward: bool = False
     loss_fn: LossFn | None = None
+    parallel: ParallelPlan | None = None
 
     @classmethod
     def of(cls, model: nn.Module, inputs: Any, *, execution: Execution = "auto", backward: bool = False,
-           loss_fn: LossFn | None = None) -> RunSpec:
+           loss_fn: LossFn | None = None, parallel: str | ParallelPlan | None = None) -> RunSpec:
         """The spec of running ``model`` on ``inputs`` (a tensor, a tuple of positional arguments, a dict of
         keyword arguments or :class:`modelmeter.Args`), checked before anything runs: inputs that do not fit
-        ``model.forward``, numpy arrays, a ``loss_fn`` without ``backward`` are rejected with a clear error."""
+        ``model.forward``, numpy arrays, a ``loss_fn`` without ``backward`` are rejected with a clear error;
+        ``parallel`` may be a plan's text (``"fsdp=8,tp=2"``), parsed here."""
         args, kwargs = split_inputs(inputs)
         check_inputs(model, args, kwargs)
         if loss_fn is not None and not backward:
             raise ValueError("loss_fn is only used for the backward pass: pass backward=True with it")
-        return cls(model, args, kwargs, inputs, execution, backward, loss_fn)
+        return cls(model, args, kwargs, inputs, execution, backward, loss_fn, as_plan(parallel))
 
     def with_call(self, model: nn.Module | None = None, inputs: Any = None) -> RunSpec:
         """The same run of another model and/or other inputs (``None``: this spec's), checked as by :meth:`of`."""
         if inputs is None:
             inputs = self.inputs if self.inputs is not None else Args(*self.args, **self.kwargs)
         return RunSpec.of(self.model if model is None else model, inputs, execution=self.execution,
-                          backward=self.backward, loss_fn=self.loss_fn)
+                          backward=self.backward, loss_fn=self.loss_fn, parallel=self.parallel)

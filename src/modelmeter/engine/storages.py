@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._torch_compat import local_tensor
 from .metadata import device_name, dtype_name
 from .trace import Storage, StorageKind
 
@@ -34,7 +35,10 @@ class StorageTracker:
         self._on_free = self._freed  # one bound method for every weak reference
 
     def _record(self, tensor: torch.Tensor, kind: StorageKind, born: int) -> Storage | None:
-        """The record of ``tensor``'s storage, made now (born at ``born``) when it is new."""
+        """The record of ``tensor``'s storage, made now (born at ``born``) when it is new; of a DTensor, its shard's
+        on this rank (the storage it holds: FSDP2's padded one)."""
+        if type(tensor) is not torch.Tensor:
+            tensor = local_tensor(tensor)
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less layouts

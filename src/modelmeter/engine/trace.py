@@ -117,16 +117,27 @@ class Storage:
 
 @dataclass(frozen=True)
 class ParameterInfo:
-    """A parameter a module holds itself (not through a child): its attribute name, shape, dtype and bytes."""
+    """A parameter a module holds itself (not through a child): its attribute name, shape, dtype and bytes.
+
+    Of a parameter sharded across ranks (a DTensor, in a parallel run), ``shape`` and ``nbytes`` are the simulated
+    rank's shard and ``global_shape`` the whole parameter's; ``global_shape`` is None for a parameter held whole."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    global_shape: tuple[int, ...] | None = None
 
     def numel(self) -> int:
         n = 1
         for s in self.shape:
+            n *= s
+        return n
+
+    def global_numel(self) -> int:
+        """Elements of the whole parameter, on all ranks (:meth:`numel` when it is not sharded)."""
+        n = 1
+        for s in self.shape if self.global_shape is None else self.global_shape:
             n *= s
         return n
 
@@ -159,6 +170,11 @@ class ModuleInfo:
     @property
     def param_bytes(self) -> int:
         return sum(p.nbytes for p in self.parameters)
+
+    @property
+    def global_params(self) -> int:
+        """Elements of the module's own (first-seen) parameters on all ranks: :attr:`params` unless sharded."""
+        return sum(p.global_numel() for p in self.parameters)
 
 
 class ModuleTable:
@@ -211,6 +227,12 @@ class Trace:
     that counting it needs no torch. ``output_shapes`` maps a module's canonical name to the shapes its forward
     calls returned (``"1x64x56x56"``, several tensors joined by ``", "``) and how many calls returned each, in
     the order first seen; calls that returned no tensor are not in it.
+
+    ``parallel`` describes the parallel plan of a run that simulated one rank of it (None for a run on one
+    device), as plain data: ``{"plan": its text, "world_size", "rank", "mesh": {dimension: ranks},
+    "coordinates": {dimension: the rank's index}, "groups": {process group name: mesh dimension},
+    "options": {...}}`` (see :mod:`modelmeter.parallel`). Its events and module table are that rank's: local
+    shapes, the rank's parameter shards, the collectives it issued.
     """
 
     events: list[OpEvent] = field(default_factory=list)
@@ -227,6 +249,7 @@ class Trace:
     versions: dict[str, str] = field(default_factory=dict)
     op_tags: dict[str, tuple[str, ...]] = field(default_factory=dict)
     output_shapes: dict[str, dict[str, int]] = field(default_factory=dict)
+    parallel: dict[str, Any] | None = None
 
     def module_table(self) -> ModuleTable:
         """The modules by canonical name, with their aliases (made once per trace)."""

@@ -1,0 +1,156 @@
+"""A plan applied to a copy of the user's model, with PyTorch's own parallel APIs, and materialised as FakeTensors.
+
+The user's model is never touched: :func:`meta_copy` makes a copy whose parameters and buffers are on the meta
+device (no weight memory, whatever the model's size); :func:`parallelize` applies the plan to the copy the way
+torchtitan does — tensor parallel first (``parallelize_module``), then data parallel per repeated block and on the
+root (``fully_shard`` for ZeRO-2/3, torch's ``replicate`` for DDP and ZeRO-1) — and :func:`materialize` gives the
+copy FakeTensor storage (``to_empty`` under a FakeTensorMode), so the run allocates nothing either.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from .._torch_compat import (
+    FakeTensorMode,
+    buffers_of,
+    flattened_mesh,
+    parameters_of,
+    replicate_module,
+    sharded_tensor_type,
+)
+from ..errors import ParallelPlanError
+from .plan import ParallelPlan
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose parameters and buffers are empty tensors on the meta device (same shapes,
+    dtypes, ``requires_grad``; tied ones stay tied). The model is only read; its weights are never copied."""
+    dtensor = sharded_tensor_type()
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for name, param in parameters_of(module).items():
+            if param is None or id(param) in memo:
+                continue
+            if dtensor is not None and isinstance(param, dtensor):
+                raise ParallelPlanError(f"parameter {name!r} of {type(module).__name__} is a DTensor: the model is "
+                                        "already parallelised; give the plain model and the plan instead")
+            memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
+        for buffer in buffers_of(module).values():
+            if buffer is not None and id(buffer) not in memo:
+                memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:  # a model holding a lock, a generator, an open file ...
+        raise ParallelPlanError(f"a parallel analysis works on a copy of the model, and {type(model).__name__} "
+                                f"cannot be copied: {type(exc).__name__}: {exc}") from exc
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks each data-parallel group is made of, as torchtitan groups a transformer: the children of every
+    ``ModuleList``/``Sequential`` of two or more modules of one class with parameters (its layers), outermost such
+    containers only (blocks are not split further)."""
+    found: list[nn.Module] = []
+
+    def walk(module: nn.Module) -> None:
+        for child in module.children():
+            if _identical_blocks(child):
+                found.extend(child.children())
+            else:
+                walk(child)
+
+    walk(model)
+    return found
+
+
+def _identical_blocks(module: nn.Module) -> bool:
+    if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+        return False
+    blocks = list(module.children())
+    return len(blocks) > 1 and len({type(b) for b in blocks}) == 1 and any(True for _ in blocks[0].parameters())
+
+
+def parallelize(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh | None) -> dict[str, DeviceMesh]:
+    """Apply ``plan`` to ``model`` (a copy of the user's) on ``mesh``, in place. Returns the meshes it made besides
+    ``mesh``'s own dimensions, by name: ``dp_fsdp``, the two data-parallel dimensions flattened into one, where
+    ZeRO-1 replicates over both."""
+    if mesh is None:
+        return {}
+    dims = plan.mesh
+    if "tp" in dims:
+        _tensor_parallel(model, plan, mesh["tp"])
+    data_dims = tuple(name for name in ("dp", "fsdp") if name in dims)
+    if data_dims:
+        return _data_parallel(model, plan, mesh, data_dims)
+    return {}
+
+
+def _tensor_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    # module name (an fnmatch pattern) -> ParallelStyle
+    styles = dict(plan.tp_plan) if plan.tp_plan is not None else _default_tp_plan(model, plan.sequence_parallel)
+    # src_data_rank=None: each rank initialises its own shard, as a run on meta tensors does (no scatter at setup)
+    parallelize_module(model, mesh, styles, src_data_rank=None)
+
+
+def _default_tp_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
+    """modelmeter's tensor-parallel plan for ``model`` (modelmeter.parallel.tensor_plans); a clear error when none is
+    known for it."""
+    try:
+        from .tensor_plans import default_tp_plan  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise ParallelPlanError(f"tp > 1 needs a tensor-parallel plan for {type(model).__name__}: pass one as "
+                                "ParallelPlan(..., tp_plan={module name: ColwiseParallel() | RowwiseParallel() ...})"
+                                ) from None
+    found: dict[str, Any] = default_tp_plan(model, sequence_parallel)
+    return found
+
+
+def _data_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh,
+                   dims: tuple[str, ...]) -> dict[str, DeviceMesh]:
+    """``fully_shard`` (ZeRO-3, or ZeRO-2 without resharding after the forward; HSDP on ``dp`` x ``fsdp``) or
+    ``replicate`` (DDP on ``dp``; ZeRO-1 on ``fsdp``, the optimizer's sharding being the memory metric's), per block
+    and on the root: one all-gather / reduce-scatter / all-reduce group per block, as torchtitan groups them."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=_dtype(plan.param_dtype), reduce_dtype=_dtype(plan.reduce_dtype))
+    apply: Callable[[nn.Module, bool], Any]
+    made: dict[str, DeviceMesh] = {}
+    if "fsdp" in dims and plan.zero >= 2:
+        data_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+
+        def apply(module: nn.Module, root: bool) -> Any:
+            # ZeRO-3 frees a block's gathered parameters after its forward, ZeRO-2 keeps them; the root is left to
+            # FSDP2's default (kept: the backward pass needs it first)
+            reshard = None if root else plan.zero == 3
+            return fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    else:
+        replicate = replicate_module()
+        replica_mesh = mesh[dims[0]]
+        if len(dims) > 1:
+            replica_mesh = made["_".join(dims)] = flattened_mesh(mesh[dims], "_".join(dims))
+
+        def apply(module: nn.Module, root: bool) -> Any:
+            return replicate(module, mesh=replica_mesh, mp_policy=policy)
+    for block in repeated_blocks(model):
+        apply(block, False)
+    apply(model, True)
+    return made
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else getattr(torch, name)
+
+
+def materialize(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """Give the parallelised meta copy storage as FakeTensors of ``mode`` on the CPU (no memory is allocated):
+    ``to_empty``, which FSDP2 and DTensor handle for their sharded parameters."""
+    with mode:
+        return model.to_empty(device="cpu")

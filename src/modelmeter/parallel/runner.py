@@ -1,0 +1,77 @@
+"""One rank's run of a model under a parallel plan, recorded by the ordinary engine into an ordinary Trace.
+
+The plan is applied to a meta copy of the model on a fake process group (:mod:`.mesh`, :mod:`.apply`); the copy,
+materialised as FakeTensors, runs the user's inputs — one rank's batch — under the same recorders as any run. What
+the rank computes (local shapes), the collectives it issues and the parameter shards it holds are in the trace;
+``Trace.parallel`` says which plan and rank it is, and names the mesh dimension of every process group.
+
+Contract with the pipeline (``pp`` > 1): this runner records the rank's dp x fsdp x tp work on the whole model it is
+given, once, for the inputs given (one micro-batch). Splitting the model into stages, the micro-batch schedule (1F1B)
+and the send/recv between stages are the pipeline's: it gives this runner each stage's module and micro-batch, with
+the plan's ``rank`` in that stage, and derives the schedule from those per-stage traces (torch's schedules need real
+sends between stages, which one process cannot run). ``Trace.parallel["mesh"]`` includes ``pp``, so the process
+groups and the rank's coordinates are those of the full world.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .._torch_compat import FakeTensorMode, class_name, unseen_global_shape_runs
+from ..engine.inputs import map_tensors
+from ..engine.naming import ModuleNames
+from ..engine.spec import RunSpec
+from ..engine.trace import ModuleInfo, Trace
+from ..engine.tracer import fake_like, record_trace
+from ..errors import ParallelPlanError
+from .apply import materialize, meta_copy, parallelize
+from .mesh import group_names, simulated_mesh
+from .plan import ParallelPlan
+
+
+def record_parallel(spec: RunSpec) -> Trace:
+    """The trace of rank ``spec.parallel.rank`` running ``spec`` under the plan ``spec.parallel``; ``spec.model``
+    is only read (a copy runs), and torch's distributed state is as before, also when the run raises."""
+    plan = spec.parallel
+    if plan is None:
+        raise ValueError("record_parallel needs a spec with a parallel plan")
+    if spec.execution == "real":
+        raise ParallelPlanError("execution='real' cannot run a parallel plan: its ranks are simulated on "
+                                "FakeTensors (use execution='auto' or 'fake')")
+    copy = meta_copy(spec.model)
+    with simulated_mesh(plan) as mesh:
+        flattened = parallelize(copy, plan, mesh)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        materialize(copy, mode)
+        sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
+        with mode, unseen_global_shape_runs():
+            args, kwargs = (map_tensors(lambda t: fake_like(mode, t, _CPU), part) for part in (spec.args, spec.kwargs))
+            # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
+            trace = record_trace(RunSpec(copy, args, kwargs, None, "real", spec.backward, spec.loss_fn))
+        groups = group_names(mesh, flattened)
+    trace.execution = "fake"
+    trace.model = type(spec.model).__name__
+    trace.modules = _as_declared(sharded, ModuleNames(spec.model))
+    trace.parallel = describe_plan(plan, groups)
+    return trace
+
+
+_CPU = torch.device("cpu")
+
+
+def describe_plan(plan: ParallelPlan, groups: dict[str, str]) -> dict[str, Any]:
+    """What ``Trace.parallel`` holds: the plan and the simulated rank as plain data, and the mesh dimension of
+    every process group by the group's name (what the collectives' events name)."""
+    return {"plan": str(plan), "world_size": plan.world_size, "rank": plan.rank, "mesh": plan.mesh,
+            "coordinates": plan.coordinates(), "groups": groups, "options": plan.options()}
+
+
+def _as_declared(infos: list[ModuleInfo], names: ModuleNames) -> list[ModuleInfo]:
+    """The copy's module table with the user's class names: ``fully_shard`` and ``replicate`` give a module a class
+    of their own (``FSDPLinear``), which is no class of the model's."""
+    return [replace(info, type=type(module).__name__, label=class_name(module))
+            if (module := names.modules.get(info.name)) is not None else info for info in infos]
+
