@@ -64,11 +64,11 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "no_torch_function",
+    "is_non_overlapping_and_dense_or_false", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree",
-    "qualified_name", "schema_of", "set_state_dict_metadata", "state_dict_metadata", "unset_fake_temporarily",
-    "version_counter", "weights_only_allowed_globals",
+    "qualified_name", "schema_of", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
+    "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -128,6 +128,60 @@ MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 def parameters_of(module: nn.Module) -> dict[str, nn.Parameter | None]:
     """The module's own parameters by name (``None`` for one registered as None)."""
     return module._parameters
+
+
+# --- DTensor (torch.distributed.tensor, since 2.4) ------------------------------------------------------------------
+@contextlib.contextmanager
+def unseen_global_shape_runs() -> Iterator[None]:
+    """While open, the operators DTensor runs to work out an operator's global output shape reach no mode of ours.
+
+    DTensor's sharding propagation runs each new operator once on FakeTensors of the global shapes
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``, 2.14.1) with the modes of the run active: a recorder
+    would count that work, which no rank does (and only the first time, the result being cached). The only seam is
+    ``ShardingPropagator._fake_mode_lock``, a ``nullcontext`` that torch's multi-threaded tests replace by a lock and
+    that encloses exactly that run: replaced here by a context that sets every dispatch mode aside (sharding
+    propagation then makes a FakeTensorMode of its own), and put back on exit."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator.__dict__["_fake_mode_lock"]
+    ShardingPropagator._fake_mode_lock = _ModesAside()
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = original
+
+
+class _ModesAside:
+    """A re-entrant context manager: the dispatch modes set aside while it is open (see
+    :func:`unseen_global_shape_runs`)."""
+
+    def __init__(self) -> None:
+        self.open: list[contextlib.AbstractContextManager[Any]] = []
+
+    def __enter__(self) -> None:
+        aside = disable_current_modes()
+        aside.__enter__()
+        self.open.append(aside)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.open.pop().__exit__(*exc)
+
+
+def sharded_tensor_type() -> type | None:
+    """The DTensor class once ``torch.distributed.tensor`` is imported, else None (no DTensor can exist yet): looked
+    up, not imported, so an analysis without a parallel plan never imports torch.distributed."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (``DTensor._local_tensor``: ``to_local()`` would be a recorded autograd call);
+    any other tensor itself."""
+    dtensor = sharded_tensor_type()
+    if dtensor is None or not isinstance(tensor, dtensor):
+        return tensor
+    local: torch.Tensor = tensor._local_tensor  # type: ignore[attr-defined]
+    return local
 
 
 def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:

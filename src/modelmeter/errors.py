@@ -24,6 +24,11 @@ class InputMismatchError(ModelRunError):
     raised from torch's own. The command exits 2 on it, as on any other input it cannot use."""
 
 
+class ParallelPlanError(ModelMeterError, ValueError):
+    """A parallel plan that cannot be run: a malformed ``--parallel`` text (the message names the bad part), a
+    plan a model cannot take (no tensor-parallel plan known for it), or a process group already set up."""
+
+
 class ModelExitError(ModelMeterError):
     """The model's code raised ``SystemExit`` (``sys.exit``) or another ``BaseException`` that is neither an
     ``Exception`` nor ``KeyboardInterrupt`` while it was built or run: the analysis did not finish, which is a

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import schema_of
+from .._torch_compat import local_tensor, schema_of
 from .trace import TensorMeta
 
 _PLAIN = (int, float, bool, str, type(None), complex)
@@ -145,9 +145,10 @@ _METAS_LIMIT = 1 << 16
 
 
 def describe(value: Any) -> Any:
-    """Metadata of one argument: tensors become :class:`TensorMeta`, containers are walked."""
+    """Metadata of one argument: tensors become :class:`TensorMeta` (a DTensor its shard on this rank: what the
+    rank computes on), containers are walked."""
     if isinstance(value, torch.Tensor):
-        return tensor_meta(value)
+        return tensor_meta(value if type(value) is torch.Tensor else local_tensor(value))
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, (list, tuple)):

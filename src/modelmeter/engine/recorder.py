@@ -33,6 +33,7 @@ from .._torch_compat import (
     pytree,
     qualified_name,
     schema_of,
+    sharded_tensor_type,
 )
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .inputs import tensors_in
@@ -455,14 +456,21 @@ def autograd_functions(recorder: Recorder) -> Iterator[None]:
 
 class DispatchRecorder(EagerDispatchMode):
     """Sees every aten operator that reaches the dispatcher, and records its metadata (with no guard against
-    torch.compile around each operator: see :class:`EagerDispatchMode`)."""
+    torch.compile around each operator: see :class:`EagerDispatchMode`).
+
+    A call on DTensors is not recorded itself: it is handed to DTensor (``NotImplemented``, as torch's
+    ``CommDebugMode`` does), whose implementation runs the rank's local operators and the collectives of any
+    redistribution, and those come back here, with the shapes of the rank's shards."""
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        self.sharded = sharded_tensor_type()  # DTensor, when torch.distributed.tensor is in use
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
+        if self.sharded is not None and self.sharded in types_:
+            return NotImplemented
         kwargs = kwargs or {}
         rec = self.recorder
         operator = _OPERATORS.get(func) or _operator(func)
