@@ -144,7 +144,7 @@ def unseen_global_shape_runs() -> Iterator[None]:
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     original = ShardingPropagator.__dict__["_fake_mode_lock"]
-    ShardingPropagator._fake_mode_lock = _ModesAside()
+    ShardingPropagator._fake_mode_lock = _ModesAside()  # type: ignore[assignment]
     try:
         yield
     finally:
