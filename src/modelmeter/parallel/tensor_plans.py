@@ -118,6 +118,10 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
     its share of the heads. Hugging Face attention reads the count from the shapes (``view(..., -1, head_dim)``)
     and needs nothing. Head counts (query and key/value) that the mesh's size does not divide raise
     :class:`~modelmeter.errors.ParallelPlanError` naming the module.
+
+    Tied parameters (an output head sharing the embedding's weight) are tied again afterwards: each style
+    distributes its own copy, and both styles of the default plan shard that weight the same way (``Shard(0)``, the
+    vocabulary); ties whose styles place them differently raise.
     """
     ranks = mesh.size()
     chosen = default_tp_plan(model, sequence_parallel) if plan is None else dict(plan)
@@ -128,8 +132,12 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
     for _, module in attention:
         for attribute in _head_attributes(module):
             setattr(module, attribute, getattr(module, attribute) // ranks)
+    tied = _tied_parameters(model)
     # src_data_rank=None: each rank initialises its own shard (no scatter from rank 0), as a run on meta tensors does
-    return parallelize_module(model, mesh, chosen, src_data_rank=None)
+    parallelize_module(model, mesh, chosen, src_data_rank=None)
+    for group in tied:
+        _tie_again(model, group)
+    return model
 
 
 # --- recognising the layout -------------------------------------------------------------------------------------
@@ -277,3 +285,30 @@ def _first_count(owner: Any, names: tuple[str, ...]) -> int | None:
 def _head_attributes(module: nn.Module) -> list[str]:
     """The head counts ``module`` holds as attributes (divided per rank on the copy)."""
     return [a for a in (*_QUERY_HEADS, *_KV_HEADS) if isinstance(getattr(module, a, None), int)]
+
+
+# --- tied parameters ----------------------------------------------------------------------------------------------
+def _tied_parameters(model: nn.Module) -> list[list[tuple[str, str]]]:
+    """Groups of (module name, attribute) holding one parameter, for each parameter held in more than one place."""
+    places: dict[int, list[tuple[str, str]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for attribute, parameter in module.named_parameters(recurse=False):
+            places.setdefault(id(parameter), []).append((name, attribute))
+    return [sorted(set(group)) for group in places.values() if len(set(group)) > 1]
+
+
+def _tie_again(model: nn.Module, group: list[tuple[str, str]]) -> None:
+    """Make every place of ``group`` hold the first place's (sharded) parameter again."""
+    first_name, first_attribute = group[0]
+    shared = getattr(model.get_submodule(first_name), first_attribute)
+    for name, attribute in group[1:]:
+        module = model.get_submodule(name)
+        other = getattr(module, attribute)
+        if other is shared:
+            continue
+        if getattr(other, "placements", None) != getattr(shared, "placements", None):
+            raise ParallelPlanError(
+                f"parameters {_join(first_name, first_attribute)!r} and {_join(name, attribute)!r} are tied, but the "
+                f"plan places them differently ({getattr(shared, 'placements', 'replicated')} and "
+                f"{getattr(other, 'placements', 'replicated')}); untie them, or pass a plan that shards both alike")
+        setattr(module, attribute, shared)
