@@ -77,10 +77,11 @@ def hf_model(family: str = "llama", **overrides: Any) -> nn.Module:
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[family]
     sizes = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 176, "num_hidden_layers": LAYERS,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-             "tie_word_embeddings": False} | overrides
+             "head_dim": HEAD_DIM, "tie_word_embeddings": False} | overrides
     with torch.device("meta"):
         return model_class(config_class(**sizes))
 
@@ -208,6 +209,15 @@ def test_mistral_and_qwen2_are_sharded_by_the_same_plan(mesh: DeviceMesh, family
                               lambda m: apply_tensor_parallel(m, mesh))
     assert recorded_collectives(analysis, "forward") == debug_mode_collectives(comm, "forward") == \
         {"all_reduce": 2 * LAYERS + 1, "all_gather_into_tensor": 1}
+
+
+def test_norms_inside_a_block_stay_replicated_under_sequence_parallelism(mesh: DeviceMesh) -> None:
+    """Qwen3 normalises each head's q and k inside attention, on the gathered activations, not on sequence shards."""
+    plan = default_tp_plan(hf_model("qwen3"), sequence_parallel=True)
+    assert "model.layers.0.self_attn.q_norm" not in plan
+    assert isinstance(plan["model.layers.0.input_layernorm"], SequenceParallel)
+    analysis, comm = one_rank(hf_model("qwen3"), lambda m: apply_tensor_parallel(m, mesh, sequence_parallel=True))
+    assert recorded_collectives(analysis, "forward") == debug_mode_collectives(comm, "forward")
 
 
 def test_torchs_parallelize_module_takes_the_plan_as_it_is(mesh: DeviceMesh) -> None:

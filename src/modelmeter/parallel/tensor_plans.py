@@ -39,7 +39,7 @@ __all__ = ["apply_tensor_parallel", "default_tp_plan"]
 @dataclass(frozen=True)
 class _Block:
     """A region Megatron-LM splits: its column-parallel projections (children, by name) feed its one row-parallel
-    projection; ``heads`` for attention, whose column split is a split of the heads."""
+    projection. An attention block's column split is a split of its heads."""
 
     kind: Literal["attention", "mlp"]
     columns: tuple[str, ...]
@@ -86,6 +86,7 @@ def default_tp_plan(model: nn.Module, sequence_parallel: bool = False) -> dict[s
     """
     plan: dict[str, ParallelStyle] = {}
     placed: set[str] = set()
+    blocks: set[str] = set()
     for name, module in model.named_modules():
         if name in placed:
             continue
@@ -93,6 +94,7 @@ def default_tp_plan(model: nn.Module, sequence_parallel: bool = False) -> dict[s
         if block is not None:
             plan.update(_block_plan(name, module, block, sequence_parallel))
             placed.update(_join(name, child) for child in (*block.columns, block.row))
+            blocks.add(name)
         elif isinstance(module, nn.Sequential):
             pairs = _linear_pairs(name, module)
             plan.update(pairs)
@@ -100,7 +102,10 @@ def default_tp_plan(model: nn.Module, sequence_parallel: bool = False) -> dict[s
     for name, module in _holders(model):
         if name in placed:
             continue
-        style = _leaf_style(name, module, sequence_parallel)
+        # a norm inside a block (Qwen3's per-head q/k norms) works on the block's gathered activations, never on
+        # sequence shards
+        between_blocks = sequence_parallel and not _inside(name, blocks)
+        style = _leaf_style(name, module, sequence_sharded=between_blocks)
         if style is not None:
             plan[name] = style
     return plan
@@ -196,20 +201,21 @@ def _linear_pairs(name: str, sequential: nn.Sequential) -> dict[str, ParallelSty
     return plan
 
 
-def _leaf_style(name: str, module: nn.Module, sequence_parallel: bool) -> ParallelStyle | None:
-    """The style of a module with parameters of its own that no block placed: None to keep it replicated (a norm
-    without sequence parallelism); raises for one it cannot place."""
+def _leaf_style(name: str, module: nn.Module, *, sequence_sharded: bool) -> ParallelStyle | None:
+    """The style of a module with parameters of its own that no block placed (``sequence_sharded``: it works on the
+    activations between blocks, under sequence parallelism): None to keep it replicated (a norm otherwise); raises
+    for one it cannot place."""
     last = name.rpartition(".")[2]
     if _is_conv1d(module) or (last in _FUSED_QKV and isinstance(module, nn.Linear)):
         raise ParallelPlanError(_fused_message(name, module))
     if isinstance(module, nn.Embedding):
-        if sequence_parallel:
+        if sequence_sharded:
             return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
         return RowwiseParallel(input_layouts=Replicate())
     if _is_norm(module):
-        return SequenceParallel() if sequence_parallel else None
+        return SequenceParallel() if sequence_sharded else None
     if isinstance(module, nn.Linear) and last in _OUTPUT_HEADS:
-        entering = Shard(1) if sequence_parallel else Replicate()
+        entering = Shard(1) if sequence_sharded else Replicate()
         return ColwiseParallel(input_layouts=entering, output_layouts=Replicate())
     raise ParallelPlanError(
         f"no tensor-parallel place known for module {name!r} ({type(module).__name__}): the default plan knows "
@@ -219,8 +225,9 @@ def _leaf_style(name: str, module: nn.Module, sequence_parallel: bool) -> Parall
 
 
 def _fused_message(name: str, module: nn.Module) -> str:
-    kind = "Hugging Face Conv1D (GPT-2's layout, weight stored (in, out))" if _is_conv1d(module) else \
-        "projection computing q, k and v in one product"
+    kind = "projection computing q, k and v in one product"
+    if _is_conv1d(module):
+        kind = "Hugging Face Conv1D (GPT-2's layout, weight stored (in, out))"
     return (f"module {name!r} is a {kind}: the default tensor-parallel plan does not shard it (torch's "
             "ColwiseParallel/RowwiseParallel shard nn.Linear and nn.Embedding, and a contiguous column split of a "
             f"fused q/k/v projection would give a rank parts of q, k and v instead of whole heads); {_EXPLICIT}, "
@@ -242,6 +249,12 @@ def _is_conv1d(module: nn.Module) -> bool:
     """Hugging Face's ``transformers.pytorch_utils.Conv1D``, told without importing transformers."""
     cls = type(module)
     return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+
+
+def _inside(name: str, blocks: set[str]) -> bool:
+    """Whether module ``name`` lies inside one of ``blocks`` (module names)."""
+    parts = name.split(".")
+    return any(".".join(parts[:end]) in blocks for end in range(1, len(parts)))
 
 
 def _join(prefix: str, name: str) -> str:
