@@ -251,7 +251,8 @@ def test_a_plain_mlp_stack_is_sharded_in_linear_pairs(mesh: DeviceMesh) -> None:
 
 # --- the plan itself ---------------------------------------------------------------------------------------------
 def test_the_llama_plan_is_megatrons() -> None:
-    plan = default_tp_plan(llama_on_meta := zoo_llama())
+    llama_on_meta = zoo_llama()
+    plan = default_tp_plan(llama_on_meta)
     layer = "model.layers.0"
     kinds = {name: type(style) for name, style in plan.items() if name.startswith(layer)}
     assert kinds == {f"{layer}.self_attn": PrepareModuleInput, f"{layer}.mlp": PrepareModuleInput,
@@ -264,6 +265,20 @@ def test_the_llama_plan_is_megatrons() -> None:
     assert isinstance(plan["lm_head"], ColwiseParallel) and plan["lm_head"].output_layouts == (Replicate(),)
     assert "model.norm" not in plan  # replicated: every rank normalises the whole activations
     assert llama_on_meta.model.layers[0].self_attn.num_heads == 4  # the model is only read
+
+
+@pytest.mark.parametrize(("columns", "row"), [
+    (("q_proj", "k_proj", "v_proj"), "o_proj"), (("wq", "wk", "wv"), "wo"),  # Hugging Face / zoo; Meta, torchtitan
+    (("gate_proj", "up_proj"), "down_proj"), (("w1", "w3"), "w2"), (("fc1",), "fc2"),
+])
+def test_each_naming_of_a_block_is_recognised(columns: tuple[str, ...], row: str) -> None:
+    block = nn.Module()
+    for name in (*columns, row):
+        block.add_module(name, nn.Linear(8, 8))
+    plan = default_tp_plan(nn.ModuleDict({"block": block}))
+    expected = {"block": PrepareModuleInput, **{f"block.{c}": ColwiseParallel for c in columns},
+                f"block.{row}": RowwiseParallel}
+    assert {name: type(style) for name, style in plan.items()} == expected
 
 
 def test_sequence_parallel_shards_the_norms_and_the_activations_between_regions() -> None:
