@@ -122,7 +122,9 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
     PyTorch's tensor-parallel tutorial and torchtitan adjust ``n_heads`` — since a rank's q projection makes only
     its share of the heads. Hugging Face attention reads the count from the shapes (``view(..., -1, head_dim)``)
     and needs nothing. Head counts (query and key/value) that the mesh's size does not divide raise
-    :class:`~modelmeter.errors.ParallelPlanError` naming the module.
+    :class:`~modelmeter.errors.ParallelPlanError` naming the module. (Attention blocks are those whose query
+    projection the plan names exactly, with ``ColwiseParallel``; a wildcard entry of a plan of your own is not
+    followed.)
 
     Tied parameters (an output head sharing the embedding's weight) are tied again afterwards: each style
     distributes its own copy, and both styles of the default plan shard that weight the same way (``Shard(0)``, the
