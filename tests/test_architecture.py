@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("handles", ("modelmeter.handles",), ("engine",)),
     ("devices", ("modelmeter.devices",), ("base",)),  # the accelerators' datasheets: plain data, torch-free
     ("metrics", ("modelmeter.metrics",), ("handles", "devices")),
+    ("parallel", ("modelmeter.parallel",), ("metrics",)),  # per-rank cost of parallel plans, derived from a trace
     ("format", ("modelmeter.engine.serialize",), ("engine",)),  # the Trace as JSON: kept by the cache, saved by reports
     ("cache", ("modelmeter.cache",), ("format", "io")),
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),
@@ -48,7 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("cli", ("modelmeter.cli", "modelmeter.__main__"), ("guard",)),
     ("launcher", ("modelmeter_cli",), ("cli",)),  # the console script: imports the command lazily
     ("plugin", ("modelmeter_pytest",), ("guard",)),
-    ("root", (ROOT,), ("session",)),  # the public names, re-exported
+    ("root", (ROOT,), ("session", "parallel")),  # the public names, re-exported
 )
 
 

@@ -92,25 +92,12 @@ def parallelize(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh | None) -
 
 
 def _tensor_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh) -> None:
-    from torch.distributed.tensor.parallel import parallelize_module
+    """``parallelize_module`` by the plan's ``tp_plan`` or modelmeter's default plan for the model's layout, with
+    head counts checked and made local (modelmeter.parallel.tensor_plans)."""
+    from .tensor_plans import apply_tensor_parallel
 
-    # module name (an fnmatch pattern) -> ParallelStyle
-    styles = dict(plan.tp_plan) if plan.tp_plan is not None else _default_tp_plan(model, plan.sequence_parallel)
-    # src_data_rank=None: each rank initialises its own shard, as a run on meta tensors does (no scatter at setup)
-    parallelize_module(model, mesh, styles, src_data_rank=None)
-
-
-def _default_tp_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
-    """modelmeter's tensor-parallel plan for ``model`` (modelmeter.parallel.tensor_plans); a clear error when none is
-    known for it."""
-    try:
-        from .tensor_plans import default_tp_plan  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise ParallelPlanError(f"tp > 1 needs a tensor-parallel plan for {type(model).__name__}: pass one as "
-                                "ParallelPlan(..., tp_plan={module name: ColwiseParallel() | RowwiseParallel() ...})"
-                                ) from None
-    found: dict[str, Any] = default_tp_plan(model, sequence_parallel)
-    return found
+    styles = dict(plan.tp_plan) if plan.tp_plan is not None else None
+    apply_tensor_parallel(model, mesh, styles, sequence_parallel=plan.sequence_parallel)
 
 
 def _data_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh,
