@@ -34,7 +34,7 @@ class Collective:
     """One collective operator: its ``kind`` (one of :data:`KINDS`) and the formula of its payload in bytes."""
 
     kind: str
-    payload: Handle
+    payload: Callable[[list[Any], list[Any]], int]
 
 
 def _bytes(value: Any) -> int:

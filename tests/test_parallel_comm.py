@@ -1,0 +1,284 @@
+"""Collectives as plain trace data, and the communication metric: checked against CommDebugMode on the same run,
+against hand arithmetic of the ring algorithms' factors, and against ZeRO's published volumes (docs/parallel.md).
+
+The models run on torch's own machinery (FSDP2's ``fully_shard``, the FSDP2-based ``replicate``) under the fake
+process group, built on meta and materialised as FakeTensors, as a parallel analysis runs them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import modelmeter
+from modelmeter.cache import TraceCache
+from modelmeter.engine.serialize import dumps, loads
+from modelmeter.engine.trace import GroupMeta
+from modelmeter.handles.collectives import rank_bytes
+from modelmeter.metrics.communication import communication
+
+pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
+WIDTH = 16  # every parameter's first dimension is a multiple of the world sizes used: FSDP2 pads none
+FLOAT = 4
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = WIDTH) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class Stack(nn.Module):
+    """Blocks, and optionally a layer of the root's own (FSDP2 keeps the root's parameters unsharded for backward)."""
+
+    def __init__(self, blocks: int = 2, own: bool = False) -> None:
+        super().__init__()
+        self.inp = nn.Linear(WIDTH, WIDTH) if own else nn.Identity()
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+BLOCK_BYTES = (8 * WIDTH * WIDTH + 5 * WIDTH) * FLOAT  # up: 4d·d + 4d, down: d·4d + d
+OWN_BYTES = (WIDTH * WIDTH + WIDTH) * FLOAT
+
+
+@pytest.fixture
+def world(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A fake default process group of the parametrised size (4 when not parametrised), destroyed afterwards."""
+    size = getattr(request, "param", 4)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
+    try:
+        yield size
+    finally:
+        dist.destroy_process_group()
+
+
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def _materialised(model: nn.Module, mode: FakeTensorMode) -> torch.Tensor:
+    with mode:
+        model.to_empty(device="cpu")
+        return torch.randn(4, WIDTH)
+
+
+def _fsdp(mesh: DeviceMesh, *, own: bool = False, blocks: int = 2) -> nn.Module:
+    with torch.device("meta"):
+        model = Stack(blocks, own)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _oracle(model: nn.Module, x: torch.Tensor, mode: FakeTensorMode) -> CommDebugMode:
+    with mode, CommDebugMode() as comm:
+        model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return comm
+
+
+def _analysed(model: nn.Module, x: torch.Tensor, mode: FakeTensorMode) -> modelmeter.Analysis:
+    with mode:
+        return modelmeter.analyze(model, x, backward=True, quiet=True)
+
+
+def _short(packet: Any) -> str:
+    """``c10d::_allgather_base_`` for CommDebugMode's key ``torch.ops.c10d._allgather_base_``."""
+    return str(packet._qualified_op_name)
+
+
+def _by_phase_and_op(calls: list[Any]) -> Counter[tuple[str, str]]:
+    return Counter((call.phase, call.op) for call in calls)
+
+
+def _oracle_by_phase_and_op(comm: CommDebugMode, root: str) -> Counter[tuple[str, str]]:
+    counts = comm.comm_module_counts[root]
+    return Counter({(phase, _short(op)): n for phase in ("forward", "backward") for op, n in counts[phase].items()})
+
+
+@pytest.mark.parametrize("world", [2, 4, 8], indirect=True)
+def test_fsdp2_collectives_equal_comm_debug_mode(world: int) -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)), own=True)
+    x = _materialised(model, mode)
+    comm = _oracle(model, x, mode)
+    analysis = _analysed(model, x, mode)
+    found = communication(analysis.trace)
+
+    assert Counter(call.op for call in found.calls) == Counter(
+        {_short(op): n for op, n in comm.get_comm_counts().items()})
+    root = type(model).__name__
+    assert _by_phase_and_op(found.calls) == _oracle_by_phase_and_op(comm, root)
+    # forward: each FSDP unit's all-gather is issued in its own module, as CommDebugMode attributes it
+    for name, module in (("blocks.0", "blocks.0"), ("blocks.1", "blocks.1")):
+        ours = Counter(call.op for call in found.calls if call.phase == "forward" and module in call.modules)
+        theirs = comm.comm_module_counts[f"{root}.{name}"]["forward"]
+        assert ours == Counter({_short(op): n for op, n in theirs.items()})
+    # nothing about the collectives or FSDP2's helpers is unsupported any more
+    assert not analysis.flops.unsupported_ops()
+    assert not found.unsupported
+
+
+@pytest.mark.parametrize("world", [2, 4, 8], indirect=True)
+def test_fsdp2_payloads_are_the_units_parameters(world: int) -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)), own=True)
+    found = communication(_analysed(model, _materialised(model, mode), mode).trace)
+    # forward: the root's unit (its own layer), then each block's; backward: the blocks again (the root stays
+    # unsharded), and one reduce-scatter per unit, the gradients of the whole unit
+    assert [(c.kind, c.phase, c.payload) for c in found.calls if c.kind == "all_gather"] == [
+        ("all_gather", "forward", OWN_BYTES), ("all_gather", "forward", BLOCK_BYTES),
+        ("all_gather", "forward", BLOCK_BYTES), ("all_gather", "backward", BLOCK_BYTES),
+        ("all_gather", "backward", BLOCK_BYTES)]
+    assert sorted(c.payload for c in found.calls if c.kind == "reduce_scatter") == sorted(
+        [OWN_BYTES, BLOCK_BYTES, BLOCK_BYTES])
+    for call in found.calls:
+        assert call.group == GroupMeta("0", world, tuple(range(world)))  # the mesh spans the default group
+        assert call.sent == call.received == call.payload * (world - 1) / world
+
+
+@pytest.mark.parametrize("world", [2, 4, 8], indirect=True)
+def test_zero3_moves_three_psi_per_step(world: int) -> None:
+    """ZeRO (Rajbhandari et al. 2020, §7.2.2): stage 3 moves 3Ψ per step and rank — the parameters all-gathered in
+    the forward and again in the backward pass, the gradients reduce-scattered — each at (n-1)/n of the buffer."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)), blocks=3)
+    psi = 3 * BLOCK_BYTES
+    found = communication(_analysed(model, _materialised(model, mode), mode).trace)
+    total = found.total()
+    assert total.sent == total.received == pytest.approx(3 * psi * (world - 1) / world)
+    kinds = found.by_kind()
+    assert kinds["all_gather"].payload == 2 * psi and kinds["reduce_scatter"].payload == psi
+    assert found.by_phase()["forward"].payload == psi
+
+
+@pytest.mark.parametrize("world", [2, 4], indirect=True)
+def test_data_parallel_all_reduces_two_psi(world: int) -> None:
+    """ZeRO §7.1: data parallelism's all-reduce of the gradients moves 2Ψ per step and rank ((n-1)/n each of its
+    reduce-scatter and all-gather halves). ``replicate`` here is FSDP2's (replicate_with_fsdp): the DDP-based one
+    needs real collectives' results (its comm hook reads them), which the fake process group does not make."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with torch.device("meta"):
+        model = Stack(2, own=True)
+    replicate(model, mesh=_mesh((world,), ("dp",)))
+    x = _materialised(model, mode)
+    comm = _oracle(model, x, mode)
+    found = communication(_analysed(model, x, mode).trace)
+    psi = 2 * BLOCK_BYTES + OWN_BYTES
+    assert Counter(call.op for call in found.calls) == Counter(
+        {_short(op): n for op, n in comm.get_comm_counts().items()})
+    assert [(c.kind, c.phase) for c in found.calls] == [("all_reduce", "backward")]
+    assert found.total().payload == psi
+    assert found.total().sent == pytest.approx(2 * psi * (world - 1) / world)
+
+
+@pytest.mark.parametrize("world", [8], indirect=True)
+def test_groups_of_a_two_dimensional_mesh_are_told_apart(world: int) -> None:
+    """HSDP on a (replicate 2, shard 4) mesh: all-gathers and reduce-scatters over the shard groups, the
+    all-reduce of the shards' gradients over the replicate group; each call names its group, and the mesh's
+    dimension names replace the groups' names when the trace's parallel description maps them."""
+    mesh = _mesh((2, 4), ("dp", "fsdp"))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(mesh)
+    analysis = _analysed(model, _materialised(model, mode), mode)
+    shard, replicas = mesh.get_group("fsdp"), mesh.get_group("dp")
+    found = communication(analysis.trace)
+    groups = {(call.kind, call.group) for call in found.calls}
+    assert groups == {("all_gather", GroupMeta(shard.group_name, 4, (0, 1, 2, 3))),
+                      ("reduce_scatter", GroupMeta(shard.group_name, 4, (0, 1, 2, 3))),
+                      ("all_reduce", GroupMeta(replicas.group_name, 2, (0, 4)))}
+    # the gradient shards all-reduced across the replicas: a quarter of each unit's gradients
+    assert found.by_kind()["all_reduce"].payload == 2 * BLOCK_BYTES // 4
+    assert set(found.by_group()) == {shard.group_name, replicas.group_name}
+
+    # what a parallel analysis records (Trace.parallel, set by hand until that field is merged)
+    vars(analysis.trace)["parallel"] = {"groups": {shard.group_name: "fsdp", replicas.group_name: "dp"}}
+    by_dim = communication(analysis.trace).by_group()
+    assert by_dim["dp"].count == 2 and by_dim["fsdp"].count == 6
+
+
+def test_a_functional_collective_names_its_group(world: int) -> None:
+    """DTensor's collectives are functional ones, naming their group: the name becomes the group's GroupMeta."""
+    import torch.distributed._functional_collectives as funcol
+
+    mesh = _mesh((2, 2), ("dp", "tp"))
+
+    class Reduces(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(WIDTH, WIDTH)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return funcol.all_reduce(self.proj(x), "sum", (mesh, 1))
+
+    found = communication(modelmeter.analyze(Reduces(), torch.randn(3, WIDTH), quiet=True).trace)
+    tp = mesh.get_group("tp")
+    assert [(c.op, c.kind, c.module, c.payload) for c in found.calls] == [
+        ("_c10d_functional::all_reduce", "all_reduce", "", 3 * WIDTH * FLOAT)]
+    assert found.calls[0].group == GroupMeta(tp.group_name, 2, (0, 1))
+    assert found.calls[0].sent == 3 * WIDTH * FLOAT  # 2(n-1)/n = 1 for n = 2
+
+
+def test_groups_survive_the_trace_file_and_the_disk_cache(world: int, tmp_path: Any) -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)))
+    trace = _analysed(model, _materialised(model, mode), mode).trace
+    again = loads(dumps(trace))
+    assert [e.inputs for e in again.events] == [e.inputs for e in trace.events]
+    assert any(isinstance(value, GroupMeta) for event in again.events for value in event.inputs)
+    assert communication(again).calls == communication(trace).calls
+    cache = TraceCache(tmp_path)  # the disk cache's own entry format around it
+    assert cache.store("c" * 64, trace)
+    stored = cache.load("c" * 64)
+    assert stored is not None and communication(stored).calls == communication(trace).calls
+
+
+@pytest.mark.parametrize(("kind", "n", "sent", "received"), [
+    # all-gather / reduce-scatter: each rank passes on n-1 of the n shards (S/n each)
+    ("all_gather", 4, 3 * 1024 / 4, 3 * 1024 / 4), ("reduce_scatter", 8, 7 * 1024 / 8, 7 * 1024 / 8),
+    # all-reduce: a reduce-scatter then an all-gather of the result
+    ("all_reduce", 4, 2 * 3 * 1024 / 4, 2 * 3 * 1024 / 4), ("all_reduce", 2, 1024, 1024),
+    ("all_to_all", 4, 3 * 1024 / 4, 3 * 1024 / 4), ("broadcast", 4, 1024, 1024),
+    ("send", 2, 1024, 0), ("recv", 2, 0, 1024),
+    ("all_reduce", 1, 0, 0), ("all_gather", 1, 0, 0),  # a group of one has no peer
+])
+def test_ring_factors_by_hand(kind: str, n: int, sent: float, received: float) -> None:
+    assert rank_bytes(kind, 1024, n) == (sent, received)
+
+
+def test_fsdp_copies_move_what_they_copy(world: int) -> None:
+    """FSDP2's copy-in reads a rank's shards and writes them into the all-gather buffer; the copy-out reads the
+    gathered buffer and writes the parameters; neither computes."""
+    from modelmeter.metrics.traffic import count_bytes
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)), blocks=1)
+    trace = _analysed(model, _materialised(model, mode), mode).trace
+    by_op = count_bytes(trace).by_phase["forward"][""]
+    assert by_op["all_gather_copy_in"] == 2 * BLOCK_BYTES // world
+    assert by_op["split_with_sizes_copy"] == 2 * BLOCK_BYTES
+    assert "_allgather_base_" not in by_op  # a collective's time is the communication metric's
