@@ -23,10 +23,12 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import modelmeter
 from modelmeter.cache import TraceCache
+from modelmeter.devices import DeviceError, Interconnect, get_interconnect
 from modelmeter.engine.serialize import dumps, loads
 from modelmeter.engine.trace import GroupMeta
 from modelmeter.handles.collectives import rank_bytes
-from modelmeter.metrics.communication import communication
+from modelmeter.metrics.communication import CollectiveCall, Communication, communication
+from modelmeter.metrics.step_time import collective_time, step_time
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 WIDTH = 16  # every parameter's first dimension is a multiple of the world sizes used: FSDP2 pads none
@@ -282,3 +284,74 @@ def test_fsdp_copies_move_what_they_copy(world: int) -> None:
     assert by_op["all_gather_copy_in"] == 2 * BLOCK_BYTES // world
     assert by_op["split_with_sizes_copy"] == 2 * BLOCK_BYTES
     assert "_allgather_base_" not in by_op  # a collective's time is the communication metric's
+
+
+# --- interconnects and the step time --------------------------------------------------------------------
+def test_interconnect_catalog_is_per_gpu_and_per_direction() -> None:
+    h100 = get_interconnect("h100-sxm")  # an alias finds its device's links
+    assert (h100.intra_node, h100.inter_node, h100.node_size) == (450e9, 50e9, 8)  # 900 GB/s bidir.; 400 Gb/s
+    assert get_interconnect("a100").intra_node == 300e9 and get_interconnect("a100").inter_node == 25e9
+    assert get_interconnect("b200").intra_node == 900e9
+    assert get_interconnect(modelmeter.get_device("h200")) == get_interconnect("h200")
+    with pytest.raises(DeviceError, match="no interconnect is known for device 'l4'"):
+        get_interconnect("l4")
+    with pytest.raises(DeviceError, match="node_size"):
+        Interconnect("bad", intra_node=1e9, inter_node=1e9, node_size=0)
+
+
+@pytest.mark.parametrize(("ranks", "size", "link"), [
+    ((0, 1, 2, 3, 4, 5, 6, 7), 8, "intra_node"), ((0, 4), 2, "intra_node"), ((8, 12), 2, "intra_node"),
+    ((0, 8), 2, "inter_node"), (tuple(range(16)), 16, "inter_node"), ((), 8, "intra_node"), ((), 9, "inter_node")])
+def test_a_group_crosses_the_network_when_its_ranks_span_nodes(ranks: tuple[int, ...], size: int,
+                                                               link: str) -> None:
+    assert get_interconnect("h100").link(ranks, size) == link
+
+
+def _call(kind: str, payload: int, ranks: tuple[int, ...], op: str = "c10d::x", phase: str = "forward") -> Any:
+    sent, received = rank_bytes(kind, payload, len(ranks))
+    return CollectiveCall(0, op, kind, phase, "", GroupMeta("g", len(ranks), ranks), "g", payload, sent, received)
+
+
+def test_collective_time_by_hand() -> None:
+    h100 = get_interconnect("h100")
+    gb = 10**9
+    assert collective_time(_call("all_gather", 8 * gb, tuple(range(8))), h100) == pytest.approx(5e-6 + 7 * gb / 450e9)
+    assert collective_time(_call("all_reduce", 2 * gb, (0, 8)), h100) == pytest.approx(10e-6 + 2 * gb / 50e9)
+    assert collective_time(_call("all_reduce", gb, (0,)), h100) == 0.0  # a group of one moves nothing
+
+
+def test_step_time_hides_process_group_collectives_behind_compute_and_exposes_functional_ones() -> None:
+    h100 = get_interconnect("h100")
+    ranks = tuple(range(8))
+    fsdp = _call("all_gather", 9 * 10**9, ranks)  # 7/8 of 9 GB at 450 GB/s: 17.5 ms
+    tp = _call("all_reduce", 10**9, ranks, op="_c10d_functional::all_reduce")  # 2·7/8 GB: 3.89 ms
+    rs = _call("reduce_scatter", 9 * 10**9, ranks, phase="backward")
+    t_fsdp, t_tp, t_rs = (collective_time(c, h100) for c in (fsdp, tp, rs))
+    compute = {"forward": 0.010, "backward": 0.030, "total": 0.040}
+    step = step_time(Communication([fsdp, tp, rs]), compute, h100)
+    # forward: the all-gather outlasts the compute by t_fsdp - 10 ms, the TP all-reduce is exposed in full;
+    # backward: the reduce-scatter hides behind 30 ms of compute
+    assert step.phase("forward") == pytest.approx(0.010 + t_tp + (t_fsdp - 0.010))
+    assert step.phase("backward") == pytest.approx(0.030)
+    assert step.total == pytest.approx(step.phase("forward") + 0.030)
+    assert step.communication == pytest.approx(t_fsdp + t_tp + t_rs)
+    assert "exposed" in step.to_dict()["assumption"] and step.to_dict()["total"] == step.total
+
+
+def test_analysis_step_time_of_fsdp(world: int) -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)))
+    x = _materialised(model, mode)
+    with mode:
+        analysis = modelmeter.analyze(model, x, backward=True, quiet=True, device="h100")
+    step = analysis.step_time()
+    assert step is not None and analysis.roofline is not None
+    times = analysis.roofline.summary["time"]
+    assert step.compute == {phase: times[phase] for phase in ("forward", "backward")}
+    calls = analysis.communication.calls
+    h100 = get_interconnect("h100")
+    assert step.overlapped["forward"] == pytest.approx(sum(collective_time(c, h100) for c in calls
+                                                           if c.phase == "forward"))
+    assert not step.exposed  # FSDP2's collectives are all process-group operators
+    assert step.total >= times["total"]
+    assert analysis.step_time(Interconnect("slow", intra_node=1e6, inter_node=1e6)).total > step.total
