@@ -274,16 +274,18 @@ def test_ring_factors_by_hand(kind: str, n: int, sent: float, received: float) -
 
 def test_fsdp_copies_move_what_they_copy(world: int) -> None:
     """FSDP2's copy-in reads a rank's shards and writes them into the all-gather buffer; the copy-out reads the
-    gathered buffer and writes the parameters; neither computes."""
+    gathered buffer and writes the parameters; chunk_cat copies the gradients into the reduce-scatter buffer."""
     from modelmeter.metrics.traffic import count_bytes
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = _fsdp(_mesh((world,), ("fsdp",)), blocks=1)
     trace = _analysed(model, _materialised(model, mode), mode).trace
-    by_op = count_bytes(trace).by_phase["forward"][""]
-    assert by_op["all_gather_copy_in"] == 2 * BLOCK_BYTES // world
-    assert by_op["split_with_sizes_copy"] == 2 * BLOCK_BYTES
-    assert "_allgather_base_" not in by_op  # a collective's time is the communication metric's
+    moved = count_bytes(trace).by_phase
+    forward, backward = moved["forward"][""], moved["backward"][""]
+    assert forward["all_gather_copy_in"] == 2 * BLOCK_BYTES // world
+    assert forward["split_with_sizes_copy"] == 2 * BLOCK_BYTES
+    assert backward["chunk_cat"] == 2 * BLOCK_BYTES  # the gradients read, the (unpadded) buffer written
+    assert "_allgather_base_" not in forward  # a collective's time is the communication metric's
 
 
 # --- interconnects and the step time --------------------------------------------------------------------
