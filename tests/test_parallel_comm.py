@@ -176,6 +176,19 @@ def test_zero3_moves_three_psi_per_step(world: int) -> None:
     assert found.by_phase()["forward"].payload == psi
 
 
+@pytest.mark.parametrize("world", [1024], indirect=True)
+def test_a_thousand_ranks_gather_padded_shards(world: int) -> None:
+    """At 1024 ranks FSDP2 pads every parameter's first dimension to a multiple of the world size (one row, or
+    none, per rank): the all-gathered buffer is the padded one, and the group crosses the network."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = _fsdp(_mesh((world,), ("fsdp",)), blocks=1)
+    found = communication(_analysed(model, _materialised(model, mode), mode).trace)
+    padded = (world * WIDTH + world + world * 4 * WIDTH + world) * FLOAT  # up (64, 16), (64,); down (16, 64), (16,)
+    assert [(c.kind, c.payload) for c in found.calls] == [("all_gather", padded)] * 2 + [("reduce_scatter", padded)]
+    assert found.calls[0].group.ranks == tuple(range(world))
+    assert get_interconnect("h100").link(found.calls[0].group.ranks, world) == "inter_node"
+
+
 @pytest.mark.parametrize("world", [2, 4], indirect=True)
 def test_data_parallel_all_reduces_two_psi(world: int) -> None:
     """ZeRO §7.1: data parallelism's all-reduce of the gradients moves 2Ψ per step and rank ((n-1)/n each of its
