@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from ..engine.trace import GroupMeta
@@ -100,19 +101,12 @@ BOOKKEEPING_OPS = ("_c10d_functional::wait_tensor", "profiler::_record_function_
 FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 
 
+@cache
 def collectives() -> dict[str, Collective]:
-    """Every collective operator with its kind and payload formula (bound to the operator's schema)."""
-    return _bound()
-
-
-_BOUND: dict[str, Collective] = {}
-
-
-def _bound() -> dict[str, Collective]:
-    if not _BOUND:
-        payloads = bind_all({op: entry.payload for op, entry in _TABLE.items()})
-        _BOUND.update({op: Collective(entry.kind, payloads[op]) for op, entry in _TABLE.items()})
-    return _BOUND
+    """Every collective operator with its kind and payload formula (bound to the operator's schema; made once:
+    treat it as read-only)."""
+    payloads = bind_all({op: entry.payload for op, entry in _TABLE.items()})
+    return {op: Collective(entry.kind, payloads[op]) for op, entry in _TABLE.items()}
 
 
 def group_of(inputs: list[Any]) -> GroupMeta | None:
