@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._torch_compat import resolve_group_name, script_object_type
 from .trace import GroupMeta
 
 # The namespaces of collective operators whose group argument is a name (``group_name``)
@@ -22,7 +23,7 @@ _PROCESS_GROUP_TYPE = "__torch__.torch.classes.c10d.ProcessGroup"
 def group_of_script_object(value: torch.ScriptObject) -> GroupMeta | None:
     """The :class:`GroupMeta` of a ``ProcessGroup`` script object (what c10d's operators take); None for any
     other script object."""
-    if value._type().qualified_name() != _PROCESS_GROUP_TYPE:
+    if script_object_type(value) != _PROCESS_GROUP_TYPE:
         return None
     from torch import distributed
 
@@ -35,10 +36,8 @@ def group_of_name(name: Any) -> Any:
     :func:`group_of_script_object` already)."""
     if not isinstance(name, str):
         return name
-    from torch.distributed import distributed_c10d
-
     try:
-        group = distributed_c10d._resolve_process_group(distributed_c10d.GroupName(name))
+        group = resolve_group_name(name)
     except (RuntimeError, ValueError, KeyError):  # not registered (destroyed, or made by hand)
         return name
     return _described(group)
