@@ -26,7 +26,7 @@ from modelmeter.cache import TraceCache
 from modelmeter.devices import DeviceError, Interconnect, get_interconnect
 from modelmeter.engine.serialize import dumps, loads
 from modelmeter.engine.trace import GroupMeta
-from modelmeter.handles.collectives import rank_bytes
+from modelmeter.handles.collectives import BOOKKEEPING_OPS, FSDP_COPIES, collectives, rank_bytes
 from modelmeter.metrics.communication import CollectiveCall, Communication, communication
 from modelmeter.metrics.step_time import collective_time, step_time
 
@@ -370,3 +370,10 @@ def test_analysis_step_time_of_fsdp(world: int) -> None:
     assert not step.exposed  # FSDP2's collectives are all process-group operators
     assert step.total >= times["total"]
     assert analysis.step_time(Interconnect("slow", intra_node=1e6, inter_node=1e6)).total > step.total
+
+
+def test_every_operator_the_tables_name_exists() -> None:
+    """A misspelt name in the collectives' table would silently count nothing: each is an operator of this torch."""
+    for name in [*collectives(), *FSDP_COPIES, *BOOKKEEPING_OPS]:
+        namespace, _, op = name.partition("::")
+        assert getattr(getattr(torch.ops, namespace), op).overloads(), name

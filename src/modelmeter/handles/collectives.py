@@ -49,7 +49,7 @@ def gathered_bytes(output: Any) -> int:
     return _bytes(output)
 
 
-@by_name(tensors=("input_tensor", "input_tensors", "input_list", "inputs", "input", "tensor"))
+@by_name(tensors=("input_tensor", "input_tensors", "inputs", "input", "tensor"))
 def buffer_bytes(tensors: Any) -> int:
     """The buffer a collective takes in: the tensor to reduce, scatter, exchange, broadcast, send or receive into."""
     return _bytes(tensors)
@@ -64,13 +64,14 @@ def _c10d(kind: str, payload: Any, *ops: str) -> dict[str, Collective]:
     return {f"c10d::{op}": Collective(kind, payload) for op in ops}
 
 
-def _functional(kind: str, payload: Any, *ops: str, autograd: bool = False) -> dict[str, Collective]:
-    namespaces = ("_c10d_functional", "_c10d_functional_autograd") if autograd else ("_c10d_functional",)
-    return {f"{namespace}::{op}": Collective(kind, payload) for namespace in namespaces for op in ops}
+def _functional(kind: str, payload: Any, *ops: str, autograd: tuple[str, ...] = ()) -> dict[str, Collective]:
+    """``ops`` of ``_c10d_functional``, and ``autograd`` of ``_c10d_functional_autograd`` (the differentiable ones)."""
+    names = [f"_c10d_functional::{op}" for op in ops] + [f"_c10d_functional_autograd::{op}" for op in autograd]
+    return {name: Collective(kind, payload) for name in names}
 
 
 # One line per operator family: c10d's process-group operators (what FSDP2 and replicate issue), then the functional
-# collectives (what DTensor issues; ``_c10d_functional_autograd`` holds the differentiable ones).
+# collectives (what DTensor issues).
 _TABLE: dict[str, Collective] = {
     **_c10d("all_gather", gathered_bytes, "_allgather_base_", "allgather_", "allgather_coalesced_",
             "allgather_into_tensor_coalesced_"),
@@ -83,12 +84,12 @@ _TABLE: dict[str, Collective] = {
     **_c10d("send", buffer_bytes, "send"),
     **_c10d("recv", buffer_bytes, "recv_", "recv_any_source_"),
     **_functional("all_gather", result_bytes, "all_gather_into_tensor", "all_gather_into_tensor_out",
-                  "all_gather_into_tensor_coalesced", autograd=True),
+                  "all_gather_into_tensor_coalesced", autograd=("all_gather_into_tensor",)),
     **_functional("reduce_scatter", buffer_bytes, "reduce_scatter_tensor", "reduce_scatter_tensor_out",
-                  "reduce_scatter_tensor_coalesced", autograd=True),
+                  "reduce_scatter_tensor_coalesced", autograd=("reduce_scatter_tensor",)),
     **_functional("all_reduce", buffer_bytes, "all_reduce", "all_reduce_", "all_reduce_coalesced",
                   "all_reduce_coalesced_"),
-    **_functional("all_to_all", buffer_bytes, "all_to_all_single", autograd=True),
+    **_functional("all_to_all", buffer_bytes, "all_to_all_single", autograd=("all_to_all_single",)),
     **_functional("broadcast", buffer_bytes, "broadcast", "broadcast_"),
     **_functional("send", buffer_bytes, "isend"),
     **_functional("recv", buffer_bytes, "irecv"),
