@@ -377,3 +377,13 @@ def test_every_operator_the_tables_name_exists() -> None:
     for name in [*collectives(), *FSDP_COPIES, *BOOKKEEPING_OPS]:
         namespace, _, op = name.partition("::")
         assert getattr(getattr(torch.ops, namespace), op).overloads(), name
+
+
+def test_a_run_without_collectives_steps_in_its_compute_time() -> None:
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU())
+    analysis = modelmeter.analyze(model, torch.randn(4, WIDTH), backward=True, quiet=True, device="a100")
+    step = analysis.step_time()
+    assert step is not None and analysis.roofline is not None
+    assert not analysis.communication.calls and step.communication == 0
+    assert step.total == pytest.approx(analysis.roofline.summary["time"]["total"])
+    assert modelmeter.analyze(model, torch.randn(4, WIDTH), quiet=True).step_time() is None  # no device, no time
