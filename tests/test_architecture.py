@@ -32,11 +32,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("plan", ("modelmeter.parallel.plan",), ("base",)),  # a parallel plan: plain data, torch-free
     ("engine", ("modelmeter.engine",), ("base", "plan")),
     ("runner", ("modelmeter.engine.tracer",), ("engine",)),  # runs the model: nothing below it may
-    ("parallel", ("modelmeter.parallel",), ("runner",)),  # runs one rank of a plan, on torch.distributed
     ("handles", ("modelmeter.handles",), ("engine",)),
     ("devices", ("modelmeter.devices",), ("base",)),  # the accelerators' datasheets: plain data, torch-free
     ("metrics", ("modelmeter.metrics",), ("handles", "devices")),
-    ("parallel", ("modelmeter.parallel",), ("metrics",)),  # per-rank cost of parallel plans, derived from a trace
+    # runs one rank of a plan on torch.distributed; the per-rank cost derived from its trace (pipeline stages)
+    ("parallel", ("modelmeter.parallel",), ("runner", "metrics")),
     ("format", ("modelmeter.engine.serialize",), ("engine",)),  # the Trace as JSON: kept by the cache, saved by reports
     ("cache", ("modelmeter.cache",), ("format", "io")),
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),

@@ -69,8 +69,8 @@ def _rewrite(path: Path, change: object) -> None:
     (lambda d: d["trace"]["fields"].update(model=3), "malformed trace fields"),
     (lambda d: d["trace"]["fields"]["aliases"].update(ghost="nowhere"), "aliases in the trace lead"),
     (lambda d: d.update(settings={"convention": "fvcore", "evil": 1}), "unknown saved-trace settings"),
-    (lambda d: d["trace"].update(version=5),
-     rf"trace format version 5; this modelmeter reads {FORMAT_VERSION} \(recorded by an older"),
+    (lambda d: d["trace"].update(version=6),
+     rf"trace format version 6; this modelmeter reads {FORMAT_VERSION} \(recorded by an older"),
     (lambda d: d["trace"]["events"].__setitem__(0, ["q", "!!"]), "events.op: Only base64 data"),
     (lambda d: d["trace"]["storages"].pop(), "storages: expected 9 columns, got 8"),
 ])

@@ -13,17 +13,19 @@ from ._version import __version__
 _EXPORTS = {
     "analysis": ("ActivationCountAnalysis", "Analysis", "FlopCountAnalysis", "JitModelAnalysis", "ModelAnalysis",
                  "activation_count", "analyze", "build_result", "flop_count"),
-    "devices": ("DEVICES", "Device", "DeviceError", "device_from_dict", "device_to_dict", "get_device",
-                "list_devices", "load_devices"),
+    "devices": ("DEVICES", "Device", "DeviceError", "Interconnect", "device_from_dict", "device_to_dict",
+                "get_device", "get_interconnect", "list_devices", "load_devices"),
     "engine.inputs": ("Args",),
     "engine.spec": ("RunSpec",),
-    "engine.trace": ("ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
+    "engine.trace": ("GroupMeta", "ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
     "errors": ("InputMismatchError", "ModelMeterError", "ModelRunError", "ParallelPlanError"),
     "fvcore_api": ("flop_count_str", "flop_count_table", "parameter_count", "parameter_count_table"),
     "handles.base": ("CountInside", "Handle", "backward_key", "get_shape"),
     "handles.conventions": ("CONVENTIONS", "get_convention", "register_handle", "unregister_handle"),
     "memory": ("MemoryAnalysis",),
+    "metrics.communication": ("Communication", "communication"),
     "metrics.memory": ("OPTIMIZERS", "OptimizerSpec", "Peak", "Point"),
+    "metrics.step_time": ("StepTime", "step_time"),
     "parallel.plan": ("ParallelPlan",),
     "reports.html": ("render_html", "write_html"),
     "reports.render": ("render",),
@@ -50,21 +52,25 @@ if TYPE_CHECKING:
         DEVICES,
         Device,
         DeviceError,
+        Interconnect,
         device_from_dict,
         device_to_dict,
         get_device,
+        get_interconnect,
         list_devices,
         load_devices,
     )
     from .engine.inputs import Args
     from .engine.spec import RunSpec
-    from .engine.trace import ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
+    from .engine.trace import GroupMeta, ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
     from .errors import InputMismatchError, ModelMeterError, ModelRunError, ParallelPlanError
     from .fvcore_api import flop_count_str, flop_count_table, parameter_count, parameter_count_table
     from .handles.base import CountInside, Handle, backward_key, get_shape
     from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
     from .memory import MemoryAnalysis
+    from .metrics.communication import Communication, communication
     from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
+    from .metrics.step_time import StepTime, step_time
     from .parallel.plan import ParallelPlan
     from .reports.html import render_html, write_html
     from .reports.render import render
@@ -101,12 +107,15 @@ __all__ = [
     "ActivationCountAnalysis",
     "Analysis",
     "Args",
+    "Communication",
     "CountInside",
     "Device",
     "DeviceError",
     "FlopCountAnalysis",
+    "GroupMeta",
     "Handle",
     "InputMismatchError",
+    "Interconnect",
     "JitModelAnalysis",
     "MemoryAnalysis",
     "ModelAnalysis",
@@ -124,6 +133,7 @@ __all__ = [
     "RunSpec",
     "SavedTraceError",
     "Session",
+    "StepTime",
     "TensorMeta",
     "Trace",
     "__version__",
@@ -131,6 +141,7 @@ __all__ = [
     "analyze",
     "backward_key",
     "build_result",
+    "communication",
     "device_from_dict",
     "device_to_dict",
     "flop_count",
@@ -138,6 +149,7 @@ __all__ = [
     "flop_count_table",
     "get_convention",
     "get_device",
+    "get_interconnect",
     "get_shape",
     "list_devices",
     "load_devices",
@@ -149,6 +161,7 @@ __all__ = [
     "render_html",
     "result_from_trace",
     "save_trace",
+    "step_time",
     "unregister_handle",
     "write_html",
 ]

@@ -305,6 +305,21 @@ def python2_pickle_mappings() -> tuple[dict[str, str], dict[tuple[str, str], tup
     return IMPORT_MAPPING, NAME_MAPPING
 
 
+# --- torch.distributed (c10d) -----------------------------------------------------------------------------------------
+def script_object_type(value: torch.ScriptObject) -> str:
+    """The TorchScript class of a script object (``ScriptObject._type()``, all versions):
+    ``__torch__.torch.classes.c10d.ProcessGroup`` for the group c10d's collective operators take."""
+    return str(value._type().qualified_name())
+
+
+def resolve_group_name(name: str) -> Any:
+    """The process group registered under ``name`` (``distributed_c10d._resolve_process_group``, since 2.3: what the
+    functional collectives resolve their ``group_name`` argument with); a RuntimeError or ValueError when none is."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._resolve_process_group(distributed_c10d.GroupName(name))
+
+
 # --- CUDA ------------------------------------------------------------------------------------------------------------
 def cuda_lazy_init_code() -> Any:
     """The code of ``torch.cuda._lazy_init`` (all versions), on the stack of every failure to initialise CUDA: a

@@ -10,14 +10,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .devices import Device
+from .devices import Device, Interconnect, get_interconnect
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Trace
 from .fvcore_api import flop_count_table
 from .handles.conventions import has_registered_handles
 from .memory import MemoryAnalysis
+from .metrics.communication import Communication, communication
 from .metrics.memory import OptimizerSpec
 from .metrics.roofline import Roofline, roofline
+from .metrics.step_time import StepTime, step_time
 from .parallel.plan import ParallelPlan
 from .reports.result import Result
 from .session import CacheSetting, Counted, Session, assemble_result, roofline_settings
@@ -157,6 +159,22 @@ class Analysis:
             self._roofline = roofline(self.trace, self._time, attention_kernel=settings["attention_kernel"],
                                       dense_attention=settings["dense_attention"], optimizer=optimizer)
         return self._roofline
+
+    @property
+    def communication(self) -> Communication:
+        """The collectives the run issued, with what each moved, by kind, module, phase and group
+        (docs/parallel.md, "Communication")."""
+        return communication(self.trace)
+
+    def step_time(self, interconnect: str | Device | Interconnect | None = None) -> StepTime | None:
+        """One rank's step on the analysis's ``device``: the roofline's compute time and the communication time
+        on ``interconnect`` (default: the device's own), combined under the overlap assumption the result states
+        (docs/parallel.md, "Step time"); None without a device."""
+        time = self.roofline
+        if time is None or self._time is None:
+            return None
+        links = get_interconnect(self._time.device if interconnect is None else interconnect)
+        return step_time(self.communication, time.summary["time"], links)
 
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed."""

@@ -2,12 +2,13 @@
 
 Plain data, without torch, so ``modelmeter devices`` lists them in an instant: the built-in datasheets
 (datasheets.py), the Device and its peak rules (device.py), devices of your own from a JSON or TOML file
-(files.py), and lookups by name or alias (catalog.py).
+(files.py), lookups by name or alias (catalog.py), and the links between GPUs (interconnect.py).
 """
 
 from .catalog import DEVICES, get_device, list_devices
 from .device import Device, DeviceError, precision
 from .files import device_from_dict, device_to_dict, load_devices
+from .interconnect import INTERCONNECTS, Interconnect, get_interconnect
 
-__all__ = ["DEVICES", "Device", "DeviceError", "device_from_dict", "device_to_dict", "get_device", "list_devices",
-           "load_devices", "precision"]
+__all__ = ["DEVICES", "INTERCONNECTS", "Device", "DeviceError", "Interconnect", "device_from_dict", "device_to_dict",
+           "get_device", "get_interconnect", "list_devices", "load_devices", "precision"]

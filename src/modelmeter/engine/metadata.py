@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .._torch_compat import local_tensor, schema_of
+from .collectives import group_of_script_object
 from .trace import TensorMeta
 
 _PLAIN = (int, float, bool, str, type(None), complex)
@@ -159,9 +160,13 @@ def describe(value: Any) -> Any:
         return _meta_device if value.type == "meta" else str(value)
     if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
         return str(value)
-    unpack = getattr(value, "unpack", None) if isinstance(value, torch.ScriptObject) else None
-    if unpack is not None:  # packed quantized weights: described by their weight
-        return describe(unpack()[0])
+    if isinstance(value, torch.ScriptObject):
+        group = group_of_script_object(value)
+        if group is not None:  # a collective's process group
+            return group
+        unpack = getattr(value, "unpack", None)
+        if unpack is not None:  # packed quantized weights: described by their weight
+            return describe(unpack()[0])
     return f"<{type(value).__name__}>"
 
 

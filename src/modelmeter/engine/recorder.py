@@ -36,6 +36,7 @@ from .._torch_compat import (
     sharded_tensor_type,
 )
 from .attention_masks import ATTENTION_CALLS, summarize_mask
+from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
 from .kernel_checks import Check, kernel_check
 from .meta_kernels import direct_kernel, fused_on_meta
@@ -502,6 +503,8 @@ class DispatchRecorder(EagerDispatchMode):
             if shadows is not None and not rec.in_attention_call():
                 shadows.propagate(func, args, kwargs, result, operator.mutable)
             rec.add_dispatch(operator.name, operator.schema, args, kwargs, result)  # fails on what it cannot describe
+            if operator.groups:  # a functional collective: its group by name
+                name_groups(rec.trace.events[-1].inputs, operator.groups)
         except BaseException:
             rec.note_failure(operator.name, "dispatch")
             raise
@@ -530,12 +533,14 @@ class _Operator(NamedTuple):
     mutable: bool
     direct: tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None
     check: Check | None
+    groups: tuple[int, ...]  # where a functional collective takes its group's name
 
 
 def _operator(func: OpOverload) -> _Operator:
     schema = schema_of(func)
     found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema, func.namespace == "prim", schema.is_mutable,
-                                         direct_kernel(func), kernel_check(func))
+                                         direct_kernel(func), kernel_check(func),
+                                         group_name_positions(func.namespace, schema))
     return found
 
 

@@ -11,6 +11,7 @@ one key that starts with ``$``) are written as they are; everything else is a on
     {"$z": [...]}          frozenset               {"$d": [[key, value], ...]}      dict (any keys, in order)
     {"$m": [field, ...]}   TensorMeta, fields in ``dataclasses.fields`` order
     {"$M": [field, ...]}   ModuleInfo, likewise    {"$p": [field, ...]}             ParameterInfo, likewise
+    {"$g": [field, ...]}   GroupMeta, likewise
 
 Anything else (a tensor, a module, an arbitrary object) cannot be written: :class:`TypeError`.
 Reading checks the structure and raises :class:`ValueError` on anything unexpected, so a damaged entry is
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .gc_pause import no_gc
-from .trace import PHASES, STORAGE_KINDS, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
+from .trace import PHASES, STORAGE_KINDS, GroupMeta, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
 FORMAT_VERSION = 7  # 2: the module table, the run's description (model, versions) and the operators' tags;
@@ -41,7 +42,8 @@ FORMAT_VERSION = 7  # 2: the module table, the run's description (model, version
 #                     4: Trace.output_shapes (each module's output shapes, per call);
 #                     5: events' arguments written once per distinct value (the ``values`` table);
 #                     6: events and storages as columns, their strings in the ``strings`` table;
-#                     7: Trace.parallel (the plan of a simulated rank), ParameterInfo.global_shape
+#                     7: Trace.parallel (the plan of a simulated rank), ParameterInfo.global_shape, a
+#                        collective's process group as a GroupMeta
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -52,6 +54,7 @@ _META_FIELDS = tuple(f.name for f in dataclasses.fields(TensorMeta))
 _STORAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Storage))
 _MODULE_FIELDS = tuple(f.name for f in dataclasses.fields(ModuleInfo))
 _PARAMETER_FIELDS = tuple(f.name for f in dataclasses.fields(ParameterInfo))
+_GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupMeta))
 # The columns of events and storages, in their classes' field order, with the type of each field's values: a
 # ``str`` is written as its index in the ``strings`` table, a ``list`` or ``dict`` (an event's arguments) as its
 # index in the ``values`` table, numbers as they are. A field added to OpEvent or Storage must be given a type here.
@@ -67,7 +70,7 @@ def schema_signature() -> dict[str, list[str]]:
     """The field names of the trace classes, as written in every entry (and part of the cache key)."""
     return {"Trace": list(_TRACE_FIELDS), "OpEvent": list(_EVENT_FIELDS), "TensorMeta": list(_META_FIELDS),
             "Storage": list(_STORAGE_FIELDS), "ModuleInfo": list(_MODULE_FIELDS),
-            "ParameterInfo": list(_PARAMETER_FIELDS)}
+            "ParameterInfo": list(_PARAMETER_FIELDS), "GroupMeta": list(_GROUP_FIELDS)}
 
 
 # encoding ------------------------------------------------------------------------------------------
@@ -87,6 +90,8 @@ def _encode(value: Any) -> Any:
         return {"$M": [_encode(getattr(value, name)) for name in _MODULE_FIELDS]}
     if kind is ParameterInfo:
         return {"$p": [_encode(getattr(value, name)) for name in _PARAMETER_FIELDS]}
+    if kind is GroupMeta:
+        return {"$g": [_encode(getattr(value, name)) for name in _GROUP_FIELDS]}
     if kind is tuple:
         return {"$t": [_encode(v) for v in value]}
     if kind is dict:
@@ -239,6 +244,8 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
         return _record(ModuleInfo, _MODULE_FIELDS, items)
     if tag == "$p":
         return _record(ParameterInfo, _PARAMETER_FIELDS, items)
+    if tag == "$g":
+        return _group(items)
     if tag == "$t":
         return tuple(items)
     if tag == "$d":
@@ -263,6 +270,14 @@ def _record(kind: type[Any], fields: tuple[str, ...], items: list[Any]) -> Any:
     if len(items) != len(fields):
         raise ValueError(f"a {kind.__name__} entry has the wrong number of fields")
     return kind(*items)  # the fields in dataclasses.fields order, as written
+
+
+def _group(items: list[Any]) -> GroupMeta:
+    group = _record(GroupMeta, _GROUP_FIELDS, items)
+    if type(group.name) is not str or type(group.size) is not int or type(group.ranks) is not tuple \
+            or not all(type(r) is int for r in group.ranks):
+        raise ValueError(f"a GroupMeta entry must hold a name, a size and a tuple of ranks, got {items!r:.80}")
+    return group
 
 
 def _looks_tagged(value: dict[Any, Any]) -> bool:

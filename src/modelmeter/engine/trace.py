@@ -62,6 +62,18 @@ class TensorMeta:
         return self.dtype.startswith(("float", "bfloat", "complex"))
 
 
+@dataclass(frozen=True)
+class GroupMeta:
+    """The process group a collective operator ran over, in place of the group itself (a ``ProcessGroup`` object,
+    or a functional collective's group name): its name as torch.distributed registers it, its size, and the
+    global ranks it spans (``()`` when torch could not say), so the communication metric can pick the link the
+    group crosses without the group."""
+
+    name: str
+    size: int
+    ranks: tuple[int, ...] = ()
+
+
 @dataclass(slots=True)
 class OpEvent:
     """One operator call.
@@ -70,9 +82,10 @@ class OpEvent:
     ``torch.matmul``, ``Tensor.__add__``) and ``"dispatch"`` for an aten operator that reached the
     dispatcher. ``parent`` is the index of the innermost enclosing function event, or -1.
     ``inputs`` follow the operator's schema order (keyword arguments placed in their positions),
-    with tensors replaced by :class:`TensorMeta`. ``origin``, for a backward-phase event, is the index of
-    the user-level forward call whose autograd node ran it (-1 when none did), so the backward work of a
-    call can be counted by a formula of the call (see ``backward:`` handle keys in docs/handles.md).
+    with tensors replaced by :class:`TensorMeta` and a collective's process group by :class:`GroupMeta`.
+    ``origin``, for a backward-phase event, is the index of the user-level forward call whose autograd node ran
+    it (-1 when none did), so the backward work of a call can be counted by a formula of the call (see
+    ``backward:`` handle keys in docs/handles.md).
     ``python`` marks a user-level call that is Python code (``F.interpolate``, ``F.relu``) or Python indexing
     (``x[i]``, ``x[i] = v``), whose inner calls are recorded as calls of their own — the calls ``torch.jit``,
     and so fvcore, would record in its place.

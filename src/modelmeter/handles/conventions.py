@@ -7,7 +7,8 @@ Table values: a handle (counts the call), a :class:`CountInside` (counts what th
 The table of a convention is assembled from the operator families, each a module exporting
 ``handles(convention)``: matrix products and attention (:mod:`.products`, :mod:`.attention`), and
 element-wise operators, reductions, norms, pooling and resampling, embeddings, recurrent layers and
-losses (:mod:`.elementwise`, :mod:`.reductions`, :mod:`.norms`, :mod:`.pooling`, :mod:`.layers`), then
+losses (:mod:`.elementwise`, :mod:`.reductions`, :mod:`.norms`, :mod:`.pooling`, :mod:`.layers`), collectives and
+their helpers (:mod:`.collectives`: free on the rank's device), then
 the formulas registered with :func:`register_handle`. docs/handles.md lists every formula.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, elementwise, layers, norms, pooling, products, reductions
+from . import attention, collectives, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
 from .binding import Formula
 from .catalog import CONVENTIONS, DESCRIPTIONS
@@ -50,7 +51,7 @@ def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
     ``attention_kernel="math"`` counts attention at the math kernel's dense cost (docs/attention.md)."""
     _check_convention(name)
     table: dict[str, Handle | CountInside | None] = {}
-    for family in (elementwise, reductions, norms, pooling, layers):
+    for family in (elementwise, reductions, norms, pooling, layers, collectives):
         table.update(family.handles(name))
     if name == "fvcore":
         table.update(FLOP_HANDLES)

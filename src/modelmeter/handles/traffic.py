@@ -7,8 +7,8 @@ argument and the result); ``.out`` forms do not read the tensors they write into
 return nothing (``_foreach_add_``) write their first argument. :func:`traffic_table` holds the families whose bytes
 differ: metadata operators (free), operators that overwrite their first argument without reading it (fills,
 random fills, ``copy_``, ``*_like`` factories), gathers and in-place scatters (the selected elements only, at most
-the whole tensor), fused attention (no score matrix; a boolean mask converted first) and the native multi-head
-attention fast path (its projections' intermediates).
+the whole tensor), fused attention (no score matrix; a boolean mask converted first), the native multi-head
+attention fast path (its projections' intermediates), and collectives with FSDP2's copies (:mod:`.collectives`).
 """
 
 from __future__ import annotations
@@ -21,56 +21,16 @@ from ..engine.trace import TensorMeta
 from .attention import Attention, attention_sizes, check_attention_kernel, flex_attention_pairs
 from .base import Handle, backward_key, prod, shape_of
 from .binding import bind_all, by_name, out_arguments
+from .collectives import traffic as collective_traffic
+from .sizes import all_bytes, elements, itemsize, tensor_bytes
 
-# Bytes per element of every dtype torch has (``torch.dtype.itemsize``, as recorded by name in a trace; checked
-# against torch in the tests). Sub-byte types (``int4``, ``uint1`` ... ``uint7``, ``bits``) take a byte each, as
-# torch stores them; ``float4_e2m1fn_x2`` and ``quint4x2`` pack two values in one byte.
-ITEMSIZE: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
-    "float4_e2m1fn_x2": 1,
-    "complex128": 16, "complex64": 8, "complex32": 4, "bcomplex32": 4,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
-    **{f"int{bits}": 1 for bits in range(1, 8)}, **{f"uint{bits}": 1 for bits in range(1, 8)},
-    "qint32": 4, "qint8": 1, "quint8": 1, "quint4x2": 1, "quint2x4": 1,
-    "bits16": 2, "bits8": 1, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
-}
 # The log-sum-exp a fused attention kernel saves for its backward pass: one float32 per query row and head.
 LSE_ITEMSIZE = 4
 
 
-def itemsize(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (``"float32"``); a :class:`ValueError` naming a dtype it does not know."""
-    try:
-        return ITEMSIZE[dtype]
-    except KeyError:
-        raise ValueError(f"the bytes metric does not know the element size of dtype {dtype!r}") from None
-
-
-def elements(meta: TensorMeta) -> int:
-    """Distinct elements of a tensor in memory: a broadcast (stride-0) dimension counts once."""
-    return meta.numel() if meta.footprint is None else meta.footprint
-
-
-def tensor_bytes(meta: TensorMeta) -> int:
-    """Bytes of one tensor argument at its dtype, a broadcast dimension read once."""
-    return elements(meta) * itemsize(meta.dtype)
-
-
-def _all_bytes(values: list[Any]) -> int:
-    """Bytes of every tensor in ``values`` (lists of tensors, as ``cat`` and ``_foreach_*`` take, walked)."""
-    total = 0
-    for value in values:
-        if isinstance(value, TensorMeta):
-            total += tensor_bytes(value)
-        elif isinstance(value, list):
-            total += _all_bytes(value)
-    return total
-
-
 def kernel_bytes(inputs: list[Any], outputs: list[Any]) -> int:
     """The generic rule: every tensor input read once, every output written once."""
-    return _all_bytes(inputs) + _all_bytes(outputs)
+    return all_bytes(inputs) + all_bytes(outputs)
 
 
 @cache
@@ -86,11 +46,11 @@ def kernel_rule(op: str) -> Handle:
         if written is None:
             written = out_forms[len(inputs)] = out_arguments(op, len(inputs))
         if written:
-            read = _all_bytes([value for i, value in enumerate(inputs) if i not in written])
-            return read + _all_bytes(outputs)
+            read = all_bytes([value for i, value in enumerate(inputs) if i not in written])
+            return read + all_bytes(outputs)
         total = kernel_bytes(inputs, outputs)
         if in_place and inputs and not any(isinstance(value, TensorMeta) for value in outputs):
-            total += _all_bytes(inputs[:1])
+            total += all_bytes(inputs[:1])
         return total
 
     rule.__doc__ = kernel_rule.__doc__
@@ -102,14 +62,14 @@ def overwrites_first(inputs: list[Any], outputs: list[Any]) -> int:
     """The first argument is overwritten (or only its shape is used), never read; the other tensor arguments are
     read and the result written: fills, random fills, ``copy_`` (its source read), ``*_like`` and ``new_*``
     factories."""
-    return _all_bytes(inputs[1:]) + _all_bytes(outputs)
+    return all_bytes(inputs[1:]) + all_bytes(outputs)
 
 
 def gather_bytes(inputs: list[Any], outputs: list[Any]) -> int:
     """A gather (the source first): the index and the elements it selects (the result's size, at the source's
     dtype) read, the result written; not the whole source."""
     source, result = inputs[0], outputs[0]
-    return _all_bytes(inputs[1:]) + _selected(source, elements(result)) + _all_bytes(outputs)
+    return all_bytes(inputs[1:]) + _selected(source, elements(result)) + all_bytes(outputs)
 
 
 def _selected(tensor: Any, count: int) -> int:
@@ -124,12 +84,12 @@ def embedding_bag_bytes(weight: Any, indices: Any, offsets: Any, per_sample_weig
     """``embedding_bag``: one row of the table read per index, the indices, offsets and weights read, the bags
     (and the bookkeeping outputs) written."""
     rows = _selected(weight, prod(shape_of(indices)) * prod(shape_of(weight)[1:]))
-    return rows + _all_bytes([indices, offsets, per_sample_weights]) + _all_bytes(outputs)
+    return rows + all_bytes([indices, offsets, per_sample_weights]) + all_bytes(outputs)
 
 
 def _update(target: Any, selected: int, read: list[Any]) -> int:
     """An in-place update of ``selected`` elements of ``target``: those read and written, ``read`` read."""
-    return 2 * _selected(target, selected) + _all_bytes(read)
+    return 2 * _selected(target, selected) + all_bytes(read)
 
 
 @by_name
@@ -269,7 +229,7 @@ def _flex_bytes(inputs: list[Any], outputs: list[Any]) -> Counter[str]:
     """``flex_attention``, a fused kernel: Q, K, V and the block mask's tensors read, the output and the
     log-sum-exp written."""
     a, _ = flex_attention_pairs.bind("aten::flex_attention")(inputs, outputs)
-    read = _all_bytes(inputs[:3]) + _all_bytes(inputs[4:5])  # (score_mod, at 3, is a function)
+    read = all_bytes(inputs[:3]) + all_bytes(inputs[4:5])  # (score_mod, at 3, is a function)
     total = attention_bytes(a, read, 0, False, inputs[0].dtype, backward=False, kernel="fused")
     return Counter({"flex_attention": total})
 
@@ -328,6 +288,7 @@ def _table(kernel: str) -> dict[str, Any]:
     }))
     table["aten::_native_multi_head_attention"] = _native_mha
     table.update(_attention_table(kernel))
+    table.update(collective_traffic())
     return table
 
 
