@@ -10,6 +10,7 @@ tests/test_model_unchanged.py for the user's model.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -98,7 +99,7 @@ def _distributed_state() -> dict[str, Any]:
     world = {k: repr(v) for k, v in vars(distributed_c10d._world).items()}
     return {"initialized": dist.is_initialized(), "world": world, "c10d": c10d,
             "meshes": list(_mesh_resources.mesh_stack), "rng": _random._rng_tracker,
-            "lock": ShardingPropagator.__dict__["_fake_mode_lock"]}
+            "lock": ShardingPropagator.__dict__["_fake_mode_lock"], "excepthook": sys.excepthook}
 
 
 _C10D_STATE = ("_pg_map", "_pg_names", "_pg_group_ranks", "_pg_backend_config", "_group_count", "_tags_to_pg",
@@ -113,10 +114,22 @@ def distributed_state() -> Any:
 
     before = _distributed_state()
     yield before
-    if dist.is_initialized():  # the test's own group: torch's init_process_group leaves its backend's name set
-        dist.destroy_process_group()
+    if dist.is_initialized():  # the test's own group: torch's init_process_group leaves its backend's name set,
+        dist.destroy_process_group()  # and its traceback prefix
         distributed_c10d._backend = None
+        sys.excepthook = before["excepthook"]
     assert _distributed_state() == before
+
+
+@pytest.mark.parametrize("first", ["dp=2,fsdp=2,tp=2", "tp=2,sp"])
+def test_a_later_plan_on_an_equal_mesh_uses_its_own_process_groups(first: str, distributed_state: Any) -> None:
+    # DTensor caches sharding decisions and redistribution plans by mesh layout: the first run's "tp" mesh equals the
+    # second's, and entries left by the first would name its destroyed process groups
+    model, tokens = llama2_tiny(), torch.randint(0, 100, (2, 16))
+    modelmeter.analyze(model, tokens, parallel=first, quiet=True)
+    later = modelmeter.analyze(model, tokens, parallel="fsdp=4,tp=2,sp", quiet=True)
+    alone = modelmeter.analyze(model, tokens, parallel="fsdp=4,tp=2,sp,rank=1", quiet=True)
+    assert later.flops.total() == alone.flops.total() == modelmeter.analyze(model, tokens).flops.total() // 2
 
 
 def test_1024_ranks_are_set_up_in_seconds_and_torch_is_left_as_it_was(distributed_state: Any) -> None:
@@ -356,3 +369,11 @@ def test_a_parallel_trace_is_cached_on_disk(tmp_path: Any, distributed_state: An
 def test_execution_real_cannot_run_a_plan() -> None:
     with pytest.raises(ParallelPlanError, match="execution='real'"):
         modelmeter.analyze(nn.Linear(2, 2), torch.randn(1, 2), parallel="fsdp=2", execution="real")
+
+
+@pytest.mark.parametrize("plan", ["tp=2", "tp=2,sp", "dp=2,fsdp=2,tp=2"])
+def test_every_operator_of_a_parallel_step_is_known(plan: str, distributed_state: Any) -> None:
+    # collectives, FSDP2's copies, the profiler's markers and DTensor's redistributions are all in the tables
+    step = modelmeter.analyze(llama2_tiny(), torch.randint(0, 100, (2, 16)), backward=True, parallel=plan, quiet=True)
+    assert step.flops.unsupported_ops() == Counter()
+    assert step.flops.by_operator()["redistribute"] == 0

@@ -175,16 +175,27 @@ def replicate_module() -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def kept_distributed_globals() -> Iterator[None]:
-    """Put back on exit what ``destroy_process_group`` leaves set: c10d's legacy ``_backend`` name (set by
-    ``init_process_group``, 2.14.1) and DTensor's random-number tracker (made by its first random operator)."""
+    """Put back on exit what ``init_process_group`` and ``destroy_process_group`` leave set: c10d's legacy
+    ``_backend`` name (2.14.1), the ``sys.excepthook`` that prefixes tracebacks with ``[rank0]:``, and DTensor's
+    random-number tracker (made by its first random operator) — and empty DTensor's caches of sharding decisions
+    (Python's and the C++ fast path's), redistribution plans and mesh topologies. Their keys compare meshes by
+    layout, not by process group, so an entry made under this run's mesh would answer a later run on an equal mesh
+    with this run's destroyed process groups ("Could not resolve the process group")."""
     from torch.distributed import distributed_c10d
-    from torch.distributed.tensor import _random
+    from torch.distributed.tensor import _collective_utils, _random, _redistribute
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    backend, tracker = distributed_c10d._backend, _random._rng_tracker
+    backend, tracker, excepthook = distributed_c10d._backend, _random._rng_tracker, sys.excepthook
     try:
         yield
     finally:
-        distributed_c10d._backend, _random._rng_tracker = backend, tracker
+        distributed_c10d._backend, _random._rng_tracker, sys.excepthook = backend, tracker, excepthook
+        _clear_sharding_prop_cache()
+        ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+        _redistribute._gen_transform_infos.cache_clear()
+        _redistribute.clear_redistribute_planner_cache()
+        _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 class _ModesAside:

@@ -23,7 +23,7 @@ from functools import cache
 from typing import Any
 
 from ..engine.trace import GroupMeta
-from .base import Handle
+from .base import CountInside, Handle
 from .binding import bind_all, by_name
 from .sizes import all_bytes
 
@@ -100,6 +100,9 @@ BOOKKEEPING_OPS = ("_c10d_functional::wait_tensor", "profiler::_record_function_
                    "profiler::_record_function_enter_new", "profiler::_record_function_exit")
 # FSDP2's copies into and out of its communication buffers
 FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+# DTensor's own autograd functions (prim::PythonOp.<class>): a redistribution, and the hand-overs between a DTensor
+# and its local shard. What they run is recorded inside them (collectives, local splits and copies) and counted there.
+DTENSOR_FUNCTIONS = ("Redistribute", "NestedRedistribute", "_FromTorchTensor", "_ToTorchTensor")
 
 
 @cache
@@ -139,10 +142,13 @@ def rank_bytes(kind: str, payload: int, size: int) -> tuple[float, float]:
 
 
 # --- the FLOPs and bytes tables ------------------------------------------------------------------------
-def handles(convention: str) -> dict[str, Handle | None]:
+def handles(convention: str) -> dict[str, Handle | CountInside | None]:
     """The FLOPs table's entries (every convention): collectives, FSDP2's copies and bookkeeping are known and
-    free on the rank's device (a collective's cost is its communication time)."""
-    return dict.fromkeys((*_TABLE, *FSDP_COPIES, *BOOKKEEPING_OPS))
+    free on the rank's device (a collective's cost is its communication time); DTensor's functions count what they
+    ran, as ``redistribute``."""
+    table: dict[str, Handle | CountInside | None] = dict.fromkeys((*_TABLE, *FSDP_COPIES, *BOOKKEEPING_OPS))
+    table.update({f"prim::PythonOp.{name}": CountInside("redistribute") for name in DTENSOR_FUNCTIONS})
+    return table
 
 
 @by_name
