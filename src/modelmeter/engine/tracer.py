@@ -29,6 +29,7 @@ from .._torch_compat import (
     eager_flex_attention,
     fake_from_meta,
     observed_cpu_rng_states,
+    observed_storage_resizes,
     unset_fake_temporarily,
 )
 from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
@@ -256,6 +257,8 @@ class _Run:
                 # the CPU RNG states an activation checkpoint keeps: made outside the dispatcher, unseen otherwise
                 stack.enter_context(observed_cpu_rng_states(
                     lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
+                # storages freed and allocated again by hand (FSDP2's unsharded parameters): lifetimes of their own
+                stack.enter_context(observed_storage_resizes(recorder.storages.resized))
                 _note_existing_storages(recorder, parts, args, kwargs)
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
