@@ -40,6 +40,7 @@ import modelmeter
 from memory_oracle import measure_peak, training_step, warm_up
 from modelmeter.engine.serialize import trace_from_dict, trace_to_dict
 from modelmeter.engine.trace import Trace
+from modelmeter.errors import ModelRunError
 from modelmeter.metrics.memory import OPTIMIZERS, MemoryModel, optimizer_bytes
 from modelmeter.zoo.llama import llama2_tiny
 
@@ -206,11 +207,11 @@ class FreesByHand(nn.Module):
     """Frees an intermediate by hand and allocates it again, as FSDP2 does with an unsharded parameter."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x * 2
+        y = x + x  # no Python-number operands: their hidden 0-d tensors are no part of this test
         y.untyped_storage().resize_(0)
-        z = x * 3
+        total = x.neg().exp().sum()  # x, its negation and the exponential live at once: y's bytes are free meanwhile
         y.untyped_storage().resize_(y.numel() * y.element_size())
-        return y + z
+        return y + total
 
 
 @pytest.mark.parametrize("execution", ["fake", "real"])
@@ -220,9 +221,21 @@ def test_a_storage_freed_by_hand_matches_the_allocator(execution: str) -> None:
     model, x = FreesByHand(), torch.randn(16, 32)
     memory = modelmeter.analyze(model, x, memory=True, execution=execution, quiet=True).memory  # type: ignore[arg-type]
     measured = x.nbytes + measure_peak(inference(model, (x,))).peak_delta
-    assert memory.peak() == measured == 4 * x.nbytes  # x, then y (again), z and y + z
+    assert memory.peak() == measured == 3 * x.nbytes + F32  # x, y (again), the sum and y + total (4 x if y stayed)
     lives = [s for s in memory.trace.storages if s.kind == "unsharded"]
     assert [s.nbytes for s in lives] == [x.nbytes] * 2 and lives[0].died <= lives[1].born
+    assert "resize_" not in torch.UntypedStorage.__dict__
+
+
+class FailsAfterFreeing(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (x * 2).untyped_storage().resize_(0)
+        raise RuntimeError("the model's own failure")
+
+
+def test_the_storage_class_is_put_back_when_the_run_raises() -> None:
+    with pytest.raises(ModelRunError, match="own failure"):
+        modelmeter.analyze(FailsAfterFreeing(), torch.randn(2, 3), memory=True, execution="fake", quiet=True)
     assert "resize_" not in torch.UntypedStorage.__dict__
 
 

@@ -104,10 +104,10 @@ class Storage:
     model's state). ``saved`` is the number of events recorded when autograd first saved a tensor on it for
     the backward pass (-1: never), and ``saved_scope`` the module scope that saved it. ``order``, for a
     gradient, is its parameter's position among the model's parameters that got one (the order an optimizer
-    updates them in). Storages are in order of first sight; views share their base's storage. A storage freed
-    by hand and allocated again (``UntypedStorage.resize_(0)``, then ``resize_(n)``: FSDP2's unsharded parameters)
-    has one record per lifetime. A DTensor counts as its local shard: the bytes this rank holds. The recorder
-    fills a record in while the run goes on; metrics only read it.
+    updates them in; the first's, when several share it). Storages are in order of first sight; views share their
+    base's storage. A storage freed by hand and allocated again (``UntypedStorage.resize_(0)``, then
+    ``resize_(n)``: FSDP2's unsharded parameters) has one record per lifetime. A DTensor counts as its local
+    shard: the bytes this rank holds. The recorder fills a record in while the run goes on; metrics only read it.
     """
 
     nbytes: int
