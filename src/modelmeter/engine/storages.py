@@ -42,7 +42,8 @@ class StorageTracker:
     def _record(self, tensor: torch.Tensor, kind: StorageKind, born: int) -> Storage | None:
         """The record of ``tensor``'s storage (a DTensor's: its local shard's), made now (born at ``born``) when it
         is new; None for a tensor without one, or whose storage was freed by hand."""
-        tensor = local_tensor(tensor)
+        if type(tensor) is not torch.Tensor:  # a DTensor's bytes on this rank are its shard's
+            tensor = local_tensor(tensor)
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less layouts
