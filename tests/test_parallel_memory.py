@@ -110,8 +110,9 @@ def simulate(world: int, case: str = "fsdp", *, rank: int = 0, optimizer: Any = 
         apply_plan(model, mesh, plan)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
+            # the model's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins
             return modelmeter.analyze(model, plan.inputs(), backward=True, memory=True, optimizer=optimizer,
-                                      foreach=False, quiet=True)
+                                      foreach=False, execution="real", quiet=True)
 
 
 def model_states(trace: Trace, optimizer: Any) -> dict[str, int]:
@@ -157,6 +158,25 @@ def test_without_resharding_after_forward_parameters_stay_unsharded_until_their_
     assert len(unsharded) == 2 * BLOCKS
     lifetimes = {(trace.events[s.born].phase, trace.events[s.died - 1].phase) for s in unsharded}
     assert lifetimes == {("forward", "backward")}
+
+
+def test_a_second_analysis_of_the_sharded_model_sees_the_same_step() -> None:
+    """The second time, FSDP2's unsharded buffers exist already, resized to nothing (as in a steady step): their
+    first lifetime starts with ``resize_``, not with an operator, and the step's memory is the same."""
+    with fake_group(2) as mesh:
+        with torch.device("meta"):
+            model = blocks()
+        apply_plan(model, mesh, CASES["fsdp"])
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            x = torch.randn(BATCH, WIDTH)
+            first, second = (modelmeter.analyze(model, x, backward=True, memory=True, optimizer="adam",
+                                                execution="real", quiet=True).memory for _ in range(2))
+    top, again = first.peak_info(), second.peak_info()
+    assert (again.bytes, again.by_kind, again.at.module, again.at.operator) == \
+        (top.bytes, top.by_kind, top.at.module, top.at.operator)  # fewer events: FSDP2 made its buffers the first time
+    unsharded = [s for s in second.trace.storages if s.kind == "unsharded"]
+    assert len(unsharded) == 4 * BLOCKS and all(s.born >= 0 and s.died > s.born for s in unsharded)
 
 
 def test_the_peak_names_every_part(two_ranks: modelmeter.Analysis) -> None:

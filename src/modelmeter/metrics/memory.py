@@ -34,9 +34,10 @@ class OptimizerSpec:
 
     Mixed precision and sharding: ``master_weights`` keeps a copy of every parameter in the state dtype besides
     the states (low-precision parameters with float32 master weights, ZeRO's 2 + 2 + 12 bytes per parameter with
-    Adam); ``shards`` splits the state, and the step's temporaries, evenly across that many ranks (ZeRO stages 1
-    and 2: each rank keeps and updates its share while the parameters are replicated). Under FSDP2 the trace's
-    gradients are this rank's shards already, and ``shards`` stays 1.
+    Adam); ``shards`` splits the state, and the step's temporaries, evenly across that many ranks (ZeRO stage 1:
+    each rank keeps and updates its share while parameters and gradients are replicated; stage 2's sharded
+    gradients are not modelled). Under FSDP2 the trace's gradients are this rank's shards already, and ``shards``
+    stays 1.
     """
 
     name: str
