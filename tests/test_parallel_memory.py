@@ -46,6 +46,7 @@ from modelmeter.zoo.llama import llama2_tiny
 
 WIDTH, BLOCKS, BATCH = 64, 3, 64  # every parameter divides evenly among 2 and 4 ranks: no padding
 F32, BF16 = 4, 2
+UNEVEN = 66  # among 4 ranks: shards of 17, 17, 17 and 15 rows, the last padded to 17
 
 
 def blocks(width: int = WIDTH, depth: int = BLOCKS, dtype: torch.dtype | None = None) -> nn.Sequential:
@@ -72,6 +73,7 @@ MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.floa
 CASES = {
     "fsdp": Case(blocks, lambda: torch.randn(BATCH, WIDTH), list),
     "fsdp-bf16": Case(blocks, lambda: torch.randn(BATCH, WIDTH), list, mp_policy=MIXED),
+    "fsdp-uneven": Case(lambda: blocks(width=UNEVEN), lambda: torch.randn(BATCH, UNEVEN), list),
     "fsdp-zero2": Case(blocks, lambda: torch.randn(BATCH, WIDTH), list, reshard_after_forward=False),
     "ddp": Case(blocks, lambda: torch.randn(BATCH, WIDTH), list, plan=replicate),
     "fsdp-llama": Case(tiny_llama, lambda: torch.randint(0, 128, (8, 64)), lambda m: list(m.model.layers)),
@@ -136,6 +138,16 @@ def test_parameters_and_gradients_count_at_this_ranks_shard(world: int) -> None:
     assert states["gradient"] == param_count() * F32 // world
     assert states["optimizer_state"] == 2 * param_count() * F32 // world + 4 * 2 * BLOCKS  # + Adam's float32 step
     assert [g.shape for g in trace.gradients] == [(WIDTH // world, WIDTH), (WIDTH // world,)] * BLOCKS
+
+
+def test_an_uneven_shard_is_padded_state_from_the_start() -> None:
+    """FSDP2 pads the last rank's shorter shard into a new storage during the first forward: the model's state in
+    every later step, so a parameter there from the start, and the unpadded one it replaced is gone."""
+    trace = simulate(4, "fsdp-uneven", rank=3).memory.trace
+    padded = -(-UNEVEN // 4)
+    assert model_states(trace, OPTIMIZERS["adam"])["parameter"] == BLOCKS * (padded * UNEVEN + padded) * F32
+    replaced = [s for s in trace.storages if s.kind == "parameter" and s.died >= 0]
+    assert [s.died for s in replaced] == [0] * 2 * BLOCKS
 
 
 def test_unsharded_parameters_live_once_per_pass(two_ranks: modelmeter.Analysis) -> None:
@@ -347,7 +359,7 @@ def assert_within_ten_percent(world: int, case: str, allowance: int = 0) -> None
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("world", "case"), [(2, "fsdp"), (4, "fsdp"), (2, "fsdp-zero2"), (2, "ddp"),
-                                             (2, "fsdp-llama"), (4, "fsdp-llama")])
+                                             (2, "fsdp-llama"), (4, "fsdp-llama"), (4, "fsdp-uneven")])
 def test_peak_per_rank_against_the_allocator(world: int, case: str) -> None:
     """FSDP2 (resharding after forward, or keeping the parameters unsharded until the backward: ZeRO-2's nearest
     form), DDP as FSDP2's ``replicate`` (whole parameters, gradients all-reduced), and the zoo's tiny Llama with every

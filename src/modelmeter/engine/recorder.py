@@ -219,9 +219,10 @@ class Recorder:
         gc.collect(0)  # the young generation: nothing is collected while recording, so the cycle is young
         self.modules_loaded = len(sys.modules)
 
-    def finish_storages(self) -> None:
-        """The run is over: what lives now outlives it."""
+    def finish_storages(self, parameters: list[torch.Tensor]) -> None:
+        """The run is over: what lives now outlives it; ``parameters`` are the model's, as the run leaves them."""
         if self.storages.open:
+            self.storages.parameters_at_end(parameters)
             self.trace.storages = self.storages.close()
             self.trace.gradients = self.storages.gradients
 

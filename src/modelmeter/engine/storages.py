@@ -128,6 +128,18 @@ class StorageTracker:
             record.kind, record.order = "gradient", len(self.gradients)
         self.gradients.append(describe(local_tensor(tensor)))
 
+    def parameters_at_end(self, parameters: list[torch.Tensor]) -> None:
+        """The model's parameters as the run leaves them. A storage the run made for one is the model's state, there
+        from the start as in every later step (FSDP2's first forward pads a shard that does not divide evenly into a
+        new storage); a parameter's storage the run freed was replaced, and is gone from the start (``died`` 0)."""
+        for tensor in parameters:
+            record = self._record(tensor, "parameter", -1)
+            if record is not None and record.born >= 0 and record.kind == "activation":
+                record.kind, record.born = "parameter", -1
+        for record in self.records:
+            if record.kind == "parameter" and record.born < 0 and record.died > 0:
+                record.died = 0
+
     def communication(self, tensors: list[torch.Tensor]) -> None:
         """``tensors`` were written by a collective: the storages an operator made for them are communication
         buffers (the model's state, inputs and gradients stay what they are)."""

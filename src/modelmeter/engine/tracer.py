@@ -274,7 +274,7 @@ class _Run:
                     output = model(*args, **kwargs)
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
-                    recorder.finish_storages()
+                    recorder.finish_storages(parts.running(parts.parameters))
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
@@ -318,7 +318,7 @@ class _Run:
             for param in parameters:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
-            recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
+            recorder.finish_storages(parameters)  # before the gradients are dropped again: they outlive the step
 
 
 def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
