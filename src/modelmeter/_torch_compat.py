@@ -65,10 +65,10 @@ __all__ = [  # what the package imports from here
     "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store",
     "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
     "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
-    "non_persistent_buffers", "observed_cpu_rng_states", "parameters_of", "pop_mode_temporarily",
-    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "schema_of", "set_state_dict_metadata",
-    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
-    "version_counter", "weights_only_allowed_globals",
+    "non_persistent_buffers", "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of",
+    "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "schema_of",
+    "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs",
+    "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -394,6 +394,38 @@ def observed_cpu_rng_states(observe: Callable[[torch.Tensor], None]) -> Iterator
         yield
     finally:
         torch.get_rng_state = original
+
+
+@contextlib.contextmanager
+def observed_storage_resizes(observe: Callable[[torch.UntypedStorage, int], None]) -> Iterator[None]:
+    """While open, every ``UntypedStorage.resize_(nbytes)`` on this thread calls ``observe(storage, nbytes)`` once the
+    storage has its new size.
+
+    FSDP2 frees an unsharded parameter after its forward and backward with ``storage.resize_(0)`` and allocates it
+    again before the next all-gather with ``storage.resize_(nbytes)`` (``_fsdp_param.free_storage`` /
+    ``alloc_storage``, since torch 2.4): calls on the storage object, in C (``StorageBase.resize_``), that no mode
+    sees. ``UntypedStorage`` inherits the method, so a Python one set on the class for the run covers every
+    storage; the class is put back exactly as it was (torch 2.14 defines none of its own).
+    """
+    storage_class = torch.UntypedStorage
+    own = storage_class.__dict__.get("resize_")
+    original = storage_class.resize_
+    thread = threading.get_ident()
+
+    def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
+        result = original(storage, nbytes)
+        if threading.get_ident() == thread:
+            observe(storage, int(nbytes))
+        return result
+
+    storage_class.resize_ = resize_  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        if own is None:
+            del storage_class.resize_
+        else:
+            storage_class.resize_ = own  # type: ignore[method-assign]
 
 
 FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"

@@ -40,6 +40,12 @@ def device_name(tensor: torch.Tensor) -> str:
     return _meta_device if tensor.is_meta else str(tensor.device)
 
 
+def storage_device_name(storage: torch.UntypedStorage) -> str:
+    """The device of a storage met without a tensor, as :func:`device_name` names a tensor's (a FakeTensor's
+    storage is on the meta device: it is named as meta tensors are)."""
+    return _meta_device if storage.device.type == "meta" else str(storage.device)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``"float32"`` for ``torch.float32``."""
     name = _DTYPE_NAMES.get(dtype)

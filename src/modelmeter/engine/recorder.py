@@ -221,10 +221,12 @@ class Recorder:
         gc.collect(0)  # the young generation: nothing is collected while recording, so the cycle is young
         self.modules_loaded = len(sys.modules)
 
-    def finish_storages(self) -> None:
-        """The run is over: what lives now outlives it."""
+    def finish_storages(self, parameters: list[torch.Tensor]) -> None:
+        """The run is over: what lives now outlives it; ``parameters`` are the model's, as the run leaves them."""
         if self.storages.open:
+            self.storages.parameters_at_end(parameters)
             self.trace.storages = self.storages.close()
+            self.trace.gradients = self.storages.gradients
 
     def _event_context(self) -> tuple[int, Phase, int]:
         """Scope, phase and origin (the user-level forward call whose autograd node runs, or -1) of an event."""
@@ -509,6 +511,8 @@ class DispatchRecorder(EagerDispatchMode):
             rec.note_failure(operator.name, "dispatch")
             raise
         rec.storages.outputs(result, len(rec.trace.events) - 1)
+        if operator.collective:
+            rec.storages.communication(_written(operator.schema, args, kwargs, result))
         return result
 
     def _on_jagged(self, func: Any, name: str, types_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -534,14 +538,33 @@ class _Operator(NamedTuple):
     direct: tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]] | None
     check: Check | None
     groups: tuple[int, ...]  # where a functional collective takes its group's name
+    collective: bool
+
+
+
+# The namespaces of the operators that fill communication buffers: c10d's collectives (all-gather, reduce-scatter,
+# all-reduce into given tensors) and FSDP2's copies into and out of them. Functional collectives
+# (``_c10d_functional``) return the tensors the model goes on with: activations.
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "fsdp"})
 
 
 def _operator(func: OpOverload) -> _Operator:
     schema = schema_of(func)
     found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema, func.namespace == "prim", schema.is_mutable,
                                          direct_kernel(func), kernel_check(func),
-                                         group_name_positions(func.namespace, schema))
+                                         group_name_positions(func.namespace, schema),
+                                         func.namespace in _COLLECTIVE_NAMESPACES)
     return found
+
+
+def _written(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+             ) -> list[torch.Tensor]:
+    """The tensors an operator wrote: the arguments its schema marks as written (``Tensor(a!)``), and its outputs."""
+    written = [_tensors(result)]
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.append(_tensors(args[i] if i < len(args) else kwargs.get(argument.name)))
+    return [tensor for tensors in written for tensor in tensors]
 
 
 _OPERATORS: dict[Any, _Operator] = {}

@@ -431,6 +431,7 @@ def _check(trace: Trace) -> None:
         raise ValueError("trace scopes must be tuples of module names")
     if type(trace.called) is not set or type(trace.assumptions) is not list or type(trace.execution) is not str \
             or type(trace.inputs) is not list or not all(type(t) is TensorMeta for t in trace.inputs) \
+            or type(trace.gradients) is not list or not all(type(t) is TensorMeta for t in trace.gradients) \
             or type(trace.model) is not str or type(trace.versions) is not dict:
         raise ValueError("malformed trace fields")
     _check_modules(trace)

@@ -12,9 +12,13 @@ from typing import Any, Literal
 Level = Literal["function", "dispatch"]
 # What a storage held: the model's state, the caller's inputs, or what an operator made; "gradient" is a
 # parameter's ``.grad`` left by the backward pass; "other" was made outside the model's operators (the default
-# loss, the RNG state an activation checkpoint keeps).
-StorageKind = Literal["parameter", "buffer", "input", "activation", "gradient", "other"]
-STORAGE_KINDS: tuple[StorageKind, ...] = ("parameter", "buffer", "input", "activation", "gradient", "other")
+# loss, the RNG state an activation checkpoint keeps). Under a parallel plan: "unsharded" is a storage freed and
+# allocated again by hand (``UntypedStorage.resize_``), as FSDP2 does with the unsharded (all-gathered) parameters
+# around each forward and backward; "communication" a buffer a collective wrote (FSDP2's all-gather and
+# reduce-scatter buffers, DDP's buckets) that is not a parameter's gradient.
+StorageKind = Literal["parameter", "buffer", "input", "activation", "gradient", "other", "unsharded", "communication"]
+STORAGE_KINDS: tuple[StorageKind, ...] = ("parameter", "buffer", "input", "activation", "gradient", "other",
+                                          "unsharded", "communication")
 # "recompute": forward work run again during the backward pass (activation checkpointing).
 Phase = Literal["forward", "backward", "recompute"]
 PHASES: tuple[Phase, ...] = ("forward", "backward", "recompute")
@@ -113,8 +117,10 @@ class Storage:
     model's state). ``saved`` is the number of events recorded when autograd first saved a tensor on it for
     the backward pass (-1: never), and ``saved_scope`` the module scope that saved it. ``order``, for a
     gradient, is its parameter's position among the model's parameters that got one (the order an optimizer
-    updates them in). Storages are in order of first sight; views share their base's storage. The recorder
-    fills a record in while the run goes on; metrics only read it.
+    updates them in; the first's, when several share it). Storages are in order of first sight; views share their
+    base's storage. A storage freed by hand and allocated again (``UntypedStorage.resize_(0)``, then
+    ``resize_(n)``: FSDP2's unsharded parameters) has one record per lifetime. A DTensor counts as its local
+    shard: the bytes this rank holds. The recorder fills a record in while the run goes on; metrics only read it.
     """
 
     nbytes: int
@@ -239,7 +245,9 @@ class Trace:
     about every operator of the run (``"view"``, ``"pointwise"``; see :mod:`modelmeter.engine.op_tags`), so
     that counting it needs no torch. ``output_shapes`` maps a module's canonical name to the shapes its forward
     calls returned (``"1x64x56x56"``, several tensors joined by ``", "``) and how many calls returned each, in
-    the order first seen; calls that returned no tensor are not in it.
+    the order first seen; calls that returned no tensor are not in it. ``gradients`` describe the gradient of
+    every parameter that got one, in the model's parameter order (a DTensor's: its local shard), what an
+    optimizer keeps state for — several may share one storage (FSDP2 reduce-scatters a group's gradients into one).
 
     ``parallel`` describes the parallel plan of a run that simulated one rank of it (None for a run on one
     device), as plain data: ``{"plan": its text, "world_size", "rank", "mesh": {dimension: ranks},
@@ -262,6 +270,7 @@ class Trace:
     versions: dict[str, str] = field(default_factory=dict)
     op_tags: dict[str, tuple[str, ...]] = field(default_factory=dict)
     output_shapes: dict[str, dict[str, int]] = field(default_factory=dict)
+    gradients: list[TensorMeta] = field(default_factory=list)
     parallel: dict[str, Any] | None = None
 
     def module_table(self) -> ModuleTable:

@@ -29,6 +29,7 @@ from .._torch_compat import (
     eager_flex_attention,
     fake_from_meta,
     observed_cpu_rng_states,
+    observed_storage_resizes,
     unset_fake_temporarily,
 )
 from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
@@ -256,6 +257,8 @@ class _Run:
                 # the CPU RNG states an activation checkpoint keeps: made outside the dispatcher, unseen otherwise
                 stack.enter_context(observed_cpu_rng_states(
                     lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
+                # storages freed and allocated again by hand (FSDP2's unsharded parameters): lifetimes of their own
+                stack.enter_context(observed_storage_resizes(recorder.storages.resized))
                 _note_existing_storages(recorder, parts, args, kwargs)
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
@@ -271,7 +274,7 @@ class _Run:
                     output = model(*args, **kwargs)
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
-                    recorder.finish_storages()
+                    recorder.finish_storages(parts.running(parts.parameters))
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
@@ -315,7 +318,7 @@ class _Run:
             for param in parameters:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad)
-            recorder.finish_storages()  # before the gradients are dropped again: they outlive the step
+            recorder.finish_storages(parameters)  # before the gradients are dropped again: they outlive the step
 
 
 def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

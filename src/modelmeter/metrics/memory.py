@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from ..engine.trace import Storage, Trace
+from ..engine.trace import Storage, TensorMeta, Trace
 from ..handles.traffic import itemsize
 from .counting import Ancestors, Statistics
 
@@ -31,6 +31,13 @@ class OptimizerSpec:
     still bound to a loop variable; the multi-tensor ``foreach`` implementation (the CUDA default) holds
     ``foreach_temporaries`` copies of every parameter at once; ``overhead``: bytes of the 0-d tensors a
     Python-number operand becomes. ``state_dtype``: the dtype of the states when not the parameter's.
+
+    Mixed precision and sharding: ``master_weights`` keeps a copy of every parameter in the state dtype besides
+    the states (low-precision parameters with float32 master weights, ZeRO's 2 + 2 + 12 bytes per parameter with
+    Adam); ``shards`` splits the state, and the step's temporaries, evenly across that many ranks (ZeRO stage 1:
+    each rank keeps and updates its share while parameters and gradients are replicated; stage 2's sharded
+    gradients are not modelled). Under FSDP2 the trace's gradients are this rank's shards already, and ``shards``
+    stays 1.
     """
 
     name: str
@@ -42,6 +49,8 @@ class OptimizerSpec:
     overhead: int = 0
     foreach: bool = False
     state_dtype: str | None = None
+    master_weights: bool = False
+    shards: int = 1
 
 
 # torch.optim's SGD and Adam(W) in their default settings (no weight decay for Adam, no amsgrad, no nesterov),
@@ -61,9 +70,10 @@ STATE_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "compl
                 "float8_e5m2", "int8", "uint8")
 
 
-def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
-                   foreach: bool | None = None) -> OptimizerSpec:
-    """The spec of a torch optimizer by name (``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"``)."""
+def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None, foreach: bool | None = None,
+                   master_weights: bool | None = None, shards: int | None = None) -> OptimizerSpec:
+    """The spec of a torch optimizer by name (``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"``), with the
+    options given (None: the spec's own)."""
     if isinstance(name, OptimizerSpec):
         spec = name
     else:
@@ -77,8 +87,12 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (8-bit types for 8-bit optimizer "
                              f"states); got {state_dtype!r}")
+    if shards is not None and (type(shards) is not int or shards < 1):
+        raise ValueError(f"shards must be a whole number of ranks, at least 1; got {shards!r}")
     return replace(spec, foreach=spec.foreach if foreach is None else foreach,
-                   state_dtype=state_dtype or spec.state_dtype)
+                   state_dtype=state_dtype or spec.state_dtype,
+                   master_weights=spec.master_weights if master_weights is None else master_weights,
+                   shards=spec.shards if shards is None else shards)
 
 
 @dataclass(frozen=True)
@@ -103,19 +117,16 @@ class Peak:
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-def in_state_dtype(gradient: Storage, spec: OptimizerSpec) -> int:
+def in_state_dtype(gradient: TensorMeta, spec: OptimizerSpec) -> int:
     """Bytes of one parameter-sized tensor in the state dtype (a gradient has its parameter's size and dtype)."""
-    if spec.state_dtype is None:
-        return gradient.nbytes
-    return gradient.nbytes // itemsize(gradient.dtype) * itemsize(spec.state_dtype)
+    return gradient.numel() * itemsize(spec.state_dtype or gradient.dtype)
 
 
 def optimizer_bytes(trace: Trace, spec: OptimizerSpec) -> tuple[int, int]:
     """(persistent state, most temporary bytes of one ``step()``) for the parameters that got a gradient, in
-    the optimizer's order (the model's parameter order)."""
-    gradients = sorted((s for s in trace.storages if s.kind == "gradient"), key=lambda s: s.order)
-    sizes = [in_state_dtype(s, spec) for s in gradients]
-    state = sum(spec.states * size + spec.scalars for size in sizes)
+    the optimizer's order (the model's parameter order): this rank's share of them with ``spec.shards``."""
+    sizes = [-(-in_state_dtype(g, spec) // spec.shards) for g in trace.gradients]
+    state = sum((spec.states + spec.master_weights) * size + spec.scalars for size in sizes)
     if not sizes:
         return state, 0
     if spec.foreach:

@@ -23,8 +23,9 @@ TIMELINE_POINTS = 1000
 # The stack, bottom first: what lives through the whole step, then what comes and goes. The memory model's
 # "activation" storages are split in two: "activation", what autograd saved for the backward pass (it lives from
 # the forward pass until the backward pass has used it), and "temporary", every other storage the operators made.
-TIMELINE_KINDS = ("parameter", "buffer", "input", "optimizer_state", "gradient", "activation", "temporary",
-                  "other", "optimizer_temporary")
+# Under a parallel plan, the unsharded parameters and the communication buffers come and go with each module.
+TIMELINE_KINDS = ("parameter", "buffer", "input", "optimizer_state", "gradient", "unsharded", "communication",
+                  "activation", "temporary", "other", "optimizer_temporary")
 
 
 def memory_timeline(model: MemoryModel, spec: OptimizerSpec | None = None,

@@ -263,15 +263,16 @@ def _optimizer_units(trace: Trace, spec: OptimizerSpec) -> list[_Unit]:
         return []
     flops_per_element, kernels_per_parameter = OPTIMIZER_STEPS[name]
     units: dict[str, _Unit] = {}
-    for gradient in (s for s in trace.storages if s.kind == "gradient"):
-        elements = gradient.nbytes // itemsize(gradient.dtype)
+    for gradient in trace.gradients:
+        elements = gradient.numel()
+        nbytes = elements * itemsize(gradient.dtype)
         state = in_state_dtype(gradient, spec)
         unit = units.get(gradient.dtype)
         if unit is None:
             unit = units[gradient.dtype] = _Unit(OPTIMIZER_PHASE, len(trace.scopes), f"{name}.step", -1,
                                                  gradient.dtype)
         unit.vector_flops += flops_per_element * elements
-        unit.bytes += 3 * gradient.nbytes + 2 * spec.states * state  # p read and written, g read; states both
+        unit.bytes += 3 * nbytes + 2 * spec.states * state  # p read and written, g read; states both
         unit.kernels += 0 if spec.foreach else kernels_per_parameter
     if spec.foreach:
         for unit in units.values():

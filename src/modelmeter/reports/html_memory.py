@@ -180,6 +180,7 @@ STYLE = """
 .k-gradient { fill: #f28e2b; background: #f28e2b; } .k-activation { fill: #e15759; background: #e15759; }
 .k-temporary { fill: #edc948; background: #edc948; } .k-other { fill: #bab0ac; background: #bab0ac; }
 .k-optimizer_temporary { fill: #8cd17d; background: #8cd17d; }
+.k-unsharded { fill: #76b7b2; background: #76b7b2; } .k-communication { fill: #9c755f; background: #9c755f; }
 #memory-peak { paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 .legend-item { white-space: nowrap; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }
