@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("handles", ("modelmeter.handles",), ("engine",)),
     ("devices", ("modelmeter.devices",), ("base",)),  # the accelerators' datasheets: plain data, torch-free
     ("metrics", ("modelmeter.metrics",), ("handles", "devices")),
+    ("parallel", ("modelmeter.parallel",), ("metrics",)),  # per-rank cost of parallel plans, derived from a trace
     ("format", ("modelmeter.engine.serialize",), ("engine",)),  # the Trace as JSON: kept by the cache, saved by reports
     ("cache", ("modelmeter.cache",), ("format", "io")),
     ("reports", ("modelmeter.reports",), ("metrics", "format", "io")),

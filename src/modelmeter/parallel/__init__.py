@@ -1,0 +1,1 @@
+"""Per-rank cost of parallel training: what each rank of a parallel plan computes, holds and sends."""
