@@ -151,7 +151,7 @@ def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
     """
     schedule.check_counts(pp, 1)
     found = find_blocks(trace)
-    counts = _layout(found, pp, layout)
+    counts = _layout(found, pp, layout, trace.model)
     block_stage: dict[str, int] = {}
     first = 0
     for s, n in enumerate(counts):
@@ -212,18 +212,20 @@ def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = 
     return PipelineCost(pp, m, get_convention(convention).name, unit, found, tuple(stages), tuple(ranks), timeline)
 
 
-def _layout(found: BlockList, pp: int, layout: Sequence[int] | None) -> list[int]:
+def _layout(found: BlockList, pp: int, layout: Sequence[int] | None, model: str) -> list[int]:
+    """Blocks per stage: ``layout`` checked, or :func:`even_layout`."""
     blocks = len(found.blocks)
+    where = f"{model or 'the model'}'s {found.container!r}" if found.container else (model or "the model")
     if layout is None:
         if pp > blocks:
-            raise PipelineSplitError(f"pp={pp} stages need at least {pp} blocks, but {found.container or 'the model'} "
-                                     f"holds {blocks} {found.block_type} blocks: use pp <= {blocks}")
+            raise PipelineSplitError(f"pp={pp} stages need at least {pp} blocks, but {where} holds {blocks} "
+                                     f"{found.block_type} blocks: use pp <= {blocks}")
         return even_layout(blocks, pp)
     counts = list(layout)
     if len(counts) != pp or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts) \
             or sum(counts) != blocks:
         raise PipelineSplitError(f"layout must give {pp} block counts >= 1 (one per stage) adding up to the {blocks} "
-                                 f"{found.block_type} blocks of {found.container or 'the model'}, got {layout!r}")
+                                 f"{found.block_type} blocks of {where}, got {layout!r}")
     return counts
 
 
@@ -237,7 +239,7 @@ class _Placement:
         for index, stack in enumerate(trace.scopes):
             stage = None
             for name in reversed(stack):
-                stage = block_stage.get(name)
+                stage = _block_of(name, block_stage)
                 if stage is not None:
                     break
             self.in_block[index] = stage
@@ -256,16 +258,22 @@ class _Placement:
                 for name in trace.scopes[event.scope]:
                     self.modules.setdefault(name, current)
             latest[event.scope] = max(current, latest.get(event.scope, 0))
-        for i, event in enumerate(trace.events):
+        following = last  # the stage of the backward event after it: the one a recomputation outside blocks feeds
+        for i in reversed(range(len(trace.events))):
+            event = trace.events[i]
             if event.phase == "forward":
                 continue
             block = self.in_block[event.scope]
             if block is not None:
                 self.events[i] = block
-            elif event.phase == "backward" and event.origin >= 0:
+            elif event.phase == "recompute":
+                self.events[i] = following
+            elif event.origin >= 0:
                 self.events[i] = self.events[event.origin]
             else:
                 self.events[i] = latest.get(event.scope, last)
+            if event.phase == "backward":
+                following = self.events[i]
 
     def module(self, name: str, before: bool) -> int:
         """The stage of module ``name``: of its first forward event; for a module that never ran, the first stage
@@ -274,6 +282,16 @@ class _Placement:
         if found is not None:
             return found
         return 0 if before else self.last
+
+
+def _block_of(name: str, block_stage: dict[str, int]) -> int | None:
+    """The stage of the block module ``name`` is (a canonical name under a block's is inside it; a block re-run by
+    activation checkpointing is on no stack of its own), or None."""
+    while True:
+        found = block_stage.get(name)
+        if found is not None or "." not in name:
+            return found
+        name = name.rpartition(".")[0]
 
 
 def _flops_by_stage(trace: Trace, where: _Placement, pp: int, convention: str) -> list[dict[str, float]]:
