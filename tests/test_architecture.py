@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("cli", ("modelmeter.cli", "modelmeter.__main__"), ("guard",)),
     ("launcher", ("modelmeter_cli",), ("cli",)),  # the console script: imports the command lazily
     ("plugin", ("modelmeter_pytest",), ("guard",)),
-    ("root", (ROOT,), ("session",)),  # the public names, re-exported
+    ("root", (ROOT,), ("session", "parallel")),  # the public names, re-exported
 )
 
 

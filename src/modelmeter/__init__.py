@@ -24,6 +24,7 @@ _EXPORTS = {
     "handles.conventions": ("CONVENTIONS", "get_convention", "register_handle", "unregister_handle"),
     "memory": ("MemoryAnalysis",),
     "metrics.memory": ("OPTIMIZERS", "OptimizerSpec", "Peak", "Point"),
+    "parallel.pipeline": ("PipelineCost", "PipelineSplitError", "StageCost", "stage_costs"),
     "reports.html": ("render_html", "write_html"),
     "reports.render": ("render",),
     "reports.result": ("Result",),
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
     from .memory import MemoryAnalysis
     from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
+    from .parallel.pipeline import PipelineCost, PipelineSplitError, StageCost, stage_costs
     from .reports.html import render_html, write_html
     from .reports.render import render
     from .reports.result import Result
@@ -115,11 +117,14 @@ __all__ = [
     "OptimizerSpec",
     "ParameterInfo",
     "Peak",
+    "PipelineCost",
+    "PipelineSplitError",
     "Point",
     "Result",
     "RunSpec",
     "SavedTraceError",
     "Session",
+    "StageCost",
     "TensorMeta",
     "Trace",
     "__version__",
@@ -145,6 +150,7 @@ __all__ = [
     "render_html",
     "result_from_trace",
     "save_trace",
+    "stage_costs",
     "unregister_handle",
     "write_html",
 ]
