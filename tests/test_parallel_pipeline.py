@@ -12,7 +12,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modelmeter
+from modelmeter.devices import get_device
 from modelmeter.metrics.memory import MemoryModel, saved_bytes
+from modelmeter.metrics.roofline import RooflineSettings, roofline
 from modelmeter.parallel import schedule
 from modelmeter.parallel.pipeline import PipelineSplitError, find_blocks, split_stages, stage_costs
 from modelmeter.zoo.llama import Llama, LlamaConfig
@@ -311,6 +313,18 @@ def test_stage_costs_times_and_bandwidth(stack: modelmeter.Trace) -> None:
     assert unitless.time_unit == "flop" and unitless.ranks[0].busy_time == 3 * (EMBED + 2 * BLOCK + EMBED + 4 * BLOCK)
 
 
+def test_stage_times_on_a_device(llama: modelmeter.Analysis) -> None:
+    """On a device, a stage's time is the roofline time of its operators: the stages' times add up to the model's
+    (docs/roofline.md), and the two middle stages, one identical layer each, take the same time."""
+    settings = RooflineSettings(get_device("h100"), efficiency=0.5)
+    cost = stage_costs(llama.trace, 4, 8, device=settings)
+    assert cost.time_unit == "s"
+    whole = sum(roofline(llama.trace, settings).time.counts[""].values())
+    assert sum(rank.busy_time for rank in cost.ranks) / 8 == pytest.approx(whole)
+    assert cost.ranks[1].busy_time == pytest.approx(cost.ranks[2].busy_time)
+    assert stage_costs(llama.trace, 4, 8, device="h100").step_time == pytest.approx(cost.step_time / 2)
+
+
 # --- clear errors --------------------------------------------------------------------------------------------------
 def test_more_stages_than_blocks(stack: modelmeter.Trace) -> None:
     with pytest.raises(PipelineSplitError, match=r"pp=5 .*Stack's 'blocks' holds 4 Block blocks: use pp <= 4"):
@@ -333,7 +347,7 @@ def test_bad_arguments(stack: modelmeter.Trace) -> None:
     with pytest.raises(PipelineSplitError,
                        match=r"layout must give 2 block counts >= 1 .* Block blocks of Stack's 'blocks', got \[4, 0\]"):
         split_stages(stack, 2, layout=[4, 0])
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="pass one of times, device and flops_per_second, not several"):
         stage_costs(stack, 2, 2, times=[(1, 1), (1, 1)], flops_per_second=1.0)
     with pytest.raises(ValueError, match=r"times must give \(forward, backward\) seconds for each of the 2 stages"):
         stage_costs(stack, 2, 2, times=[(1, 1)])

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..devices import Device, get_device
 from ..engine.trace import Trace
 from ..errors import ModelMeterError
 from ..handles.conventions import get_convention
 from ..handles.traffic import itemsize
 from ..metrics.counting import Unit, count
+from ..metrics.roofline import RooflineSettings, unit_times
 from . import schedule
 from .schedule import Timeline
 
@@ -149,6 +151,20 @@ def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
     whose autograd node ran it, else to the last stage its module ran forward work in (the loss: the last stage).
     FLOPs are counted under ``convention``.
     """
+    cut = _cut(trace, pp, layout)
+    return cut.blocks, _stages(trace, cut, convention)
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Where the stages of a trace are: the block list, the blocks per stage, and every event's stage."""
+
+    blocks: BlockList
+    counts: list[int]
+    placement: _Placement
+
+
+def _cut(trace: Trace, pp: int, layout: Sequence[int] | None) -> _Cut:
     schedule.check_counts(pp, 1)
     found = find_blocks(trace)
     counts = _layout(found, pp, layout, trace.model)
@@ -157,43 +173,57 @@ def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
     for s, n in enumerate(counts):
         block_stage.update((name, s) for name in found.blocks[first:first + n])
         first += n
-    where = _Placement(trace, block_stage, pp - 1)
-    last_blocks = [found.blocks[sum(counts[:s + 1]) - 1] for s in range(pp - 1)]  # what sends to the next stage
+    return _Cut(found, counts, _Placement(trace, block_stage, pp - 1))
+
+
+def _stages(trace: Trace, cut: _Cut, convention: str) -> list[Stage]:
+    pp, found, where = len(cut.counts), cut.blocks, cut.placement
+    ends = [sum(cut.counts[:s + 1]) for s in range(pp)]
+    last_blocks = [found.blocks[end - 1] for end in ends[:-1]]  # what sends to the next stage
     flops = _flops_by_stage(trace, where, pp, convention)
     params, param_bytes = _parameters_by_stage(trace, where, found, pp)
     sent = [_returned(trace, block) for block in last_blocks]
     saved = _saved_by_stage(trace, where, last_blocks, sent)
     stages = []
     for s in range(pp):
-        blocks = tuple(name for name in found.blocks if block_stage[name] == s)
+        blocks = found.blocks[ends[s] - cut.counts[s]:ends[s]]
         out = sum(t.nbytes for t in sent[s]) if s < pp - 1 else 0
         grad = sum(t.nbytes for t in sent[s - 1] if t.floating) if s > 0 else 0
         stages.append(Stage(s, blocks, flops[s]["forward"], flops[s]["backward"], flops[s]["recompute"], params[s],
                             param_bytes[s], saved[s], out, grad))
-    return found, stages
+    return stages
 
 
 def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = "fvcore",
-                layout: Sequence[int] | None = None, flops_per_second: float | None = None,
-                times: Sequence[tuple[float, float]] | None = None,
+                layout: Sequence[int] | None = None, device: str | Device | RooflineSettings | None = None,
+                flops_per_second: float | None = None, times: Sequence[tuple[float, float]] | None = None,
                 bandwidth: float | None = None) -> PipelineCost:
     """The per-rank cost of one training step of ``micro_batches`` micro-batches on a ``pp``-stage 1F1B pipeline.
 
     ``trace`` is the run of one micro-batch with a backward pass; the stages are cut as :func:`split_stages` says.
-    A stage's time per micro-batch is ``times[s]`` (forward, backward seconds) when given, else its FLOPs divided
-    by ``flops_per_second``, else its FLOP count (``time_unit`` ``"flop"``: only ratios mean anything then).
+    A stage's time per micro-batch (one of these at most) is ``times[s]`` (forward, backward seconds); or the
+    roofline time of its operators on ``device`` (a name, a :class:`~modelmeter.devices.Device`, or
+    :class:`~modelmeter.metrics.roofline.RooflineSettings` with an efficiency; docs/roofline.md); or its FLOPs
+    divided by ``flops_per_second``; else its FLOP count (``time_unit`` ``"flop"``: only ratios mean anything then).
     ``bandwidth`` (bytes per second between neighbouring stages, needs times in seconds) adds the transfer of the
     boundary activation and gradient to the simulated timeline, overlapped with computation.
     """
     schedule.check_counts(pp, micro_batches)
     if not trace.backward:
         raise ValueError("stage_costs needs the trace of a training step: record it with backward=True")
-    found, stages = split_stages(trace, pp, convention=convention, layout=layout)
-    forward, backward, unit = _stage_times(stages, flops_per_second, times)
+    if sum(option is not None for option in (times, device, flops_per_second)) > 1:
+        raise ValueError("pass one of times, device and flops_per_second, not several")
+    cut = _cut(trace, pp, layout)
+    stages = _stages(trace, cut, convention)
+    if device is not None:
+        forward, backward = _roofline_by_stage(trace, cut.placement, pp, device)
+        unit = "s"
+    else:
+        forward, backward, unit = _stage_times(stages, flops_per_second, times)
     transfer = None
     if bandwidth is not None:
         if unit != "s":
-            raise ValueError("bandwidth needs times in seconds: pass flops_per_second or times with it")
+            raise ValueError("bandwidth needs times in seconds: pass times, device or flops_per_second with it")
         if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
             raise ValueError(f"bandwidth must be a number of bytes per second > 0, got {bandwidth!r}")
         transfer = [max(stage.activation_out, stages[s + 1].gradient_out) / bandwidth
@@ -209,7 +239,8 @@ def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = 
                                + stage.recompute_flops), stage.parameters, stage.parameter_bytes, held,
                                held * stage.saved_bytes, m * sends, m * receives, timeline.busy(s),
                                timeline.bubble(s), timeline.makespan))
-    return PipelineCost(pp, m, get_convention(convention).name, unit, found, tuple(stages), tuple(ranks), timeline)
+    return PipelineCost(pp, m, get_convention(convention).name, unit, cut.blocks, tuple(stages), tuple(ranks),
+                        timeline)
 
 
 def _layout(found: BlockList, pp: int, layout: Sequence[int] | None, model: str) -> list[int]:
@@ -402,12 +433,22 @@ def _returned_storages(trace: Trace, block: str, returned: list[_Returned]) -> s
     return found
 
 
+def _roofline_by_stage(trace: Trace, where: _Placement, pp: int,
+                       device: str | Device | RooflineSettings) -> tuple[list[float], list[float]]:
+    """Roofline seconds per micro-batch of every stage: (forward, backward with recomputation)."""
+    if isinstance(device, str):
+        device = get_device(device)
+    settings = device if isinstance(device, RooflineSettings) else RooflineSettings(device)
+    forward, backward = [0.0] * pp, [0.0] * pp
+    for event, phase, seconds in unit_times(trace, settings):
+        (forward if phase == "forward" else backward)[where.events[event]] += seconds
+    return forward, backward
+
+
 def _stage_times(stages: list[Stage], flops_per_second: float | None,
                  times: Sequence[tuple[float, float]] | None) -> tuple[list[float], list[float], str]:
     """(forward, backward) time per micro-batch of every stage, and their unit."""
     if times is not None:
-        if flops_per_second is not None:
-            raise ValueError("pass times or flops_per_second, not both")
         pairs = [tuple(pair) for pair in times]
         if len(pairs) != len(stages) or any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"times must give (forward, backward) seconds for each of the {len(stages)} stages, "
