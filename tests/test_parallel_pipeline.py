@@ -337,6 +337,8 @@ def test_no_repeated_blocks() -> None:
                                                  r"Sequential of two or more modules of one class"):
         find_blocks(trace)
     assert issubclass(PipelineSplitError, modelmeter.ModelMeterError)
+    whole = split_stages(trace, 1)[1]  # one stage needs no blocks: it is the whole model
+    assert [(s.blocks, s.forward_flops, s.parameters) for s in whole] == [((), 2 * 4 * 8 + 2 * 8 * 2, 40 + 18)]
 
 
 def test_bad_arguments(stack: modelmeter.Trace) -> None:

@@ -148,8 +148,9 @@ def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
     block goes to the first stage, everything after the last to the last stage. An event belongs to the stage of the
     innermost block on its module stack; a forward event outside every block to the stage of the block that ran last
     before it (the first stage before any); a backward event outside every block to the stage of the forward call
-    whose autograd node ran it, else to the last stage its module ran forward work in (the loss: the last stage).
-    FLOPs are counted under ``convention``.
+    whose autograd node ran it, else to the last stage its module ran forward work in (the loss: the last stage); a
+    recomputed one (activation checkpointing) outside every block to the stage of the backward pass it feeds.
+    FLOPs are counted under ``convention``. With ``pp=1`` the one stage is the whole model, repeated blocks or not.
     """
     cut = _cut(trace, pp, layout)
     return cut.blocks, _stages(trace, cut, convention)
@@ -166,8 +167,13 @@ class _Cut:
 
 def _cut(trace: Trace, pp: int, layout: Sequence[int] | None) -> _Cut:
     schedule.check_counts(pp, 1)
-    found = find_blocks(trace)
-    counts = _layout(found, pp, layout, trace.model)
+    try:
+        found = find_blocks(trace)
+    except PipelineSplitError:
+        if pp > 1 or layout is not None:
+            raise
+        found = BlockList("", "", ())  # one stage is the whole model, blocks or not
+    counts = [len(found.blocks)] if pp == 1 and layout is None else _layout(found, pp, layout, trace.model)
     block_stage: dict[str, int] = {}
     first = 0
     for s, n in enumerate(counts):
@@ -235,10 +241,12 @@ def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = 
         sends = stage.activation_out + stage.gradient_out
         receives = (stages[s - 1].activation_out if s > 0 else 0) + (stages[s + 1].gradient_out if s < pp - 1 else 0)
         held = schedule.in_flight(pp, m, s)
-        ranks.append(StageCost(s, stage.blocks, m * stage.forward_flops, m * (stage.backward_flops
-                               + stage.recompute_flops), stage.parameters, stage.parameter_bytes, held,
-                               held * stage.saved_bytes, m * sends, m * receives, timeline.busy(s),
-                               timeline.bubble(s), timeline.makespan))
+        ranks.append(StageCost(
+            stage=s, blocks=stage.blocks, forward_flops=m * stage.forward_flops,
+            backward_flops=m * (stage.backward_flops + stage.recompute_flops), parameters=stage.parameters,
+            parameter_bytes=stage.parameter_bytes, in_flight=held, activation_bytes=held * stage.saved_bytes,
+            send_bytes=m * sends, recv_bytes=m * receives, busy_time=timeline.busy(s), bubble_time=timeline.bubble(s),
+            step_time=timeline.makespan))
     return PipelineCost(pp, m, get_convention(convention).name, unit, cut.blocks, tuple(stages), tuple(ranks),
                         timeline)
 
@@ -264,7 +272,6 @@ class _Placement:
     """The stage of every event of a trace and of every module (see :func:`split_stages`)."""
 
     def __init__(self, trace: Trace, block_stage: dict[str, int], last: int) -> None:
-        self.trace = trace
         self.last = last
         self.in_block: dict[int, int | None] = {}  # scope -> stage of its innermost block, None outside every block
         for index, stack in enumerate(trace.scopes):
