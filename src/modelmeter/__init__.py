@@ -26,6 +26,7 @@ _EXPORTS = {
     "metrics.communication": ("Communication", "communication"),
     "metrics.memory": ("OPTIMIZERS", "OptimizerSpec", "Peak", "Point"),
     "metrics.step_time": ("StepTime", "step_time"),
+    "parallel.pipeline": ("PipelineCost", "PipelineSplitError", "StageCost", "stage_costs"),
     "parallel.plan": ("ParallelPlan",),
     "reports.html": ("render_html", "write_html"),
     "reports.render": ("render",),
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from .metrics.communication import Communication, communication
     from .metrics.memory import OPTIMIZERS, OptimizerSpec, Peak, Point
     from .metrics.step_time import StepTime, step_time
+    from .parallel.pipeline import PipelineCost, PipelineSplitError, StageCost, stage_costs
     from .parallel.plan import ParallelPlan
     from .reports.html import render_html, write_html
     from .reports.render import render
@@ -128,11 +130,14 @@ __all__ = [
     "ParallelPlanError",
     "ParameterInfo",
     "Peak",
+    "PipelineCost",
+    "PipelineSplitError",
     "Point",
     "Result",
     "RunSpec",
     "SavedTraceError",
     "Session",
+    "StageCost",
     "StepTime",
     "TensorMeta",
     "Trace",
@@ -161,6 +166,7 @@ __all__ = [
     "render_html",
     "result_from_trace",
     "save_trace",
+    "stage_costs",
     "step_time",
     "unregister_handle",
     "write_html",

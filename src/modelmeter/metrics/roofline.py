@@ -128,15 +128,8 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
     is left out, with a WARNING); the trace records no optimizer, so this part is a model of torch.optim's step,
     not a count.
     """
-    convention = get_convention("flops", dense_attention=dense_attention, attention_kernel=attention_kernel)
-    flop_units: list[Unit] = []
-    byte_units: list[Unit] = []
     with no_gc():  # thousands of small counters made and walked
-        count(trace, convention.handles, elementwise=convention.elementwise, units=flop_units, tables=False)
-        count_bytes(trace, attention_kernel, units=byte_units)
-        matrix_ops = _matrix_ops() | {op for op, entry in convention.handles.items()
-                                      if isinstance(entry, CountInside)}
-        units = _group(trace, flop_units, byte_units, matrix_ops, _moves_nothing(attention_kernel))
+        units = _units(trace, attention_kernel, dense_attention)
         if optimizer is not None:
             units += _optimizer_units(trace, optimizer)
         for unit in units:
@@ -145,6 +138,29 @@ def roofline(trace: Trace, settings: RooflineSettings, *, attention_kernel: str 
         summary = _summary(trace, settings, units)
         _check_finite(summary, settings)
         return Roofline(moved, flops, time, bound, summary)
+
+
+def unit_times(trace: Trace, settings: RooflineSettings, *, attention_kernel: str = "fused",
+               dense_attention: bool = False) -> list[tuple[int, str, float]]:
+    """Every unit of time of the run (no optimizer step) as ``(event, phase, seconds)`` on ``settings.device``, as
+    :func:`roofline` times it: ``event`` is the unit's outermost counted event, or the forward call whose whole
+    backward pass a ``backward:`` formula covered, so a caller can attribute the time by event (pipeline stages)."""
+    with no_gc():
+        units = _units(trace, attention_kernel, dense_attention)
+    for unit in units:
+        _time(unit, settings)
+    return [(unit.dtype_event, unit.phase, unit.time) for unit in units]
+
+
+def _units(trace: Trace, attention_kernel: str, dense_attention: bool) -> list[_Unit]:
+    """The units of time of the run: the ``flops`` convention's FLOPs and the bytes, paired (not yet timed)."""
+    convention = get_convention("flops", dense_attention=dense_attention, attention_kernel=attention_kernel)
+    flop_units: list[Unit] = []
+    byte_units: list[Unit] = []
+    count(trace, convention.handles, elementwise=convention.elementwise, units=flop_units, tables=False)
+    count_bytes(trace, attention_kernel, units=byte_units)
+    matrix_ops = _matrix_ops() | {op for op, entry in convention.handles.items() if isinstance(entry, CountInside)}
+    return _group(trace, flop_units, byte_units, matrix_ops, _moves_nothing(attention_kernel))
 
 
 @cache
