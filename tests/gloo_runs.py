@@ -18,8 +18,10 @@ import contextlib
 import json
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import tempfile
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,7 +40,7 @@ from modelmeter.zoo.llama import Llama, LlamaConfig
 
 # Every piece of a step is small: a hang (a rank waiting on a collective the others never issue) fails in seconds.
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
-RUN_TIMEOUT_S = 240.0
+RUN_TIMEOUT_S = 120.0
 LLAMA = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                     max_position_embeddings=32)
 MLP_WIDTH, MLP_BLOCKS = 16, 2
@@ -278,7 +280,10 @@ def run_real(cases: list[Case], world_size: int, timeout: float = RUN_TIMEOUT_S)
 
     Raises ``RuntimeError`` with the failing rank's traceback, or on a run past ``timeout`` seconds (every
     process is killed)."""
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # The ranks fork from one server that imported torch and these modules once (and ran no kernel: no threads to
+    # lose in the fork); each rank then costs its own work, not a fresh interpreter's imports.
+    context.set_forkserver_preload([__name__, *_PRELOAD])
     with tempfile.TemporaryDirectory(prefix="gloo_runs_") as tmp:
         store_path = str(Path(tmp) / "store")
         processes = [context.Process(target=_worker, args=(rank, world_size, store_path, cases, tmp), daemon=True)
@@ -293,24 +298,32 @@ def run_real(cases: list[Case], world_size: int, timeout: float = RUN_TIMEOUT_S)
                     process.kill()
                     process.join()
         errors = sorted(Path(tmp).glob("rank*.err"))
-        if errors:
-            raise RuntimeError(f"gloo run failed on {errors[0].stem}:\n{errors[0].read_text()}")
+        if errors:  # every failed rank's traceback: the first to fail may have made the others fail
+            raise RuntimeError("gloo run failed:\n" + "\n".join(f"{e.stem}: {e.read_text()}" for e in errors))
         failed = [p.exitcode for p in processes if p.exitcode != 0]
         if failed:
             raise RuntimeError(f"gloo run: processes exited with {failed}")
         return [json.loads((Path(tmp) / f"rank{rank}.json").read_text()) for rank in range(world_size)]
 
 
-def _join_all(processes: list[Any], timeout: float) -> None:
-    import time
+_PRELOAD = ["torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.tensor.debug",
+            "torch.distributed._composable.replicate_with_fsdp", "torch.utils.flop_counter"]
 
+
+def _join_all(processes: list[Any], timeout: float) -> None:
+    """Wait for every rank; stop waiting as soon as one fails (the others would wait on it until the collective
+    timeout) or at ``timeout``."""
     deadline = time.monotonic() + timeout
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
+    pending = {process.sentinel: process for process in processes}
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise RuntimeError(f"gloo run did not finish in {timeout:.0f} s (a rank hung on a collective?)")
-        if process.exitcode != 0:  # one rank died: the others would wait for it until the collective timeout
-            return
+        for sentinel in multiprocessing.connection.wait(list(pending), timeout=left):
+            process = pending.pop(sentinel)  # type: ignore[call-overload]
+            process.join()
+            if process.exitcode != 0:
+                return
 
 
 # ---- the simulation of the same case --------------------------------------------------------------------------

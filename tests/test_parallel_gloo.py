@@ -9,6 +9,7 @@ must be the single-device step's plus the redundant work docs/parallel.md states
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from gloo_runs import (
     matmul_flops_of,
     real_matmul_flops,
     run_cases,
+    run_real,
     simulate,
     single_device,
 )
@@ -169,3 +171,20 @@ def test_real_tensor_parallel_matmul_flops_add_up_to_one_device(real_runs: Any, 
 def test_simulated_tensor_parallel_matmul_flops_add_up_to_one_device(world_size: int, case: Case) -> None:
     ranks = sum(matmul_flops_of(simulate(case, rank, world_size)) for rank in range(world_size))
     assert ranks == matmul_flops_of(single_device(case, 1)) + (world_size - 1) * replicated_matmul_flops(case)
+
+
+class FailsOnRankOne(Case):
+    """A case whose rank 1 fails before its step: rank 0 is left waiting on its first all-gather."""
+
+    def inputs(self, rank: int) -> Any:
+        if rank == 1:
+            raise ValueError("rank 1 gives up")
+        return super().inputs(rank)
+
+
+def test_a_failing_rank_fails_the_run_at_once() -> None:
+    """The run reports the failing rank's error and kills the rank left waiting, long before any timeout."""
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 gives up"):
+        run_real([FailsOnRankOne("mlp", "fsdp")], 2, timeout=60)
+    assert time.monotonic() - started < 30
