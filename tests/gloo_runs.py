@@ -24,7 +24,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -225,12 +225,18 @@ class LocalOps(TorchDispatchMode):
             name = op_name(func)
             if is_collective(name):
                 tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-                self.collectives.append({"op": name, "tensors": [
+                self.collectives.append({"op": name, "phase": _phase(), "tensors": [
                     tensor_record(t.shape, str(t.dtype).removeprefix("torch.")) for t in tensors]})
             formula = self._formulas.get(func._overloadpacket)
             if formula is not None:
                 self.flops[name] += formula(*args, **kwargs, out_val=out)
         return out
+
+
+def _phase() -> str:
+    """``"backward"`` while autograd's engine runs a graph (its hooks and final callbacks included), else
+    ``"forward"``."""
+    return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
 
 
 def observed_step(case: Case, rank: int, world_size: int) -> dict[str, Any]:
@@ -377,7 +383,8 @@ def trace_collectives(trace: Any) -> list[dict[str, Any]]:
     for event in trace.events:
         if event.level == "dispatch" and is_collective(event.op):
             metas = [m for m in tree_leaves(event.inputs) if isinstance(m, TensorMeta)]
-            found.append({"op": event.op, "tensors": [tensor_record(m.shape, m.dtype) for m in metas]})
+            found.append({"op": event.op, "phase": event.phase,
+                          "tensors": [tensor_record(m.shape, m.dtype) for m in metas]})
     return found
 
 
@@ -403,8 +410,8 @@ def assert_real_run_consistent(observed: dict[str, Any]) -> None:
 
 
 def assert_same_collectives(observed: dict[str, Any], trace: Any) -> None:
-    """The simulation issued the real rank's collectives: the same operators, in the same order, on tensors of
-    the same shapes, dtypes and bytes."""
+    """The simulation issued the real rank's collectives: the same operators, in the same order and phase
+    (forward, backward), on tensors of the same shapes, dtypes and bytes."""
     simulated = trace_collectives(trace)
     assert collective_counts(simulated) == collective_counts(observed["collectives"]), observed["case"]
     assert simulated == observed["collectives"], observed["case"]
@@ -430,7 +437,7 @@ def assert_same_matmul_flops(observed: dict[str, Any], analysis: Any) -> None:
     assert matmul_flops_of(analysis) == real_matmul_flops(observed), observed["case"]
 
 
-def run_cases(world_size: int, cases: list[Case], runner: Callable[..., Any] = run_real) -> dict[str, list[Any]]:
+def run_cases(world_size: int, cases: list[Case]) -> dict[str, list[Any]]:
     """``{case name: [rank 0's record, rank 1's, ...]}`` of one spawned run of every case."""
-    per_rank = runner(cases, world_size)
+    per_rank = run_real(cases, world_size)
     return {case.name: [per_rank[rank][i] for rank in range(world_size)] for i, case in enumerate(cases)}

@@ -99,15 +99,18 @@ def test_a_different_plan_is_told_apart(real_runs: Any) -> None:
                          ids=[i for i, (_, c) in zip(IDS, RUNS, strict=True) if c.plan in ("fsdp", "ddp")])
 def test_gradient_collectives_move_every_parameter_once(real_runs: Any, world_size: int, case: Case) -> None:
     """Hand arithmetic: FSDP reduce-scatters every parameter's gradient once (the unsharded input holds them all),
-    DDP all-reduces each once; float32, so 4 bytes per parameter."""
+    DDP all-reduces each once, both in the backward pass; float32, so 4 bytes per parameter. An all-gather's output
+    holds the ranks' shards."""
     parameter_bytes = 4 * sum(p.numel() for p in build_model(case.model).parameters())
     observed = real_runs[world_size][case.name][0]["collectives"]
     if case.plan == "fsdp":
         reduced = sum(c["tensors"][1][2] for c in observed if c["op"] == "c10d::_reduce_scatter_base_")
         gathered = [c["tensors"] for c in observed if c["op"] == "c10d::_allgather_base_"]
         assert all(output[2] == world_size * shard[2] for output, shard in gathered)
+        assert {c["phase"] for c in observed if c["op"] == "c10d::_reduce_scatter_base_"} == {"backward"}
     else:
         reduced = collective_bytes(observed)["c10d::allreduce_"]
+        assert {c["phase"] for c in observed} == {"backward"}
     assert reduced == parameter_bytes
 
 
@@ -117,7 +120,8 @@ def test_tensor_parallel_all_reduces_one_activation_per_row_split(real_runs: Any
     input needs none)."""
     activation_bytes = 4 * BATCH * SEQ * MLP_WIDTH
     observed = real_runs[2]["mlp-tp"][0]["collectives"]
-    assert Counter(c["op"] for c in observed) == {"_c10d_functional::all_reduce": 3}
+    assert Counter((c["op"], c["phase"]) for c in observed) == {("_c10d_functional::all_reduce", "forward"): 2,
+                                                                 ("_c10d_functional::all_reduce", "backward"): 1}
     assert all(c["tensors"] == [[[BATCH, SEQ, MLP_WIDTH], "float32", activation_bytes]] for c in observed)
 
 
