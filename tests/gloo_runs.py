@@ -148,7 +148,8 @@ def apply_tp(model: nn.Module, mesh: Any, plan: dict[str, Any]) -> nn.Module:
 
 @dataclass(frozen=True)
 class Case:
-    """One model under one plan: ``"fsdp"``, ``"ddp"`` or ``"tp"``."""
+    """One model under one plan: ``"fsdp"``, ``"ddp"``, ``"tp"``, or ``"fsdp+tp"`` (a (ranks / 2, 2) mesh: tensor
+    parallel over pairs of ranks, FSDP across them)."""
 
     model: str
     plan: str
@@ -157,19 +158,33 @@ class Case:
     def name(self) -> str:
         return f"{self.model}-{self.plan}"
 
-    @property
-    def data_parallel(self) -> bool:
-        return self.plan != "tp"
+    def tp_degree(self, world_size: int) -> int:
+        return {"tp": world_size, "fsdp+tp": 2}.get(self.plan, 1)
+
+    def dp_degree(self, world_size: int) -> int:
+        """How many shards of the batch the ranks run (each rank's data-parallel rank is ``rank // tp``)."""
+        return world_size // self.tp_degree(world_size)
+
+    def mesh(self, world_size: int) -> Any:
+        """The device mesh of the plan on the current process group."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.plan == "fsdp+tp":
+            return init_device_mesh("cpu", (world_size // 2, 2), mesh_dim_names=("dp", "tp"))
+        return init_device_mesh("cpu", (world_size,))
 
     def apply(self, model: nn.Module, mesh: Any) -> nn.Module:
         if self.plan == "fsdp":
             return apply_fsdp(model, mesh)
         if self.plan == "ddp":
             return apply_ddp(model, mesh)
-        return apply_tp(model, mesh, tp_plan(model))
+        if self.plan == "tp":
+            return apply_tp(model, mesh, tp_plan(model))
+        apply_tp(model, mesh["tp"], tp_plan(model))  # the order torchtitan applies them in
+        return apply_fsdp(model, mesh["dp"])
 
-    def inputs(self, rank: int) -> torch.Tensor:
-        return make_inputs(self.model, rank if self.data_parallel else 0)
+    def inputs(self, rank: int, world_size: int) -> torch.Tensor:
+        return make_inputs(self.model, rank // self.tp_degree(world_size))
 
 
 def training_step(model: nn.Module, x: torch.Tensor) -> None:
@@ -241,13 +256,11 @@ def _phase() -> str:
 
 def observed_step(case: Case, rank: int, world_size: int) -> dict[str, Any]:
     """Run ``case`` on this rank of the live process group; what the rank saw, as plain data."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    mesh = init_device_mesh("cpu", (world_size,))
-    model = case.apply(build_model(case.model), mesh)
-    x = case.inputs(rank)
+    model = case.apply(build_model(case.model), case.mesh(world_size))
+    x = case.inputs(rank, world_size)
     comm, flop_counter, local = CommDebugMode(), FlopCounterMode(display=False), LocalOps()
     with comm, flop_counter, local:
         training_step(model, x)
@@ -334,15 +347,13 @@ def _join_all(processes: list[Any], timeout: float) -> None:
 
 # ---- the simulation of the same case --------------------------------------------------------------------------
 @contextlib.contextmanager
-def fake_process_group(rank: int, world_size: int) -> Iterator[Any]:
-    """A fake process group as the simulation uses (one process stands for ``rank``); yields its 1-D mesh and
-    destroys the group after."""
-    from torch.distributed.device_mesh import init_device_mesh
+def fake_process_group(rank: int, world_size: int) -> Iterator[None]:
+    """A fake process group as the simulation uses (one process stands for ``rank``), destroyed after."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        yield init_device_mesh("cpu", (world_size,))
+        yield
     finally:
         dist.destroy_process_group()
 
@@ -353,24 +364,24 @@ def simulate(case: Case, rank: int, world_size: int, **analyze_options: Any) -> 
 
     import modelmeter
 
-    with fake_process_group(rank, world_size) as mesh:
+    with fake_process_group(rank, world_size):
         with torch.device("meta"):
             model = build_model(case.model)
-        case.apply(model, mesh)
+        case.apply(model, case.mesh(world_size))
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            x = case.inputs(rank)
+            x = case.inputs(rank, world_size)
             return modelmeter.analyze(model, x, backward=True, convention="flops", quiet=True, **analyze_options)
 
 
 def single_device(case: Case, world_size: int) -> Any:
-    """modelmeter's analysis of the same step on one device: the whole batch (data parallel), no plan."""
+    """modelmeter's analysis of the same step on one device: the whole batch (every data-parallel shard), no
+    plan."""
     import modelmeter
 
     with torch.device("meta"):
         model = build_model(case.model)
-    batch = BATCH * world_size if case.data_parallel else BATCH
-    x = make_inputs(case.model, 0, batch).to("meta")
+    x = make_inputs(case.model, 0, BATCH * case.dp_degree(world_size)).to("meta")
     return modelmeter.analyze(model, x, backward=True, convention="flops", quiet=True)
 
 
