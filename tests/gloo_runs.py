@@ -62,6 +62,8 @@ class MLPBlock(nn.Module):
 
 
 class MLPStack(nn.Module):
+    """``blocks`` MLP blocks one after the other."""
+
     def __init__(self, width: int = MLP_WIDTH, blocks: int = MLP_BLOCKS) -> None:
         super().__init__()
         self.layers = nn.ModuleList(MLPBlock(width) for _ in range(blocks))
@@ -96,13 +98,15 @@ def make_inputs(model: str, data_rank: int, batch: int = BATCH) -> torch.Tensor:
 
 
 # ---- plans, with torch's own APIs ---------------------------------------------------------------------------
-def apply_fsdp(model: nn.Module, mesh: Any) -> nn.Module:
-    """FSDP2 (ZeRO-3): ``fully_shard`` on every block, then on the root."""
-    from torch.distributed.fsdp import fully_shard
+def apply_fsdp(model: nn.Module, mesh: Any, mixed_precision: bool = False) -> nn.Module:
+    """FSDP2 (ZeRO-3): ``fully_shard`` on every block, then on the root; ``mixed_precision``: bfloat16 parameters
+    gathered and computed with, gradients reduced in float32 (float32 shards kept)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if mixed_precision else MixedPrecisionPolicy()
     for block in blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -148,8 +152,8 @@ def apply_tp(model: nn.Module, mesh: Any, plan: dict[str, Any]) -> nn.Module:
 
 @dataclass(frozen=True)
 class Case:
-    """One model under one plan: ``"fsdp"``, ``"ddp"``, ``"tp"``, or ``"fsdp+tp"`` (a (ranks / 2, 2) mesh: tensor
-    parallel over pairs of ranks, FSDP across them)."""
+    """One model under one plan: ``"fsdp"``, ``"fsdp-bf16"`` (mixed precision), ``"ddp"``, ``"tp"``, or
+    ``"fsdp+tp"`` (a (ranks / 2, 2) mesh: tensor parallel over pairs of ranks, FSDP across them)."""
 
     model: str
     plan: str
@@ -174,8 +178,8 @@ class Case:
         return init_device_mesh("cpu", (world_size,))
 
     def apply(self, model: nn.Module, mesh: Any) -> nn.Module:
-        if self.plan == "fsdp":
-            return apply_fsdp(model, mesh)
+        if self.plan in ("fsdp", "fsdp-bf16"):
+            return apply_fsdp(model, mesh, mixed_precision=self.plan == "fsdp-bf16")
         if self.plan == "ddp":
             return apply_ddp(model, mesh)
         if self.plan == "tp":
@@ -210,7 +214,7 @@ def is_collective(op: str) -> bool:
 
 def tensor_record(shape: Any, dtype: str) -> list[Any]:
     """[shape, dtype, bytes] of one tensor of a collective."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
     return [list(shape), dtype, nbytes]
 
 
@@ -229,11 +233,13 @@ class LocalOps(TorchDispatchMode):
         self._dtensor, self._fake, self._formulas = DTensor, FakeTensor, flop_registry
         self.collectives: list[dict[str, Any]] = []
         self.flops: Counter[str] = Counter()
+        self.saw_dtensor = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if any(issubclass(t, self._dtensor) for t in types):
+            self.saw_dtensor = True
             return NotImplemented
         out = func(*args, **kwargs)
         if isinstance(func, torch._ops.OpOverload) and not any(issubclass(t, self._fake) for t in types):
@@ -266,7 +272,7 @@ def observed_step(case: Case, rank: int, world_size: int) -> dict[str, Any]:
         training_step(model, x)
     comm_counts = {_qualified(op): n for op, n in comm.get_comm_counts().items()}
     return {"case": case.name, "rank": rank, "world_size": world_size, "collectives": local.collectives,
-            "comm_debug_counts": comm_counts, "flops_by_op": dict(local.flops),
+            "comm_debug_counts": comm_counts, "flops_by_op": dict(local.flops), "dtensor": local.saw_dtensor,
             "flop_counter_total": flop_counter.get_total_flops(),
             "flop_counter_by_op": {_qualified(op): n for op, n in flop_counter.get_flop_counts()["Global"].items()}}
 
@@ -292,6 +298,11 @@ def _worker(rank: int, world_size: int, store_path: str, cases: list[Case], out_
     except BaseException:
         out.with_suffix(".err").write_text(traceback.format_exc())
         raise
+
+
+# Imported once by the fork server, not by each rank.
+_PRELOAD = ["torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.tensor.debug",
+            "torch.distributed._composable.replicate_with_fsdp", "torch.utils.flop_counter"]
 
 
 def run_real(cases: list[Case], world_size: int, timeout: float = RUN_TIMEOUT_S) -> list[list[dict[str, Any]]]:
@@ -323,10 +334,6 @@ def run_real(cases: list[Case], world_size: int, timeout: float = RUN_TIMEOUT_S)
         if failed:
             raise RuntimeError(f"gloo run: processes exited with {failed}")
         return [json.loads((Path(tmp) / f"rank{rank}.json").read_text()) for rank in range(world_size)]
-
-
-_PRELOAD = ["torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.tensor.debug",
-            "torch.distributed._composable.replicate_with_fsdp", "torch.utils.flop_counter"]
 
 
 def _join_all(processes: list[Any], timeout: float) -> None:
@@ -413,11 +420,13 @@ def collective_bytes(collectives: list[dict[str, Any]]) -> Counter[str]:
 
 
 def assert_real_run_consistent(observed: dict[str, Any]) -> None:
-    """The rank's own records agree: LocalOps' collective counts are CommDebugMode's, its FLOPs FlopCounterMode's
-    (where no DTensor hides the local shapes from FlopCounterMode)."""
+    """The rank's own records agree: LocalOps' collective counts are CommDebugMode's; where no DTensor ran, its
+    FLOPs are FlopCounterMode's (which also counts DTensor's sharding propagation, global-shape fake runs)."""
     # CommDebugMode names functional collectives by their legacy namespace (c10d_functional, not _c10d_functional)
     local = Counter({op.removeprefix("_"): n for op, n in collective_counts(observed["collectives"]).items()})
     assert local == Counter(observed["comm_debug_counts"]), observed["case"]
+    if not observed["dtensor"]:
+        assert observed["flops_by_op"] == observed["flop_counter_by_op"], observed["case"]
 
 
 def assert_same_collectives(observed: dict[str, Any], trace: Any) -> None:
