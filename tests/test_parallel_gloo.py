@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -67,6 +67,20 @@ def real_runs() -> dict[int, dict[str, list[dict[str, Any]]]]:
     return {world_size: run_cases(world_size, cases) for world_size, cases in CASES.items()}
 
 
+@pytest.fixture(scope="module")
+def simulated() -> Iterator[Callable[[Case, int, int], Any]]:
+    """:func:`gloo_runs.simulate`, run once per case and rank in this module (several tests read each)."""
+    done: dict[tuple[Case, int, int], Any] = {}
+
+    def analysis(case: Case, rank: int, world_size: int) -> Any:
+        if (case, rank, world_size) not in done:
+            done[case, rank, world_size] = simulate(case, rank, world_size)
+        return done[case, rank, world_size]
+
+    yield analysis
+    done.clear()
+
+
 @pytest.mark.parametrize(("world_size", "case"), RUNS, ids=IDS)
 def test_real_ranks_agree_with_torch_trackers(real_runs: Any, world_size: int, case: Case) -> None:
     """The oracle's own records: its collectives are CommDebugMode's; its FLOPs are FlopCounterMode's where no
@@ -80,20 +94,20 @@ def test_real_ranks_agree_with_torch_trackers(real_runs: Any, world_size: int, c
 
 
 @pytest.mark.parametrize(("world_size", "case"), RUNS, ids=IDS)
-def test_simulated_collectives_are_the_real_ones(real_runs: Any, world_size: int, case: Case) -> None:
-    for rank in (0, world_size - 1):
+def test_simulated_collectives_are_the_real_ones(simulated: Any, real_runs: Any, world_size: int, case: Case) -> None:
+    for rank in range(world_size):
         observed = real_runs[world_size][case.name][rank]
-        trace = simulate(case, rank, world_size).trace
+        trace = simulated(case, rank, world_size).trace
         assert_same_collectives(observed, trace)
 
 
-def test_a_different_plan_is_told_apart(real_runs: Any) -> None:
+def test_a_different_plan_is_told_apart(simulated: Any, real_runs: Any) -> None:
     """The comparison can fail: FSDP over 4 ranks gathers other shard sizes than over 2."""
     observed = real_runs[2]["mlp-fsdp"][0]
     with pytest.raises(AssertionError):
-        assert_same_collectives(observed, simulate(Case("mlp", "fsdp"), 0, 4).trace)
+        assert_same_collectives(observed, simulated(Case("mlp", "fsdp"), 0, 4).trace)
     with pytest.raises(AssertionError):
-        assert_same_collectives(observed, simulate(Case("mlp", "ddp"), 0, 2).trace)
+        assert_same_collectives(observed, simulated(Case("mlp", "ddp"), 0, 2).trace)
 
 
 @pytest.mark.parametrize(("world_size", "case"), [(w, c) for w, c in RUNS if c.plan in ("fsdp", "ddp")],
@@ -141,25 +155,25 @@ def test_tensor_parallel_all_reduces_one_activation_per_row_split(real_runs: Any
 
 @pytest.mark.parametrize(("world_size", "case"), DATA_PARALLEL_RUNS,
                          ids=[f"{c.name}-{w}" for w, c in DATA_PARALLEL_RUNS])
-def test_simulated_matmul_flops_are_the_real_ones(real_runs: Any, world_size: int, case: Case) -> None:
-    for rank in (0, world_size - 1):
-        assert_same_matmul_flops(real_runs[world_size][case.name][rank], simulate(case, rank, world_size))
+def test_simulated_matmul_flops_are_the_real_ones(simulated: Any, real_runs: Any, world_size: int, case: Case) -> None:
+    for rank in range(world_size):
+        assert_same_matmul_flops(real_runs[world_size][case.name][rank], simulated(case, rank, world_size))
 
 
 @pytest.mark.xfail(strict=True, reason=TP_LOCAL_SHAPES)
 @pytest.mark.parametrize(("world_size", "case"), TP_RUNS, ids=[f"{c.name}-{w}" for w, c in TP_RUNS])
-def test_simulated_tensor_parallel_matmul_flops_are_the_real_ones(real_runs: Any, world_size: int,
+def test_simulated_tensor_parallel_matmul_flops_are_the_real_ones(simulated: Any, real_runs: Any, world_size: int,
                                                                   case: Case) -> None:
-    assert_same_matmul_flops(real_runs[world_size][case.name][0], simulate(case, 0, world_size))
+    assert_same_matmul_flops(real_runs[world_size][case.name][0], simulated(case, 0, world_size))
 
 
 @pytest.mark.parametrize(("world_size", "case"), DATA_PARALLEL_RUNS,
                          ids=[f"{c.name}-{w}" for w, c in DATA_PARALLEL_RUNS])
-def test_data_parallel_flops_add_up_to_one_device(world_size: int, case: Case) -> None:
+def test_data_parallel_flops_add_up_to_one_device(simulated: Any, world_size: int, case: Case) -> None:
     """Every rank's FLOPs (all operators, convention ``flops``) added up are the single-device step on the whole
     batch, plus the redundant work: what does not scale with the batch, each rank doing it whole — the Llama's
     rotary tables (``model.rotary_emb``). FSDP2 and DDP average gradients inside the collective: no extra work."""
-    ranks = sum(simulate(case, rank, world_size).metrics["flops"].total() for rank in range(world_size))
+    ranks = sum(simulated(case, rank, world_size).metrics["flops"].total() for rank in range(world_size))
     one_device = single_device(case, world_size).metrics["flops"]
     redundant = (world_size - 1) * one_device.total("model.rotary_emb") if case.model == "llama" else 0
     assert ranks == one_device.total() + redundant
@@ -188,8 +202,9 @@ def test_real_tensor_parallel_matmul_flops_add_up_to_one_device(real_runs: Any, 
 
 @pytest.mark.xfail(strict=True, reason=TP_LOCAL_SHAPES)
 @pytest.mark.parametrize(("world_size", "case"), TP_RUNS, ids=[f"{c.name}-{w}" for w, c in TP_RUNS])
-def test_simulated_tensor_parallel_matmul_flops_add_up_to_one_device(world_size: int, case: Case) -> None:
-    ranks = sum(matmul_flops_of(simulate(case, rank, world_size)) for rank in range(world_size))
+def test_simulated_tensor_parallel_matmul_flops_add_up_to_one_device(simulated: Any, world_size: int,
+                                                                     case: Case) -> None:
+    ranks = sum(matmul_flops_of(simulated(case, rank, world_size)) for rank in range(world_size))
     assert ranks == matmul_flops_of(single_device(case, world_size)) + redundant_matmul_flops(case, world_size)
 
 
