@@ -1,10 +1,11 @@
 """The parallel simulation against real process groups: 2 and 4 CPU processes joined by gloo (tests/gloo_runs.py).
 
-Each case (an MLP stack or a tiny Llama, under FSDP2, DDP or tensor parallelism) runs one training step on real
-ranks under CommDebugMode and FlopCounterMode, and once more in this process the way modelmeter simulates a
-rank (fake process group, meta model, the same plan, fake tensors). The simulated rank must issue the real rank's
-collectives (operators, order, tensor shapes, bytes) and do its matrix-product FLOPs; the ranks' FLOPs added up
-must be the single-device step's plus the redundant work docs/parallel.md states.
+Each case (an MLP stack or a tiny Llama, under FSDP2, FSDP2 in mixed precision, DDP, tensor parallelism, or FSDP2
++ TP on a 2-D mesh) runs one training step on real ranks under CommDebugMode and FlopCounterMode, and once more per
+rank in this process the way modelmeter simulates a rank (fake process group, meta model, the same plan, fake
+tensors). Each simulated rank must issue its real rank's collectives (operators, order, phase, tensor shapes,
+dtypes, bytes) and do its matrix-product FLOPs; the ranks' FLOPs added up must be the single-device step's plus the
+redundant work docs/parallel.md states ("How it is proven").
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ DATA_PARALLEL_RUNS = [(w, c) for w, c in RUNS if c.tp_degree(w) == 1]
 TP_RUNS = [(w, c) for w, c in RUNS if c.tp_degree(w) > 1]
 TP_LOCAL_SHAPES = ("modelmeter records a DTensor program at global shapes: F.linear's function events describe the "
                    "DTensor arguments by their global shape, and DispatchRecorder handles DTensor calls itself (the "
-                   "local operators DTensor runs are unseen) — see the report of issue 19, par-gloo")
+                   "local operators DTensor runs are unseen); docs/parallel.md, Known gaps")
 
 
 @pytest.fixture(autouse=True)
