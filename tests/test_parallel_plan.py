@@ -112,11 +112,11 @@ def distributed_state() -> Any:
     process group is left behind whatever happens."""
     from torch.distributed import distributed_c10d
 
-    before = _distributed_state()
+    before, backend = _distributed_state(), distributed_c10d._backend
     yield before
     if dist.is_initialized():  # the test's own group: torch's init_process_group leaves its backend's name set,
         dist.destroy_process_group()  # and its traceback prefix
-        distributed_c10d._backend = None
+        distributed_c10d._backend = backend
         sys.excepthook = before["excepthook"]
     assert _distributed_state() == before
 

@@ -140,15 +140,19 @@ def unseen_global_shape_runs() -> Iterator[None]:
     would count that work, which no rank does (and only the first time, the result being cached). The only seam is
     ``ShardingPropagator._fake_mode_lock``, a ``nullcontext`` that torch's multi-threaded tests replace by a lock and
     that encloses exactly that run: replaced here by a context that sets every dispatch mode aside (sharding
-    propagation then makes a FakeTensorMode of its own), and put back on exit."""
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    original = ShardingPropagator.__dict__["_fake_mode_lock"]
-    ShardingPropagator._fake_mode_lock = _ModesAside()  # type: ignore[assignment]
+    propagation then makes a FakeTensorMode of its own), and put back on exit. Nothing to do, and nothing
+    imported, when DTensor was never imported (no DTensor can run)."""
+    propagation = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    if propagation is None:
+        yield
+        return
+    propagator = propagation.ShardingPropagator
+    original = propagator.__dict__["_fake_mode_lock"]
+    propagator._fake_mode_lock = _ModesAside()
     try:
         yield
     finally:
-        ShardingPropagator._fake_mode_lock = original
+        propagator._fake_mode_lock = original
 
 
 def fake_store() -> Any:

@@ -30,6 +30,7 @@ from .._torch_compat import (
     fake_from_meta,
     observed_cpu_rng_states,
     observed_storage_resizes,
+    unseen_global_shape_runs,
     unset_fake_temporarily,
 )
 from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
@@ -66,7 +67,8 @@ def record_trace(spec: RunSpec) -> Trace:
     """
     if spec.execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
-    with no_gc():
+    # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
+    with no_gc(), unseen_global_shape_runs():
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
                        spec.loss_fn)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import FakeTensorMode, class_name, unseen_global_shape_runs
+from .._torch_compat import FakeTensorMode, class_name
 from ..engine.inputs import map_tensors
 from ..engine.naming import ModuleNames
 from ..engine.spec import RunSpec
@@ -47,7 +47,7 @@ def record_parallel(spec: RunSpec) -> Trace:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         materialize(copy, mode)
         sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
-        with mode, unseen_global_shape_runs():
+        with mode:
             args, kwargs = (map_tensors(lambda t: fake_like(mode, t, _CPU), part) for part in (spec.args, spec.kwargs))
             # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
             trace = record_trace(RunSpec(copy, args, kwargs, None, "real", spec.backward, spec.loss_fn))
