@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import (
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import modelmeter
-from modelmeter._torch_compat import FakeTensorMode, unseen_global_shape_runs
+from modelmeter._torch_compat import FakeTensorMode
 from modelmeter.errors import ParallelPlanError
 from modelmeter.parallel.tensor_plans import apply_tensor_parallel, default_tp_plan
 from modelmeter.zoo.gpt import GPT, GPTConfig
@@ -102,7 +102,7 @@ def one_rank(model: nn.Module, shard: Callable[[nn.Module], Any]) -> tuple[model
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
         tokens = torch.randint(0, VOCAB, (B, S))
-        with CommDebugMode() as comm, unseen_global_shape_runs():
+        with CommDebugMode() as comm:
             analysis = modelmeter.analyze(model, tokens, convention="flops", backward=True, execution="real",
                                           quiet=True)
     return analysis, comm
@@ -241,8 +241,7 @@ def test_a_plain_mlp_stack_is_sharded_in_linear_pairs(mesh: DeviceMesh) -> None:
     parallelize_module(model, mesh, plan)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
-        with unseen_global_shape_runs():
-            rank = modelmeter.analyze(model, torch.randn(4, 8), convention="flops", execution="real", quiet=True)
+        rank = modelmeter.analyze(model, torch.randn(4, 8), convention="flops", execution="real", quiet=True)
         single = modelmeter.analyze(whole.to_empty(device="cpu"), torch.randn(4, 8), convention="flops", quiet=True)
     # everything is split but the row-parallel Linears' bias adds, which every rank does (batch 4 x 8 outputs, twice)
     assert 2 * rank.flops.total() == single.flops.total() + 2 * 4 * 8

@@ -39,8 +39,8 @@ from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.trace import Trace
 from modelmeter.engine.tracer import record_trace
 from modelmeter.handles.classify import Classifier
-from modelmeter.handles.sizes import ITEMSIZE
-from modelmeter.handles.traffic import METADATA_OPS, itemsize, kernel_bytes, tensor_bytes, traffic_table
+from modelmeter.handles.sizes import ITEMSIZE, itemsize, tensor_bytes
+from modelmeter.handles.traffic import METADATA_OPS, kernel_bytes, traffic_table
 from modelmeter.metrics.traffic import count_bytes
 
 F32 = 4

@@ -66,9 +66,10 @@ __all__ = [  # what the package imports from here
     "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
     "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
     "non_persistent_buffers", "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of",
-    "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "schema_of",
-    "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs",
-    "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
+    "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module",
+    "resolve_group_name", "schema_of", "script_object_type", "set_state_dict_metadata", "sharded_tensor_type",
+    "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter",
+    "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.

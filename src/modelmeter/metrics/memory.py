@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from ..engine.trace import Storage, TensorMeta, Trace
-from ..handles.traffic import itemsize
+from ..handles.sizes import itemsize
 from .counting import Ancestors, Statistics
 
 OPTIMIZER_PHASE = "optimizer"

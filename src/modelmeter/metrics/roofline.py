@@ -24,7 +24,8 @@ from ..handles import attention, products
 from ..handles.base import CountInside, backward_key
 from ..handles.classify import Classifier
 from ..handles.conventions import get_convention
-from ..handles.traffic import itemsize, traffic_table
+from ..handles.sizes import itemsize
+from ..handles.traffic import traffic_table
 from .counting import Ancestors, Statistics, Unit, count, work_dtype
 from .memory import OPTIMIZER_PHASE, OptimizerSpec, in_state_dtype
 from .traffic import count_bytes

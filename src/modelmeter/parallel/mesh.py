@@ -30,9 +30,10 @@ def simulated_mesh(plan: ParallelPlan) -> Iterator[DeviceMesh | None]:
 
     The default process group is torch's global state: one that is already set up (a real training job's, say)
     is refused with a clear error rather than replaced, since everything that runs here would see the fake group
-    as the one of the job. On exit the group and the mesh's subgroups are destroyed, and what DTensor keeps
-    globally (its random-number tracker) is put back, so torch's distributed state is as it was, also when the
-    block raises (:func:`~modelmeter._torch_compat.kept_distributed_globals`)."""
+    as the one of the job. On exit the group and the mesh's subgroups are destroyed, what torch keeps globally for
+    them (c10d's backend name, ``sys.excepthook``, DTensor's random-number tracker) is put back and DTensor's caches
+    are emptied, so torch's distributed state is as it was, also when the block raises
+    (:func:`~modelmeter._torch_compat.kept_distributed_globals`)."""
     if plan.world_size == 1:
         yield None
         return

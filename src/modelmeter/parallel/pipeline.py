@@ -4,7 +4,7 @@ blocks, what every stage computes, holds and sends per micro-batch, and the cost
 torch.distributed.pipelining's schedules pass activations between live stages with send/recv, which one process on
 a fake process group cannot run; so nothing here runs torch's pipelining: the stages are cut out of the trace of the
 whole model (one micro-batch, forward and backward) and the schedule is simulated (:mod:`.schedule`).
-docs/parallel.md, "Pipeline", says what is assumed.
+docs/parallel.md, "The pipeline (1F1B)", says what is assumed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..devices import Device, get_device
 from ..engine.trace import Trace
 from ..errors import ModelMeterError
 from ..handles.conventions import get_convention
-from ..handles.traffic import itemsize
+from ..handles.sizes import itemsize
 from ..metrics.counting import Unit, count
 from ..metrics.roofline import RooflineSettings, unit_times
 from . import schedule

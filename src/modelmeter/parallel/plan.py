@@ -7,8 +7,9 @@ machinery (fake process group, DeviceMesh, ``fully_shard``, ``parallelize_module
 Mesh dimensions, outermost first (the order of the device mesh, as torchtitan lays it out: tensor parallel
 innermost, where ranks share a node's fast links):
 
-- ``pp``: pipeline stages. Carried, not simulated here: the runner records the dp x fsdp x tp part of the plan for
-  one rank of one stage (see :mod:`.runner` for the contract with the pipeline schedule).
+- ``pp``: pipeline stages. Carried, not run: the runner records the dp x fsdp x tp part of the plan on the whole
+  model for one micro-batch, and :func:`~modelmeter.parallel.pipeline.stage_costs` derives the stages and the 1F1B
+  schedule from that trace.
 - ``dp``: replicated data parallel — DDP (torch's ``replicate``), or the replicate dimension of HSDP when
   ``fsdp`` > 1 too.
 - ``fsdp``: sharded data parallel, sharded as ``zero`` says: 3 shards parameters, gradients and optimizer state

@@ -5,12 +5,11 @@ materialised as FakeTensors, runs the user's inputs — one rank's batch — und
 the rank computes (local shapes), the collectives it issues and the parameter shards it holds are in the trace;
 ``Trace.parallel`` says which plan and rank it is, and names the mesh dimension of every process group.
 
-Contract with the pipeline (``pp`` > 1): this runner records the rank's dp x fsdp x tp work on the whole model it is
-given, once, for the inputs given (one micro-batch). Splitting the model into stages, the micro-batch schedule (1F1B)
-and the send/recv between stages are the pipeline's: it gives this runner each stage's module and micro-batch, with
-the plan's ``rank`` in that stage, and derives the schedule from those per-stage traces (torch's schedules need real
-sends between stages, which one process cannot run). ``Trace.parallel["mesh"]`` includes ``pp``, so the process
-groups and the rank's coordinates are those of the full world.
+The pipeline (``pp`` > 1) is not run here: this runner records the rank's dp x fsdp x tp work on the whole model it
+is given, once, for the inputs given (one micro-batch). Cutting that trace into stages and the 1F1B schedule between
+them are :func:`modelmeter.parallel.pipeline.stage_costs`'s (torch's schedules need real sends between stages, which
+one process cannot run). ``Trace.parallel["mesh"]`` includes ``pp``, so the process groups and the rank's
+coordinates are those of the full world.
 """
 
 from __future__ import annotations
