@@ -200,6 +200,16 @@ def test_fsdp_issues_one_all_gather_and_one_reduce_scatter_per_group(distributed
         {"c10d::_allgather_base_": 3}  # inference: the forward's gathers only
 
 
+def test_a_sequential_model_is_grouped_by_its_layers(distributed_state: Any) -> None:
+    """The model itself a Sequential of Linear layers, activations between them: each Linear is a group (one
+    reduce-scatter each); the activations, without parameters, belong to the root's group, which holds nothing."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    trace = modelmeter.analyze(model, torch.randn(2, 8), backward=True, parallel="fsdp=4", quiet=True).trace
+    assert _collectives(trace)["c10d::_reduce_scatter_base_"] == 3
+    assert sorted(s.nbytes for s in trace.storages if s.kind == "gradient") == sorted(
+        4 * (out * inp + out) // 4 for inp, out in ((8, 16), (16, 16), (16, 4)))  # float32 shards of 4 ranks
+
+
 def test_a_ranks_parameters_are_its_shards(distributed_state: Any) -> None:
     model, x = _tiny()
     whole = modelmeter.parameter_count(model)[""]
@@ -238,8 +248,9 @@ def test_an_uneven_shard_is_torch_chunks_share(rank: int, rows: int, distributed
     padded = [2 * 10 * 4, 2 * 4, 1 * 5 * 4, 1 * 4]
     held = [s.nbytes for s in trace.storages if s.kind == "parameter" and s.died != 0]
     assert sorted(held) == sorted(padded)
-    # FSDP2 reduce-scatters the group's gradients into one buffer, of the padded shards' size
-    assert [s.nbytes for s in trace.storages if s.kind == "gradient"] == [sum(padded)]
+    # each Linear is a group of its own (the model is a Sequential of them): FSDP2 reduce-scatters a group's gradients
+    # into one buffer, of its padded shards' size — the last layer's first, in the backward pass
+    assert [s.nbytes for s in trace.storages if s.kind == "gradient"] == [sum(padded[2:]), sum(padded[:2])]
 
 
 def test_the_trace_describes_the_plan_and_names_the_groups_mesh_dimensions(distributed_state: Any) -> None:

@@ -53,15 +53,18 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks each data-parallel group is made of, as torchtitan groups a transformer: the children of every
-    ``ModuleList``/``Sequential`` of two or more modules of one class with parameters (its layers), outermost such
-    containers only (blocks are not split further)."""
+    """The blocks each data-parallel group is made of, as torchtitan groups a transformer: the modules with
+    parameters of every ``ModuleList``/``Sequential`` — the model itself included — holding two or more of one class
+    and none of another (its layers; modules without parameters between them, activations say, are left to the
+    enclosing group), outermost such containers only (blocks are not split further)."""
+    if _identical_blocks(model):
+        return _parameterised(model)
     found: list[nn.Module] = []
 
     def walk(module: nn.Module) -> None:
         for child in module.children():
             if _identical_blocks(child):
-                found.extend(child.children())
+                found.extend(_parameterised(child))
             else:
                 walk(child)
 
@@ -69,11 +72,15 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
+def _parameterised(container: nn.Module) -> list[nn.Module]:
+    return [block for block in container.children() if any(True for _ in block.parameters())]
+
+
 def _identical_blocks(module: nn.Module) -> bool:
     if not isinstance(module, (nn.ModuleList, nn.Sequential)):
         return False
-    blocks = list(module.children())
-    return len(blocks) > 1 and len({type(b) for b in blocks}) == 1 and any(True for _ in blocks[0].parameters())
+    blocks = _parameterised(module)
+    return len(blocks) > 1 and len({type(b) for b in blocks}) == 1
 
 
 def parallelize(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh | None) -> dict[str, DeviceMesh]:
