@@ -141,8 +141,11 @@ def test_collectives_per_layer(runs: dict[int, tuple[torch.nn.Module, Any]]) -> 
         assert by_kind[(name, "all_reduce")].payload == 4 * activation
         assert by_kind[(name, "reduce_scatter")].count == 1
         assert by_kind[(name, "reduce_scatter")].payload == layer_payload()
-    # FSDP2 issues a layer's backward all-gather as a prefetch from the layer after it: the gathers land one layer
-    # late, the last layer's forward gather kept for its backward pass; in all, two per layer but the last
+    # FSDP2 issues a layer's backward all-gather as a prefetch from the backward of the layer after it, and the last
+    # layer's from the model's own backward hook: 2 x 126 - 1 under the layers, one more under the root
     gathers = [by_kind[(name, "all_gather")] for name in layer_names(LAYERS)]
     assert sum(g.count for g in gathers) == 2 * LAYERS - 1
     assert sum(g.payload for g in gathers) == (2 * LAYERS - 1) * layer_payload()
+    prefetched = [call.payload for call in full.communication.calls
+                  if call.module == "" and (call.kind, call.phase, call.dim) == ("all_gather", "backward", "fsdp")]
+    assert prefetched == [layer_payload()]
