@@ -35,6 +35,12 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
    in CPU time on one thread (on a loaded machine the forward's multi-threaded kernels stall, and its wall time with
    them); the ratio per run, median (min-max), and the analysis time per recorded event. ``--recurrent-only`` runs
    it alone.
+8. **A parallel plan at scale**: a Llama-3.1-405B-shaped model (126 layers, hidden 16384, 128 heads, 8 key-value
+   heads, FFN 53248, vocabulary 128256) from its config on meta under ``parallel="fsdp=128,tp=8"`` (1024 simulated
+   ranks), 8192 tokens per rank, forward and backward with ``memory=True, optimizer="adamw"``, and the result and
+   the communication built; each run in a fresh process: the analysis's wall and CPU time, the whole process's, and
+   the peak RSS, with the load average before the run (a shared machine: CPU time says more than wall time there).
+   ``--parallel-only`` runs it alone; ``--quick``: 2 layers of width 1024, 1024 tokens.
 
 Every timed modelmeter run analyses a new input tensor (a clone): analyses of the same objects in the same state
 share one recording in-process, so repeating one call would time the counting only.
@@ -357,6 +363,60 @@ def llama(quick: bool, repeat: int) -> dict[str, Any]:
     return out
 
 
+# a parallel plan at scale, in fresh processes ------------------------------------------------------------
+
+_PARALLEL = textwrap.dedent("""
+    import json, os, resource, sys, time
+    started, started_cpu = time.perf_counter(), time.process_time()
+    load = os.getloadavg()[0]
+    import torch, transformers, modelmeter
+    torch.set_num_threads(%d)
+    quick = sys.argv[1] == "1"
+    sizes = (dict(hidden_size=1024, intermediate_size=3328, num_hidden_layers=2) if quick
+             else dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126))
+    config = transformers.LlamaConfig(**sizes, num_attention_heads=128, num_key_value_heads=8, vocab_size=128256,
+                                      rope_theta=500000.0, max_position_embeddings=131072)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    tokens = torch.zeros(1, 1024 if quick else 8192, dtype=torch.long, device="meta")
+    built, built_cpu = time.perf_counter(), time.process_time()
+    analysis = modelmeter.analyze(model, tokens, parallel="fsdp=128,tp=8", backward=True, memory=True,
+                                  optimizer="adamw", cache=False, quiet=True)
+    analysis.result()
+    volume = analysis.communication.total()
+    done, done_cpu = time.perf_counter(), time.process_time()
+    print(json.dumps({"analysis_s": done - built, "analysis_cpu_s": done_cpu - built_cpu,
+                      "process_s": done - started, "process_cpu_s": done_cpu - started_cpu,
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "load": load,
+                      "events": len(analysis.trace.events), "collectives": volume.count}))
+""") % THREADS
+
+
+def parallel(quick: bool, repeat: int) -> dict[str, Any]:
+    """Section 8: the 405B-shaped model under fsdp=128,tp=8, each run in a fresh process."""
+    runs = [fresh(_PARALLEL, "1" if quick else "0") for _ in range(repeat)]
+    row = {**summary([r["analysis_s"] for r in runs]),
+           **{key: summary([r[f"{key}_s"] for r in runs]) for key in ("analysis_cpu", "process", "process_cpu")},
+           "peak_rss_mb": max(r["rss_mb"] for r in runs), "rss_mb": [r["rss_mb"] for r in runs],
+           "load": [r["load"] for r in runs], "events": runs[0]["events"], "collectives": runs[0]["collectives"]}
+    print(f"  parallel: {fmt(row)}, {row['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    return row
+
+
+def markdown_parallel(row: dict[str, Any], quick: bool) -> str:
+    """Section 8 as a markdown table."""
+    title = ("2-layer Llama of width 1024, 1024 tokens (--quick)" if quick
+             else "Llama-3.1-405B-shaped (126 layers), 8192 tokens")
+    load = ", ".join(f"{value:.1f}" for value in row["load"])
+    return "\n".join([
+        f"### 8. {title} under fsdp=128,tp=8 (1024 ranks), forward + backward + memory (fresh process each)", "",
+        "| analysis (wall) | analysis (CPU) | whole process (wall) | whole process (CPU) | peak RSS | events "
+        "| collectives |", "|---|---|---|---|---|---|---|",
+        f"| {fmt(row)} | {fmt(row['analysis_cpu'])} | {fmt(row['process'])} | {fmt(row['process_cpu'])} "
+        f"| {row['peak_rss_mb']:.0f} MB | {row['events']} | {row['collectives']} |", "",
+        f"Load average (1 min) before each run: {load}.", ""])
+
+
 # per-operator overhead ---------------------------------------------------------------------------------
 
 
@@ -583,6 +643,7 @@ def main() -> int:
     parser.add_argument("--pair-only", action="store_true", help="only section 6 (fvcore's usage pattern)")
     parser.add_argument("--overhead-only", action="store_true", help="only section 4 (the per-event overhead)")
     parser.add_argument("--recurrent-only", action="store_true", help="only section 7 (recurrent layers)")
+    parser.add_argument("--parallel-only", action="store_true", help="only section 8 (a parallel plan at scale)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="sections 4 and 6 in CPU time of the main thread, one torch thread (a loaded machine)")
     args = parser.parse_args()
@@ -594,7 +655,7 @@ def main() -> int:
         clock = time.thread_time
     torch.set_num_threads(1 if args.cpu_time else THREADS)
     report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine(), "cpu_time": args.cpu_time}
-    if args.pair_only or args.overhead_only or args.recurrent_only:
+    if args.pair_only or args.overhead_only or args.recurrent_only or args.parallel_only:
         if args.overhead_only:
             report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))
             print(markdown_overhead_ratios(report["overhead"]))
@@ -604,6 +665,9 @@ def main() -> int:
         if args.recurrent_only:
             report["recurrent"] = recurrent(args.quick, repeat)
             print(markdown_recurrent(report["recurrent"]))
+        if args.parallel_only:
+            report["parallel"] = parallel(args.quick, min(repeat, 3))
+            print(markdown_parallel(report["parallel"], args.quick))
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(report, out, indent=1)
@@ -615,7 +679,9 @@ def main() -> int:
     report["cached"] = cached(args.quick, min(repeat, 3))
     report["pair"] = pair(args.quick, repeat)
     report["recurrent"] = recurrent(args.quick, repeat)
-    print(markdown(report) + "\n" + markdown_pair(report["pair"]) + "\n" + markdown_recurrent(report["recurrent"]))
+    report["parallel"] = parallel(args.quick, min(repeat, 3))
+    print(markdown(report) + "\n" + markdown_pair(report["pair"]) + "\n" + markdown_recurrent(report["recurrent"])
+          + "\n" + markdown_parallel(report["parallel"], args.quick))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=1)

@@ -105,6 +105,19 @@ def test_the_recurrent_section_times_analysis_and_forward_in_turn() -> None:
     assert "| 8 | " in compare.markdown_recurrent(rows)
 
 
+
+@pytest.mark.slow
+def test_the_parallel_section_measures_fresh_processes() -> None:
+    """Section 8 (--quick: a 2-layer Llama under fsdp=128,tp=8): every run in a new process, its times, peak RSS and
+    load reported, the analysis inside the process's time, the collectives of the run counted."""
+    compare = load_compare()
+    row = compare.parallel(True, 2)
+    assert positive(row) and positive(row["analysis_cpu"]) and positive(row["process_cpu"])
+    assert row["process"]["median_s"] > row["median_s"] and len(row["load"]) == len(row["rss_mb"]) == 2
+    assert row["peak_rss_mb"] == max(row["rss_mb"]) > 0 and row["events"] > row["collectives"] > 0
+    assert "| collectives |" in compare.markdown_parallel(row, True)
+
+
 CACHE_BENCH = SCRIPT.parent / "cache_bench.py"
 
 

@@ -9,7 +9,7 @@ inputs are live throughout.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -258,34 +258,34 @@ def _forward_allocations(model: MemoryModel) -> Iterator[tuple[Storage, int]]:
 def activation_bytes(model: MemoryModel) -> dict[str, Counter[str]]:
     """Per module, by operator: bytes of the storages the forward pass allocated (outputs of operators;
     views and in-place results allocate nothing)."""
-    out: dict[str, Counter[str]] = {}
+    out: defaultdict[str, Counter[str]] = defaultdict(Counter)  # not setdefault: a Counter made per storage
     for s, event in _forward_allocations(model):
         op = model.operator(event)
         for module in model.modules_of(model.trace.events[event].scope):
-            out.setdefault(module, Counter())[op] += s.nbytes
-    return out
+            out[module][op] += s.nbytes
+    return dict(out)
 
 
 def activation_dtypes(model: MemoryModel) -> dict[str, Counter[str]]:
     """Per module: the bytes its forward pass allocated, by dtype."""
-    out: dict[str, Counter[str]] = {}
+    out: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for s, event in _forward_allocations(model):
         for module in model.modules_of(model.trace.events[event].scope):
-            out.setdefault(module, Counter())[s.dtype] += s.nbytes
-    return out
+            out[module][s.dtype] += s.nbytes
+    return dict(out)
 
 
 def saved_bytes(model: MemoryModel) -> dict[str, Counter[str]]:
     """Per module, by the operator that made it: bytes of the storages the forward pass saved for the
     backward pass that it allocated itself (each storage once, views and shared storages included; the
     parameters, buffers and inputs autograd also saves cost nothing extra and are left out)."""
-    out: dict[str, Counter[str]] = {}
+    out: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for s in model.trace.storages:
         if s.saved >= 0 and s.kind == "activation":
             op = model.operator(s.born) if s.born < len(model.trace.events) else "loss"
             for module in model.modules_of(s.saved_scope):
-                out.setdefault(module, Counter())[op] += s.nbytes
-    return out
+                out[module][op] += s.nbytes
+    return dict(out)
 
 
 def activation_statistics(model: MemoryModel) -> Statistics:
