@@ -38,6 +38,7 @@ from .metrics.memory import (
     MemoryModel,
     OptimizerSpec,
     activation_statistics,
+    for_plan,
     module_peaks,
     optimizer_spec,
     peak,
@@ -382,7 +383,7 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
                              measured_time=measured_time)
     if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
         raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
-    spec = memory_optimizer(trace.backward, optimizer, state_dtype, foreach) if memory else None
+    spec = for_plan(memory_optimizer(trace.backward, optimizer, state_dtype, foreach), trace) if memory else None
     chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
     flops = count(trace, chosen.handles, elementwise=chosen.elementwise)
     if not quiet:
