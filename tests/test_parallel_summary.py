@@ -180,6 +180,22 @@ def test_stage_memory_is_its_parts_with_in_flight_activations(pipeline: modelmet
     assert sum(e["memory"]["parts"]["gradient"] for e in entries) == pytest.approx(live["gradient"], abs=1)
 
 
+def test_a_pipeline_without_backward_pass_has_stages_but_no_schedule() -> None:
+    analysis = modelmeter.analyze(llama2_tiny(), tokens(), parallel="pp=2,mb=4", quiet=True)
+    data = analysis.result().parallel
+    assert data is not None and data["pipeline"] == {"stages": 2, "micro_batches": 4, "bubble_fraction": None,
+                                                     "schedule": None}
+    entries = data["ranks"]
+    assert sum(e["flops"]["forward"] for e in entries) == 4 * analysis.flops.total()
+    assert [e["flops"]["backward"] for e in entries] == [0, 0]
+    boundary = 4 * TOKENS[0] * TOKENS[1] * HIDDEN * 4  # forward only: activations, no gradients
+    assert entries[0]["communication"]["by_kind"] == {"send": {"count": 4, "payload": boundary, "sent": boundary,
+                                                               "received": 0.0}}
+    assert entries[1]["communication"]["by_kind"] == {"recv": {"count": 4, "payload": boundary, "sent": 0.0,
+                                                               "received": boundary}}
+    assert all(e["memory"] is None and e["time"] is None for e in entries)
+
+
 # --- time only with a device ------------------------------------------------------------------------------------
 def test_step_time_is_the_step_time_metric_with_its_assumption() -> None:
     analysis = modelmeter.analyze(llama2_tiny(), tokens(), backward=True, parallel="fsdp=2,tp=2", device="h100",

@@ -26,7 +26,7 @@ from ..metrics.memory import MemoryModel, OptimizerSpec, optimizer_bytes, peak
 from ..metrics.parameters import count_by_prefix
 from ..metrics.roofline import RooflineSettings, roofline
 from ..metrics.step_time import OVERLAP, step_time
-from .pipeline import PipelineCost, StageCost, event_stages, stage_costs
+from .pipeline import PipelineCost, StageCost, event_stages, split_stages, stage_costs
 from .schedule import FORWARD
 
 #: What the numbers of an entry are per (``RankCosts.per``).
@@ -106,14 +106,15 @@ class RankCosts:
     micro_batches: int | None
     per: str
     entries: tuple[RankCost, ...]
-    bubble_fraction: float | None = None
+    bubble_fraction: float | None = None  # None: no schedule (a pipeline without a backward pass)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON): ``Result.parallel``."""
         pipeline = None
         if self.micro_batches is not None:
             pipeline = {"stages": len(self.entries), "micro_batches": self.micro_batches,
-                        "bubble_fraction": self.bubble_fraction, "schedule": "1F1B"}
+                        "bubble_fraction": self.bubble_fraction,
+                        "schedule": None if self.bubble_fraction is None else "1F1B"}
         return {"plan": self.plan, "world_size": self.world_size, "mesh": dict(self.mesh),
                 "micro_batches": self.micro_batches, "per": self.per,
                 "ranks": [entry.to_dict() for entry in self.entries], "pipeline": pipeline}
@@ -181,11 +182,13 @@ def _flops_by_phase(trace: Trace, convention: str) -> dict[str, float]:
 
 def _pipeline(trace: Trace, calls: Communication, pp: int, micro_batches: int, world: int, whole: int,
               convention: str, memory: MemoryModel | None, optimizer: OptimizerSpec | None,
-              time: RooflineSettings | None, links: Interconnect | None) -> tuple[tuple[RankCost, ...], float]:
+              time: RooflineSettings | None, links: Interconnect | None) -> tuple[tuple[RankCost, ...], float | None]:
     """One entry per stage (the stage's share of the rank's work, per step of ``micro_batches``) and the share of
-    the step all ranks spend idle."""
+    the step all ranks spend idle (None for a run without a backward pass, which has no 1F1B schedule)."""
     stages = event_stages(trace, pp)
     stage_calls = [Communication([call for call in calls.calls if stages[call.event] == s]) for s in range(pp)]
+    if not trace.backward:
+        return _forward_pipeline(trace, stage_calls, micro_batches, world, whole, convention), None
     cost = stage_costs(trace, pp, micro_batches, convention=convention, device=time)
     times: list[RankTime | None] = [None] * pp
     if time is not None and links is not None:
@@ -201,6 +204,33 @@ def _pipeline(trace: Trace, calls: Communication, pp: int, micro_batches: int, w
             _volumes(stage_calls[rank.stage].calls, micro_batches, _pipeline_transfers(cost, rank)),
             times[rank.stage]))
     return tuple(entries), cost.bubble_fraction
+
+
+def _forward_pipeline(trace: Trace, stage_calls: list[Communication], micro_batches: int, world: int, whole: int,
+                      convention: str) -> tuple[RankCost, ...]:
+    """The stages of a run without a backward pass (inference): FLOPs, parameters and communication per step of
+    ``micro_batches``, each stage sending its last block's activation forward; no memory or time (the 1F1B schedule
+    and its held activations are a training step's)."""
+    _, stages = split_stages(trace, len(stage_calls), convention=convention)
+    per_stage = world // len(stages)
+    entries = []
+    for stage in stages:
+        received = stages[stage.index - 1].activation_out if stage.index > 0 else 0
+        m = micro_batches
+        transfers = {"send": _transfer(m * (stage.activation_out > 0), m * stage.activation_out, True),
+                     "recv": _transfer(m * (received > 0), m * received, False)}
+        first = stage.index * per_stage
+        entries.append(RankCost(
+            first, first + per_stage - 1, per_stage, stage.index, round(micro_batches * stage.forward_flops), 0,
+            stage.parameters, whole, None, None,
+            _volumes(stage_calls[stage.index].calls, m, transfers), None))
+    return tuple(entries)
+
+
+def _transfer(count: int, nbytes: int, sent: bool) -> dict[str, float]:
+    """A send (``sent``) or a receive of ``nbytes`` in ``count`` transfers, as a kind's volume."""
+    return {"count": count, "payload": nbytes, "sent": float(nbytes) if sent else 0.0,
+            "received": 0.0 if sent else float(nbytes)}
 
 
 def _timed(trace: Trace, compute_only: PipelineCost, stage_calls: list[Communication],
@@ -229,10 +259,8 @@ def _timed(trace: Trace, compute_only: PipelineCost, stage_calls: list[Communica
 def _pipeline_transfers(cost: PipelineCost, rank: StageCost) -> dict[str, dict[str, float]]:
     """The stage's sends and receives between stages, per step: one activation forward and one gradient backward
     per micro-batch and neighbour (kind -> count, payload, sent, received)."""
-    neighbours = (rank.stage > 0) + (rank.stage < cost.pp - 1)
-    n = cost.micro_batches * neighbours
-    return {"send": {"count": n, "payload": rank.send_bytes, "sent": float(rank.send_bytes), "received": 0.0},
-            "recv": {"count": n, "payload": rank.recv_bytes, "sent": 0.0, "received": float(rank.recv_bytes)}}
+    n = cost.micro_batches * ((rank.stage > 0) + (rank.stage < cost.pp - 1))
+    return {"send": _transfer(n, rank.send_bytes, True), "recv": _transfer(n, rank.recv_bytes, False)}
 
 
 def _volumes(calls: Iterable[CollectiveCall], times: int = 1,
