@@ -28,6 +28,7 @@ _EXPORTS = {
     "metrics.step_time": ("StepTime", "step_time"),
     "parallel.pipeline": ("PipelineCost", "PipelineSplitError", "StageCost", "stage_costs"),
     "parallel.plan": ("ParallelPlan",),
+    "parallel.summary": ("RankCost", "RankCosts", "RankTime", "rank_costs"),
     "reports.html": ("render_html", "write_html"),
     "reports.render": ("render",),
     "reports.result": ("Result",),
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from .metrics.step_time import StepTime, step_time
     from .parallel.pipeline import PipelineCost, PipelineSplitError, StageCost, stage_costs
     from .parallel.plan import ParallelPlan
+    from .parallel.summary import RankCost, RankCosts, RankTime, rank_costs
     from .reports.html import render_html, write_html
     from .reports.render import render
     from .reports.result import Result
@@ -133,6 +135,9 @@ __all__ = [
     "PipelineCost",
     "PipelineSplitError",
     "Point",
+    "RankCost",
+    "RankCosts",
+    "RankTime",
     "Result",
     "RunSpec",
     "SavedTraceError",
@@ -161,6 +166,7 @@ __all__ = [
     "load_trace",
     "parameter_count",
     "parameter_count_table",
+    "rank_costs",
     "register_handle",
     "render",
     "render_html",

@@ -21,6 +21,7 @@ from .metrics.memory import OptimizerSpec
 from .metrics.roofline import Roofline, roofline
 from .metrics.step_time import StepTime, step_time
 from .parallel.plan import ParallelPlan
+from .parallel.summary import RankCosts, rank_costs
 from .reports.result import Result
 from .session import CacheSetting, Counted, Session, assemble_result, roofline_settings
 from .views import (
@@ -47,13 +48,15 @@ __all__ = [
 
 
 def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str | None = None,
-                 memory: MemoryAnalysis | None = None, time: Roofline | None = None) -> Result:
+                 memory: MemoryAnalysis | None = None, time: Roofline | None = None,
+                 parallel: RankCosts | None = None) -> Result:
     """Collect ``analyses`` (metric name -> analysis of ``model``, ideally sharing one trace) into a Result.
 
     Rows follow the trace's module table (canonical names only, in the model's order); parameters are counted
     as :func:`parameter_count` does, so shared parameters count once. ``memory`` adds the saved-for-backward
     bytes and module peaks of a :class:`~modelmeter.MemoryAnalysis` and its summary; ``time`` the roofline's
-    columns (:attr:`Analysis.roofline`). The same builder as
+    columns (:attr:`Analysis.roofline`); ``parallel`` the per-rank costs (:meth:`Analysis.rank_costs`). The same
+    builder as
     :func:`modelmeter.session.result_from_trace`, over the analyses' own statistics.
     """
     if not analyses:
@@ -62,7 +65,8 @@ def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str
     metrics = {metric: Counted(analysis.statistics(), analysis.phases()) for metric, analysis in analyses.items()}
     return assemble_result(first.trace, metrics, name=name or type(model).__name__,
                            convention=str(getattr(first, "convention", "fvcore")),
-                           memory=None if memory is None else memory.columns(), time=time)
+                           memory=None if memory is None else memory.columns(), time=time,
+                           parallel=None if parallel is None else parallel.to_dict())
 
 
 class Analysis:
@@ -176,6 +180,23 @@ class Analysis:
         links = get_interconnect(self._time.device if interconnect is None else interconnect)
         return step_time(self.communication, time.summary["time"], links)
 
+    def rank_costs(self, interconnect: str | Device | Interconnect | None = None) -> RankCosts | None:
+        """What every rank of the parallel plan computes, holds, sends and takes, ranks of equal cost folded into
+        one entry (one per pipeline stage): FLOPs under the analysis's convention, parameters, the peak memory and
+        its parts (with ``memory=True``), communication, and the step time on the analysis's ``device`` over
+        ``interconnect`` (default: the device's own). None for a run on one device (docs/parallel.md, "Per-rank
+        summary")."""
+        if self.trace.parallel is None:
+            return None
+        time = self.roofline
+        links = None
+        if interconnect is not None and self._time is not None:
+            links = get_interconnect(interconnect)
+        memory = None if self.memory is None else self.session.memory_model()
+        return rank_costs(self.trace, convention=self.flops.convention, flops=self.flops.by_phase(), memory=memory,
+                          optimizer=None if self.memory is None else self.memory.optimizer, time=self._time,
+                          compute=None if time is None else time.summary["time"], interconnect=links)
+
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed."""
         return list(self.trace.assumptions)
@@ -193,7 +214,8 @@ class Analysis:
             if kept is not None:
                 self.flops.log_kept_warnings(kept.unsupported, [row.name for row in kept.modules if not row.called])
                 return kept
-        result = build_result(self.model, self.metrics, name=name, memory=self.memory, time=self.roofline)
+        result = build_result(self.model, self.metrics, name=name, memory=self.memory, time=self.roofline,
+                              parallel=self.rank_costs())
         if digest is not None:
             self.session.keep_result(digest, result)
         return result

@@ -12,7 +12,17 @@ from torch import nn
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Phase, Trace
 from .metrics.counting import Statistics
-from .metrics.memory import OptimizerSpec, Peak, Point, activation_statistics, module_peaks, peak, saved_bytes, timeline
+from .metrics.memory import (
+    OptimizerSpec,
+    Peak,
+    Point,
+    activation_statistics,
+    for_plan,
+    module_peaks,
+    peak,
+    saved_bytes,
+    timeline,
+)
 from .parallel.plan import ParallelPlan
 from .session import CacheSetting, MemoryColumns, Session, memory_columns, memory_optimizer
 from .views import MetricView
@@ -85,8 +95,9 @@ class MemoryAnalysis(MetricView):
 
     @property
     def optimizer(self) -> OptimizerSpec | None:
-        """The optimizer modelled in a training step (None: gradients only)."""
-        return self._spec
+        """The optimizer modelled in a training step (None: gradients only), as the run's parallel plan shards it
+        and keeps its mixed precision (:func:`~modelmeter.metrics.memory.for_plan`)."""
+        return for_plan(self._spec, self.trace)
 
     # memory ----------------------------------------------------------------------------------
     def peak(self) -> int:
@@ -95,11 +106,11 @@ class MemoryAnalysis(MetricView):
 
     def peak_info(self) -> Peak:
         """The peak, the operator, module and phase it happened in, and the live bytes by kind."""
-        return peak(self._session.memory_model(), self._spec)
+        return peak(self._session.memory_model(), self.optimizer)
 
     def timeline(self) -> list[Point]:
         """Live bytes during every aten operator in run order (and the optimizer's step, last)."""
-        return timeline(self._session.memory_model(), self._spec)
+        return timeline(self._session.memory_model(), self.optimizer)
 
     def saved_for_backward(self, module_name: str = "") -> int:
         """Bytes the forward pass saved for the backward pass inside ``module_name`` (each storage once; the
@@ -115,11 +126,11 @@ class MemoryAnalysis(MetricView):
 
     def module_peaks(self) -> Counter[str]:
         """Per module: the most bytes live while one of its operators ran."""
-        return module_peaks(self._session.memory_model(), self._spec)
+        return module_peaks(self._session.memory_model(), self.optimizer)
 
     def columns(self) -> MemoryColumns:
         """What this analysis adds to a :class:`~modelmeter.Result` (saved bytes, module peaks, the summary)."""
-        return memory_columns(self._session.memory_model(), self._spec)
+        return memory_columns(self._session.memory_model(), self.optimizer)
 
     def statistics(self) -> Statistics:
         """Activation bytes over the trace: by module and operator, by dtype, and the modules that never ran."""

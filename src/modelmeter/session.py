@@ -38,6 +38,7 @@ from .metrics.memory import (
     MemoryModel,
     OptimizerSpec,
     activation_statistics,
+    for_plan,
     module_peaks,
     optimizer_spec,
     peak,
@@ -278,15 +279,17 @@ def counted_phases(trace: Trace, counts: Sequence[str]) -> list[str]:
 
 def assemble_result(trace: Trace, metrics: Mapping[str, Counted], *, name: str | None = None,
                     convention: str = "fvcore", memory: MemoryColumns | None = None,
-                    time: Roofline | None = None) -> Result:
+                    time: Roofline | None = None, parallel: dict[str, Any] | None = None) -> Result:
     """The Result of ``metrics`` (metric name -> statistics over ``trace``; the first gives the unsupported
     operators and the uncalled modules), with rows from the trace's module table and, with ``memory``, the
-    memory columns, with ``time`` the roofline's. A metric counted over several phases is followed by one
-    column per phase."""
+    memory columns, with ``time`` the roofline's, with ``parallel`` the per-rank costs (``RankCosts.to_dict()``).
+    A metric counted over several phases is followed by one column per phase."""
     if not metrics:
         raise ValueError("a result needs at least one metric, e.g. the flops")
     with no_gc():
-        return _assemble(trace, metrics, name, convention, memory, time)
+        result = _assemble(trace, metrics, name, convention, memory, time)
+    result.parallel = parallel
+    return result
 
 
 def _with_phases(per_metric: dict[str, Mapping[str, Mapping[str, Any]]], metric: str, counted: Counted) -> None:
@@ -382,7 +385,7 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
                              measured_time=measured_time)
     if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
         raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
-    spec = memory_optimizer(trace.backward, optimizer, state_dtype, foreach) if memory else None
+    spec = for_plan(memory_optimizer(trace.backward, optimizer, state_dtype, foreach), trace) if memory else None
     chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
     flops = count(trace, chosen.handles, elementwise=chosen.elementwise)
     if not quiet:
@@ -391,15 +394,23 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
     metrics = {"flops": Counted(flops, counted_phases(trace, PHASES)),
                "activations": Counted(activations, counted_phases(trace, ("forward",)))}
     columns = None
-    if memory:
-        model = MemoryModel(trace)
+    model = MemoryModel(trace) if memory else None
+    if model is not None:
         metrics["activation_bytes"] = Counted(activation_statistics(model), counted_phases(trace, ("forward",)))
         columns = memory_columns(model, spec)
     predicted = None
     if time is not None:
         predicted = roofline(trace, time, attention_kernel=attention_kernel, dense_attention=dense_attention,
                              optimizer=spec)
-    return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns, time=predicted)
+    parallel = None
+    if trace.parallel is not None:
+        from .parallel.summary import rank_costs  # imports the pipeline: only for a parallel run
+
+        by_phase = {phase: sum(table.get("", {}).values()) for phase, table in flops.by_phase.items()}
+        parallel = rank_costs(trace, convention=chosen.name, flops=by_phase, memory=model, optimizer=spec, time=time,
+                              compute=None if predicted is None else predicted.summary["time"]).to_dict()
+    return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns, time=predicted,
+                           parallel=parallel)
 
 
 def plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -421,9 +432,10 @@ def plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 # here makes a kept result unreadable: it is counted again, never read without it).
 _ROW_TYPES = {"name": str, "type": str, "params": int, "metrics": dict, "by_operator": dict, "called": bool,
               "output_shapes": dict}
-_RESULT_FIELD_TYPES = {"model": str, "inputs": list, "metrics": list, "modules": list, "convention": str,
-                       "execution": str, "device": str, "unsupported": dict, "assumptions": list, "dtypes": dict,
-                       "memory": dict, "roofline": dict, "schema_version": int}
+_RESULT_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "model": str, "inputs": list, "metrics": list, "modules": list, "convention": str, "execution": str,
+    "device": str, "unsupported": dict, "assumptions": list, "dtypes": dict, "memory": dict, "roofline": dict,
+    "parallel": (dict, type(None)), "schema_version": int}
 
 
 def _result_data(result: Result) -> dict[str, Any]:
@@ -441,10 +453,14 @@ def _result_of(data: Any) -> Result:
     return Result(**{**data, "modules": [ModuleRow(**row) for row in data["modules"]]})
 
 
-def _check_fields(data: Any, types: Mapping[str, type], what: str) -> None:
+def _check_fields(data: Any, types: Mapping[str, type | tuple[type, ...]], what: str) -> None:
     if type(data) is not dict or set(data) != set(types) \
-            or not all(type(data[name]) is kind for name, kind in types.items()):
+            or not all(type(data[name]) in _as_tuple(kind) for name, kind in types.items()):
         raise ValueError(f"a {what} of other fields or types")
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
 # time --------------------------------------------------------------------------------------------

@@ -95,6 +95,30 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
                    shards=spec.shards if shards is None else shards)
 
 
+_FULL_PRECISION = "float32"
+
+
+def for_plan(spec: OptimizerSpec | None, trace: Trace) -> OptimizerSpec | None:
+    """``spec`` as the parallel plan the trace was recorded under (``trace.parallel["options"]``) asks for it;
+    ``spec`` itself for a trace without a plan, and for options it sets already.
+
+    ZeRO-1 (``zero=1``): the optimizer state is sharded over the ``fsdp`` ranks (the trace's gradients are whole, as
+    ``replicate`` leaves them; under ZeRO-2/3 they are this rank's shards already). Mixed precision (``mp=bf16``):
+    the state is float32, and float32 master weights are kept besides the parameters when the rank's parameters are
+    in a lower precision (a float32 model's FSDP2 shards are the master weights themselves)."""
+    parallel = getattr(trace, "parallel", None)
+    if spec is None or not isinstance(parallel, dict):
+        return spec
+    options = parallel.get("options") or {}
+    shards, state_dtype, master = spec.shards, spec.state_dtype, spec.master_weights
+    if options.get("zero") == 1 and shards == 1:
+        shards = int(parallel.get("mesh", {}).get("fsdp", 1))
+    if options.get("param_dtype") is not None:
+        state_dtype = state_dtype or _FULL_PRECISION
+        master = master or any(g.dtype != _FULL_PRECISION for g in trace.gradients)
+    return replace(spec, shards=shards, state_dtype=state_dtype, master_weights=master)
+
+
 @dataclass(frozen=True)
 class Point:
     """Live bytes during one event of the run (``event`` -1: before it; ``len(trace.events)``: the

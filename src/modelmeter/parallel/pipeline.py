@@ -156,6 +156,12 @@ def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
     return cut.blocks, _stages(trace, cut, convention)
 
 
+def event_stages(trace: Trace, pp: int, *, layout: Sequence[int] | None = None) -> list[int]:
+    """The stage of every event of ``trace`` (by index) when the model is cut into ``pp`` stages as
+    :func:`split_stages` cuts it: what a per-stage metric (the collectives of a stage) splits the trace by."""
+    return list(_cut(trace, pp, layout).placement.events)
+
+
 @dataclass(frozen=True)
 class _Cut:
     """Where the stages of a trace are: the block list, the blocks per stage, and every event's stage."""

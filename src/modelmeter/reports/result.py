@@ -70,6 +70,9 @@ class Result:
     measured time, ``throughput`` of ``items`` and the ``operators`` (flops, bytes, time, bound) by dtype.
     ``device`` is where the model's parameters, buffers and inputs were counted (``"cpu"``, ``"meta"``,
     ``"cuda:0"`` for a model that puts its tensors on CUDA, faked where no GPU is; several joined by ``", "``).
+    ``parallel`` is the per-rank cost of a parallel plan (None for a run on one device): ``plan``, ``world_size``,
+    ``mesh``, ``micro_batches``, ``per``, ``ranks`` (ranks of equal cost folded) and ``pipeline``; docs/parallel.md,
+    "Per-rank summary".
     """
 
     model: str
@@ -84,6 +87,7 @@ class Result:
     dtypes: dict[str, dict[str, float]] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
     roofline: dict[str, Any] = field(default_factory=dict)
+    parallel: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
