@@ -42,7 +42,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:FSDP2-wrapped
 PLANS = {2: ["dp=2", "fsdp=2", "tp=2"], 4: ["fsdp=4", "fsdp=2,tp=2"]}
 RUNS = [(world_size, PlannerCase("llama", plan)) for world_size, plans in PLANS.items() for plan in plans]
 IDS = [case.plan for _, case in RUNS]
-MEMORY_RUNS = [(w, c) for w, c in RUNS if c.plan in ("dp=2", "fsdp=2", "fsdp=4", "tp=2")]
 
 
 @pytest.fixture(autouse=True)
@@ -135,12 +134,15 @@ def test_planner_flops_add_up_to_one_device(analyses: Any, world_size: int, case
     assert rotary > 0 and (tp == 1 or replicated > 0)
 
 
-@pytest.mark.parametrize(("world_size", "case"), MEMORY_RUNS, ids=[c.plan for _, c in MEMORY_RUNS])
+@pytest.mark.parametrize(("world_size", "case"), RUNS, ids=IDS)
 def test_planner_peak_per_rank_against_the_allocator(analyses: Any, real_runs: Any, world_size: int,
                                                      case: PlannerCase) -> None:
     """Every rank's allocator peak of a steady AdamW step (forward, backward, ``step()``, ``zero_grad``) within 10%
     of the planner's prediction for that rank; what is resident before the step (parameter shards, AdamW's state
-    of them, the input) exactly."""
+    of them, the input) exactly. The prediction is never above the real peak (1% aside): the gap is gloo's, whose
+    all-gather on the CPU allocates a staging buffer of the gathered size inside the call (the allocator's events:
+    ``gloo:all_gather``, ``aten::empty``), where FSDP2's real peaks fall, and which a prediction made for a device's
+    collectives, writing into their output, leaves out."""
     for rank in range(world_size):
         real = real_runs[world_size][case.name][rank]["memory"]
         predicted = analyses(case, rank, world_size).memory.peak_info()
@@ -148,3 +150,4 @@ def test_planner_peak_per_rank_against_the_allocator(analyses: Any, real_runs: A
         assert real["foreign_frees"] == 0
         assert parts["parameter"] + parts["optimizer_state"] + parts["input"] == real["resident"]
         assert abs(predicted.bytes - real["peak"]) <= 0.10 * real["peak"], (rank, predicted, real)
+        assert predicted.bytes <= 1.01 * real["peak"], (rank, predicted, real)
