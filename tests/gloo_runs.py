@@ -191,6 +191,37 @@ class Case:
         return make_inputs(self.model, rank // self.tp_degree(world_size))
 
 
+@dataclass(frozen=True)
+class PlannerCase(Case):
+    """The model under a plan as modelmeter's planner applies it: ``plan`` is the plan's text (``"fsdp=2,tp=2"``).
+    The real run builds the plan's device mesh (its dimensions, outermost first) and applies the plan to the real
+    model with ``modelmeter.parallel.apply.parallelize``, the planner's own code (blocks, order, styles, policies);
+    it also measures the allocator peak of an AdamW training step (``measures_memory``)."""
+
+    measures_memory: bool = True
+
+    @property
+    def parsed(self) -> Any:
+        from modelmeter.parallel.plan import ParallelPlan
+
+        return ParallelPlan.parse(self.plan)
+
+    def tp_degree(self, world_size: int) -> int:
+        return int(self.parsed.tp)
+
+    def mesh(self, world_size: int) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dims = self.parsed.mesh
+        return init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
+
+    def apply(self, model: nn.Module, mesh: Any) -> nn.Module:
+        from modelmeter.parallel.apply import parallelize
+
+        parallelize(model, self.parsed, mesh)
+        return model
+
+
 def training_step(model: nn.Module, x: torch.Tensor) -> None:
     """Forward, ``output.sum()`` (modelmeter's default loss) and backward."""
     model(x).sum().backward()
@@ -271,10 +302,31 @@ def observed_step(case: Case, rank: int, world_size: int) -> dict[str, Any]:
     with comm, flop_counter, local:
         training_step(model, x)
     comm_counts = {_qualified(op): n for op, n in comm.get_comm_counts().items()}
-    return {"case": case.name, "rank": rank, "world_size": world_size, "collectives": local.collectives,
-            "comm_debug_counts": comm_counts, "flops_by_op": dict(local.flops), "dtensor": local.saw_dtensor,
-            "flop_counter_total": flop_counter.get_total_flops(),
-            "flop_counter_by_op": {_qualified(op): n for op, n in flop_counter.get_flop_counts()["Global"].items()}}
+    observed = {"case": case.name, "rank": rank, "world_size": world_size, "collectives": local.collectives,
+                "comm_debug_counts": comm_counts, "flops_by_op": dict(local.flops), "dtensor": local.saw_dtensor,
+                "flop_counter_total": flop_counter.get_total_flops(),
+                "flop_counter_by_op": {_qualified(op): n for op, n in flop_counter.get_flop_counts()["Global"].items()}}
+    if getattr(case, "measures_memory", False):
+        model.zero_grad(set_to_none=True)
+        observed["memory"] = adamw_step_peak(model, x)
+    return observed
+
+
+def adamw_step_peak(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """This rank's allocator peak of a steady training step with AdamW (``foreach=False``), as
+    tests/memory_oracle.py measures it: bytes resident before the step (parameter shards, buffers, the input, the
+    optimizer's state) plus the lowest peak of three identical steps: a buffer a collective's asynchronous work
+    frees a moment later on gloo's thread can only add (seen now and then on busy cores: the root's gathered
+    parameters under FSDP2, an embedding-sized buffer under tensor parallelism)."""
+    from memory_oracle import measure_peak, resident_on_this_rank, warm_up
+    from memory_oracle import training_step as optimizer_step
+
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+    warm_up(model, (x,), optimizer)
+    resident = resident_on_this_rank(model, (x,), optimizer)
+    steps = [measure_peak(optimizer_step(model, (x,), optimizer)) for _ in range(3)]
+    return {"resident": resident, "peak": resident + min(step.peak_delta for step in steps),
+            "foreign_frees": sum(step.foreign_frees for step in steps)}
 
 
 def _qualified(packet: Any) -> str:
@@ -301,7 +353,8 @@ def _worker(rank: int, world_size: int, store_path: str, cases: list[Case], out_
 
 
 # Imported once by the fork server, not by each rank.
-_PRELOAD = ["torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.tensor.debug",
+_PRELOAD = ["memory_oracle", "modelmeter.parallel.apply",
+            "torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.tensor.debug",
             "torch.distributed._composable.replicate_with_fsdp", "torch.utils.flop_counter"]
 
 

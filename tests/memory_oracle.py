@@ -180,3 +180,19 @@ def resident_bytes(model: nn.Module, inputs: Any, optimizer: torch.optim.Optimiz
         tensors += [*_tensors(list(optimizer.state.values())), *_tensors(optimizer.param_groups)]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank's allocator holds); any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def resident_on_this_rank(model: nn.Module, inputs: tuple[Any, ...], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes alive on this rank of a parallel plan before a step: the parameter shards, buffers, the inputs and the
+    optimizer's state (a DTensor through its local shard; FSDP2's unsharded parameters are resized to nothing
+    between steps)."""
+    tensors = [*map(_local, model.parameters()), *map(_local, model.buffers()), *_tensors(inputs)]
+    tensors += [_local(t) for t in _tensors(list(optimizer.state.values()))]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())

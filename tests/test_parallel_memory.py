@@ -32,12 +32,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._pytree import tree_leaves
 
 import modelmeter
-from memory_oracle import measure_peak, training_step, warm_up
+from memory_oracle import measure_peak, resident_on_this_rank, training_step, warm_up
 from modelmeter.engine.serialize import trace_from_dict, trace_to_dict
 from modelmeter.engine.trace import Trace
 from modelmeter.errors import ModelRunError
@@ -308,18 +306,6 @@ def _rank_main(rank: int, world: int, port: int, folder: str, worker: Callable[.
     finally:
         dist.destroy_process_group()
     Path(folder, f"{rank}.json").write_text(json.dumps(result))
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
-
-
-def resident_on_this_rank(model: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: torch.optim.Optimizer) -> int:
-    """Bytes alive on this rank before a step: the parameter shards, the inputs and the optimizer's state (a DTensor
-    through its local shard; FSDP2's unsharded parameters are resized to nothing between steps)."""
-    tensors = [*map(_local, model.parameters()), *inputs]
-    tensors += [_local(t) for t in tree_leaves(list(optimizer.state.values())) if isinstance(t, torch.Tensor)]
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
 def training_peak(mesh: DeviceMesh, case: str) -> dict[str, Any]:

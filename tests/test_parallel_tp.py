@@ -346,3 +346,25 @@ def test_an_unknown_layout_names_the_first_module_it_cannot_place(model: nn.Modu
     with pytest.raises(ParallelPlanError, match=rf"module {re.escape(first)}.*pass a plan explicitly.*tp_plan"):
         default_tp_plan(model)
 
+
+
+def test_the_optimizer_state_follows_a_parameters_shard_not_its_replicated_gradient() -> None:
+    """DTensor leaves the vocabulary-sharded embedding's gradient replicated, whole on every rank: the gradient
+    memory counts it whole, while AdamW's two moments follow each parameter's shard (``zeros_like`` of it), as the
+    real run's optimizer state does (tests/test_parallel_planner_proof.py measures it on gloo)."""
+    from modelmeter.metrics.memory import OPTIMIZERS, optimizer_bytes
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                         num_kv_heads=2, max_position_embeddings=32)
+    with torch.device("meta"):
+        model = Llama(config)
+    trace = modelmeter.analyze(model, torch.randint(0, 128, (2, 8)), parallel="tp=2", backward=True, memory=True,
+                               optimizer="adamw", quiet=True).memory.trace
+    # rank 0's shards: embedding and lm_head half the vocabulary, q/k/v/gate/up half their rows, o/down half their
+    # columns, the three norms whole
+    vocab_half, attention, mlp, norms = 64 * 32, (16 + 8 + 8) * 32 + 32 * 16, 3 * 32 * 32, 3 * 32
+    shards = 2 * vocab_half + attention + mlp + norms
+    assert sum(g.numel() for g in trace.gradients) == shards
+    assert sum(s.nbytes for s in trace.storages if s.kind == "gradient") == 4 * (shards + vocab_half)
+    parameter_tensors = 12
+    assert optimizer_bytes(trace, OPTIMIZERS["adamw"])[0] == 2 * 4 * shards + 4 * parameter_tensors

@@ -119,14 +119,16 @@ class StorageTracker:
         if record is not None and record.saved < 0:
             record.saved, record.saved_scope = self.clock(), scope
 
-    def gradient(self, tensor: torch.Tensor) -> None:
-        """``tensor`` is a parameter's gradient; call in the model's parameter order. Its storage is a gradient
+    def gradient(self, tensor: torch.Tensor, parameter: torch.Tensor) -> None:
+        """``tensor`` is ``parameter``'s gradient; call in the model's parameter order. Its storage is a gradient
         (several gradients may share one: FSDP2's reduce-scatter output), ordered by the first parameter it
-        serves."""
+        serves. :attr:`gradients` describes what the optimizer updates and keeps state for: the parameter's local
+        shard, which a tensor-parallel gradient may exceed (DTensor leaves a row-sharded embedding's gradient
+        replicated, whole on every rank, while the optimizer's state follows the parameter's shard)."""
         record = self._record(tensor, "gradient", -1)
         if record is not None and record.kind != "gradient":
             record.kind, record.order = "gradient", len(self.gradients)
-        self.gradients.append(describe(local_tensor(tensor)))
+        self.gradients.append(describe(local_tensor(parameter)))
 
     def parameters_at_end(self, parameters: list[torch.Tensor]) -> None:
         """The model's parameters as the run leaves them. A storage the run made for one is the model's state, there

@@ -245,9 +245,11 @@ class Trace:
     about every operator of the run (``"view"``, ``"pointwise"``; see :mod:`modelmeter.engine.op_tags`), so
     that counting it needs no torch. ``output_shapes`` maps a module's canonical name to the shapes its forward
     calls returned (``"1x64x56x56"``, several tensors joined by ``", "``) and how many calls returned each, in
-    the order first seen; calls that returned no tensor are not in it. ``gradients`` describe the gradient of
-    every parameter that got one, in the model's parameter order (a DTensor's: its local shard), what an
-    optimizer keeps state for — several may share one storage (FSDP2 reduce-scatters a group's gradients into one).
+    the order first seen; calls that returned no tensor are not in it. ``gradients`` describe every parameter
+    that got a gradient, in the model's parameter order, as the optimizer updates it and keeps state for: the
+    parameter's local shard (a DTensor's), which its gradient has too, except where tensor parallelism leaves a
+    gradient replicated on a sharded parameter (the vocabulary-sharded embedding's); the gradients' storages are
+    the ``"gradient"`` storages — several may share one (FSDP2 reduce-scatters a group's gradients into one).
 
     ``parallel`` describes the parallel plan of a run that simulated one rank of it (None for a run on one
     device), as plain data: ``{"plan": its text, "world_size", "rank", "mesh": {dimension: ranks},

@@ -319,7 +319,7 @@ class _Run:
             loss.backward()
             for param in parameters:
                 if param.grad is not None:
-                    recorder.storages.gradient(param.grad)
+                    recorder.storages.gradient(param.grad, param)
             recorder.finish_storages(parameters)  # before the gradients are dropped again: they outlive the step
 
 
