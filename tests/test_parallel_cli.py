@@ -70,11 +70,11 @@ def plan_dict(memory: bool = True, time: bool = True) -> dict[str, Any]:
         return seconds if time else None
 
     return {"plan": "pp=4,dp=2,fsdp=64,tp=8", "world_size": 4096, "mesh": {"pp": 4, "dp": 2, "fsdp": 64, "tp": 8},
-            "micro_batches": 8,
+            "micro_batches": 8, "per": "step",
             "ranks": [entry(0, 1023, 0, 12_345_000_000_000, 1_581_000_000, peak(57), 12.5 * GiB, step(1.25)),
                       entry(1024, 3071, 1, 11_345_000_000_000, 1_480_000_000, peak(51.5), 11 * GiB, step(1.25)),
                       entry(3072, 4095, 3, 14_345_000_000_000, 1_600_000_000, peak(70), 13 * GiB, step(0.5))],
-            "pipeline": {"stages": 4, "micro_batches": 8, "bubble_fraction": 0.2727}}
+            "pipeline": {"stages": 4, "micro_batches": 8, "bubble_fraction": 0.2727, "schedule": "1F1B"}}
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ def test_ranks_are_folded() -> None:
 def test_the_table_by_hand() -> None:
     lines = rank_table(plan_dict(), width=None).splitlines()
     assert lines[0] == ("Per rank under pp=4,dp=2,fsdp=64,tp=8: 4,096 ranks (mesh pp=4 × dp=2 × fsdp=64 × tp=8), "
-                        "ranks of equal cost in one row")
+                        "ranks of equal cost in one row; numbers per step of 8 micro-batches")
     assert lines[1].split() == ["ranks", "stage", "#flops", "#params", "held", "peak", "memory", "sent",
                                 "received", "step", "time"]
     # one unit per column: the largest value's (T FLOPs, G parameters, GiB, s)
@@ -165,8 +165,11 @@ def test_the_table_by_hand() -> None:
 
 
 def test_the_table_without_memory_or_time() -> None:
-    header = rank_table(plan_dict(memory=False, time=False)).splitlines()[1]
-    assert header.split() == ["ranks", "stage", "#flops", "#params", "held", "sent", "received"]
+    forward_only = plan_dict(memory=False, time=False)  # a pipeline's inference: no schedule
+    forward_only["pipeline"].update(bubble_fraction=None, schedule=None)
+    lines = rank_table(forward_only).splitlines()
+    assert lines[1].split() == ["ranks", "stage", "#flops", "#params", "held", "sent", "received"]
+    assert lines[-1] == "Pipeline: 4 stages, 8 micro-batches per step, forward only: no schedule, no bubble"
 
 
 @pytest.mark.parametrize("width", [80, 200])
@@ -303,3 +306,15 @@ def test_fit_takes_the_worst_rank() -> None:
     assert rank_peak({"peak": 1}, parallel) == int(70 * GiB)  # the last stage's, the highest
     assert rank_peak({"peak": 1}, plan_dict(memory=False)) == 1  # no per-rank memory: the run's own
     assert rank_peak({"peak": 7}, None) == 7
+
+
+@needs_field
+def test_fit_under_a_pipeline_takes_the_worst_stage(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = ["--parallel", "pp=2,fsdp=2,mb=4", "--optimizer", "adamw"]
+    one = json.loads(run(capsys, MODEL, *plan, "--batch", "1", "--format", "json")[0])
+    stages = [row["memory"]["peak"] for row in one["parallel"]["ranks"]]
+    assert len(stages) == 2 and max(stages) != one["memory"]["peak"]  # the whole model's run is not a stage's
+    monkeypatch.setattr(fit_module, "FIT_CAP", 1)
+    data = fit(capsys, "--fit", "1GiB", *plan)
+    assert data["tried"] == [{"batch": 1, "peak": max(stages), "fits": True}]

@@ -17,6 +17,8 @@ from .fvcore_tables import pipe_table
 
 __all__ = ["folded_ranks", "plan_notes", "rank_columns", "rank_table"]
 
+# What the numbers are per (``parallel["per"]``), as the title says it
+_PER = {"micro_batch": "; numbers per micro-batch (the inputs given)", "step": "; numbers per step"}
 # Which column a narrow table leaves out first (the lowest): received equals sent but for pipeline sends, the
 # parameters held follow from the plan; the peak memory, the FLOPs and the step time are what a plan is judged by.
 _DROP_ORDER = {"received": 0, "params": 1, "stage": 2, "sent": 3, "step": 4, "flops": 5, "peak": 6}
@@ -55,17 +57,23 @@ def rank_columns(parallel: Mapping[str, Any]) -> list[Column]:
 
 
 def plan_notes(parallel: Mapping[str, Any]) -> list[str]:
-    """The lines about the plan: the title (plan, world size, mesh), the pipeline's bubble, the step time's
-    assumptions."""
+    """The lines about the plan: the title (plan, world size, mesh, what the numbers are per), the pipeline's
+    bubble, the step time's assumptions."""
     mesh = " × ".join(f"{dim}={size}" for dim, size in parallel["mesh"].items()) or "one rank"
     world = parallel["world_size"]
+    per = _PER.get(str(parallel.get("per")), "")
+    if parallel.get("per") == "step" and parallel.get("micro_batches"):
+        per = f"; numbers per step of {parallel['micro_batches']} micro-batches"
     lines = [f"Per rank under {parallel['plan']}: {world:,} rank{'s' if world != 1 else ''} (mesh {mesh}), "
-             "ranks of equal cost in one row"]
+             f"ranks of equal cost in one row{per}"]
     pipeline = parallel.get("pipeline")
     if pipeline:
-        lines.append(f"Pipeline: {pipeline['stages']} stages, {pipeline['micro_batches']} micro-batches per step "
-                     f"(1F1B, derived from per-stage traces): the bubble is "
-                     f"{100 * pipeline['bubble_fraction']:.1f}% of the step")
+        stages = f"Pipeline: {pipeline['stages']} stages, {pipeline['micro_batches']} micro-batches per step"
+        if pipeline.get("bubble_fraction") is None:
+            lines.append(f"{stages}, forward only: no schedule, no bubble")
+        else:
+            lines.append(f"{stages} ({pipeline.get('schedule') or '1F1B'}, derived from per-stage traces): the "
+                         f"bubble is {100 * pipeline['bubble_fraction']:.1f}% of the step")
     assumptions = dict.fromkeys(entry["time"]["assumption"] for entry in parallel["ranks"] if entry.get("time"))
     lines += [f"Step time: {text}" for text in assumptions]
     return lines
