@@ -141,6 +141,12 @@ def test_the_plan_composes_with_the_cache(capsys: pytest.CaptureFixture[str]) ->
     assert params == ["0.11M", "0.11M", "55.12K"]
 
 
+def test_a_sweep_runs_the_plan_for_each_value(capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = run(capsys, MODEL, "--parallel", "fsdp=2", "--sweep", "batch=1,2", "--jobs", "1", "--no-cache")
+    assert out.startswith(f"{MODEL}: sweep of batch (fake run, one rank under fsdp=2)")
+    assert [line.split()[1] for line in out.splitlines()[2:4]] == ["0.11M", "0.11M"]  # the rank's shards
+
+
 # --- the per-rank table ----------------------------------------------------------------------------------------
 def test_ranks_are_folded() -> None:
     assert folded_ranks({"ranks": [0, 1023], "count": 1024}) == "0–1023 (×1024)"
