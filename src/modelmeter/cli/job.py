@@ -17,11 +17,12 @@ import torch
 
 from ..devices import DeviceError
 from ..engine.tracer import Execution
-from ..errors import InputMismatchError, ModelExitError, ModelMeterError
+from ..errors import InputMismatchError, ModelExitError, ModelMeterError, ParallelPlanError
+from ..parallel.pipeline import PipelineSplitError
 from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
 from .errors import ModelSpecError, one_line
 from .models import LoadedModel, load_model
-from .options import OPTIMIZERS
+from .options import FIT_DEVICE, OPTIMIZERS
 
 if TYPE_CHECKING:
     from ..analysis import Analysis
@@ -73,6 +74,7 @@ class Job:
     state_dtype: str | None = None
     foreach: bool | None = None
     device: DeviceOptions | None = None
+    parallel: str | None = None  # a parallel plan's text: the run is one rank's (docs/parallel.md)
     project: str | None = None  # set for a model named by a baseline file: what it may call is confined to this
 
     @property
@@ -97,10 +99,12 @@ def job_from_args(args: argparse.Namespace) -> Job:
                              "/ --save-trace per run")
     _check_memory_options(args)
     device = _device_options(args)
-    if args.fit is not None and device is not None:  # the search reports peaks only: the device would be ignored
-        raise ModelSpecError("--fit searches the batch by its peak memory and predicts no time: drop --device, or "
-                             "run the batch it finds with --batch N --device NAME")
-    backward = args.backward or args.optimizer is not None
+    _check_fit_device(args, device)
+    if args.parallel is not None and args.execution == "real":
+        raise ModelSpecError(f"--parallel {args.parallel} simulates its ranks on fake tensors (a fake process "
+                             "group sends nothing): drop --real / --execution real")
+    # under a plan, --fit answers the micro-batch of a training step: the plan's sharding is of the training state
+    backward = args.backward or args.optimizer is not None or (args.fit is not None and args.parallel is not None)
     memory = (args.memory or args.optimizer is not None or args.fit is not None
               or any(metric in MEMORY_METRICS for metric in args.budget or {}))
     # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
@@ -110,7 +114,19 @@ def job_from_args(args: argparse.Namespace) -> Job:
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
                attention_kernel=args.attention_kernel,
                cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
-               state_dtype=args.state_dtype, foreach=args.foreach, device=device, **given)
+               state_dtype=args.state_dtype, foreach=args.foreach, device=device, parallel=args.parallel, **given)
+
+
+def _check_fit_device(args: argparse.Namespace, device: DeviceOptions | None) -> None:
+    """``--fit device`` needs the ``--device`` whose memory it fills; ``--fit SIZE`` with a device would ignore it
+    (the search reports peaks, not times)."""
+    if args.fit == FIT_DEVICE and device is None:
+        raise ModelSpecError("--fit device fills the memory of --device NAME: add it (`modelmeter devices` lists "
+                             "them), or give a size, e.g. --fit 24GiB")
+    if args.fit is not None and args.fit != FIT_DEVICE and device is not None:
+        raise ModelSpecError("--fit SIZE searches the batch by its peak memory and predicts no time: drop --device, "
+                             "use --fit device to fill the device's memory, or run the batch it finds with "
+                             "--batch N --device NAME")
 
 
 def _device_options(args: argparse.Namespace) -> DeviceOptions | None:
@@ -172,6 +188,7 @@ def job_argv(job: Job) -> list[str]:
     argv += ["--attention-kernel", job.attention_kernel] if job.attention_kernel != "fused" else []
     argv += ["--memory"] * job.memory + (["--optimizer", job.optimizer] if job.optimizer else [])
     argv += (["--state-dtype", job.state_dtype] if job.state_dtype else []) + ["--foreach"] * bool(job.foreach)
+    argv += ["--parallel", job.parallel] if job.parallel is not None else []
     return argv + (job.device.argv() if job.device is not None else [])
 
 
@@ -218,13 +235,13 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
                                real=real)
     timing = _timing(job.device)
     start = time.perf_counter()
-    with _quiet_fake_tensor_log():
+    with _quiet_fake_tensor_log(), _plan_errors(job.parallel):
         try:
             analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
                                backward=job.backward, execution=job.execution, cache=job.cache,
                                cache_dir=job.cache_dir if job.cache else None, quiet=True, memory=job.memory,
                                optimizer=job.optimizer, state_dtype=job.state_dtype, foreach=job.foreach,
-                               attention_kernel=job.attention_kernel, **timing)
+                               attention_kernel=job.attention_kernel, parallel=job.parallel, **timing)
             analysis.trace.assumptions[:0] = loaded.notes  # what the loader assumed is an assumption of the run
         except TypeError as exc:  # the inputs do not fit the model's forward()
             raise ModelSpecError(str(exc)) from None
@@ -237,6 +254,18 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
     if save_trace is not None:
         _save(analysis, save_trace, loaded.name)
     return result, loaded, time.perf_counter() - start, analysis.from_cache
+
+
+@contextlib.contextmanager
+def _plan_errors(plan: str | None) -> Iterator[None]:
+    """A plan the model cannot take (``tp`` not dividing its heads, fewer blocks than pipeline stages, no
+    tensor-parallel plan known for it) is a usage error naming ``--parallel``, as a bad input shape is."""
+    try:
+        yield
+    except (ParallelPlanError, PipelineSplitError) as exc:
+        if plan is None:
+            raise
+        raise ModelSpecError(f"--parallel {plan}: {exc}") from None
 
 
 def device_error(options: DeviceOptions | None, exc: Exception) -> ModelSpecError:

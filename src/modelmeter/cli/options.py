@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("table", "markdown", "json", "csv", "tree")  # modelmeter.reports.FORMATS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")  # modelmeter.OPTIMIZERS
+FIT_DEVICE = "device"  # --fit device: the memory of the --device chosen
 SWEEP_AXES = {"resolution": "resolution", "batch": "batch", "seq-len": "seq_len", "seq_len": "seq_len"}
 # --input's dtype names -> torch's
 INPUT_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
@@ -109,6 +110,23 @@ def _memory_size(text: str) -> float:
     if value > MAX_TENSOR_BYTES:
         raise argparse.ArgumentTypeError(f"{text} is more memory than a machine can address (at most 8EiB)")
     return value
+
+
+def parallel_plan(text: str) -> str:
+    """``dp=2,fsdp=64,tp=8,pp=4``: the plan's text as :class:`~modelmeter.ParallelPlan` writes it back; its error
+    names the part that is wrong."""
+    from ..errors import ParallelPlanError
+    from ..parallel.plan import ParallelPlan
+
+    try:
+        return str(ParallelPlan.parse(text))
+    except ParallelPlanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fit_size(text: str) -> float | str:
+    """``--fit``'s memory: a size (``24GiB``), or ``device`` for the memory of ``--device``."""
+    return FIT_DEVICE if text.strip().lower() == FIT_DEVICE else _memory_size(text)
 
 
 def _tolerance(text: str) -> float:
@@ -230,6 +248,10 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
                      help="one row per value: resolution=224,288,384, batch=1,8,64 or seq-len=128,512")
     run.add_argument("--jobs", type=positive, metavar="N",
                      help="worker processes for --sweep (default: one per value, at most the CPU count)")
+    run.add_argument("--parallel", type=parallel_plan, metavar="PLAN",
+                     help="one rank of a parallel training plan, e.g. dp=2,fsdp=64,tp=8,pp=4 (also zero=1|2|3, sp, "
+                          "mp=bf16, mb=N, rank=R): the inputs are that rank's batch; adds a per-rank table "
+                          "(docs/parallel.md)")
     run.add_argument("--no-cache", dest="cache", action="store_false",
                      help="neither read nor write the trace cache (default: traces are cached on disk)")
     run.add_argument("--cache-dir", metavar="DIR",
@@ -317,6 +339,8 @@ def _memory_options(parser: argparse.ArgumentParser) -> None:
     memory.add_argument("--foreach", action="store_true", default=None,
                         help="model the multi-tensor optimizer step, the CUDA default (default: one parameter at "
                              "a time, the CPU default)")
-    memory.add_argument("--fit", type=_memory_size, metavar="SIZE",
-                        help="the largest batch whose predicted peak fits in SIZE, e.g. 24GiB: batches doubled "
-                             "from 1, then bisected (implies --memory)")
+    memory.add_argument("--fit", type=_fit_size, metavar="SIZE",
+                        help="the largest batch whose predicted peak fits in SIZE, e.g. 24GiB, or `device`: the "
+                             "memory of --device NAME; batches doubled from 1, then bisected (implies --memory). "
+                             "With --parallel: the largest micro-batch per rank of a training step (implies "
+                             "--backward), the peak of the plan's worst rank")

@@ -174,9 +174,12 @@ def render_report(result: Result, args: argparse.Namespace, header: str) -> str:
     return "\n".join([*lines, text])
 
 
-def header_line(result: Result, *, backward: bool, source: str = "", seconds: float | None = None) -> str:
+def header_line(result: Result, *, backward: bool, source: str = "", seconds: float | None = None,
+                parallel: str | None = None) -> str:
     """The line above a table: the model, its inputs (shape and dtype), how it ran (``source``: where the run came
-    from, e.g. ``", from the cache"``), what was counted, the seconds it took and the peak memory."""
+    from, e.g. ``", from the cache"``; ``parallel``: the plan whose rank it was), what was counted, the seconds it
+    took and the peak memory."""
+    from ..parallel.plan import ParallelPlan
     from ..reports.format import format_bytes
 
     inputs = ", ".join(f"{'x'.join(map(str, i['shape'])) or 'scalar'} {i['dtype']}" for i in result.inputs)
@@ -187,5 +190,8 @@ def header_line(result: Result, *, backward: bool, source: str = "", seconds: fl
     timing = f", {seconds:.2f} s" if seconds is not None else ""
     peak = f", peak memory {format_bytes(result.memory['peak'])}" if result.memory else ""
     on = f" on {result.device}" if result.device not in ("", "cpu", "meta") else ""  # where no one would assume it
+    if parallel is not None:
+        plan = ParallelPlan.parse(parallel)
+        on += f", rank {plan.rank} of {plan.world_size:,} under {parallel}"
     return (f"{result.model} on input {inputs} ({result.execution} run{on}{source}, {passes}, "
             f"{result.convention} convention{timing}{peak})")

@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
             where = f"--device {args.device}" if args.device else "the trace's device"
             raise ModelSpecError(f"{where}: {exc}") from None
     source = f", saved trace {os.path.basename(args.trace)}"
-    text = render_report(result, args, header_line(result, backward=saved.trace.backward, source=source))
+    plan = (saved.trace.parallel or {}).get("plan")
+    text = render_report(result, args, header_line(result, backward=saved.trace.backward, source=source,
+                                                    parallel=plan))
     emit(text, args.output)
     if args.html:
         write_html_report(args.html, result, other, saved.trace.versions.get("torch", "unknown"))

@@ -45,7 +45,8 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     other = read_result(args.compare, "--compare") if args.compare else None
     result, _, seconds, cached = analyse(job, save_trace=args.save_trace)
     source = ", from the cache" if cached else ""
-    text = render_report(result, args, header_line(result, backward=job.backward, source=source, seconds=seconds))
+    header = header_line(result, backward=job.backward, source=source, seconds=seconds, parallel=job.parallel)
+    text = render_report(result, args, header)
     emit(text, args.output)
     if args.html:
         write_html_report(args.html, result, other)

@@ -70,6 +70,7 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
     columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
         return json.dumps({"model": job.model, "axis": label, "execution": rows[0]["execution"],
+                           "parallel": job.parallel,
                            "rows": [{label: v, **{key: r[key] for _, key, _ in columns}}
                                     for v, r in zip(values, rows, strict=True)]}, indent=2)
     if fmt == "csv":
@@ -80,7 +81,8 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
         return "\n".join(lines)
     header = [label, *(title for title, _, _ in columns)]
     table = [[str(v), *(cell(r[key]) for _, key, cell in columns)] for v, r in zip(values, rows, strict=True)]
-    lines = titled_table(header, table, fmt, f"{job.model}: sweep of {label} ({rows[0]['execution']} run)")
+    run = f"{rows[0]['execution']} run" + (f", one rank under {job.parallel}" if job.parallel else "")
+    lines = titled_table(header, table, fmt, f"{job.model}: sweep of {label} ({run})")
     growth = [_growth("flops", label, values, [r["flops"] for r in rows])]
     if job.memory:
         growth.append(_growth("peak memory", label, values, [r["peak_memory"] for r in rows]))

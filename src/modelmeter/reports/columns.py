@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from .format import Align, format_bytes, format_time
 from .fvcore_tables import format_size
@@ -161,6 +162,17 @@ _BYTE_UNITS: tuple[Unit, ...] = ((2.0 ** 40, "TiB"), (2.0 ** 30, "GiB"), (2.0 **
 _TIME_UNITS: tuple[Unit, ...] = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 
+def unit_column(key: str, header: str, values: Sequence[float | None], kind: Literal["count", "bytes", "time"],
+                short: str | None = None) -> Column:
+    """A right-aligned column of ``values`` in one unit of ``kind`` (that of the largest value), as the module
+    table's metric columns are printed; ``"-"`` for a value that is None (not known for that row)."""
+    unit_of = {"count": _count_unit, "bytes": _byte_unit, "time": _time_unit}[kind]
+    known = [value is not None for value in values]
+    column = _numbers(key, header, [0.0 if value is None else value for value in values], unit_of, known)
+    cells = [cell if present else "-" for cell, present in zip(column.cells, known, strict=True)]
+    return Column(key, header, short or shorten(header), "right", cells)
+
+
 def _unit_of(metric: str) -> Callable[[float], Unit]:
     """How a metric's column picks its unit from its largest value."""
     if metric in BYTE_METRICS:
@@ -220,10 +232,12 @@ def table_width(columns: Sequence[Column], short: bool) -> int:
     return sum(widths) + 2 * (len(widths) - 1)
 
 
-def fit(columns: list[Column], width: int) -> tuple[list[Column], bool, list[str]]:
+def fit(columns: list[Column], width: int,
+        rank: Callable[[str], int] = drop_rank) -> tuple[list[Column], bool, list[str]]:
     """The columns that fit in ``width`` characters, whether their headers are the short ones, and the keys left
-    out: the full headers if all fit, else the short ones, leaving out columns by :func:`drop_rank` until the
-    table fits or only the module and one more are left."""
+    out: the full headers if all fit, else the short ones, leaving out columns by ``rank`` (the lowest first;
+    the module table's :func:`drop_rank` by default) until the table fits or only the first column and one more
+    are left."""
     if table_width(columns, short=False) <= width:
         return columns, False, []
     module, by_key = columns[0], {column.key: column for column in columns[1:]}
@@ -231,17 +245,18 @@ def fit(columns: list[Column], width: int) -> tuple[list[Column], bool, list[str
     def fits(keys: list[str]) -> bool:
         return table_width([module, *(by_key[key] for key in keys)], short=True) <= width
 
-    kept, dropped = fit_keys(list(by_key), fits)
+    kept, dropped = fit_keys(list(by_key), fits, rank)
     return [module, *(by_key[key] for key in kept)], True, dropped
 
 
-def fit_keys(keys: list[str], fits: Callable[[list[str]], bool]) -> tuple[list[str], list[str]]:
-    """``keys`` less those :func:`drop_rank` leaves out first, until ``fits`` says yes (or one key is left); and
-    the keys left out."""
+def fit_keys(keys: list[str], fits: Callable[[list[str]], bool],
+             rank: Callable[[str], int] = drop_rank) -> tuple[list[str], list[str]]:
+    """``keys`` less those ``rank`` (:func:`drop_rank` by default) leaves out first, until ``fits`` says yes (or
+    one key is left); and the keys left out."""
     kept = list(keys)
     dropped: list[str] = []
     while not fits(kept) and len(kept) > 1:
-        index = min(range(len(kept)), key=lambda i: (drop_rank(kept[i]), -i))
+        index = min(range(len(kept)), key=lambda i: (rank(kept[i]), -i))
         dropped.append(kept.pop(index))
     return kept, dropped
 

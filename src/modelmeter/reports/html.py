@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import _version
 from ..io.atomic import atomic_write
-from . import html_memory
+from . import html_memory, html_parallel
 from .columns import shapes_cell
 from .fvcore_tables import format_size
 from .render import convention_note, memory_note
@@ -278,8 +278,12 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
     data = html_data(result, compare, torch_version)
     memory = bool(result.memory)  # the memory analysis's pictures: a page without them stays as it was
+    parallel = getattr(result, "parallel", None)  # a parallel plan's ranks: a section of static markup
+    # the memory bars of the ranks take the timeline's colours
+    style = _STYLE + (html_memory.STYLE if memory or parallel else "") + (html_parallel.STYLE if parallel else "")
     parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
-             "MEMORY": html_memory.sections(data), "STYLE": _STYLE + (html_memory.STYLE if memory else ""),
+             "MEMORY": html_memory.sections(data), "STYLE": style,
+             "PARALLEL": html_parallel.parallel_section(parallel) if parallel else "",
              "SCRIPT": _SCRIPT + (html_memory.SCRIPT if memory else ""), "DATA": _json_for_script(data)}
     # one pass over the template: a part that holds "{{...}}" (a model's name can) is not filled in again
     return re.sub(r"\{\{([A-Z]+)\}\}", lambda match: parts[match.group(1)], _PAGE)
@@ -314,7 +318,7 @@ _PAGE = """<!DOCTYPE html>
 <svg id="chart" role="img" aria-label="icicle chart of the module hierarchy"></svg>
 <p id="legend" class="note"></p>
 </section>
-{{MEMORY}}{{ROOFLINE}}<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
+{{PARALLEL}}{{MEMORY}}{{ROOFLINE}}<section><h2>Modules</h2><table id="modules" class="sortable"></table></section>
 <section><h2>Operators</h2><table id="operators" class="sortable"></table></section>
 <section id="notes"><h2>Notes</h2></section>
 <div id="tooltip" hidden></div>

@@ -27,11 +27,14 @@ from .columns import (
 )
 from .format import aligned_table, format_bytes, format_rate, format_time
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
+from .ranks import rank_table
 from .result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
 
 __all__ = ["FORMATS", "format_bound", "format_bytes", "format_metric", "format_size", "render"]
 
 FORMATS: tuple[str, ...] = ("table", "markdown", "json", "csv", "tree")
+# The formats a parallel plan's per-rank table follows the modules in (JSON holds the dict; CSV is one table)
+_WITH_RANKS = ("table", "markdown", "tree")
 
 
 def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | None = None,
@@ -43,7 +46,8 @@ def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | N
     headers are shortened, then columns left out by :func:`~.columns.drop_rank` until it fits, and a line under
     the table names them (``None``: every column). ``columns`` (``table`` and ``markdown``): the column keys to
     show, in that order (``["all"]``: every one; none left out to fit). ``shapes``: a column of each module's
-    output shapes.
+    output shapes. A result of a parallel plan (``result.parallel``) has its per-rank table after the modules'
+    (``table``, ``markdown`` and ``tree``; :mod:`.ranks`), fitted to the same width.
     """
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
@@ -52,7 +56,11 @@ def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | N
         raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
         raise ValueError(f"width must be a positive integer or None, got {width!r}")
-    return renderer(result, _Layout(depth, width, tuple(columns) if columns is not None else None, shapes))
+    text = renderer(result, _Layout(depth, width, tuple(columns) if columns is not None else None, shapes))
+    parallel = getattr(result, "parallel", None)  # a parallel plan's ranks (docs/parallel.md, "The command")
+    if parallel and fmt in _WITH_RANKS:
+        text += "\n\n" + rank_table(parallel, fmt, width)
+    return text
 
 
 @dataclass(frozen=True)
