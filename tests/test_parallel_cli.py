@@ -2,12 +2,11 @@
 under a plan (docs/parallel.md, "The command").
 
 Run in-process through ``main([...])`` on the zoo's tiny Llama (2 layers, 64 wide). The per-rank dict
-(``Result.parallel``) is built by hand where the rendering is tested, so each number in the table is known; the
-end-to-end checks of the dict the analysis makes run once ``Result`` has the field."""
+(``Result.parallel``) is built by hand where the rendering is tested, so each number in the table is known;
+end-to-end checks run the dict the analysis makes."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -29,8 +28,6 @@ from modelmeter.trace_files import read_saved_trace
 
 MODEL = "llama2_tiny"
 GiB = 2**30
-HAS_FIELD = "parallel" in {f.name for f in dataclasses.fields(Result)}
-needs_field = pytest.mark.skipif(not HAS_FIELD, reason="Result.parallel is made by the per-rank analysis (par-rank)")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[str, str]:
@@ -252,7 +249,6 @@ def test_html_text_is_escaped() -> None:
     assert "<script>" not in section and "<b>" not in section and "&lt;script&gt;" in section
 
 
-@needs_field
 def test_json_carries_the_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     out, _ = run(capsys, MODEL, "--parallel", "fsdp=2", "--backward", "--memory", "--no-cache", "--format", "json")
     parallel = json.loads(out)["parallel"]
@@ -260,7 +256,6 @@ def test_json_carries_the_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(row["count"] for row in parallel["ranks"]) == 2
 
 
-@needs_field
 def test_the_analysis_makes_the_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     out, _ = run(capsys, MODEL, "--parallel", "fsdp=2,tp=2", "--optimizer", "adamw", "--device", "h100",
@@ -314,7 +309,6 @@ def test_fit_takes_the_worst_rank() -> None:
     assert rank_peak({"peak": 7}, None) == 7
 
 
-@needs_field
 def test_fit_under_a_pipeline_takes_the_worst_stage(capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     plan = ["--parallel", "pp=2,fsdp=2,mb=4", "--optimizer", "adamw"]

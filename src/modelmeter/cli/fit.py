@@ -62,7 +62,7 @@ def run_fit(args: argparse.Namespace, job: Job) -> int:
         # the device gave the limit: its time is not wanted, each batch's peak is
         result, _, seconds, _ = analyse(replace(job, batch=batch, device=None))
         memory.update(result.memory)
-        peaks[batch] = rank_peak(result.memory, getattr(result, "parallel", None))
+        peaks[batch] = rank_peak(result.memory, result.parallel)
         print(f"fit: {what} {batch}: peak {format_bytes(peaks[batch])} ({seconds:.1f} s)", file=sys.stderr)
         return peaks[batch] <= limit
 

@@ -114,7 +114,7 @@ class Communication:
 def mesh_dims(trace: Trace) -> dict[str, str]:
     """The mesh dimension of every process group the run's parallel plan made (group name -> dimension name):
     ``trace.parallel["groups"]``, empty for a trace recorded without a plan."""
-    parallel = getattr(trace, "parallel", None) or {}
+    parallel = trace.parallel or {}
     groups = parallel.get("groups") if isinstance(parallel, dict) else None
     return dict(groups) if isinstance(groups, dict) else {}
 

@@ -106,7 +106,7 @@ def for_plan(spec: OptimizerSpec | None, trace: Trace) -> OptimizerSpec | None:
     ``replicate`` leaves them; under ZeRO-2/3 they are this rank's shards already). Mixed precision (``mp=bf16``):
     the state is float32, and float32 master weights are kept besides the parameters when the rank's parameters are
     in a lower precision (a float32 model's FSDP2 shards are the master weights themselves)."""
-    parallel = getattr(trace, "parallel", None)
+    parallel = trace.parallel
     if spec is None or not isinstance(parallel, dict):
         return spec
     options = parallel.get("options") or {}

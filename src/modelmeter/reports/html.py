@@ -278,7 +278,7 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
     data = html_data(result, compare, torch_version)
     memory = bool(result.memory)  # the memory analysis's pictures: a page without them stays as it was
-    parallel = getattr(result, "parallel", None)  # a parallel plan's ranks: a section of static markup
+    parallel = result.parallel  # a parallel plan's ranks: a section of static markup
     # the memory bars of the ranks take the timeline's colours
     style = _STYLE + (html_memory.STYLE if memory or parallel else "") + (html_parallel.STYLE if parallel else "")
     parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",

@@ -57,7 +57,7 @@ def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | N
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
         raise ValueError(f"width must be a positive integer or None, got {width!r}")
     text = renderer(result, _Layout(depth, width, tuple(columns) if columns is not None else None, shapes))
-    parallel = getattr(result, "parallel", None)  # a parallel plan's ranks (docs/parallel.md, "The command")
+    parallel = result.parallel  # a parallel plan's ranks (docs/parallel.md, "The command")
     if parallel and fmt in _WITH_RANKS:
         text += "\n\n" + rank_table(parallel, fmt, width)
     return text
