@@ -318,15 +318,9 @@ def adamw_step_peak(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
     optimizer's state) plus the lowest peak of three identical steps: a buffer a collective's asynchronous work
     frees a moment later on gloo's thread can only add (seen now and then on busy cores: the root's gathered
     parameters under FSDP2, an embedding-sized buffer under tensor parallelism)."""
-    from memory_oracle import measure_peak, resident_on_this_rank, warm_up
-    from memory_oracle import training_step as optimizer_step
+    from memory_oracle import steady_step_peak
 
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
-    warm_up(model, (x,), optimizer)
-    resident = resident_on_this_rank(model, (x,), optimizer)
-    steps = [measure_peak(optimizer_step(model, (x,), optimizer)) for _ in range(3)]
-    return {"resident": resident, "peak": resident + min(step.peak_delta for step in steps),
-            "foreign_frees": sum(step.foreign_frees for step in steps)}
+    return steady_step_peak(model, (x,), torch.optim.AdamW(model.parameters(), foreach=False), steps=3)
 
 
 def _qualified(packet: Any) -> str:

@@ -196,3 +196,16 @@ def resident_on_this_rank(model: nn.Module, inputs: tuple[Any, ...], optimizer: 
     tensors = [*map(_local, model.parameters()), *map(_local, model.buffers()), *_tensors(inputs)]
     tensors += [_local(t) for t in _tensors(list(optimizer.state.values()))]
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def steady_step_peak(model: nn.Module, inputs: tuple[Any, ...], optimizer: torch.optim.Optimizer,
+                     steps: int) -> dict[str, int]:
+    """This rank's allocator peak of a steady training step under a parallel plan, after a warm-up step: the bytes
+    resident before it (:func:`resident_on_this_rank`) plus the lowest peak of ``steps`` identical steps — a buffer
+    that a collective's asynchronous work (gloo's thread) frees a moment late can only add to a step's peak.
+    ``foreign_frees`` sums the steps' (a test checks there is none)."""
+    warm_up(model, inputs, optimizer)
+    resident = resident_on_this_rank(model, inputs, optimizer)
+    measured = [measure_peak(training_step(model, inputs, optimizer)) for _ in range(steps)]
+    return {"resident": resident, "peak": resident + min(step.peak_delta for step in measured),
+            "foreign_frees": sum(step.foreign_frees for step in measured)}

@@ -35,7 +35,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import modelmeter
-from memory_oracle import measure_peak, resident_on_this_rank, training_step, warm_up
+from memory_oracle import measure_peak, steady_step_peak
 from modelmeter.engine.serialize import trace_from_dict, trace_to_dict
 from modelmeter.engine.trace import Trace
 from modelmeter.errors import ModelRunError
@@ -314,12 +314,7 @@ def training_peak(mesh: DeviceMesh, case: str) -> dict[str, Any]:
     plan = CASES[case]
     model, x = plan.build(), plan.inputs()
     apply_plan(model, mesh, plan)
-    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
-    warm_up(model, (x,), optimizer)
-    resident = resident_on_this_rank(model, (x,), optimizer)
-    steps = [measure_peak(training_step(model, (x,), optimizer)) for _ in range(2)]
-    return {"resident": resident, "peak": resident + min(step.peak_delta for step in steps),
-            "foreign_frees": sum(step.foreign_frees for step in steps)}
+    return steady_step_peak(model, (x,), torch.optim.Adam(model.parameters(), foreach=False), steps=2)
 
 
 def bf16_gemm_workspace() -> int:
