@@ -64,6 +64,20 @@ def test_fsdp_ranks_fold_into_one_entry_with_the_single_device_flops(fsdp_llama:
     assert entry["memory"] is None and entry["time"] is None  # no memory analysis, no device
 
 
+def test_the_communication_is_totalled_once_per_analysis(fsdp_llama: modelmeter.Analysis,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fsdp_llama.communication
+    assert fsdp_llama.communication is calls and calls == communication(fsdp_llama.trace)
+
+    def recount(trace: object) -> None:
+        raise AssertionError("the per-rank costs totalled the collectives again")
+
+    monkeypatch.setattr("modelmeter.parallel.summary.communication", recount)
+    summary = fsdp_llama.rank_costs()
+    assert summary is not None and summary.to_dict()["ranks"][0]["communication"]["sent"] == sum(
+        call.sent for call in calls.calls)
+
+
 def test_zero3_communication_is_three_psi_per_step_by_kind_and_dimension() -> None:
     world = 4
     analysis = modelmeter.analyze(mlp(), torch.randn(BATCH, WIDTH), backward=True, parallel=f"fsdp={world}",

@@ -103,6 +103,7 @@ class Analysis:
         self._time = roofline_settings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
                                        measured_time=measured_time)
         self._roofline: Roofline | None = None
+        self._communication: Communication | None = None
         spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn, parallel=parallel)
         #: The one run every view reads: its spec, its trace, the caches.
         self.session = Session(spec, cache=cache, cache_dir=cache_dir)
@@ -167,8 +168,10 @@ class Analysis:
     @property
     def communication(self) -> Communication:
         """The collectives the run issued, with what each moved, by kind, module, phase and group
-        (docs/parallel.md, "Communication")."""
-        return communication(self.trace)
+        (docs/parallel.md, "Communication"). Made once per analysis: the step time and the per-rank costs read it."""
+        if self._communication is None:
+            self._communication = communication(self.trace)
+        return self._communication
 
     def step_time(self, interconnect: str | Device | Interconnect | None = None) -> StepTime | None:
         """One rank's step on the analysis's ``device``: the roofline's compute time and the communication time
@@ -195,7 +198,8 @@ class Analysis:
         memory = None if self.memory is None else self.session.memory_model()
         return rank_costs(self.trace, convention=self.flops.convention, flops=self.flops.by_phase(), memory=memory,
                           optimizer=None if self.memory is None else self.memory.optimizer, time=self._time,
-                          compute=None if time is None else time.summary["time"], interconnect=links)
+                          compute=None if time is None else time.summary["time"], interconnect=links,
+                          calls=self.communication)
 
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed."""

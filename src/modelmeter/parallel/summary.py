@@ -123,13 +123,14 @@ class RankCosts:
 def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, float] | None = None,
                memory: MemoryModel | None = None, optimizer: OptimizerSpec | None = None,
                time: RooflineSettings | None = None, compute: Mapping[str, float] | None = None,
-               interconnect: Interconnect | None = None) -> RankCosts:
+               interconnect: Interconnect | None = None, calls: Communication | None = None) -> RankCosts:
     """The per-rank cost of the parallel run ``trace`` records (``trace.parallel`` set).
 
     ``flops``: the rank's FLOPs by phase, when counted already (else counted under ``convention``). ``memory``: the
     trace's memory model, for the peak and its parts with ``optimizer``'s state (None: no memory). ``time``: the
     roofline's settings, for the step time (None: no time), with ``compute`` (seconds by phase, a roofline's
-    ``summary["time"]``, when predicted already) and ``interconnect`` (default: the device's own).
+    ``summary["time"]``, when predicted already) and ``interconnect`` (default: the device's own). ``calls``: the
+    trace's communication, when totalled already (else totalled here).
     """
     parallel = trace.parallel
     if not isinstance(parallel, dict):
@@ -141,7 +142,8 @@ def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, 
     world = int(parallel["world_size"])
     plan = str(parallel["plan"])
     whole = sum(info.global_params for info in trace.modules)
-    calls = communication(trace)
+    if calls is None:
+        calls = communication(trace)
     pp = mesh.get("pp", 1)
     if pp == 1:
         entry = _every_rank(trace, calls, world, whole, convention, flops, memory, optimizer, time, compute, links)
