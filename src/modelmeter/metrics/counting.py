@@ -9,7 +9,8 @@ from __future__ import annotations
 import numbers
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from ..engine.gc_pause import no_gc
@@ -41,13 +42,21 @@ class Unit:
 class Statistics:
     """Per canonical module name: counts by operator (all phases, and per phase), by the dtype the work was
     done in, the unsupported operators, and the uncalled modules. A module with nothing to count is absent
-    from the tables (read them with ``.get``); the count tables are plain dicts (made by the thousand)."""
+    from the tables (read them with ``.get``); the count tables are plain dicts (made by the thousand).
+
+    ``find_uncalled`` gives the uncalled modules when :attr:`uncalled` is first read: a walk over the module
+    table that most readers of a result's second metric never need."""
 
     counts: Mapping[str, Mapping[str, Any]]
     by_phase: Mapping[str, Mapping[str, Mapping[str, Any]]]
     dtypes: Mapping[str, Mapping[str, Any]]
     unsupported: dict[str, Counter[str]]
-    uncalled: set[str]
+    find_uncalled: Callable[[], set[str]] = field(repr=False, compare=False)
+
+    @cached_property
+    def uncalled(self) -> set[str]:
+        """Canonical names of the modules that never ran (found once, on first reading)."""
+        return self.find_uncalled()
 
 
 def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
@@ -92,7 +101,7 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
             if trace.events[root].phase in visitor.tally.by_phase:
                 visitor.visit(root, None, None, _OPEN)
     return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
-                      visitor.ancestors.uncalled())
+                      visitor.ancestors.uncalled)
 
 
 # Where user handles apply: everywhere; only they (inside a Python-level call the table ignores); not at all
