@@ -303,9 +303,10 @@ class _Tally:
                 into[key] += count
             return
         table, dtypes = self.by_phase[event.phase], self.dtypes
-        total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
+        single = len(items) == 1
+        key, total = items[0] if single else ("", sum(v for _, v in items))
         if self.units is not None:
-            self.units.append(Unit(index, total, whole_backward, items[0][0] if len(items) == 1 else ""))
+            self.units.append(Unit(index, total, whole_backward, key))
         if not self.tables:
             return
         dtype = work_dtype(event)
@@ -313,8 +314,11 @@ class _Tally:
             counter = table.get(module)
             if counter is None:
                 counter = table[module] = {}
-            for key, count in items:
-                counter[key] = counter.get(key, 0) + count
+            if single:  # most counts: one operator key (the loop below, without its loop)
+                counter[key] = counter.get(key, 0) + total
+            else:
+                for name, count in items:
+                    counter[name] = counter.get(name, 0) + count
             by_dtype = dtypes.get(module)
             if by_dtype is None:
                 by_dtype = dtypes[module] = {}
