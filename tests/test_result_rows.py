@@ -182,3 +182,24 @@ def test_roofline_phases_say_whether_the_optimizer_step_was_timed() -> None:
     timed = roofline(trace, settings, optimizer=optimizer_spec("adamw"))
     assert timed.phases == [*trace.phases(), "optimizer"]
     assert timed.time.by_phase["optimizer"]
+
+
+def test_table_after_result_counts_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printed table reads quiet views that take the analysis's statistics when it has counted them; the text
+    is the one a fresh analysis prints."""
+    model, x = _models()["conv"]
+    expected = analyze(model, x.clone(), quiet=True).table()
+    analysis = analyze(model, x.clone(), quiet=True)
+    analysis.result()
+    calls = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return count(*args, **kwargs)
+
+    monkeypatch.setattr("modelmeter.views.count", counting)
+    assert analysis.table() == expected
+    assert calls == []
+    analysis.flops.set_op_handle("aten::_convolution", lambda i, o: 7)  # new handles: the flops counted again
+    assert analysis.table() != expected
+    assert len(calls) == 1
