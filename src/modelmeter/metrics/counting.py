@@ -159,7 +159,8 @@ class _Visitor:
         if alias is not None and alias[0] in self.user and op not in self.user:
             (key, inputs), handle, from_user = alias, self.user[alias[0]], True
         else:
-            handle, from_user = self.lookup(op, mode)
+            found = self.handle_memo[mode].get(op)  # (self.lookup, without the call: every event comes here)
+            handle, from_user = self.lookup(op, mode) if found is None else found
             if event.python and self.fallback is not None and not from_user:
                 handle = _MISSING  # a metric of kernels: Python code runs none of its own
         if handle is None:
@@ -237,7 +238,7 @@ class _Visitor:
         if event.python or function or op in CONVOLUTION_CALLS:  # calls fvcore does not record as themselves
             self.visit_children(index, user_op, into, mode)
         elif mode != _USER_ONLY:  # (where only user handles count, a C-level call's operators are not theirs)
-            known = self.classify.is_free(op) or self.classify.is_elementwise(op)
+            known = self.kind(op) != _OTHER  # free or element-wise
             self.visit_children(index, op, into, _CLOSED if known and mode == _OPEN else mode)
         if function and into is None and mode != _USER_ONLY and self.opaque(index):
             self.report(event, op)
