@@ -100,8 +100,9 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
         for root in visitor.children[-1]:
             if trace.events[root].phase in visitor.tally.by_phase:
                 visitor.visit(root, None, None, _OPEN)
+    # (a new Ancestors: the statistics keep no cache of the pass)
     return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
-                      visitor.ancestors.uncalled)
+                      Ancestors(trace, ancestor_mode).uncalled)
 
 
 # Where user handles apply: everywhere; only they (inside a Python-level call the table ignores); not at all
