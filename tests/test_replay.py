@@ -1,0 +1,223 @@
+"""Repeated calls of a forward on meta tensors are replayed, not run again (engine/replay.py).
+
+The oracle is the run without replay (``replay_disabled()``): the trace with replay must equal it event by event and
+storage by storage (tests/trace_equality.py), on models made of repeated layers and on the cases a replay must not
+take — views and in-place operators, known values, storages the run has not seen, autocast, grad mode, a scalar's
+type or sign, the default dtype changed inside the forward. That replay happens at all is checked by counting the
+replayed calls, so none of these tests passes by replaying nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import modelmeter
+from modelmeter.engine import replay
+from modelmeter.engine.spec import RunSpec
+from modelmeter.engine.trace import Trace
+from modelmeter.engine.tracer import record_trace
+from trace_equality import assert_same_trace
+
+
+@contextlib.contextmanager
+def _counting() -> Iterator[list[str]]:
+    """The operator of every call replayed."""
+    replayed: list[str] = []
+    run = replay._Template.replay
+
+    def counted(self: Any, rec: Any) -> Any:
+        replayed.append(self.events[0][0])
+        return run(self, rec)
+
+    replay._Template.replay = counted  # type: ignore[method-assign]
+    try:
+        yield replayed
+    finally:
+        replay._Template.replay = run  # type: ignore[method-assign]
+
+
+def _same(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Trace, list[str]]:
+    """The trace with replay (checked equal to the one without), and the operators replayed."""
+    with _counting() as replayed:
+        fast = record_trace(RunSpec(model, args, kwargs))
+    with replay.replay_disabled():
+        slow = record_trace(RunSpec(model, args, kwargs))
+    assert_same_trace(fast, slow)
+    return fast, replayed
+
+
+def _stack(layers: int, width: int = 8) -> nn.Module:
+    return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers))).eval()
+
+
+def test_a_stack_of_repeated_layers_is_replayed_after_its_first_layer() -> None:
+    trace, replayed = _same(_stack(20), torch.randn(3, 8))
+    assert sorted(set(replayed)) == ["aten::gelu", "aten::linear"]
+    # the first layer's input has known values (the caller's), the second's not: the third is the first replayed
+    assert replayed.count("aten::linear") == 18 and replayed.count("aten::gelu") == 19
+    assert [e.op for e in trace.events[:5]] == ["aten::linear", "aten::t", "aten::addmm", "aten::gelu", "aten::gelu"]
+
+
+def test_what_a_replay_counts_is_what_a_run_counts() -> None:
+    model, x = _stack(6), torch.randn(2, 8)
+    fast = modelmeter.analyze(model, x, cache=False, quiet=True, memory=True, device="h100").result()
+    with replay.replay_disabled():
+        slow = modelmeter.analyze(model, x.clone(), cache=False, quiet=True, memory=True, device="h100").result()
+    assert fast.to_dict() == slow.to_dict()
+
+
+class _Block(nn.Module):
+    """Convolution, batch norm (eval: its statistics have known values), an in-place ReLU, a residual add."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.norm(self.conv(x)))
+        y += x
+        return F.max_pool2d(y, 1)
+
+
+def test_convolutions_and_batch_norm_with_known_statistics() -> None:
+    model = nn.Sequential(*(_Block(4) for _ in range(4))).eval()
+    _, replayed = _same(model, torch.randn(2, 4, 8, 8))
+    assert {"aten::conv2d", "aten::batch_norm", "aten::max_pool2d"} <= set(replayed)
+    assert "aten::relu" not in replayed  # in place: writes its input
+
+
+class _Mixed(nn.Module):
+    """Calls of many kinds, each three times on the same shapes (a first call may import, and is not kept): views,
+    several outputs, lists of tensors, in-place updates, known values (positions from ``arange``), scalars of other
+    types and signs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        outs = []
+        for _ in range(3):
+            h = self.proj(x)
+            a, b = h.chunk(2, dim=-1)
+            top, where = torch.max(a, dim=-1)
+            pieces = torch.split(b, 3, dim=-1)
+            joined = torch.cat([a, b], dim=-1)
+            stacked = torch.stack([a, b])
+            values, indices = torch.topk(joined, 2)
+            positions = torch.arange(x.shape[0], device=x.device).unsqueeze(-1)
+            mask = positions > 0
+            filled = joined.masked_fill(mask, 0.0)
+            scaled = filled * 0.0 + filled * -0.0 + filled * 2 + filled * 2.0 + filled * True
+            moved = scaled.transpose(0, 1).contiguous().view(-1)
+            converted = moved.to(torch.float16).float() + 1
+            normed = self.norm(x).relu_()
+            softened = F.softmax(joined, dim=-1) @ joined.transpose(-1, -2)
+            outs += [top, where, *pieces, stacked, values, indices, converted, normed, softened, mask.long() + 1]
+        return outs
+
+
+def test_calls_of_every_kind_repeated_record_as_a_run_does() -> None:
+    _, replayed = _same(_Mixed().eval(), torch.randn(3, 8))
+    assert {"aten::linear", "aten::max", "aten::cat", "aten::stack", "aten::topk", "aten::softmax"} <= set(replayed)
+    assert not {"aten::chunk", "aten::split", "aten::transpose", "aten::view", "aten::relu"} & set(replayed)
+
+
+class _GlobalTensor(nn.Module):
+    """Adds a tensor held by no module (one the run has never seen) after every layer."""
+
+    def __init__(self, extra: torch.Tensor) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.extra = [extra]  # out of the module's tables: the run does not know its storage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)  # a sum of storages the run has seen...
+            x = x + self.extra[0]  # ...then one whose storage it has not: never replayed on that tensor
+        return x
+
+
+def test_a_storage_the_run_has_not_seen_is_never_replayed() -> None:
+    with torch.device("meta"):
+        model = _GlobalTensor(torch.ones(8))
+    _, replayed = _same(model, torch.zeros(2, 8, device="meta"))
+    assert replayed.count("aten::linear") == 2
+    assert replayed.count("aten::add") == 2  # the sums of the second and third layer; none with the unseen tensor
+
+
+class _Switches(nn.Module):
+    """The same call under autocast, with grad enabled, under inference mode and with another default dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = [self.lin(x), self.lin(x)]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs += [self.lin(x), self.lin(x)]
+        with torch.enable_grad():
+            outs += [self.lin(x), self.lin(x)]
+        ints = torch.ones(2, dtype=torch.long, device=x.device)
+        outs += [ints * 0.5]
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            outs += [ints * 0.5]
+        finally:
+            torch.set_default_dtype(before)
+        return outs
+
+
+def test_autocast_grad_mode_and_the_default_dtype_are_part_of_a_call() -> None:
+    trace, replayed = _same(_Switches().eval(), torch.randn(2, 8))
+    assert replayed.count("aten::linear") == 1  # the second plain call: not under autocast, nor with grad
+    products = [e for e in trace.events if e.op == "aten::mul" and e.level == "function"]
+    assert [e.outputs[0].dtype for e in products] == ["float32", "float64"]
+
+
+def test_a_transformer_encoder_and_recurrent_layers() -> None:
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 3,
+                                    enable_nested_tensor=False).eval()
+    _, replayed = _same(encoder, torch.randn(2, 5, 16))
+    assert "aten::linear" in replayed
+    lstm = nn.Sequential(nn.LSTM(8, 8, batch_first=True)).eval()
+    _same(lstm, torch.randn(2, 4, 8))
+
+
+def test_a_backward_pass_is_recorded_every_time() -> None:
+    model = _stack(4)
+    with _counting() as replayed:
+        record_trace(RunSpec(model, (torch.randn(2, 8),), {}, backward=True))
+    assert replayed == []
+
+
+# Layers whose calls keep their input's shape (so any sequence of them runs), and a width for each.
+_LAYERS = {
+    "linear": lambda w: nn.Linear(w, w), "linear_nobias": lambda w: nn.Linear(w, w, bias=False),
+    "gelu": lambda w: nn.GELU(), "tanh_gelu": lambda w: nn.GELU("tanh"), "relu": lambda w: nn.ReLU(),
+    "relu_inplace": lambda w: nn.ReLU(inplace=True), "silu": lambda w: nn.SiLU(), "norm": lambda w: nn.LayerNorm(w),
+    "dropout": lambda w: nn.Dropout(0.1), "softmax": lambda w: nn.Softmax(-1), "identity": lambda w: nn.Identity(),
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(sorted(_LAYERS)), min_size=1, max_size=5), st.integers(1, 4),
+       st.integers(1, 9), st.integers(1, 3), st.sampled_from([torch.float32, torch.float16, torch.float64]))
+def test_any_repeated_block_records_as_a_run_does(kinds: list[str], repeats: int, width: int, batch: int,
+                                                   dtype: torch.dtype) -> None:
+    blocks = [nn.Sequential(*(_LAYERS[kind](width) for kind in kinds)) for _ in range(repeats)]
+    model = nn.Sequential(*blocks).eval().to(dtype)
+    _same(model, torch.randn(batch, width, dtype=dtype))
