@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import modelmeter
-from modelmeter.engine import replay
+from modelmeter.engine import recorder, replay
 from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.trace import Trace
 from modelmeter.engine.tracer import record_trace
@@ -202,6 +202,35 @@ def test_a_backward_pass_is_recorded_every_time() -> None:
     with _counting() as replayed:
         record_trace(RunSpec(model, (torch.randn(2, 8),), {}, backward=True))
     assert replayed == []
+
+
+class _MaskedAttention(nn.Module):
+    """Attention through ``F.multi_head_attention_forward`` (Python: a call around the attention operator) under
+    masks of one shape and several windows: the attended pairs are read from the masks' values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        steps = torch.arange(x.shape[1], device=x.device)
+        outs = []
+        for window in (1, 2, 2, 5):
+            far = (steps[None, :] - steps[:, None]).abs() > window
+            mask = torch.zeros(far.shape, device=x.device).masked_fill(far, float("-inf"))
+            outs.append(self.attention(x, x, x, attn_mask=mask, need_weights=False)[0])
+        return outs
+
+
+def test_a_call_around_attention_is_recorded_every_time(monkeypatch: Any) -> None:
+    """Even where every operator inside counted as replayable (today the CPU's attention kernel draws random numbers
+    for its dropout, which alone keeps the call from being replayed)."""
+    monkeypatch.setattr(recorder, "_OPERATORS", {})  # worked out again, with the replaceable rule below
+    monkeypatch.setattr(recorder, "replayable", lambda func, mutable, collective: not (mutable or collective))
+    trace, _ = _same(_MaskedAttention().eval(), torch.randn(1, 7, 8))
+    attended = [meta.attended for event in trace.events for meta in event.inputs
+                if getattr(meta, "attended", None) is not None]
+    assert attended == [38, 58, 58, 94]
 
 
 # Layers whose calls keep their input's shape (so any sequence of them runs), and a width for each.

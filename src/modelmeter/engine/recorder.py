@@ -274,6 +274,7 @@ class Recorder:
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
+            self.unreplayable += 1  # its record holds what its mask's values let through (replay.py)
         return len(events) - 1, True
 
     def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

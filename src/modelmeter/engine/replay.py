@@ -61,26 +61,26 @@ def replay_enabled() -> bool:
 
 
 class _Output(NamedTuple):
-    """How to make one output of a replayed call, and when its storage was born (relative to the call)."""
+    """How to make one output of a replayed call."""
 
     shape: torch.Size
     stride: tuple[int, ...]
     dtype: torch.dtype
-    born: int
 
 
 class _Template:
     """What a call left in the trace: its events (``parent`` relative to the call's first event, -1 for the call's
     own event, whose parent is the call open around it), the storage records it made in order (a temporary's with
-    ``born``/``died`` relative to the call; an output's as the output's index) and how to make its outputs."""
+    ``born``/``died`` relative to the call; an output's as (the output's index, ``born``)) and how to make its
+    outputs (None for an output that was None)."""
 
     __slots__ = ("events", "outputs", "records", "sequence", "single")
 
-    def __init__(self, events: list[OpEvent], start: int, records: list[Storage | int], outputs: list[_Output],
-                 single: bool, sequence: type) -> None:
+    def __init__(self, events: list[OpEvent], start: int, records: list[Storage | tuple[int, int]],
+                 outputs: list[_Output | None], single: bool, sequence: type) -> None:
         self.events = [(e.op, e.level, -1 if i == 0 else e.parent - start, e.inputs, e.outputs, e.kwargs, e.python)
                        for i, e in enumerate(events)]
-        self.records = [r if isinstance(r, int) else Storage(r.nbytes, r.dtype, r.device, r.kind, r.born - start,
+        self.records = [r if isinstance(r, tuple) else Storage(r.nbytes, r.dtype, r.device, r.kind, r.born - start,
                                                              r.died - start) for r in records]
         self.outputs, self.single, self.sequence = outputs, single, sequence
 
@@ -94,11 +94,13 @@ class _Template:
             events.append(OpEvent(op, level, parent if relative < 0 else start + relative, scope, "forward",
                                   list(inputs), list(outputs), dict(kwargs), -1, python))
         with no_dispatch():  # the outputs are made unseen: the events say how they were made
-            tensors = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device="meta") for o in self.outputs]
+            tensors = [None if o is None else torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device="meta")
+                       for o in self.outputs]
         storages = rec.storages
         for record in self.records:
-            if isinstance(record, int):
-                storages.outputs(tensors[record], start + self.outputs[record].born)
+            if isinstance(record, tuple):
+                position, born = record
+                storages.outputs(tensors[position], start + born)
             else:
                 storages.records.append(Storage(record.nbytes, record.dtype, record.device, record.kind,
                                                 start + record.born, start + record.died))
@@ -220,20 +222,23 @@ def _template(rec: Recorder, mark: Mark, result: Any) -> _Template | None:
     if not single and not (type(result) is list or isinstance(result, tuple)):  # a tuple, or torch.return_types
         return None
     made = storages.records[mark.records:]
-    outputs: list[_Output] = []
+    outputs: list[_Output | None] = []
     positions: dict[int, int] = {}  # id(record) -> the output on its storage
     for tensor in tensors:
+        if tensor is None and not single:  # an optional output not computed (attention's weights, say)
+            outputs.append(None)
+            continue
         record = _fresh_output(tensor, storages)
         if record is None or record.kind != "activation" or id(record) in positions \
                 or not any(r is record for r in made):
             return None
         positions[id(record)] = len(outputs)
-        outputs.append(_Output(tensor.shape, tensor.stride(), tensor.dtype, record.born - mark.events))
-    records: list[Storage | int] = []
+        outputs.append(_Output(tensor.shape, tensor.stride(), tensor.dtype))
+    records: list[Storage | tuple[int, int]] = []
     for record in made:
         position = positions.get(id(record))
         if position is not None:
-            records.append(position)
+            records.append((position, record.born - mark.events))
         elif record.died >= 0 and record.saved < 0 and record.born >= mark.events:
             records.append(record)  # a temporary, freed inside the call
         else:
