@@ -33,9 +33,9 @@ def _counting() -> Iterator[list[str]]:
     replayed: list[str] = []
     run = replay._Template.replay
 
-    def counted(self: Any, rec: Any) -> Any:
+    def counted(self: Any, rec: Any, arguments: list[torch.Tensor]) -> Any:
         replayed.append(self.events[0][0])
-        return run(self, rec)
+        return run(self, rec, arguments)
 
     replay._Template.replay = counted  # type: ignore[method-assign]
     try:
@@ -58,6 +58,41 @@ def _stack(layers: int, width: int = 8) -> nn.Module:
     return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers))).eval()
 
 
+_VERSIONS: list[int] = []  # what the model below saw (kept outside it: a run leaves the model as it found it)
+
+
+class _InPlace(nn.Module):
+    """In-place updates of activations, repeated: each bumps its tensor's version counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        for _ in range(4):
+            y = h * 2
+            y.relu_().mul_(3)
+            h.add_(y)
+            _VERSIONS.extend((y._version, h._version))
+        return h
+
+
+def test_versions_bumped_in_place_are_bumped_by_a_replay() -> None:
+    seen = []
+    for replayed in (True, False):
+        _VERSIONS.clear()
+        with contextlib.ExitStack() as stack:
+            if not replayed:
+                stack.enter_context(replay.replay_disabled())
+            calls = stack.enter_context(_counting())
+            record_trace(RunSpec(_InPlace(), (torch.randn(2, 8),), {}))
+        seen.append(list(_VERSIONS))
+        if replayed:
+            assert {"aten::relu_", "aten::mul_", "aten::add_"} <= set(calls)
+    assert seen[0] == seen[1] == [2, 1, 2, 2, 2, 3, 2, 4]
+
+
 def test_a_stack_of_repeated_layers_is_replayed_after_its_first_layer() -> None:
     trace, replayed = _same(_stack(20), torch.randn(3, 8))
     assert sorted(set(replayed)) == ["aten::gelu", "aten::linear"]
@@ -75,7 +110,8 @@ def test_what_a_replay_counts_is_what_a_run_counts() -> None:
 
 
 class _Block(nn.Module):
-    """Convolution, batch norm (eval: its statistics have known values), an in-place ReLU, a residual add."""
+    """Convolution, batch norm (eval: its statistics have known values), an in-place ReLU and residual sum (their
+    input's version counter bumped, as the run would)."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
@@ -92,8 +128,7 @@ class _Block(nn.Module):
 def test_convolutions_and_batch_norm_with_known_statistics() -> None:
     model = nn.Sequential(*(_Block(4) for _ in range(4))).eval()
     _, replayed = _same(model, torch.randn(2, 4, 8, 8))
-    assert {"aten::conv2d", "aten::batch_norm", "aten::max_pool2d"} <= set(replayed)
-    assert "aten::relu" not in replayed  # in place: writes its input
+    assert {"aten::conv2d", "aten::batch_norm", "aten::max_pool2d", "aten::relu", "aten::add_"} <= set(replayed)
 
 
 class _Mixed(nn.Module):
@@ -130,8 +165,8 @@ class _Mixed(nn.Module):
 
 def test_calls_of_every_kind_repeated_record_as_a_run_does() -> None:
     _, replayed = _same(_Mixed().eval(), torch.randn(3, 8))
-    assert {"aten::linear", "aten::max", "aten::cat", "aten::stack", "aten::topk", "aten::softmax"} <= set(replayed)
-    assert not {"aten::chunk", "aten::split", "aten::transpose", "aten::view", "aten::relu"} & set(replayed)
+    assert {"aten::linear", "aten::max", "aten::cat", "aten::stack", "aten::topk", "aten::softmax", "aten::chunk",
+            "aten::split", "aten::transpose", "aten::view", "aten::relu_", "aten::contiguous"} <= set(replayed)
 
 
 class _GlobalTensor(nn.Module):
@@ -226,7 +261,7 @@ def test_a_call_around_attention_is_recorded_every_time(monkeypatch: Any) -> Non
     """Even where every operator inside counted as replayable (today the CPU's attention kernel draws random numbers
     for its dropout, which alone keeps the call from being replayed)."""
     monkeypatch.setattr(recorder, "_OPERATORS", {})  # worked out again, with the replaceable rule below
-    monkeypatch.setattr(recorder, "replayable", lambda func, mutable, collective: not (mutable or collective))
+    monkeypatch.setattr(recorder, "replayable", lambda func, collective: not collective)
     trace, _ = _same(_MaskedAttention().eval(), torch.randn(1, 7, 8))
     attended = [meta.attended for event in trace.events for meta in event.inputs
                 if getattr(meta, "attended", None) is not None]

@@ -585,8 +585,7 @@ def _operator(func: OpOverload) -> _Operator:
     collective = func.namespace in _COLLECTIVE_NAMESPACES
     found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema, func.namespace == "prim", schema.is_mutable,
                                          direct_kernel(func), kernel_check(func), groups, collective,
-                                         replayable(func, schema.is_mutable, collective or bool(groups))
-                                         and func not in _PLACEHOLDERS)
+                                         replayable(func, collective or bool(groups)) and func not in _PLACEHOLDERS)
     return found
 
 
