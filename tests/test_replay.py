@@ -268,8 +268,30 @@ def test_a_call_around_attention_is_recorded_every_time(monkeypatch: Any) -> Non
     assert attended == [38, 58, 58, 94]
 
 
+class _Residual(nn.Module):
+    """``y = linear(x); y += x``: an in-place sum on the layer's own output."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        y += x
+        return y
+
+
+class _Views(nn.Module):
+    """Views of views, a slice of a concatenation, and a copy made contiguous."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1).view(x.shape).transpose(0, -1)
+        return torch.cat([flat, flat], 0)[: flat.shape[0]].transpose(0, -1).contiguous()
+
+
 # Layers whose calls keep their input's shape (so any sequence of them runs), and a width for each.
 _LAYERS = {
+    "residual": _Residual, "views": lambda w: _Views(),
     "linear": lambda w: nn.Linear(w, w), "linear_nobias": lambda w: nn.Linear(w, w, bias=False),
     "gelu": lambda w: nn.GELU(), "tanh_gelu": lambda w: nn.GELU("tanh"), "relu": lambda w: nn.ReLU(),
     "relu_inplace": lambda w: nn.ReLU(inplace=True), "silu": lambda w: nn.SiLU(), "norm": lambda w: nn.LayerNorm(w),
