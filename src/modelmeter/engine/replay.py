@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 _VALUES = "_modelmeter_values"  # where engine/values.py keeps a tensor's known values
 _PLAIN = frozenset({bool, int, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 _TENSORS = (torch.Tensor, nn.Parameter)
+_STRIDED = torch.strided
 
 _enabled = True
 _UNSEEN: Any = object()
@@ -169,7 +170,7 @@ class CallMemo:
         parts = _Parts(self.rec.storages.knows)
         if not parts.add(args) or (kwargs and not parts.add(tuple(kwargs.values()))) or not parts.tensors:
             return record()  # not keyed: see _Parts; a call on no tensor may make known values (engine/values.py)
-        key = (func, tuple(kwargs), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+        key = (func, len(args), tuple(kwargs), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                torch.get_default_dtype(), *parts.parts)
         template = self.templates.get(key, _UNSEEN)
         if template is None:
@@ -208,22 +209,25 @@ class _Parts:
         parts = self.parts
         for item in items:
             kind = type(item)
-            if kind in _TENSORS:
-                if not (item.is_meta and item.layout == torch.strided and self.knows(item)):
+            if kind in _PLAIN:
+                parts.append(item if kind is int or kind is str else (kind, item))  # ints, strings: kept as they are
+            elif kind in _TENSORS:
+                if not (item.is_meta and item.layout is _STRIDED and self.knows(item)):
                     return False
                 valued = hasattr(item, _VALUES)
                 self.valued = self.valued or valued
-                parts.append((kind, item.shape, item.stride(), item.storage_offset(), item.dtype,
-                              item.requires_grad, valued))
+                parts.append((kind, item.shape, item.stride(), item.storage_offset(), item.dtype, item.requires_grad,
+                              valued))
                 self.tensors.append(item)
             elif kind is float:
-                parts.append(item.hex())
-            elif kind in _PLAIN:
-                parts.append((kind, item))
+                parts.append((float, item.hex()))
             elif kind is tuple or kind is list or kind is torch.Size:
-                parts.append((kind, len(item)))
-                if not self.add(item):
-                    return False
+                if all(type(k) is int for k in item):  # sizes, strides, paddings: at once
+                    parts.append((kind, *item))
+                else:  # marked apart from the above: a string first
+                    parts.append(("items", kind, len(item)))
+                    if not self.add(item):
+                        return False
             else:
                 return False
         return True
