@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 _VALUES = "_modelmeter_values"  # where engine/values.py keeps a tensor's known values
-_PLAIN = frozenset({bool, int, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+_PLAIN = frozenset({bool, int, str, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})
 _TENSORS = (torch.Tensor, nn.Parameter)
 _STRIDED = torch.strided
 
@@ -221,6 +222,11 @@ class _Parts:
                 self.tensors.append(item)
             elif kind is float:
                 parts.append((float, item.hex()))
+            elif kind is slice:  # indexing: x[..., :half]
+                bounds = (item.start, item.stop, item.step)
+                if not all(type(b) is int or b is None for b in bounds):
+                    return False
+                parts.append((slice, *bounds))
             elif kind is tuple or kind is list or kind is torch.Size:
                 if all(type(k) is int for k in item):  # sizes, strides, paddings: at once
                     parts.append((kind, *item))
