@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -233,6 +234,16 @@ def test_autocast_grad_mode_and_the_default_dtype_are_part_of_a_call() -> None:
     assert replayed.count("aten::linear") == 1  # the second plain call: not under autocast, nor with grad
     halves = [e for e in trace.events if e.op == "aten::mul" and e.level == "function" and e.inputs[0].dtype == "int64"]
     assert [e.outputs[0].dtype for e in halves] == ["float32", "float64"]
+
+
+@pytest.mark.parametrize("op", [
+    torch.ops.aten.bernoulli_.float, torch.ops.aten.randn.default, torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, torch.ops.aten.index.Tensor,
+    torch.ops.aten.resize_.default, torch.ops.aten.set_.source_Tensor])
+def test_operators_whose_record_is_not_their_metadata_are_never_replayed(op: Any) -> None:
+    assert not replay.replayable(op, collective=False)
+    assert replay.replayable(torch.ops.aten.addmm.default, collective=False)
+    assert not replay.replayable(torch.ops.aten.addmm.default, collective=True)
 
 
 def test_a_transformer_encoder_and_recurrent_layers() -> None:

@@ -319,9 +319,11 @@ def _whole(tensor: torch.Tensor) -> bool:
 
 def replayable(func: torch._ops.OpOverload, collective: bool) -> bool:
     """Whether an aten operator's record depends on its arguments' metadata alone: it draws no random numbers, reads
-    no value, changes no storage's size and communicates nothing."""
-    return not (collective or torch.Tag.nondeterministic_seeded in func.tags
-                or torch.Tag.data_dependent_output in func.tags or func in _NOT_REPLAYABLE)
+    no value, makes no output whose shape is values' (``nonzero``, boolean indexing: meta kernels cannot run them
+    today, but a tensor's known values could), changes no storage's size and communicates nothing."""
+    tags = func.tags
+    return not (collective or torch.Tag.nondeterministic_seeded in tags or torch.Tag.data_dependent_output in tags
+                or torch.Tag.dynamic_output_shape in tags or func in _NOT_REPLAYABLE)
 
 
 # Reading a value; resizing or replacing a tensor's storage (its record's size would change).
