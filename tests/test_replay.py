@@ -246,6 +246,25 @@ def test_operators_whose_record_is_not_their_metadata_are_never_replayed(op: Any
     assert not replay.replayable(torch.ops.aten.addmm.default, collective=True)
 
 
+class _Negated(nn.Module):
+    """The same product on a plain tensor and on a negative view of it (a bit that operators resolve themselves),
+    and a view as another dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        h = self.lin(x)
+        return [h * 2, h * 2, torch._neg_view(h) * 2, torch._neg_view(h) * 2, h.view(torch.int32) + 1,
+                h.view(torch.int32) + 1]
+
+
+def test_a_negative_view_or_one_of_another_dtype_is_not_taken_for_a_plain_view() -> None:
+    _, replayed = _same(_Negated().eval(), torch.randn(2, 8))
+    assert replayed.count("aten::mul") == 1 and replayed.count("aten::add") == 1
+
+
 def test_a_transformer_encoder_and_recurrent_layers() -> None:
     encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 3,
                                     enable_nested_tensor=False).eval()

@@ -194,8 +194,8 @@ class CallMemo:
 class _Parts:
     """The parts of a call's key, one per argument: a tensor by its metadata and whether its values are known, a
     float by its exact bits (``-0.0 == 0.0``), other plain values by type and value (``1 == 1.0 == True``),
-    sequences item by item; and the call's tensors in order. A tensor that is not a plain meta tensor whose storage
-    the run has seen, or a value of another kind, cannot be keyed."""
+    sequences item by item; and the call's tensors in order. A tensor that is not a plain real-valued meta tensor
+    whose storage the run has seen (nor a negative view), or a value of another kind, cannot be keyed."""
 
     __slots__ = ("knows", "parts", "tensors", "valued")
 
@@ -213,7 +213,8 @@ class _Parts:
             if kind in _PLAIN:
                 parts.append(item if kind is int or kind is str else (kind, item))  # ints, strings: kept as they are
             elif kind in _TENSORS:
-                if not (item.is_meta and item.layout is _STRIDED and self.knows(item)):
+                if not (item.is_meta and item.layout is _STRIDED and self.knows(item)) or item.dtype.is_complex \
+                        or item.is_neg():  # a conjugate or negative view: resolved by operators of its own
                     return False
                 valued = hasattr(item, _VALUES)
                 self.valued = self.valued or valued
@@ -286,7 +287,7 @@ def _outputs(tensors: Any, arguments: list[torch.Tensor], storages: StorageTrack
             outputs.append(None)
             continue
         if type(tensor) is not torch.Tensor or not tensor.is_meta or tensor.layout != torch.strided \
-                or tensor.requires_grad or hasattr(tensor, _VALUES):
+                or tensor.requires_grad or hasattr(tensor, _VALUES) or tensor.is_neg() or tensor.is_conj():
             return None
         argument = next((i for i, a in enumerate(arguments) if a is tensor), None)
         if argument is not None:
@@ -302,8 +303,9 @@ def _outputs(tensors: Any, arguments: list[torch.Tensor], storages: StorageTrack
             outputs.append(_Fresh(tensor.shape, tensor.stride(), tensor.dtype))
             continue
         viewed = [i for i, a in enumerate(arguments) if storages.record_of(a) is record]
-        if len(viewed) != 1:  # a storage of none of the arguments, or of several: which one it views is unknown
-            return None
+        if len(viewed) != 1 or arguments[viewed[0]].dtype != tensor.dtype:
+            return None  # a storage of none of the arguments, or of several (which it views is unknown); or read as
+            # another dtype (x.view(torch.int32))
         outputs.append(_View(viewed[0], tensor.shape, tensor.stride(), int(tensor.storage_offset())))
     return outputs
 
