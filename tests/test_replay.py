@@ -22,8 +22,10 @@ from torch import nn
 
 import modelmeter
 from modelmeter.engine import recorder, replay
+from modelmeter.engine.naming import ModuleNames
+from modelmeter.engine.recorder import Recorder
 from modelmeter.engine.spec import RunSpec
-from modelmeter.engine.trace import Trace
+from modelmeter.engine.trace import OpEvent, Trace
 from modelmeter.engine.tracer import record_trace
 from trace_equality import assert_same_trace
 
@@ -263,6 +265,31 @@ class _Negated(nn.Module):
 def test_a_negative_view_or_one_of_another_dtype_is_not_taken_for_a_plain_view() -> None:
     _, replayed = _same(_Negated().eval(), torch.randn(2, 8))
     assert replayed.count("aten::mul") == 1 and replayed.count("aten::add") == 1
+
+
+@pytest.mark.parametrize("frees", [False, True])
+def test_a_call_during_which_an_older_storage_is_freed_is_recorded_every_time(frees: bool) -> None:
+    """Driven by hand: a call whose recording frees a storage made before it (which no torch function does today)."""
+    rec = Recorder(ModuleNames(nn.Identity()))
+    memo = replay.CallMemo(rec)
+    x = torch.empty(2, device="meta")
+    older = [torch.empty(3, device="meta")]
+    rec.storages.existing(x, "input")
+    rec.storages.existing(older[0], "input")
+    recorded = []
+
+    def record() -> torch.Tensor:
+        recorded.append(1)
+        rec.trace.events.append(OpEvent("aten::neg", "function", -1, rec.current_scope(), "forward", [], [], {}))
+        out = torch.empty(2, device="meta")
+        rec.storages.outputs(out, len(rec.trace.events) - 1)
+        if frees:
+            older.clear()
+        return out
+
+    outputs = [memo.run(torch.neg, (x,), {}, record) for _ in range(2)]
+    assert len(recorded) == (2 if frees else 1)
+    assert [o.shape for o in outputs] == [(2,), (2,)] and outputs[0] is not outputs[1]
 
 
 def test_a_transformer_encoder_and_recurrent_layers() -> None:

@@ -153,6 +153,7 @@ class Mark(NamedTuple):
     scope: int
     parent: int
     imports: int
+    deaths: int
     versions: list[int]
 
 
@@ -187,7 +188,7 @@ class CallMemo:
     def _mark(self, tensors: list[torch.Tensor]) -> Mark:
         rec = self.rec
         return Mark(len(rec.trace.events), len(rec.storages.records), rec.unreplayable, len(rec.trace.assumptions),
-                    len(rec.trace.called), rec.current_scope(), rec.open_call(), rec.imports,
+                    len(rec.trace.called), rec.current_scope(), rec.open_call(), rec.imports, rec.storages.deaths,
                     [t._version for t in tensors])
 
 
@@ -266,6 +267,8 @@ def _template(rec: Recorder, mark: Mark, parts: _Parts, result: Any) -> _Templat
     if outputs is None:
         return None
     records: list[Storage | tuple[int, int]] = []
+    if rec.storages.deaths - mark.deaths != sum(1 for record in made if record.died >= 0):
+        return None  # a storage made before the call was freed inside it
     for record in made:
         position = fresh.get(id(record))
         if position is not None:
