@@ -18,7 +18,8 @@ Only records that a copy reproduces exactly are kept as templates (:func:`_templ
 * the events are the call's own, in the scope it ran in;
 * each output is either a fresh tensor on a storage of its own that the call made, exactly as large as its shape
   needs, or an argument itself (an in-place operator), or a view of an argument no other argument shares a storage
-  with; every other storage the call made was freed before it returned; no output has known values;
+  with, and neither a negative or conjugate view nor one read as another dtype; every other storage the call made
+  was freed before it returned, and none made before it was freed inside it; no output has known values;
 * a call that wrote its arguments (an in-place operator, found by their version counters) had none with known
   values: the replay bumps the same version counters.
 
