@@ -378,3 +378,38 @@ def test_any_repeated_block_records_as_a_run_does(kinds: list[str], repeats: int
     blocks = [nn.Sequential(*(_LAYERS[kind](width) for kind in kinds)) for _ in range(repeats)]
     model = nn.Sequential(*blocks).eval().to(dtype)
     _same(model, torch.randn(batch, width, dtype=dtype))
+
+
+def _architectures() -> dict[str, Any]:
+    """Real architectures, built without weights: (model, inputs) makers."""
+    torchvision = pytest.importorskip("torchvision")
+    transformers = pytest.importorskip("transformers")
+
+    def llama() -> tuple[nn.Module, tuple[Any, ...]]:
+        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(config).eval()
+        return model, (torch.zeros(1, 16, dtype=torch.long, device="meta"),)
+
+    def gpt2() -> tuple[nn.Module, tuple[Any, ...]]:
+        config = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=100, bos_token_id=0,
+                                         eos_token_id=0)
+        return transformers.GPT2LMHeadModel(config).eval(), (torch.randint(0, 100, (1, 16)),)
+
+    return {
+        "resnet50": lambda: (torchvision.models.resnet50().eval(), (torch.randn(1, 3, 224, 224),)),
+        "vit_b_16": lambda: (torchvision.models.vit_b_16().eval(), (torch.randn(1, 3, 224, 224),)),
+        "swin_t": lambda: (torchvision.models.swin_t().eval(), (torch.randn(1, 3, 224, 224),)),
+        "mobilenet_v3_small": lambda: (torchvision.models.mobilenet_v3_small().eval(),
+                                       (torch.randn(1, 3, 224, 224),)),
+        "llama_on_meta": llama, "gpt2": gpt2,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "vit_b_16", "swin_t", "mobilenet_v3_small", "llama_on_meta", "gpt2"])
+def test_real_architectures_record_the_same_with_replay(name: str) -> None:
+    model, args = _architectures()[name]()
+    _, replayed = _same(model, *args)
+    assert replayed
