@@ -21,28 +21,22 @@ At most :data:`MAX_ENTRIES` traces are kept, the least recently used dropped fir
 from __future__ import annotations
 
 import enum
+import functools
 import threading
-import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._torch_compat import (
-    buffers_of,
-    children_of,
-    forward_hook_tables,
-    global_forward_hooks,
-    parameters_of,
-    version_counter,
-)
+from .._torch_compat import buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import run_options
+from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, run_options
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -51,27 +45,36 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.
 # nn.Module's own bookkeeping: parameters, buffers, children and hooks are keyed on their own.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
 _PLAIN_TYPES = frozenset(_PLAIN)
-# The hooks of a module that has none: what :meth:`_State.hooks` makes of empty tables.
-_NO_HOOKS = tuple(((), tuple(() for _ in group[1:])) for group in forward_hook_tables(nn.Module()))
 
 
 class _Unshareable(Exception):
     """Something in the call cannot be keyed safely (an object without weak references, say): record anew."""
 
 
-class _State:
-    """The key of one call's state, and the objects whose identities it names (held weakly)."""
+class _State(CodeWalk):
+    """The key of one call's state, and the objects whose identities it names (held weakly).
+
+    The user's code the model reaches — its classes' methods and class attributes, the functions, globals and
+    helper modules they name — is walked by the persistent key's own walk (:class:`CodeWalk`), each class and
+    function once; what that code refers to is keyed here by :meth:`value`, so a rebound global, a mutated
+    global container or object, a changed helper or a global tensor changed in place changes the key."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._refs: dict[int, weakref.ref[Any]] = {}  # id -> a weak reference to the object, one per object
         self._held: list[Any] = []  # every object named, alive for the walk: no id of it names another meanwhile
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
-        self._forwards: dict[type, tuple[Any, ...]] = {}  # a module class -> its forward's key (classes repeat)
+        self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
+        self.module_ids: set[int] = set()  # the model's modules: keyed where they sit in the model
 
     @property
     def alive(self) -> list[weakref.ref[Any]]:
         """Weak references to every object the key names by identity."""
         return list(self._refs.values())
+
+    def pack(self, kind: str, fp: Any) -> Any:
+        """A function's or class's record as it is: hashing it whole costs less than digesting its text."""
+        return (kind, fp)
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -95,8 +98,8 @@ class _State:
                 _data_ptr(t))
 
     def value(self, obj: Any, depth: int = 0) -> Any:
-        """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`.
-        Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
+        """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`, code
+        by the code walk. Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
         kind = type(obj)
         if kind in _PLAIN_TYPES or isinstance(obj, _PLAIN):  # the exact types first: the common case, at once
             return (kind, obj)
@@ -106,57 +109,64 @@ class _State:
             return (kind, obj.name)
         if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
             return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
+        code = self.code_value(obj, depth)
+        if code is not NOT_CODE:
+            return code
         if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
             return ("seen", self._seen[id(obj)])
         self._seen[id(obj)] = len(self._seen)
         if depth > _MAX_DEPTH:
             raise _Unshareable("the inputs or attributes nest too deep to key")
+        return self._compound(obj, kind, depth + 1)
+
+    def _compound(self, obj: Any, kind: type, depth: int) -> Any:
+        """A container by its elements, a module of the model by identity, another object by its attributes."""
         if isinstance(obj, (tuple, list)):
-            return (kind, tuple(self.value(x, depth + 1) for x in obj))
+            return (kind, tuple(self.value(x, depth) for x in obj))
         if isinstance(obj, dict):
-            return (kind, self.items(obj, depth + 1))
+            return (kind, self.items(obj, depth))
         if isinstance(obj, (set, frozenset)):
-            return (kind, frozenset(self.value(x, depth + 1) for x in obj))
-        if isinstance(obj, nn.Module):  # a module held as an attribute: keyed as a child where it is one
+            return (kind, frozenset(self.value(x, depth) for x in obj))
+        if isinstance(obj, nn.Module) and id(obj) in self.module_ids:  # keyed as a child where it is one
             return self.identity(obj)
-        if isinstance(obj, types.FunctionType | types.MethodType | types.BuiltinFunctionType | type):
-            return self.callable(obj)
+        if isinstance(obj, functools.partial):  # what it calls, with what
+            return (kind, self.identity(obj), self.value(obj.func, depth), self.value(obj.args, depth),
+                    self.value(obj.keywords, depth))
         attributes = getattr(obj, "__dict__", None)
         if attributes is None:
             raise _Unshareable(f"a {kind.__name__} cannot be looked into")
-        return (kind, self.identity(obj), self.items(attributes, depth + 1))
+        return (kind, self.identity(obj), self.items(attributes, depth))
 
     def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         value = self.value
         return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
                       for k, v in mapping.items() if k not in skip])
 
-    def callable(self, fn: Any) -> tuple[Any, ...]:
-        """A function by identity and code (a method by its function and object)."""
-        if isinstance(fn, types.MethodType):
-            return ("method", self.callable(fn.__func__), self.identity(fn.__self__))
-        code = getattr(fn, "__code__", None)
-        return (self.identity(fn), None if code is None else self.identity(code))
-
     def module(self, path: str, module: nn.Module | None) -> tuple[Any, ...]:
-        """A module at ``path`` (None: an empty slot): identity, class, forward, flag, hooks, tensors, attributes."""
+        """A module at ``path`` (None: an empty slot): identity, class, flag, hooks, tensors, attributes."""
         if module is None:
             return (path, None)
         kind = type(module)
-        forward = self._forwards.get(kind)
-        if forward is None:
-            forward = self._forwards[kind] = self.callable(kind.forward)
-        return (path, self.identity(module), kind, forward, module.training, self.hooks(module),
+        klass = self._classes.get(kind)
+        if klass is None:
+            klass = self._classes[kind] = self.module_class(kind)
+        return (path, self.identity(module), klass, module.training, self.module_hooks(module),
                 self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
                 self.items(module.__dict__, 1, _MODULE_INTERNALS))
 
-    def hooks(self, module: nn.Module) -> tuple[Any, ...]:
+    def module_class(self, kind: type[nn.Module]) -> tuple[Any, ...]:
+        """A module class by its code (:meth:`klass`: an installed one by its library's version) and its
+        ``forward`` by identity (an installed class's ``forward`` replaced in this process)."""
+        forward = kind.forward
+        code = getattr(forward, "__code__", None)
+        return (kind, self.klass(kind), self.identity(forward), None if code is None else self.identity(code))
+
+    def module_hooks(self, module: nn.Module) -> tuple[Any, ...]:
         """A module's forward hooks and their flags (nearly always none: one check)."""
         tables = forward_hook_tables(module)
         if not any(tables[0]) and not any(tables[1]):
-            return _NO_HOOKS
-        return tuple((tuple(self.callable(h) for h in group[0].values()), tuple(tuple(flags) for flags in group[1:]))
-                     for group in tables)
+            return ()
+        return self.hooks(module)
 
     def tensors(self, table: dict[str, Any]) -> tuple[Any, ...]:
         if not table:
@@ -203,23 +213,35 @@ def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     state = _State()
     try:
         with no_gc():  # thousands of small tuples, none in a cycle
-            pre, post = global_forward_hooks()
+            modules = _modules(spec.model)
+            state.module_ids.update(id(module) for _, module in modules)
             key = (run_options(spec.execution), spec.backward,
-                   None if spec.loss_fn is None else state.callable(spec.loss_fn),
-                   tuple(state.callable(h) for h in (*pre.values(), *post.values())),
-                   tuple(state.module(path, module) for path, module in _modules(spec.model)),
+                   None if spec.loss_fn is None else state.value(spec.loss_fn), state.global_hooks(),
+                   tuple(state.module(path, module) for path, module in modules),
                    state.value(spec.args), state.value(spec.kwargs),
-                   None if spec.parallel is None else spec.parallel.key())
+                   None if spec.parallel is None else spec.parallel.key(),
+                   state.user_modules())  # last: what every piece of code walked above may look up
             return _Key(key), state.alive
-    except (_Unshareable, TypeError):  # (TypeError: something in it cannot be hashed)
+    except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A trace of :meth:`SharedRecordings.share`: whether this call ``recorded`` it (else it was shared), and
+    ``kept``, what the analyses sharing it know of where disk caches keep it (cache path -> ``StoredTrace``, None
+    where that cache does not keep it), one dictionary for all of them."""
+
+    trace: Trace
+    recorded: bool
+    kept: dict[str, Any] = field(default_factory=dict)
 
 
 class SharedRecordings:
     """The last few traces recorded in this process, each under the state of the call that made it."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
+        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Shared]] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
 
@@ -231,20 +253,24 @@ class SharedRecordings:
             self._entries.clear()
 
     def get_or_record(self, spec: RunSpec, record: Callable[[], Trace]) -> Trace:
+        """The trace of ``spec``'s call in its state now (see :meth:`share`)."""
+        return self.share(spec, record).trace
+
+    def share(self, spec: RunSpec, record: Callable[[], Trace]) -> Shared:
         """The trace of ``spec``'s call in its state now: shared when one was recorded in that state, else
         ``record()``, kept under the state before it ran (a run puts the model back as it found it, and a call
         in another state does not match)."""
         before = call_state(spec)
         if before is None:
-            return record()
+            return Shared(record(), recorded=True)
         found = self._find(before[0])
         if found is not None:
-            return found
-        trace = record()
-        self._keep(before[0], before[1], trace)
-        return trace
+            return Shared(found.trace, recorded=False, kept=found.kept)
+        shared = Shared(record(), recorded=True)
+        self._keep(before[0], before[1], shared)
+        return shared
 
-    def _find(self, key: _Key) -> Trace | None:
+    def _find(self, key: _Key) -> Shared | None:
         with self._lock:
             self._drop_dead()
             entry = self._entries.get(key)
@@ -253,9 +279,9 @@ class SharedRecordings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], trace: Trace) -> None:
+    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], shared: Shared) -> None:
         with self._lock:
-            self._entries[key] = (alive, trace)
+            self._entries[key] = (alive, shared)
             self._entries.move_to_end(key)
             self._drop_dead()
             while len(self._entries) > self._max:
