@@ -5,6 +5,7 @@ anew and counts what a fresh recording counts; unchanged, it shares the first on
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -191,3 +192,45 @@ def test_a_run_that_changes_what_its_code_reads_is_not_shared(recordings: list[R
     FlopCountAnalysis(model, x).total()
     ActivationCountAnalysis(model, x).total()
     assert len(recordings) == 2 and len(seen) == 2
+
+
+@dataclasses.dataclass
+class Output:
+    """What :class:`Wrapped` returns: its class is code the model names, walked field by field (``Field`` objects
+    have slots and no weak references, their ``metadata`` is a mapping proxy)."""
+
+    logits: torch.Tensor
+    scale: float = dataclasses.field(default=1.0, metadata={"unit": "none"})
+
+
+class Slotted:
+    __slots__ = ("repeat",)
+
+    def __init__(self) -> None:
+        self.repeat = 1
+
+
+SLOTTED = Slotted()
+
+
+class Wrapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Output:
+        for _ in range(SLOTTED.repeat):
+            x = self.lin(x)
+        return Output(x)
+
+
+def test_dataclasses_and_slotted_objects_are_keyed_by_their_fields(recordings: list[RunSpec],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model returning a dataclass of its own still shares its recording; a slotted global changed in place does
+    not."""
+    model, x = Wrapped(), torch.randn(3, 4)
+    flops = FlopCountAnalysis(model, x, convention="macs")
+    assert flops.total() == LINEAR and ActivationCountAnalysis(model, x).trace is flops.trace
+    assert len(recordings) == 1
+    monkeypatch.setattr(SLOTTED, "repeat", 2)
+    assert FlopCountAnalysis(model, x, convention="macs").total() == 2 * LINEAR and len(recordings) == 2

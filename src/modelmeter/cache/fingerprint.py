@@ -307,6 +307,23 @@ def _bytes_digest(tensors: list[torch.Tensor]) -> str | None:
     return h.hexdigest()
 
 
+def object_state(v: Any) -> dict[str, Any] | None:
+    """An object's attributes: its ``__dict__`` and the slots of its classes that are set; None for an object
+    Python cannot look into (an extension type's)."""
+    try:
+        state = dict(vars(v))
+        has_state = True
+    except TypeError:  # no __dict__: slots, or an extension type
+        state, has_state = {}, False
+    for klass in type(v).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            has_state = True
+            if slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
+                state.setdefault(slot, getattr(v, slot))
+    return state if has_state else None
+
+
 NOT_CODE = object()  # what :meth:`CodeWalk.code_value` returns for a value that is not code
 
 
@@ -579,18 +596,8 @@ class _Fingerprint(CodeWalk):
         return ("object", self.klass(kind), self._state(v, depth + 1))
 
     def _state(self, v: Any, depth: int) -> Any:
-        try:
-            state = dict(vars(v))
-            has_state = True
-        except TypeError:  # no __dict__: slots, or an extension type
-            state, has_state = {}, False
-        for klass in type(v).__mro__:
-            slots = klass.__dict__.get("__slots__", ())
-            for slot in (slots,) if isinstance(slots, str) else slots:
-                has_state = True
-                if slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
-                    state.setdefault(slot, getattr(v, slot))
-        if not has_state:  # an extension type (a numpy scalar, a compiled regex...): what pickling would keep
+        state = object_state(v)
+        if state is None:  # an extension type (a numpy scalar, a compiled regex...): what pickling would keep
             return self._reduced(v, depth)
         return tuple((k, self.value(x, depth)) for k, x in state.items() if not _VOLATILE.fullmatch(str(k)))
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 import enum
 import functools
 import threading
+import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from .._torch_compat import buffers_of, children_of, forward_hook_tables, parame
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, run_options
+from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, object_state, run_options
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -123,7 +124,7 @@ class _State(CodeWalk):
         """A container by its elements, a module of the model by identity, another object by its attributes."""
         if isinstance(obj, (tuple, list)):
             return (kind, tuple(self.value(x, depth) for x in obj))
-        if isinstance(obj, dict):
+        if isinstance(obj, (dict, types.MappingProxyType)):  # (a class's __dict__, a dataclass field's metadata)
             return (kind, self.items(obj, depth))
         if isinstance(obj, (set, frozenset)):
             return (kind, frozenset(self.value(x, depth) for x in obj))
@@ -132,12 +133,13 @@ class _State(CodeWalk):
         if isinstance(obj, functools.partial):  # what it calls, with what
             return (kind, self.identity(obj), self.value(obj.func, depth), self.value(obj.args, depth),
                     self.value(obj.keywords, depth))
-        attributes = getattr(obj, "__dict__", None)
+        attributes = object_state(obj)
         if attributes is None:
             raise _Unshareable(f"a {kind.__name__} cannot be looked into")
-        return (kind, self.identity(obj), self.items(attributes, depth))
+        weakly = hasattr(obj, "__weakref__")  # else (slots without it) by its attributes alone
+        return (kind, self.identity(obj) if weakly else None, self.items(attributes, depth))
 
-    def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+    def items(self, mapping: Mapping[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         value = self.value
         return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
                       for k, v in mapping.items() if k not in skip])
