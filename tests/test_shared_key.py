@@ -30,6 +30,9 @@ class Config:
     def __init__(self) -> None:
         self.extra = False
 
+    def layers(self) -> int:
+        return 1
+
 
 CONFIG = Config()
 
@@ -52,7 +55,7 @@ class Reader(nn.Module):
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(REPEAT["times"] * self.LAYERS * HELPERS.FACTOR):
+        for _ in range(REPEAT["times"] * self.LAYERS * HELPERS.FACTOR * CONFIG.layers()):
             x = self.lin(x)
         if CONFIG.extra:
             x = self.lin(x)
@@ -107,6 +110,11 @@ def _helper_function(monkeypatch: pytest.MonkeyPatch) -> int:
     return LINEAR
 
 
+def _method_of_a_global_object(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(Config, "layers", lambda self: 2)  # CONFIG's class: its code, as the persistent key's
+    return 2 * LINEAR
+
+
 def _helper_code(monkeypatch: pytest.MonkeyPatch) -> int:
     helper.__code__ = another_helper.__code__  # the same function object, other code
     return LINEAR
@@ -125,6 +133,7 @@ def _tensor_in_place(monkeypatch: pytest.MonkeyPatch) -> int:
 CHANGES: dict[str, Callable[[pytest.MonkeyPatch], int]] = {
     "rebound global": _rebound, "mutated global dict": _mutated_dict, "mutated global object": _mutated_object,
     "helper module attribute": _helper_module, "class attribute": _class_attribute,
+    "method of a global object": _method_of_a_global_object,
     "helper function's code": _helper_code, "helper function rebound": _helper_function,
     "rebound global number": _scale, "global tensor in place": _tensor_in_place,
 }

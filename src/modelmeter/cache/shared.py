@@ -121,7 +121,8 @@ class _State(CodeWalk):
         return self._compound(obj, kind, depth + 1)
 
     def _compound(self, obj: Any, kind: type, depth: int) -> Any:
-        """A container by its elements, a module of the model by identity, another object by its attributes."""
+        """A container by its elements, a module of the model by identity, another object by its class (its code,
+        as the persistent key walks it) and attributes."""
         if isinstance(obj, (tuple, list)):
             return (kind, tuple(self.value(x, depth) for x in obj))
         if isinstance(obj, (dict, types.MappingProxyType)):  # (a class's __dict__, a dataclass field's metadata)
@@ -130,6 +131,8 @@ class _State(CodeWalk):
             return (kind, frozenset(self.value(x, depth) for x in obj))
         if isinstance(obj, nn.Module) and id(obj) in self.module_ids:  # keyed as a child where it is one
             return self.identity(obj)
+        if isinstance(obj, (types.MemberDescriptorType, types.GetSetDescriptorType)):  # a slot of a class walked
+            return (kind, obj.__qualname__)
         if isinstance(obj, functools.partial):  # what it calls, with what
             return (kind, self.identity(obj), self.value(obj.func, depth), self.value(obj.args, depth),
                     self.value(obj.keywords, depth))
@@ -137,7 +140,7 @@ class _State(CodeWalk):
         if attributes is None:
             raise _Unshareable(f"a {kind.__name__} cannot be looked into")
         weakly = hasattr(obj, "__weakref__")  # else (slots without it) by its attributes alone
-        return (kind, self.identity(obj) if weakly else None, self.items(attributes, depth))
+        return (kind, self.klass(kind), self.identity(obj) if weakly else None, self.items(attributes, depth))
 
     def items(self, mapping: Mapping[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         value = self.value
