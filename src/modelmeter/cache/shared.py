@@ -8,11 +8,17 @@ again could not give another trace:
 * the model: every module (by path, so a swapped submodule changes it), its class, ``forward`` and hooks, its
   ``training`` flag and its other attributes (plain values by value, objects walked, functions by code); every
   parameter and buffer by identity, version counter (an in-place change bumps it) and metadata;
+* the code the model runs, walked by the persistent cache's own walk (:class:`~.fingerprint.CodeWalk`): its
+  classes' methods and class attributes, the globals, helper functions and helper modules that code names, each
+  value keyed as an attribute is (a tensor by identity and version counter), so a rebound or mutated global, a
+  replaced helper or a changed class attribute changes the key;
 * the inputs: their structure, every tensor by identity, version counter and metadata, other values by value;
 * the run: execution, backward and loss function, grad and inference mode, autocast, default dtype and device,
   the attention backend switches (what the persistent cache's key covers, ``run_options``).
 
 Counting settings (handles, conventions, ancestor mode) are not part of it: they read the trace, not the run.
+An entry also holds where disk caches keep its trace (:attr:`Shared.kept`), so an analysis that shares it keeps
+its results beside the same disk entry.
 The store holds no strong reference to a model, an input or a loss function (weak references; an entry whose
 objects died is dropped, and identities are only trusted while those objects live) and a trace holds no tensors.
 At most :data:`MAX_ENTRIES` traces are kept, the least recently used dropped first.
