@@ -243,3 +243,14 @@ def test_dataclasses_and_slotted_objects_are_keyed_by_their_fields(recordings: l
     assert len(recordings) == 1
     monkeypatch.setattr(SLOTTED, "repeat", 2)
     assert FlopCountAnalysis(model, x, convention="macs").total() == 2 * LINEAR and len(recordings) == 2
+
+
+def test_an_installed_class_keyed_by_identity_still_sees_its_forward_replaced(recordings: list[RunSpec],
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed classes are keyed by identity (once found installed through their MRO), their ``forward`` by
+    identity too: replacing ``nn.Linear.forward`` in this process records anew, and counts the new forward."""
+    model, x = Reader(), torch.randn(3, 4)
+    assert FlopCountAnalysis(model, x, convention="macs").total() == LINEAR
+    linear = nn.Linear.forward
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: linear(self, linear(self, x)))
+    assert FlopCountAnalysis(model, x, convention="macs").total() == 2 * LINEAR and len(recordings) == 2

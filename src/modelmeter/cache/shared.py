@@ -43,7 +43,7 @@ from .._torch_compat import buffers_of, children_of, forward_hook_tables, parame
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, object_state, run_options
+from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, run_options
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -52,6 +52,10 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.
 # nn.Module's own bookkeeping: parameters, buffers, children and hooks are keyed on their own.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
 _PLAIN_TYPES = frozenset(_PLAIN)
+
+
+# Classes found to be installed code through their whole MRO, with that MRO (see :meth:`_State.klass`).
+_INSTALLED_CLASSES: weakref.WeakKeyDictionary[type, tuple[type, ...]] = weakref.WeakKeyDictionary()
 
 
 class _Unshareable(Exception):
@@ -82,6 +86,17 @@ class _State(CodeWalk):
     def pack(self, kind: str, fp: Any) -> Any:
         """A function's or class's record as it is: hashing it whole costs less than digesting its text."""
         return (kind, fp)
+
+    def klass(self, cls: type) -> Any:
+        """A class as the persistent key walks it; one that is installed code through its whole MRO (torch's,
+        transformers'...) by identity instead, which in-process says as much as its name and library versions —
+        and costs a look-up, where walking its MRO costs more than the rest of a small model's key."""
+        if _INSTALLED_CLASSES.get(cls) is cls.__mro__:  # (a class whose bases were reassigned is looked at again)
+            return ("installed class", cls)
+        if all(library(base) is not None for base in cls.__mro__):
+            _INSTALLED_CLASSES[cls] = cls.__mro__
+            return ("installed class", cls)
+        return super().klass(cls)
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -116,11 +131,11 @@ class _State(CodeWalk):
             return (kind, obj.name)
         if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
             return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
-        code = self.code_value(obj, depth)
-        if code is not NOT_CODE:
-            return code
         if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
             return ("seen", self._seen[id(obj)])
+        code = self.code_value(obj, depth)
+        if code is not NOT_CODE:  # (functions and classes are memoised by the code walk)
+            return code
         self._seen[id(obj)] = len(self._seen)
         if depth > _MAX_DEPTH:
             raise _Unshareable("the inputs or attributes nest too deep to key")
