@@ -70,13 +70,14 @@ class _State(CodeWalk):
     function once; what that code refers to is keyed here by :meth:`value`, so a rebound global, a mutated
     global container or object, a changed helper or a global tensor changed in place changes the key."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: list[tuple[str, nn.Module | None]]) -> None:
         super().__init__()
+        self.modules = modules  # the model's, by path (see :func:`_modules`)
+        self._module_ids: set[int] | None = None  # their ids, made when a module turns up as a value (rarely)
         self._refs: dict[int, weakref.ref[Any]] = {}  # id -> a weak reference to the object, one per object
         self._held: list[Any] = []  # every object named, alive for the walk: no id of it names another meanwhile
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
         self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
-        self.module_ids: set[int] = set()  # the model's modules: keyed where they sit in the model
 
     @property
     def alive(self) -> list[weakref.ref[Any]]:
@@ -150,7 +151,7 @@ class _State(CodeWalk):
             return (kind, self.items(obj, depth))
         if isinstance(obj, (set, frozenset)):
             return (kind, frozenset(self.value(x, depth) for x in obj))
-        if isinstance(obj, nn.Module) and id(obj) in self.module_ids:  # keyed as a child where it is one
+        if isinstance(obj, nn.Module) and self.in_model(obj):  # keyed as a child where it is one
             return self.identity(obj)
         if isinstance(obj, (types.MemberDescriptorType, types.GetSetDescriptorType)):  # a slot of a class walked
             return (kind, obj.__qualname__)
@@ -162,6 +163,11 @@ class _State(CodeWalk):
             raise _Unshareable(f"a {kind.__name__} cannot be looked into")
         weakly = hasattr(obj, "__weakref__")  # else (slots without it) by its attributes alone
         return (kind, self.klass(kind), self.identity(obj) if weakly else None, self.items(attributes, depth))
+
+    def in_model(self, module: nn.Module) -> bool:
+        if self._module_ids is None:
+            self._module_ids = {id(m) for _, m in self.modules}
+        return id(module) in self._module_ids
 
     def items(self, mapping: Mapping[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         value = self.value
@@ -236,14 +242,12 @@ class _Key:
 def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     """The key of running ``spec`` now, and weak references to the objects it names by identity; None when the
     call cannot be keyed safely."""
-    state = _State()
     try:
         with no_gc():  # thousands of small tuples, none in a cycle
-            modules = _modules(spec.model)
-            state.module_ids.update(id(module) for _, module in modules)
+            state = _State(_modules(spec.model))
             key = (run_options(spec.execution), spec.backward,
                    None if spec.loss_fn is None else state.value(spec.loss_fn), state.global_hooks(),
-                   tuple(state.module(path, module) for path, module in modules),
+                   tuple(state.module(path, module) for path, module in state.modules),
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
                    state.user_modules())  # last: what every piece of code walked above may look up
