@@ -54,7 +54,8 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
 _PLAIN_TYPES = frozenset(_PLAIN)
 
 
-# Classes found to be installed code through their whole MRO, with that MRO (see :meth:`_State.klass`).
+# Classes found to be installed code through their whole MRO, with their bases in it (see :meth:`_State.klass`;
+# the class itself left out, so that the entry does not keep it alive).
 _INSTALLED_CLASSES: weakref.WeakKeyDictionary[type, tuple[type, ...]] = weakref.WeakKeyDictionary()
 
 
@@ -92,10 +93,11 @@ class _State(CodeWalk):
         """A class as the persistent key walks it; one that is installed code through its whole MRO (torch's,
         transformers'...) by identity instead, which in-process says as much as its name and library versions —
         and costs a look-up, where walking its MRO costs more than the rest of a small model's key."""
-        if _INSTALLED_CLASSES.get(cls) is cls.__mro__:  # (a class whose bases were reassigned is looked at again)
+        bases = cls.__mro__[1:]
+        if _INSTALLED_CLASSES.get(cls) == bases:  # (a class whose bases were reassigned is looked at again)
             return ("installed class", cls)
         if all(library(base) is not None for base in cls.__mro__):
-            _INSTALLED_CLASSES[cls] = cls.__mro__
+            _INSTALLED_CLASSES[cls] = bases
             return ("installed class", cls)
         return super().klass(cls)
 
@@ -187,8 +189,8 @@ class _State(CodeWalk):
                 self.items(module.__dict__, 1, _MODULE_INTERNALS))
 
     def module_class(self, kind: type[nn.Module]) -> tuple[Any, ...]:
-        """A module class by its code (:meth:`klass`: an installed one by its library's version) and its
-        ``forward`` by identity (an installed class's ``forward`` replaced in this process)."""
+        """A module class by its code (:meth:`klass`; an installed one by identity) and its ``forward`` by identity
+        (an installed class's ``forward`` replaced in this process)."""
         forward = kind.forward
         code = getattr(forward, "__code__", None)
         return (kind, self.klass(kind), self.identity(forward), None if code is None else self.identity(code))
