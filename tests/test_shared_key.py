@@ -254,3 +254,19 @@ def test_an_installed_class_keyed_by_identity_still_sees_its_forward_replaced(re
     linear = nn.Linear.forward
     monkeypatch.setattr(nn.Linear, "forward", lambda self, x: linear(self, linear(self, x)))
     assert FlopCountAnalysis(model, x, convention="macs").total() == 2 * LINEAR and len(recordings) == 2
+
+
+def test_the_installed_class_memo_keeps_no_class_alive() -> None:
+    """A class made at run time that counts as installed (its module is torch's) is remembered as such while it
+    lives, and freed with its last user."""
+    import gc
+    import weakref
+
+    from modelmeter.cache.shared import _INSTALLED_CLASSES
+
+    made = type("Made", (nn.Linear,), {"__module__": "torch.nn.modules.linear"})
+    assert call_state(RunSpec(made(2, 2), (torch.randn(1, 2),), {})) is not None and made in _INSTALLED_CLASSES
+    ref = weakref.ref(made)
+    del made
+    gc.collect()
+    assert ref() is None
