@@ -389,7 +389,7 @@ class CodeWalk:
                 except ValueError:  # an empty cell
                     closure.append("<empty cell>")
             fp = self.pack("function", (name, digest, self.value(f.__defaults__), self.value(f.__kwdefaults__),
-                                      tuple(closure), self._globals(f.__globals__, names)))
+                                         tuple(closure), self._globals(f.__globals__, names)))
         self._memo[key] = (f, fp)
         return fp
 
