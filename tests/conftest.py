@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -24,3 +25,21 @@ def _distributed_globals_kept(request: pytest.FixtureRequest) -> Iterator[None]:
 
     with kept_distributed_globals():
         yield
+
+
+@pytest.fixture
+def recordings(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The spec of every recording an analysis makes from now on. (Counting a model's runs with a hook that appends
+    to a list would not do: the in-process shared recording's key covers what a hook's code reads, so a run that
+    changes it changes the call's state, and the next analysis records anew.)"""
+    import modelmeter.session
+
+    specs: list[Any] = []
+    record = modelmeter.session.record_trace
+
+    def counted(spec: Any) -> Any:
+        specs.append(spec)
+        return record(spec)
+
+    monkeypatch.setattr(modelmeter.session, "record_trace", counted)
+    return specs

@@ -133,15 +133,15 @@ def test_analyze_runs_the_model_once_for_every_metric() -> None:
     assert "flops" in repr(result)
 
 
-def test_flop_count_table_with_activations_runs_the_model_once() -> None:
-    model = watched(Net().eval())
+def test_flop_count_table_with_activations_runs_the_model_once(recordings: list[Any]) -> None:
+    model = Net().eval()
     x = image()
     flops, acts = FlopCountAnalysis(model, x), ActivationCountAnalysis(model, x)
     table = flop_count_table(flops, activations=acts)
-    assert runs(model) == 1
+    assert len(recordings) == 1
     assert "#activations" in table and acts.trace is flops.trace
     flop_count_table(flops, activations=acts, max_depth=1)
-    assert runs(model) == 1
+    assert len(recordings) == 1
 
 
 def test_analyze_is_exported() -> None:
@@ -664,6 +664,37 @@ def test_a_kept_result_is_read_instead_of_counted_and_equals_a_fresh_count_exact
     assert analysis.result() is not kept  # each call its own object: changing one changes no other
     kept.modules[0].metrics["flops"] = -1
     assert analysis.result().total("flops") == fresh.total("flops")
+
+
+def test_an_analysis_sharing_a_recording_reads_and_keeps_results_beside_its_trace(cache_env: Path,
+                                                                                 counted: list[int]) -> None:
+    """A second analysis of the same call takes the first one's recording in-process: it reads and keeps results
+    beside the disk entry that recording was stored in (or, when the first analysis did not use the cache, the
+    entry of its key, if there is one), as a disk hit would."""
+    flops = {**RICH, "convention": "flops"}
+    fresh = analyze(*transformer_block(), cache=False, **RICH).result()  # the oracle: counted from a new recording
+    fresh_flops = analyze(*transformer_block(), cache=False, **flops).result()
+    counted.clear()
+    block, x = transformer_block()
+    first = analyze(block, x, cache=True, **RICH)
+    assert repr(first.result()) == repr(fresh) and counted == [1] and len(results(cache_env)) == 1
+    second = analyze(block, x, cache=True, **RICH)
+    assert second.trace is first.trace and not second.from_cache  # shared in-process, not read from the disk
+    assert repr(second.result()) == repr(fresh) and counted == [1]  # read, not counted
+    other = analyze(block, x, cache=True, **flops)
+    assert other.trace is first.trace and repr(other.result()) == repr(fresh_flops)
+    assert counted == [1, 1] and len(results(cache_env)) == 2  # counted once, and kept beside the same entry
+    assert repr(analyze(block, x, cache=True, **flops).result()) == repr(fresh_flops) and counted == [1, 1]
+
+    uncached, y = transformer_block()  # recorded without the cache, then shared with an analysis using it
+    assert analyze(uncached, y, cache=False, **RICH).trace is analyze(uncached, y, cache=True, **RICH).trace
+    assert repr(analyze(uncached, y, cache=True, **RICH).result()) == repr(fresh) and counted == [1, 1]
+
+    clear_cache()  # no entry to find: the result is counted, and not kept
+    unkept, z = transformer_block()
+    assert analyze(unkept, z, cache=False, **RICH).trace.events
+    assert repr(analyze(unkept, z, cache=True, **RICH).result()) == repr(fresh) and counted == [1, 1, 1]
+    assert results(cache_env) == []
 
 
 @pytest.mark.parametrize("change", [

@@ -128,23 +128,15 @@ def test_a_session_records_once_and_views_made_from_it_share_the_run() -> None:
     assert direct.copy(new_model=nn.Sequential(nn.Linear(4, 2))).total() == 3 * 4 * 2
 
 
-def _runs(model: nn.Module) -> list[int]:
-    """A list that grows by one each time ``model`` runs (a forward pre-hook)."""
-    calls: list[int] = []
-    model.register_forward_pre_hook(lambda *_: calls.append(1))
-    return calls
-
-
-def test_separate_analyses_of_one_call_share_one_recording() -> None:
+def test_separate_analyses_of_one_call_share_one_recording(recordings: list[RunSpec]) -> None:
     """fvcore's pattern: a flops and an activations analysis of the same model and inputs run the model once,
     and count what their own runs would."""
     model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), torch.randn(3, 4)
-    runs = _runs(model)
     flops, acts = FlopCountAnalysis(model, x), ActivationCountAnalysis(model, x)
     assert (flops.total(), acts.total()) == (3 * (4 * 8 + 8 * 2), 3 * (8 + 2))
-    assert acts.trace is flops.trace and len(runs) == 1
+    assert acts.trace is flops.trace and len(recordings) == 1
     other = ActivationCountAnalysis(model, torch.randn(3, 4))  # equal shapes, another tensor: another call
-    assert other.total() == acts.total() and other.trace is not flops.trace and len(runs) == 2
+    assert other.total() == acts.total() and other.trace is not flops.trace and len(recordings) == 2
 
 
 def _changes() -> dict[str, Any]:
@@ -175,43 +167,40 @@ def _changes() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("change", list(_changes()))
-def test_a_changed_call_runs_again(change: str) -> None:
+def test_a_changed_call_runs_again(change: str, recordings: list[RunSpec]) -> None:
     """Every change between two analyses that could change the run invalidates the shared recording: the
     second analysis runs the model (and would count its own run)."""
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.5)).train()
     if change == "train":
         model.eval()
     x = torch.randn(3, 4)
-    runs = _runs(model)
     flops = FlopCountAnalysis(model, x)
     flops.total()
     ActivationCountAnalysis(model, x).total()
-    assert len(runs) == 1  # unchanged: shared
+    assert len(recordings) == 1  # unchanged: shared
     _changes()[change](model, x)
     acts = ActivationCountAnalysis(model, x)
-    assert acts.total() == 3 * 8 and acts.trace is not flops.trace and len(runs) == 2
+    assert acts.total() == 3 * 8 and acts.trace is not flops.trace and len(recordings) == 2
 
 
-def test_a_tuple_attribute_is_keyed_by_its_values_and_their_types() -> None:
+def test_a_tuple_attribute_is_keyed_by_its_values_and_their_types(recordings: list[RunSpec]) -> None:
     """A tuple of plain values (sizes, paddings) is keyed at once, by its values and their types: an equal tuple
     shares the recording, one whose element changed value or type (``1 == True``) does not."""
     model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
     model[0].sizes = (1, 2)
-    runs = _runs(model)
     FlopCountAnalysis(model, x).total()
     model[0].sizes = tuple([1, 2])  # another object, the same values
     ActivationCountAnalysis(model, x).total()
-    assert len(runs) == 1
+    assert len(recordings) == 1
     for changed in ((True, 2), (1, 3), (1.0, 2)):
         model[0].sizes = changed
         ActivationCountAnalysis(model, x).total()
-    assert len(runs) == 4
+    assert len(recordings) == 4
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "autocast", "default_dtype"])
-def test_another_global_mode_runs_again(mode: str) -> None:
+def test_another_global_mode_runs_again(mode: str, recordings: list[RunSpec]) -> None:
     model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
-    runs = _runs(model)
     flops = FlopCountAnalysis(model, x)
     flops.total()
     contexts = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
@@ -228,8 +217,8 @@ def test_another_global_mode_runs_again(mode: str) -> None:
         with contexts[mode]():
             acts = ActivationCountAnalysis(model, x)
             acts.total()
-    assert acts.trace is not flops.trace and len(runs) == 2
-    assert FlopCountAnalysis(model, x).trace is flops.trace and len(runs) == 2  # back in the first mode: shared
+    assert acts.trace is not flops.trace and len(recordings) == 2
+    assert FlopCountAnalysis(model, x).trace is flops.trace and len(recordings) == 2  # back in the first mode: shared
 
 
 def test_other_run_options_do_not_share() -> None:
@@ -260,14 +249,13 @@ def test_shared_recordings_hold_no_model_or_input() -> None:
     assert len(SHARED) <= before
 
 
-def test_an_unkeyable_attribute_is_recorded_anew() -> None:
+def test_an_unkeyable_attribute_is_recorded_anew(recordings: list[RunSpec]) -> None:
     """An attribute Python cannot look into (no ``__dict__``) could change unseen: no sharing."""
     model, x = nn.Sequential(nn.Linear(4, 8)), torch.randn(3, 4)
     model.opaque = bytearray(b"state")  # no __dict__, mutable
-    runs = _runs(model)
     FlopCountAnalysis(model, x).total()
     ActivationCountAnalysis(model, x).total()
-    assert len(runs) == 2
+    assert len(recordings) == 2
 
 
 def test_memory_analysis_exposes_only_what_it_honours() -> None:

@@ -17,13 +17,13 @@ import warnings
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from torch import nn
 
 from ._version import __version__
-from .cache import StoredTrace, TraceCache, cached_trace, package_digest
-from .cache.shared import SHARED
+from .cache import StoredTrace, TraceCache, cached_trace, package_digest, stored_entry
+from .cache.shared import SHARED, Shared
 from .devices import DEVICES, Device, device_from_dict, device_to_dict, get_device
 from .engine.gc_pause import no_gc
 from .engine.serialize import to_data
@@ -140,14 +140,28 @@ class Session:
 
             return record_parallel(self.spec)
 
+        store = self._trace_cache()
+
         def load_or_record() -> Trace:
-            store = self._trace_cache()
             if store is None:
                 return record()
             trace, self._from_cache, self._stored = cached_trace(store, self.spec, record)
             return trace
 
-        return SHARED.get_or_record(self.spec, load_or_record)
+        shared = SHARED.share(self.spec, load_or_record)
+        if store is not None:
+            self._stored = self._kept_in(store, shared)
+        return shared.trace
+
+    def _kept_in(self, store: TraceCache, shared: Shared) -> StoredTrace | None:
+        """Where ``store`` keeps the trace ``shared`` (None where it does not), so that results are kept beside it
+        whichever analysis of the call recorded it: what this session found, or another analysis sharing the
+        trace, or else the entry of its key in ``store``, if there is one."""
+        if shared.recorded:
+            shared.kept[store.path] = self._stored
+        elif store.path not in shared.kept:
+            shared.kept[store.path] = stored_entry(store, self.spec)
+        return cast(StoredTrace | None, shared.kept[store.path])
 
     def kept_result(self, digest: str) -> Result | None:
         """The Result kept in the disk cache beside this session's trace under ``digest`` (of

@@ -36,6 +36,7 @@ __all__ = [
     "clear_cache",
     "package_digest",
     "parse_size",
+    "stored_entry",
     "trace_from_dict",
     "trace_key",
     "trace_to_dict",
@@ -121,3 +122,14 @@ def cached_trace(cache: TraceCache, spec: RunSpec,
 
     trace, hit, entry = cache.get_or_record(key.digest, watched_record, storable)
     return trace, hit, None if entry is None else StoredTrace(cache, key.digest, entry)
+
+
+def stored_entry(cache: TraceCache, spec: RunSpec) -> StoredTrace | None:
+    """Where ``cache`` keeps the trace of ``spec``'s run, if it does (nothing is read, recorded or stored): for an
+    analysis that took its trace from another one in this process that did not look in ``cache``."""
+    try:
+        key = cache_key(spec, cache.path)
+    except Exception:  # Uncacheable, or a model that cannot be fingerprinted: not kept there
+        return None
+    entry = cache.entry_digest(key.digest)
+    return None if entry is None else StoredTrace(cache, key.digest, entry)

@@ -307,33 +307,51 @@ def _bytes_digest(tensors: list[torch.Tensor]) -> str | None:
     return h.hexdigest()
 
 
-class _Fingerprint:
-    """Walks a model and its inputs, turning what matters into plain, deterministic records.
+def object_state(v: Any) -> dict[str, Any] | None:
+    """An object's attributes: its ``__dict__`` and the slots of its classes that are set; None for an object
+    Python cannot look into (an extension type's)."""
+    try:
+        state = dict(vars(v))
+        has_state = True
+    except TypeError:  # no __dict__: slots, or an extension type
+        state, has_state = {}, False
+    for klass in type(v).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            has_state = True
+            if slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
+                state.setdefault(slot, getattr(v, slot))
+    return state if has_state else None
 
-    What code refers to (function defaults, closures, globals, class attributes) is walked "as code": there
-    tensors count by value, containers are walked whole, and what cannot be walked raises
-    :class:`Uncacheable` rather than being summarised by its type.
+
+NOT_CODE = object()  # what :meth:`CodeWalk.code_value` returns for a value that is not code
+
+
+class CodeWalk:
+    """The walk of the user's code a model reaches, shared by the persistent key (:class:`_Fingerprint`) and the
+    in-process one (:mod:`modelmeter.cache.shared`): classes by the members of their MRO, functions by their
+    code, defaults, closures and the globals they name, user modules by the names any of that code may look up —
+    followed until nothing new turns up. Installed code is named by its library's version instead.
+
+    What the walk reaches that is not code (a constant, a default, a class attribute) is keyed by :meth:`value`,
+    which each key defines: by content for the persistent key, by identity and version counter (tensors) or
+    content for the in-process one; :meth:`pack` turns a compound record into what the key keeps of it.
     """
 
     def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self.module_paths: dict[int, str] = {}
-        self.tensors: list[torch.Tensor] = []
-        self._tensor_index: dict[int, int] = {}
-        self.constant_tensors: dict[int, torch.Tensor] = {}  # tensors code refers to: keyed by value
         self.code: set[types.CodeType] = set()  # the user's code objects the key covers
         self._names: set[str] = set()  # every name that code may look up
         self._user_modules: dict[str, types.ModuleType] = {}
         self._memo: dict[Any, tuple[Any, Any]] = {}  # id (with the mode, for values) -> (object kept alive, fp)
-        self._active: set[int] = set()
         self._as_code = 0
 
-    def add(self, *record: Any) -> None:
-        self._hash.update(repr(record).encode("utf-8", "backslashreplace"))
-        self._hash.update(b"\x00")
+    def value(self, v: Any, depth: int = 0) -> Any:
+        """The key of a value the code refers to (or a model attribute, an input...)."""
+        raise NotImplementedError
 
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
+    def pack(self, kind: str, fp: Any) -> Any:
+        """A compound record (a function's, a class's) as the key keeps it: a short digest."""
+        return _digest(kind, fp)
 
     @contextmanager
     def _code_constants(self) -> Iterator[None]:
@@ -342,23 +360,6 @@ class _Fingerprint:
             yield
         finally:
             self._as_code -= 1
-
-    # tensors ------------------------------------------------------------------------------------
-    def tensor(self, t: torch.Tensor) -> Any:
-        if self._as_code:
-            self.constant_tensors.setdefault(id(t), t)
-        index = self._tensor_index.get(id(t))
-        if index is not None:
-            return ("same tensor as", index)
-        self._tensor_index[id(t)] = len(self.tensors)
-        self.tensors.append(t)
-        try:
-            stride: Any = tuple(t.stride()) if t.layout == torch.strided else None
-        except (RuntimeError, NotImplementedError):
-            stride = None
-        subclass = None if _is_torch(type(t).__module__) else self.klass(type(t))  # its __torch_function__
-        return (type(t).__qualname__, subclass, tuple(int(s) for s in t.shape), str(t.dtype), str(t.device),
-                str(t.layout), stride, bool(t.requires_grad))
 
     # code ---------------------------------------------------------------------------------------
     def function(self, f: Any) -> Any:
@@ -387,8 +388,8 @@ class _Fingerprint:
                     closure.append(self.value(cell.cell_contents))
                 except ValueError:  # an empty cell
                     closure.append("<empty cell>")
-            fp = _digest("function", (name, digest, self.value(f.__defaults__), self.value(f.__kwdefaults__),
-                                      tuple(closure), self._globals(f.__globals__, names)))
+            fp = self.pack("function", (name, digest, self.value(f.__defaults__), self.value(f.__kwdefaults__),
+                                         tuple(closure), self._globals(f.__globals__, names)))
         self._memo[key] = (f, fp)
         return fp
 
@@ -413,7 +414,7 @@ class _Fingerprint:
             self._user_modules.setdefault(module.__name__, module)
         return ("python module", module.__name__, installed)
 
-    def user_modules(self) -> None:
+    def user_modules(self) -> tuple[Any, ...]:
         """The values, in every user module reached, of every name the user's code may look up — until no
         walked value brings a new module or name (``helper.sub.post(...)``)."""
         done: dict[tuple[str, str], Any] = {}
@@ -425,7 +426,7 @@ class _Fingerprint:
             with self._code_constants():
                 for module_name, name in pending:
                     done[module_name, name] = self.value(vars(self._user_modules[module_name])[name])
-        self.add("user modules", tuple(sorted(done.items())))
+        return tuple(sorted(done.items()))
 
     def klass(self, cls: type) -> Any:
         """A class: for each class of its MRO outside torch, the code of its methods and its class attributes."""
@@ -448,7 +449,7 @@ class _Fingerprint:
                         continue
                     body.append((attr, self._member(member)))
                 parts.append((base_name, tuple(sorted(body, key=lambda item: item[0]))))
-        fp = _digest("class", (name, tuple(parts)))
+        fp = self.pack("class", (name, tuple(parts)))
         self._memo[key] = (cls, fp)
         return fp
 
@@ -464,21 +465,9 @@ class _Fingerprint:
             return self.function(member)
         return self.value(member)
 
-    # values -------------------------------------------------------------------------------------
-    def value(self, v: Any, depth: int = 0) -> Any:
-        """Any value as plain nested tuples: tensors by metadata (by value as code constants), containers by
-        content, objects by state."""
-        kind = type(v)
-        if kind in _PLAIN:
-            return v
-        if isinstance(v, torch.Tensor):
-            return ("tensor", self.tensor(v))
-        if isinstance(v, torch.Size):
-            return ("Size", tuple(v))
-        if isinstance(v, _TORCH_VALUES):
-            return (kind.__name__, str(v))
-        if isinstance(v, enum.Enum):
-            return ("enum", f"{kind.__module__}.{kind.__qualname__}", v.name)
+    def code_value(self, v: Any, depth: int) -> Any:
+        """``v`` keyed as code when it is code — a function, a method (with what it is bound to), a class, a Python
+        module, a logger —, else :data:`NOT_CODE`."""
         if isinstance(v, types.FunctionType):
             return self.function(v)
         if isinstance(v, (types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType,
@@ -495,6 +484,79 @@ class _Fingerprint:
             return self.python_module(v)
         if isinstance(v, logging.Logger):  # its state is the whole logging tree: where messages go, not counts
             return ("logger", v.name)
+        return NOT_CODE
+
+    def hooks(self, module: nn.Module) -> Any:
+        """A module's forward pre-hooks and hooks, each with its flags."""
+        def table(hooks: dict[int, Any], *flags: dict[int, Any]) -> Any:
+            return tuple((self.value(h), *(i in f for f in flags)) for i, h in hooks.items())
+
+        return tuple(table(*tables) for tables in forward_hook_tables(module))
+
+    def global_hooks(self) -> tuple[Any, ...]:
+        """The forward pre-hooks and hooks registered for every module."""
+        return tuple(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks())
+
+
+class _Fingerprint(CodeWalk):
+    """Walks a model and its inputs, turning what matters into plain, deterministic records.
+
+    What code refers to (function defaults, closures, globals, class attributes) is walked "as code": there
+    tensors count by value, containers are walked whole, and what cannot be walked raises
+    :class:`Uncacheable` rather than being summarised by its type.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hash = hashlib.sha256()
+        self.module_paths: dict[int, str] = {}
+        self.tensors: list[torch.Tensor] = []
+        self._tensor_index: dict[int, int] = {}
+        self.constant_tensors: dict[int, torch.Tensor] = {}  # tensors code refers to: keyed by value
+        self._active: set[int] = set()
+
+    def add(self, *record: Any) -> None:
+        self._hash.update(repr(record).encode("utf-8", "backslashreplace"))
+        self._hash.update(b"\x00")
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    # tensors ------------------------------------------------------------------------------------
+    def tensor(self, t: torch.Tensor) -> Any:
+        if self._as_code:
+            self.constant_tensors.setdefault(id(t), t)
+        index = self._tensor_index.get(id(t))
+        if index is not None:
+            return ("same tensor as", index)
+        self._tensor_index[id(t)] = len(self.tensors)
+        self.tensors.append(t)
+        try:
+            stride: Any = tuple(t.stride()) if t.layout == torch.strided else None
+        except (RuntimeError, NotImplementedError):
+            stride = None
+        subclass = None if _is_torch(type(t).__module__) else self.klass(type(t))  # its __torch_function__
+        return (type(t).__qualname__, subclass, tuple(int(s) for s in t.shape), str(t.dtype), str(t.device),
+                str(t.layout), stride, bool(t.requires_grad))
+
+    # values -------------------------------------------------------------------------------------
+    def value(self, v: Any, depth: int = 0) -> Any:
+        """Any value as plain nested tuples: tensors by metadata (by value as code constants), containers by
+        content, objects by state."""
+        kind = type(v)
+        if kind in _PLAIN:
+            return v
+        if isinstance(v, torch.Tensor):
+            return ("tensor", self.tensor(v))
+        if isinstance(v, torch.Size):
+            return ("Size", tuple(v))
+        if isinstance(v, _TORCH_VALUES):
+            return (kind.__name__, str(v))
+        if isinstance(v, enum.Enum):
+            return ("enum", f"{kind.__module__}.{kind.__qualname__}", v.name)
+        code = self.code_value(v, depth)
+        if code is not NOT_CODE:
+            return code
         if isinstance(v, nn.Module) and id(v) in self.module_paths:
             return ("submodule", self.module_paths[id(v)])
         key = (id(v), bool(self._as_code))
@@ -534,18 +596,8 @@ class _Fingerprint:
         return ("object", self.klass(kind), self._state(v, depth + 1))
 
     def _state(self, v: Any, depth: int) -> Any:
-        try:
-            state = dict(vars(v))
-            has_state = True
-        except TypeError:  # no __dict__: slots, or an extension type
-            state, has_state = {}, False
-        for klass in type(v).__mro__:
-            slots = klass.__dict__.get("__slots__", ())
-            for slot in (slots,) if isinstance(slots, str) else slots:
-                has_state = True
-                if slot not in ("__dict__", "__weakref__") and hasattr(v, slot):
-                    state.setdefault(slot, getattr(v, slot))
-        if not has_state:  # an extension type (a numpy scalar, a compiled regex...): what pickling would keep
+        state = object_state(v)
+        if state is None:  # an extension type (a numpy scalar, a compiled regex...): what pickling would keep
             return self._reduced(v, depth)
         return tuple((k, self.value(x, depth)) for k, x in state.items() if not _VOLATILE.fullmatch(str(k)))
 
@@ -578,16 +630,10 @@ class _Fingerprint:
                      tuple((n, None if b is None else self.tensor(b), n in non_persistent_buffers(module))
                            for n, b in buffers_of(module).items()),
                      tuple((n, c is None) for n, c in children_of(module).items()),
-                     self._hooks(module),
+                     self.hooks(module),
                      tuple((k, self.value(v)) for k, v in module.__dict__.items()
                            if k not in _MODULE_INTERNALS and not _VOLATILE.fullmatch(k)))
-        self.add("global hooks", *(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks()))
-
-    def _hooks(self, module: nn.Module) -> Any:
-        def table(hooks: dict[int, Any], *flags: dict[int, Any]) -> Any:
-            return tuple((self.value(h), *(i in f for f in flags)) for i, h in hooks.items())
-
-        return tuple(table(*tables) for tables in forward_hook_tables(module))
+        self.add("global hooks", *self.global_hooks())
 
 
 def run_options(execution: str) -> tuple[Any, ...]:
@@ -741,7 +787,7 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         fp.add("parallel", spec.parallel.key())
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
-    fp.user_modules()
+    fp.add("user modules", fp.user_modules())
     constants = list(fp.constant_tensors.values())
     constant_values = _bytes_digest(constants)
     if constant_values is None:

@@ -8,11 +8,17 @@ again could not give another trace:
 * the model: every module (by path, so a swapped submodule changes it), its class, ``forward`` and hooks, its
   ``training`` flag and its other attributes (plain values by value, objects walked, functions by code); every
   parameter and buffer by identity, version counter (an in-place change bumps it) and metadata;
+* the code the model runs, walked by the persistent cache's own walk (:class:`~.fingerprint.CodeWalk`): its
+  classes' methods and class attributes, the globals, helper functions and helper modules that code names, each
+  value keyed as an attribute is (a tensor by identity and version counter), so a rebound or mutated global, a
+  replaced helper or a changed class attribute changes the key;
 * the inputs: their structure, every tensor by identity, version counter and metadata, other values by value;
 * the run: execution, backward and loss function, grad and inference mode, autocast, default dtype and device,
   the attention backend switches (what the persistent cache's key covers, ``run_options``).
 
 Counting settings (handles, conventions, ancestor mode) are not part of it: they read the trace, not the run.
+An entry also holds where disk caches keep its trace (:attr:`Shared.kept`), so an analysis that shares it keeps
+its results beside the same disk entry.
 The store holds no strong reference to a model, an input or a loss function (weak references; an entry whose
 objects died is dropped, and identities are only trusted while those objects live) and a trace holds no tensors.
 At most :data:`MAX_ENTRIES` traces are kept, the least recently used dropped first.
@@ -21,28 +27,23 @@ At most :data:`MAX_ENTRIES` traces are kept, the least recently used dropped fir
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._torch_compat import (
-    buffers_of,
-    children_of,
-    forward_hook_tables,
-    global_forward_hooks,
-    parameters_of,
-    version_counter,
-)
+from .._torch_compat import buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import run_options
+from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, run_options
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -51,27 +52,54 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.
 # nn.Module's own bookkeeping: parameters, buffers, children and hooks are keyed on their own.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
 _PLAIN_TYPES = frozenset(_PLAIN)
-# The hooks of a module that has none: what :meth:`_State.hooks` makes of empty tables.
-_NO_HOOKS = tuple(((), tuple(() for _ in group[1:])) for group in forward_hook_tables(nn.Module()))
+
+
+# Classes found to be installed code through their whole MRO, with their bases in it (see :meth:`_State.klass`;
+# the class itself left out, so that the entry does not keep it alive).
+_INSTALLED_CLASSES: weakref.WeakKeyDictionary[type, tuple[type, ...]] = weakref.WeakKeyDictionary()
 
 
 class _Unshareable(Exception):
     """Something in the call cannot be keyed safely (an object without weak references, say): record anew."""
 
 
-class _State:
-    """The key of one call's state, and the objects whose identities it names (held weakly)."""
+class _State(CodeWalk):
+    """The key of one call's state, and the objects whose identities it names (held weakly).
 
-    def __init__(self) -> None:
+    The user's code the model reaches — its classes' methods and class attributes, the functions, globals and
+    helper modules they name — is walked by the persistent key's own walk (:class:`CodeWalk`), each class and
+    function once; what that code refers to is keyed here by :meth:`value`, so a rebound global, a mutated
+    global container or object, a changed helper or a global tensor changed in place changes the key."""
+
+    def __init__(self, modules: list[tuple[str, nn.Module | None]]) -> None:
+        super().__init__()
+        self.modules = modules  # the model's, by path (see :func:`_modules`)
+        self._module_ids: set[int] | None = None  # their ids, made when a module turns up as a value (rarely)
         self._refs: dict[int, weakref.ref[Any]] = {}  # id -> a weak reference to the object, one per object
         self._held: list[Any] = []  # every object named, alive for the walk: no id of it names another meanwhile
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
-        self._forwards: dict[type, tuple[Any, ...]] = {}  # a module class -> its forward's key (classes repeat)
+        self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
 
     @property
     def alive(self) -> list[weakref.ref[Any]]:
         """Weak references to every object the key names by identity."""
         return list(self._refs.values())
+
+    def pack(self, kind: str, fp: Any) -> Any:
+        """A function's or class's record as it is: hashing it whole costs less than digesting its text."""
+        return (kind, fp)
+
+    def klass(self, cls: type) -> Any:
+        """A class as the persistent key walks it; one that is installed code through its whole MRO (torch's,
+        transformers'...) by identity instead, which in-process says as much as its name and library versions —
+        and costs a look-up, where walking its MRO costs more than the rest of a small model's key."""
+        bases = cls.__mro__[1:]
+        if _INSTALLED_CLASSES.get(cls) == bases:  # (a class whose bases were reassigned is looked at again)
+            return ("installed class", cls)
+        if all(library(base) is not None for base in cls.__mro__):
+            _INSTALLED_CLASSES[cls] = bases
+            return ("installed class", cls)
+        return super().klass(cls)
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -95,8 +123,8 @@ class _State:
                 _data_ptr(t))
 
     def value(self, obj: Any, depth: int = 0) -> Any:
-        """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`.
-        Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
+        """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`, code
+        by the code walk. Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
         kind = type(obj)
         if kind in _PLAIN_TYPES or isinstance(obj, _PLAIN):  # the exact types first: the common case, at once
             return (kind, obj)
@@ -108,55 +136,71 @@ class _State:
             return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
         if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
             return ("seen", self._seen[id(obj)])
+        code = self.code_value(obj, depth)
+        if code is not NOT_CODE:  # (functions and classes are memoised by the code walk)
+            return code
         self._seen[id(obj)] = len(self._seen)
         if depth > _MAX_DEPTH:
             raise _Unshareable("the inputs or attributes nest too deep to key")
+        return self._compound(obj, kind, depth + 1)
+
+    def _compound(self, obj: Any, kind: type, depth: int) -> Any:
+        """A container by its elements, a module of the model by identity, another object by its class (its code,
+        as the persistent key walks it) and attributes."""
         if isinstance(obj, (tuple, list)):
-            return (kind, tuple(self.value(x, depth + 1) for x in obj))
-        if isinstance(obj, dict):
-            return (kind, self.items(obj, depth + 1))
+            return (kind, tuple(self.value(x, depth) for x in obj))
+        if isinstance(obj, (dict, types.MappingProxyType)):  # (a class's __dict__, a dataclass field's metadata)
+            return (kind, self.items(obj, depth))
         if isinstance(obj, (set, frozenset)):
-            return (kind, frozenset(self.value(x, depth + 1) for x in obj))
-        if isinstance(obj, nn.Module):  # a module held as an attribute: keyed as a child where it is one
+            return (kind, frozenset(self.value(x, depth) for x in obj))
+        if isinstance(obj, nn.Module) and self.in_model(obj):  # keyed as a child where it is one
             return self.identity(obj)
-        if isinstance(obj, types.FunctionType | types.MethodType | types.BuiltinFunctionType | type):
-            return self.callable(obj)
-        attributes = getattr(obj, "__dict__", None)
+        if isinstance(obj, (types.MemberDescriptorType, types.GetSetDescriptorType)):  # a slot of a class walked
+            return (kind, obj.__qualname__)
+        if isinstance(obj, functools.partial):  # what it calls, with what
+            return (kind, self.identity(obj), self.value(obj.func, depth), self.value(obj.args, depth),
+                    self.value(obj.keywords, depth))
+        attributes = object_state(obj)
         if attributes is None:
             raise _Unshareable(f"a {kind.__name__} cannot be looked into")
-        return (kind, self.identity(obj), self.items(attributes, depth + 1))
+        weakly = hasattr(obj, "__weakref__")  # else (slots without it) by its attributes alone
+        return (kind, self.klass(kind), self.identity(obj) if weakly else None, self.items(attributes, depth))
 
-    def items(self, mapping: dict[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+    def in_model(self, module: nn.Module) -> bool:
+        if self._module_ids is None:
+            self._module_ids = {id(m) for _, m in self.modules}
+        return id(module) in self._module_ids
+
+    def items(self, mapping: Mapping[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         value = self.value
         return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
                       for k, v in mapping.items() if k not in skip])
 
-    def callable(self, fn: Any) -> tuple[Any, ...]:
-        """A function by identity and code (a method by its function and object)."""
-        if isinstance(fn, types.MethodType):
-            return ("method", self.callable(fn.__func__), self.identity(fn.__self__))
-        code = getattr(fn, "__code__", None)
-        return (self.identity(fn), None if code is None else self.identity(code))
-
     def module(self, path: str, module: nn.Module | None) -> tuple[Any, ...]:
-        """A module at ``path`` (None: an empty slot): identity, class, forward, flag, hooks, tensors, attributes."""
+        """A module at ``path`` (None: an empty slot): identity, class, flag, hooks, tensors, attributes."""
         if module is None:
             return (path, None)
         kind = type(module)
-        forward = self._forwards.get(kind)
-        if forward is None:
-            forward = self._forwards[kind] = self.callable(kind.forward)
-        return (path, self.identity(module), kind, forward, module.training, self.hooks(module),
+        klass = self._classes.get(kind)
+        if klass is None:
+            klass = self._classes[kind] = self.module_class(kind)
+        return (path, self.identity(module), klass, module.training, self.module_hooks(module),
                 self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
                 self.items(module.__dict__, 1, _MODULE_INTERNALS))
 
-    def hooks(self, module: nn.Module) -> tuple[Any, ...]:
+    def module_class(self, kind: type[nn.Module]) -> tuple[Any, ...]:
+        """A module class by its code (:meth:`klass`; an installed one by identity) and its ``forward`` by identity
+        (an installed class's ``forward`` replaced in this process)."""
+        forward = kind.forward
+        code = getattr(forward, "__code__", None)
+        return (kind, self.klass(kind), self.identity(forward), None if code is None else self.identity(code))
+
+    def module_hooks(self, module: nn.Module) -> tuple[Any, ...]:
         """A module's forward hooks and their flags (nearly always none: one check)."""
         tables = forward_hook_tables(module)
         if not any(tables[0]) and not any(tables[1]):
-            return _NO_HOOKS
-        return tuple((tuple(self.callable(h) for h in group[0].values()), tuple(tuple(flags) for flags in group[1:]))
-                     for group in tables)
+            return ()
+        return self.hooks(module)
 
     def tensors(self, table: dict[str, Any]) -> tuple[Any, ...]:
         if not table:
@@ -200,26 +244,36 @@ class _Key:
 def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     """The key of running ``spec`` now, and weak references to the objects it names by identity; None when the
     call cannot be keyed safely."""
-    state = _State()
     try:
         with no_gc():  # thousands of small tuples, none in a cycle
-            pre, post = global_forward_hooks()
+            state = _State(_modules(spec.model))
             key = (run_options(spec.execution), spec.backward,
-                   None if spec.loss_fn is None else state.callable(spec.loss_fn),
-                   tuple(state.callable(h) for h in (*pre.values(), *post.values())),
-                   tuple(state.module(path, module) for path, module in _modules(spec.model)),
+                   None if spec.loss_fn is None else state.value(spec.loss_fn), state.global_hooks(),
+                   tuple(state.module(path, module) for path, module in state.modules),
                    state.value(spec.args), state.value(spec.kwargs),
-                   None if spec.parallel is None else spec.parallel.key())
+                   None if spec.parallel is None else spec.parallel.key(),
+                   state.user_modules())  # last: what every piece of code walked above may look up
             return _Key(key), state.alive
-    except (_Unshareable, TypeError):  # (TypeError: something in it cannot be hashed)
+    except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A trace of :meth:`SharedRecordings.share`: whether this call ``recorded`` it (else it was shared), and
+    ``kept``, what the analyses sharing it know of where disk caches keep it (cache path -> ``StoredTrace``, None
+    where that cache does not keep it), one dictionary for all of them."""
+
+    trace: Trace
+    recorded: bool
+    kept: dict[str, Any] = field(default_factory=dict)
 
 
 class SharedRecordings:
     """The last few traces recorded in this process, each under the state of the call that made it."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Trace]] = OrderedDict()
+        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Shared]] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
 
@@ -231,20 +285,24 @@ class SharedRecordings:
             self._entries.clear()
 
     def get_or_record(self, spec: RunSpec, record: Callable[[], Trace]) -> Trace:
+        """The trace of ``spec``'s call in its state now (see :meth:`share`)."""
+        return self.share(spec, record).trace
+
+    def share(self, spec: RunSpec, record: Callable[[], Trace]) -> Shared:
         """The trace of ``spec``'s call in its state now: shared when one was recorded in that state, else
         ``record()``, kept under the state before it ran (a run puts the model back as it found it, and a call
         in another state does not match)."""
         before = call_state(spec)
         if before is None:
-            return record()
+            return Shared(record(), recorded=True)
         found = self._find(before[0])
         if found is not None:
-            return found
-        trace = record()
-        self._keep(before[0], before[1], trace)
-        return trace
+            return Shared(found.trace, recorded=False, kept=found.kept)
+        shared = Shared(record(), recorded=True)
+        self._keep(before[0], before[1], shared)
+        return shared
 
-    def _find(self, key: _Key) -> Trace | None:
+    def _find(self, key: _Key) -> Shared | None:
         with self._lock:
             self._drop_dead()
             entry = self._entries.get(key)
@@ -253,9 +311,9 @@ class SharedRecordings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], trace: Trace) -> None:
+    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], shared: Shared) -> None:
         with self._lock:
-            self._entries[key] = (alive, trace)
+            self._entries[key] = (alive, shared)
             self._entries.move_to_end(key)
             self._drop_dead()
             while len(self._entries) > self._max:

@@ -137,9 +137,14 @@ class TraceCache:
             with suppress(OSError):
                 os.remove(path)
             return None
-        with suppress(OSError):  # least recently *used*: a hit counts as a use
-            os.utime(path)
-        return trace, hashlib.sha256(data).hexdigest()
+        return trace, _used(path, data)
+
+    def entry_digest(self, key: str) -> str | None:
+        """The digest of the entry stored under ``key`` (marked as just used), what results kept beside it are bound
+        to; None when there is none. The entry is not decoded: a result is only read when it names this digest."""
+        path = self.entry_path(key)
+        data = self._bytes(path, "trace cache entry")
+        return None if data is None else _used(path, data)
 
     def get_or_record(self, key: str, record: Callable[[], Trace],
                       storable: Callable[[Trace], bool] = lambda _: True) -> tuple[Trace, bool, str | None]:
@@ -352,6 +357,14 @@ class TraceCache:
             with suppress(OSError):
                 if (match is not None and owner_gone(match["owner"])) or item.stat().st_mtime < stale:
                     os.remove(item.path)
+
+
+def _used(path: str, data: bytes) -> str:
+    """Mark the entry at ``path`` as just used (least recently *used* goes first: a hit counts as a use); the
+    digest of its contents ``data``."""
+    with suppress(OSError):
+        os.utime(path)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> str:
