@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -289,7 +290,7 @@ class _Run:
         trace.aliases = dict(names.aliases)
         trace.model = type(model).__name__
         trace.versions = {"torch": str(torch.__version__)}
-        trace.op_tags = op_tags(event.op for event in trace.events)
+        trace.op_tags = op_tags(dict.fromkeys(map(_op_of, trace.events)))  # each operator once, in order
         return trace
 
     def _backward(self, output: Any, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder) -> None:
@@ -321,6 +322,9 @@ class _Run:
                 if param.grad is not None:
                     recorder.storages.gradient(param.grad, param)
             recorder.finish_storages(parameters)  # before the gradients are dropped again: they outlive the step
+
+
+_op_of = attrgetter("op")
 
 
 def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
