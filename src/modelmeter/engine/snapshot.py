@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import chain
-from operator import is_, itemgetter, methodcaller
+from operator import is_, itemgetter
 from typing import Any
 
 import torch
@@ -75,11 +74,10 @@ class ModelSnapshot:
         if buffers:
             self.buffers += [(buffers, name, t) for name, t in buffers.items() if t is not None]
         added = attributes.keys() - _MODULE_KEYS  # what its class adds: mostly sizes and flags
-        values = [attributes[name] for name in added]
-        if not all(map(_ATOMS.__contains__, map(type, values))):  # a tensor, a cache, a helper module
+        if not _ATOMS.issuperset(map(type, map(attributes.__getitem__, added))):  # a tensor, a cache, a helper module
             self.attributes += [(attributes, name, attributes[name]) for name in added
                                 if isinstance(attributes[name], torch.Tensor)]
-            self._walk(values)
+            self._walk([attributes[name] for name in added])
 
     def _walk(self, values: Iterable[Any]) -> None:
         """Remember every table, every module kept outside the submodules, and every tensor among ``values`` and
@@ -116,12 +114,11 @@ class ModelSnapshot:
 
     def restore(self) -> None:
         """Put back every entry, class and tensor flag as it was when the snapshot was taken."""
-        if not _same_entries(self.dicts):
-            for table, entries in self.dicts:
-                if len(table) != len(entries) or not all(map(is_, table, entries)) \
-                        or not all(map(is_, table.values(), entries.values())):
-                    table.clear()
-                    table.update(entries)
+        for table, entries in self.dicts:
+            if len(table) != len(entries) or not all(map(is_, table, entries)) \
+                    or not all(map(is_, table.values(), entries.values())):
+                table.clear()
+                table.update(entries)
         for items, saved in self.sequences:
             if len(items) != len(saved) or not all(map(is_, items, saved)):
                 items.clear()
@@ -129,15 +126,13 @@ class ModelSnapshot:
         for members, kept in self.sets:  # rare; put back unasked, so no element is compared with ==
             members.clear()
             members.update(kept)
-        if any(self.empty):  # rare: checked together first
-            for container in self.empty:
-                if container:
+        for container in self.empty:
+            if container:
+                container.clear()
+        for hooks in self.hooks:
+            if any(hooks):
+                for container in hooks:
                     container.clear()
-        if any(chain.from_iterable(self.hooks)):
-            for hooks in self.hooks:
-                if any(hooks):
-                    for container in hooks:
-                        container.clear()
         for module, kind in self.classes:
             if type(module) is not kind:
                 module.__class__ = kind
@@ -147,17 +142,6 @@ class ModelSnapshot:
             if tensor.grad is not grad:
                 tensor.grad = grad
 
-
-def _same_entries(dicts: list[tuple[dict[Any, Any], dict[Any, Any]]]) -> bool:
-    """Whether every dict holds the very keys and values of its copy, in order: all of them compared in one pass (the
-    common case after a run, a dozen entries in each of a few thousand dicts), as each would be compared alone."""
-    tables, copies = list(map(_first, dicts)), list(map(_second, dicts))
-    return list(map(len, tables)) == list(map(len, copies)) \
-        and all(map(is_, chain.from_iterable(tables), chain.from_iterable(copies))) \
-        and all(map(is_, chain.from_iterable(map(_values, tables)), chain.from_iterable(map(_values, copies))))
-
-
-_first, _second, _values = itemgetter(0), itemgetter(1), methodcaller("values")
 
 # Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).
 _ATOMS = frozenset({bool, int, float, complex, str, bytes, type(None), type, torch.dtype, torch.device})
