@@ -29,6 +29,7 @@ from .._torch_compat import (
     UnsupportedFakeTensorException,
     eager_flex_attention,
     fake_from_meta,
+    no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
     unseen_global_shape_runs,
@@ -318,9 +319,11 @@ class _Run:
         parameters = self.parts.running(self.parts.parameters)
         with _Gradients([*parameters, *tensors_in((args, kwargs))]):
             loss.backward()
-            for param in parameters:
-                if param.grad is not None:
-                    recorder.storages.gradient(param.grad, param)
+            with no_torch_function():  # reading the gradients is no call of the model's: the function mode set aside
+                for param in parameters:
+                    grad = param.grad
+                    if grad is not None:
+                        recorder.storages.gradient(grad, param)
             recorder.finish_storages(parameters)  # before the gradients are dropped again: they outlive the step
 
 
@@ -358,15 +361,18 @@ class _Gradients:
     backward pass neither adds into a user's gradients nor leaves new ones."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
+        with no_torch_function():  # as every access below: no call of the model's, so not one the function mode sees
+            self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
 
     def __enter__(self) -> None:
-        for tensor, _ in self.saved:
-            tensor.grad = None
+        with no_torch_function():
+            for tensor, _ in self.saved:
+                tensor.grad = None
 
     def __exit__(self, *_: Any) -> None:
-        for tensor, grad in self.saved:
-            tensor.grad = grad
+        with no_torch_function():
+            for tensor, grad in self.saved:
+                tensor.grad = grad
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
