@@ -24,11 +24,18 @@ _NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
 
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """Like ``named_modules()`` but yields a shared module once per path that reaches it."""
-    yield prefix, model
-    for name, child in children_of(model).items():
-        if child is None:
-            continue
-        yield from named_modules_with_dup(child, f"{prefix}.{name}" if prefix else name)
+    found: list[tuple[str, nn.Module]] = []
+    _paths(model, prefix, found)
+    return iter(found)
+
+
+def _paths(module: nn.Module, prefix: str, found: list[tuple[str, nn.Module]]) -> None:
+    """Append every path to ``module`` and its submodules, depth first: one call per path (nested generators would
+    pass each path up through every level above it)."""
+    found.append((prefix, module))
+    for name, child in children_of(module).items():
+        if child is not None:
+            _paths(child, f"{prefix}.{name}" if prefix else name, found)
 
 
 class ModuleNames:
