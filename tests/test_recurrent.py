@@ -25,6 +25,7 @@ from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.trace import Trace
 from modelmeter.engine.tracer import record_trace
 from modelmeter.handles.catalog import CONVENTIONS
+from trace_equality import assert_same_trace
 
 
 @contextlib.contextmanager
@@ -50,34 +51,11 @@ def emulated() -> Iterator[list[int]]:
         yield calls
 
 
-def _plain(value: Any) -> Any:
-    """Arguments with their scalars' types (1 and 1.0 are different descriptions)."""
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, (bool, int, float)):
-        return type(value).__name__, value
-    return value
-
-
-def _described(trace: Trace) -> tuple[list[Any], list[Any], Any, Any]:
-    events = [(e.op, e.level, e.parent, e.scope, e.phase, _plain(e.inputs), _plain(e.outputs), e.kwargs, e.origin,
-               e.python) for e in trace.events]
-    storages = [(s.nbytes, s.dtype, s.device, s.kind, s.born, s.died, s.saved, s.saved_scope, s.order)
-                for s in trace.storages]
-    return events, storages, trace.scopes, (trace.output_shapes, trace.op_tags, trace.called, trace.assumptions)
-
-
 def _assert_same_trace(model: nn.Module, args: tuple[Any, ...], **spec: Any) -> Trace:
     fast = record_trace(RunSpec(model, args, **spec))
     with recurrent.decomposed():
         slow = record_trace(RunSpec(model, args, **spec))
-    (fast_events, fast_storages, *fast_rest), (slow_events, slow_storages, *slow_rest) = \
-        _described(fast), _described(slow)
-    assert len(fast_events) == len(slow_events)
-    for i, (mine, theirs) in enumerate(zip(fast_events, slow_events, strict=True)):
-        assert mine == theirs, f"event {i}"
-    assert fast_storages == slow_storages
-    assert fast_rest == slow_rest
+    assert_same_trace(fast, slow)
     return fast
 
 

@@ -61,15 +61,15 @@ __all__ = [  # what the package imports from here
     "MODULE_CALL_IMPL", "MODULE_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
-    "UnsupportedFakeTensorException", "buffers_of", "children_of", "class_name", "cuda_lazy_init_code",
-    "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store",
-    "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_torch_function",
-    "non_persistent_buffers", "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of",
-    "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module",
-    "resolve_group_name", "schema_of", "script_object_type", "set_state_dict_metadata", "sharded_tensor_type",
-    "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter",
-    "weights_only_allowed_globals",
+    "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
+    "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
+    "fake_store", "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
+    "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_dispatch",
+    "no_torch_function", "non_persistent_buffers", "observed_cpu_rng_states", "observed_storage_resizes",
+    "parameters_of", "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name",
+    "replicate_module", "resolve_group_name", "schema_of", "script_object_type", "set_state_dict_metadata",
+    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
+    "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -117,6 +117,13 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 # module's outputs without the function recorder seeing every attribute access (a microsecond each). What
 # torch.overrides uses itself; there is no public name.
 no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
+
+# --- dispatch switches (torch._C, since 2.0) -------------------------------------------------------------------------
+# Turns the Python dispatch modes off for a block: a replayed call (engine/replay.py) makes its outputs unseen by the
+# dispatch recorder (``torch.utils._python_dispatch`` uses it the same way). Whether autocast is on for any device:
+# one call, where ``torch.is_autocast_enabled(device)`` is one per device type (2.4 on).
+no_dispatch: Callable[[], Any] = torch._C._DisableTorchDispatch
+any_autocast_enabled: Callable[[], bool] = torch._C._is_any_autocast_enabled
 
 
 # --- nn.Module's own tables ----------------------------------------------------------------------------------------

@@ -41,14 +41,15 @@ def parameter_count_table(model: nn.Module, max_depth: int = 3) -> str:
 
 
 def _quiet(analysis: ModelAnalysis) -> ModelAnalysis:
-    """A copy of ``analysis`` that logs nothing, sharing its run (recorded now, the model's warnings hidden).
+    """A copy of ``analysis`` that logs nothing, sharing its run (recorded now, the model's warnings hidden) and its
+    statistics when it has counted them (``Analysis.table()`` after ``result()`` counts once).
 
     The analysis itself keeps its settings.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _ = analysis.trace  # records the run once, in the analysis's session
-    return analysis.copy().unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    return analysis.quiet_view()
 
 
 def _columns(flops: ModelAnalysis, activations: ModelAnalysis | None, activations_header: str

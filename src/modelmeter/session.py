@@ -34,7 +34,6 @@ from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import Statistics, count
 from .metrics.memory import (
-    OPTIMIZER_PHASE,
     MemoryModel,
     OptimizerSpec,
     activation_statistics,
@@ -45,7 +44,7 @@ from .metrics.memory import (
     saved_bytes,
 )
 from .metrics.memory_timeline import memory_timeline
-from .metrics.parameters import count_by_prefix
+from .metrics.parameters import count_by_module, count_by_prefix
 from .metrics.roofline import Roofline, RooflineSettings, roofline
 from .reports.result import SCHEMA_VERSION, ModuleRow, Result
 
@@ -205,8 +204,8 @@ class Session:
 # warnings ----------------------------------------------------------------------------------------
 def log_statistics(trace: Trace, stats: Statistics, *, unsupported: bool = True, uncalled: bool = True) -> None:
     """Log (WARNING) the operators no handle counted and the modules with a ``forward`` that never ran."""
-    log_warnings(trace, stats.unsupported.get("", Counter()), stats.uncalled, unsupported=unsupported,
-                 uncalled=uncalled)
+    log_warnings(trace, stats.unsupported.get("", Counter()), stats.uncalled if uncalled else (),
+                 unsupported=unsupported, uncalled=uncalled)
 
 
 def log_warnings(trace: Trace, unsupported_ops: Mapping[str, int], uncalled_modules: Collection[str], *,
@@ -301,6 +300,23 @@ def _with_phases(per_metric: dict[str, Mapping[str, Mapping[str, Any]]], metric:
             per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
 
 
+def _row_columns(name: str, per_metric: list[tuple[str, Mapping[str, Mapping[str, Any]]]]
+                 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Module ``name``'s total and per-operator copy of every column of ``per_metric`` (0 and ``{}`` where the
+    column has no counts of it): a result's row owns its dicts, the statistics stay the views'."""
+    values: dict[str, Any] = {}
+    by_operator: dict[str, dict[str, Any]] = {}
+    for metric, table in per_metric:
+        ops = table.get(name)
+        if ops:
+            own = by_operator[metric] = dict(ops)
+            values[metric] = sum(own.values())
+        else:
+            by_operator[metric] = {}
+            values[metric] = 0
+    return values, by_operator
+
+
 def _ratio(numerator: Mapping[str, Any], denominator: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
     """A module's ratio of two metrics, in all and per operator (0 where the denominator is 0)."""
     per_op = {op: numerator.get(op, 0) / value for op, value in denominator.items() if value}
@@ -322,27 +338,28 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
     ratios: dict[str, tuple[Statistics, Statistics]] = {}
     if time is not None:
         traffic: dict[str, Mapping[str, Mapping[str, Any]]] = {}
-        phases = [*counted_phases(trace, PHASES), *([OPTIMIZER_PHASE] if time.time.by_phase.get(OPTIMIZER_PHASE)
-                                                     else [])]
         for metric, stats in (("bytes", time.bytes), ("time", time.time)):
-            _with_phases(traffic, metric, Counted(stats, phases))
+            _with_phases(traffic, metric, Counted(stats, time.phases))
         per_metric.update(traffic)
         ratios = {"intensity": (time.flops, time.bytes), "compute_bound": (time.compute_bound_time, time.time)}
         columns += [*traffic, *ratios]
     first = next(iter(metrics.values())).stats
-    params = count_by_prefix(trace.modules)
+    params = count_by_module(trace.modules)
+    uncalled = first.uncalled
+    tables = list(per_metric.items())
     empty: dict[str, Any] = {}
     rows = []
     for info in trace.modules:
-        by_operator = {metric: dict(table.get(info.name, empty)) for metric, table in per_metric.items()}
-        values = {metric: sum(ops.values()) for metric, ops in by_operator.items()}
+        module = info.name
+        values, by_operator = _row_columns(module, tables)
         if memory is not None:
-            values["peak_memory"] = peaks.get(info.name, 0)
+            values["peak_memory"] = peaks.get(module, 0)
         for metric, (numerator, denominator) in ratios.items():
-            values[metric], by_operator[metric] = _ratio(numerator.counts.get(info.name, empty),
-                                                         denominator.counts.get(info.name, empty))
-        rows.append(ModuleRow(info.name, info.type, params.get(info.name, 0), values, by_operator,
-                              info.name not in first.uncalled, dict(trace.output_shapes.get(info.name, empty))))
+            values[metric], by_operator[metric] = _ratio(numerator.counts.get(module, empty),
+                                                         denominator.counts.get(module, empty))
+        shapes = trace.output_shapes.get(module)
+        rows.append(ModuleRow(module, info.type, params.get(module, 0), values, by_operator, module not in uncalled,
+                              dict(shapes) if shapes else {}))
     return Result(
         model=name or trace.model,
         inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],

@@ -269,6 +269,13 @@ class ModelAnalysis(MetricView):
         self._warn_uncalled = enabled
         return self
 
+    def quiet_view(self: T) -> T:
+        """A view of the same session and settings that logs nothing (what the printed reports read), with this
+        one's statistics when they were counted: the same handles over the same trace count the same."""
+        other = self.copy().unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        other._stats = self._stats
+        return other
+
     def copy(self: T, new_model: nn.Module | None = None, new_inputs: Any = None) -> T:
         """The same analysis (class, handles, modes, warnings) of a new model and/or inputs.
 

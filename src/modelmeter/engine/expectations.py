@@ -12,7 +12,7 @@ when the input does not fit, None when it does (the failure is then something el
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .trace import OpEvent, TensorMeta
 
@@ -25,10 +25,9 @@ _TOKEN_IDS = "integer token ids of shape (batch, seq)"
 def mismatch(event: OpEvent) -> str | None:
     """Why ``event``'s input does not fit the parameters it was called with, or None."""
     rule = _RULES.get(event.op)
-    if rule is None or not all(isinstance(_argument(event.inputs, i, None), TensorMeta)
-                               for i in _tensor_slots(event.op)):
+    if rule is None or not all(isinstance(_argument(event.inputs, i, None), TensorMeta) for i in rule.tensors):
         return None
-    return rule(event.inputs)
+    return rule.check(event.inputs)
 
 
 def token_ids_mismatch(events: Sequence[OpEvent]) -> tuple[int, str] | None:
@@ -146,24 +145,26 @@ def _class_indices(inputs: list[Any]) -> str | None:
             f"input), got {target.dtype} of shape {_shape(target)}")
 
 
-_RULES: dict[str, Callable[[list[Any]], str | None]] = {
-    **{f"aten::conv{n}d": _convolution(False, 6) for n in (1, 2, 3)},
-    **{f"aten::conv_transpose{n}d": _convolution(True, 6) for n in (1, 2, 3)},
-    "aten::convolution": _transposed_convolution,
-    "aten::_convolution": _transposed_convolution,
-    "aten::linear": _linear,
-    "aten::embedding": _embedding,
-    "aten::layer_norm": _layer_norm,
-    "aten::batch_norm": _channels(1, 2, 3, 4),
-    "aten::instance_norm": _channels(1, 2, 3, 4),
-    "aten::group_norm": _channels(2, 3),
-    "aten::cross_entropy": _class_indices,
-    "aten::nll_loss": _class_indices,
+class _Rule(NamedTuple):
+    """How an operator's input is checked: ``check`` reads its arguments, which holds tensors at ``tensors`` (the
+    input and the weight; a norm's input alone, its weight being optional)."""
+
+    check: Callable[[list[Any]], str | None]
+    tensors: tuple[int, ...] = (0, 1)
+
+
+_INPUT = (0,)  # a norm's slots read as tensors
+_RULES: dict[str, _Rule] = {
+    **{f"aten::conv{n}d": _Rule(_convolution(False, 6)) for n in (1, 2, 3)},
+    **{f"aten::conv_transpose{n}d": _Rule(_convolution(True, 6)) for n in (1, 2, 3)},
+    "aten::convolution": _Rule(_transposed_convolution),
+    "aten::_convolution": _Rule(_transposed_convolution),
+    "aten::linear": _Rule(_linear),
+    "aten::embedding": _Rule(_embedding),
+    "aten::layer_norm": _Rule(_layer_norm, _INPUT),
+    "aten::batch_norm": _Rule(_channels(1, 2, 3, 4), _INPUT),
+    "aten::instance_norm": _Rule(_channels(1, 2, 3, 4), _INPUT),
+    "aten::group_norm": _Rule(_channels(2, 3), _INPUT),
+    "aten::cross_entropy": _Rule(_class_indices),
+    "aten::nll_loss": _Rule(_class_indices),
 }
-
-
-def _tensor_slots(op: str) -> tuple[int, ...]:
-    """The arguments a rule reads as tensors: the input and, but for a norm, the weight."""
-    if op in ("aten::layer_norm", "aten::batch_norm", "aten::instance_norm", "aten::group_norm"):
-        return (0,)
-    return (0, 1)

@@ -43,6 +43,7 @@ from .meta_kernels import direct_kernel, fused_on_meta
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .recurrent import RECURRENT_CALLS, Target, emulate
+from .replay import CallMemo, replayable
 from .storages import StorageTracker
 from .trace import Level, OpEvent, Phase, Trace
 from .values import Shadows
@@ -132,6 +133,9 @@ class Recorder:
         self._noted_masks = False
         self.storages = StorageTracker(lambda: len(self.trace.events))
         self.modules_loaded = len(sys.modules)
+        self.memo: CallMemo | None = None  # repeated calls replayed (engine/replay.py): set for a forward on meta
+        self.unreplayable = 0  # operators run whose record is not their arguments' metadata alone (replay.py)
+        self.imports = 0  # operators that imported modules
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self, stack: tuple[str, ...]) -> int:
@@ -225,6 +229,7 @@ class Recorder:
         run of a process as every other."""
         gc.collect(0)  # the young generation: nothing is collected while recording, so the cycle is young
         self.modules_loaded = len(sys.modules)
+        self.imports += 1  # the collection may have freed storages of any call open now: not a template (replay.py)
 
     def finish_storages(self, parameters: list[torch.Tensor]) -> None:
         """The run is over: what lives now outlives it; ``parameters`` are the model's, as the run leaves them.
@@ -248,17 +253,28 @@ class Recorder:
         return scope, "backward", origin
 
     # events ----------------------------------------------------------------------------------
+    def open_call(self) -> int:
+        """The index of the innermost user-level call open now (the parent of an event made now), or -1."""
+        return self._open[-1] if self._open else -1
+
+    def current_scope(self) -> int:
+        return self._scope
+
+    def refines(self, op: str) -> bool:
+        """Whether a call of ``op`` made now refines the call open around it (see :meth:`open_function`)."""
+        events, open_calls = self.trace.events, self._open
+        return bool(open_calls) and open_calls[-1] == len(events) - 1 and events[-1].op == op
+
     def open_function(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       python: bool = False) -> tuple[int, bool]:
         """Start a user-level event (``python``: the call is Python code, see :attr:`OpEvent.python`); a call
         nested directly in one of the same name refines it."""
         events = self.trace.events
-        if self._open:
+        if self.refines(op):
             top = self._open[-1]
-            if events[top].op == op and top == len(events) - 1:
-                events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
-                events[top].python = python
-                return top, False
+            events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
+            events[top].python = python
+            return top, False
         inputs, extra = self._bind(op, args, kwargs)
         scope, phase, origin = self._event_context()
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
@@ -266,6 +282,7 @@ class Recorder:
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
+            self.unreplayable += 1  # its record holds what its mask's values let through (replay.py)
         return len(events) - 1, True
 
     def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -369,8 +386,16 @@ class FunctionRecorder(TorchFunctionMode):
                 rec.note_failure(op, "function")
                 raise
         indexing = func is _GETITEM or func is _SETITEM
-        return rec.call(op, args, kwargs, lambda: self._run(func, types_, args, kwargs, python_function, higher_order),
-                        python=python_function or indexing, operator=higher_order)
+
+        def record() -> Any:
+            return rec.call(op, args, kwargs, lambda: self._run(func, types_, args, kwargs, python_function,
+                                                                   higher_order),
+                            python=python_function or indexing, operator=higher_order)
+
+        memo = rec.memo
+        if memo is None or higher_order or op in _NOT_REPLAYED or func in self._active or rec.refines(op):
+            return record()
+        return memo.run(func, args, kwargs, record)
 
     def _run(self, func: Any, types_: Any, args: tuple[Any, ...], kwargs: dict[str, Any], python_function: bool,
              higher_order: bool) -> Any:
@@ -435,6 +460,8 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+# Calls never replayed (engine/replay.py): attention reads its mask's values, a recurrent call writes its events itself.
+_NOT_REPLAYED = frozenset({*ATTENTION_CALLS, *(function_op_name(f) for f in RECURRENT_CALLS)})
 # Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
 _GETITEM, _SETITEM = torch.Tensor.__getitem__, torch.Tensor.__setitem__
 
@@ -457,6 +484,7 @@ def autograd_functions(recorder: Recorder) -> Iterator[None]:
     def record(cls: type, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if recorder.paused:
             return run(*args, **kwargs)
+        recorder.unreplayable += 1  # its forward is the user's code: a call around it is recorded every time
         # The tensor arguments, in order: what fvcore passes a PythonOp's handle.
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
         return recorder.call(python_op_name(cls), tensors, {}, lambda: run(*args, **kwargs), operator=True)
@@ -495,6 +523,8 @@ class DispatchRecorder(EagerDispatchMode):
             return result
         shadows = rec.shadows
         try:
+            if not operator.replayable:
+                rec.unreplayable += 1
             if operator.check is not None:  # what the CPU kernel refuses and the meta kernel lets through
                 operator.check(args, kwargs)
             known = shadows.item(args[0]) if shadows is not None and func is _ITEM else None
@@ -547,6 +577,7 @@ class _Operator(NamedTuple):
     check: Check | None
     groups: tuple[int, ...]  # where a functional collective takes its group's name
     collective: bool
+    replayable: bool  # its record is its arguments' metadata alone (engine/replay.py)
 
 
 
@@ -558,10 +589,11 @@ _COLLECTIVE_NAMESPACES = frozenset({"c10d", "fsdp"})
 
 def _operator(func: OpOverload) -> _Operator:
     schema = schema_of(func)
+    groups = group_name_positions(func.namespace, schema)
+    collective = func.namespace in _COLLECTIVE_NAMESPACES
     found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema, func.namespace == "prim", schema.is_mutable,
-                                         direct_kernel(func), kernel_check(func),
-                                         group_name_positions(func.namespace, schema),
-                                         func.namespace in _COLLECTIVE_NAMESPACES)
+                                         direct_kernel(func), kernel_check(func), groups, collective,
+                                         replayable(func, collective or bool(groups)) and func not in _PLACEHOLDERS)
     return found
 
 

@@ -100,6 +100,10 @@ class StorageTracker:
         """Whether ``tensor``'s storage has a record (it was seen, and lives)."""
         return id(tensor.untyped_storage()) in self._live
 
+    def record_of(self, tensor: torch.Tensor) -> Storage | None:
+        """The record of ``tensor``'s live storage, None when it has none."""
+        return self._live.get(id(tensor.untyped_storage()))
+
     def existing(self, tensor: torch.Tensor, kind: StorageKind) -> None:
         """A storage that is there before the run starts (model state, inputs)."""
         self._record(tensor, kind, -1)

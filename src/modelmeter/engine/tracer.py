@@ -44,6 +44,7 @@ from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
+from .replay import CallMemo
 from .snapshot import Held as _Held
 from .snapshot import ModelSnapshot
 from .spec import Execution, LossFn, RunSpec
@@ -226,6 +227,8 @@ class _Run:
         args, kwargs = self.args, self.kwargs
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
+        if on_meta and not self.backward:  # a forward on meta tensors: repeated calls are replayed (replay.py)
+            recorder.memo = CallMemo(recorder)
         try:
             with ExitStack() as stack:
                 # The caller's grad mode must not change what runs: under inference mode, composite operators

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numbers
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from ..engine.gc_pause import no_gc
@@ -41,13 +42,21 @@ class Unit:
 class Statistics:
     """Per canonical module name: counts by operator (all phases, and per phase), by the dtype the work was
     done in, the unsupported operators, and the uncalled modules. A module with nothing to count is absent
-    from the tables (read them with ``.get``); the count tables are plain dicts (made by the thousand)."""
+    from the tables (read them with ``.get``); the count tables are plain dicts (made by the thousand).
+
+    ``find_uncalled`` gives the uncalled modules when :attr:`uncalled` is first read: a walk over the module
+    table that most readers of a result's second metric never need."""
 
     counts: Mapping[str, Mapping[str, Any]]
     by_phase: Mapping[str, Mapping[str, Mapping[str, Any]]]
     dtypes: Mapping[str, Mapping[str, Any]]
     unsupported: dict[str, Counter[str]]
-    uncalled: set[str]
+    find_uncalled: Callable[[], set[str]] = field(repr=False, compare=False)
+
+    @cached_property
+    def uncalled(self) -> set[str]:
+        """Canonical names of the modules that never ran (found once, on first reading)."""
+        return self.find_uncalled()
 
 
 def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "owner", *,
@@ -91,8 +100,9 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
         for root in visitor.children[-1]:
             if trace.events[root].phase in visitor.tally.by_phase:
                 visitor.visit(root, None, None, _OPEN)
+    # (a new Ancestors: the statistics keep no cache of the pass)
     return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
-                      visitor.ancestors.uncalled())
+                      Ancestors(trace, ancestor_mode).uncalled)
 
 
 # Where user handles apply: everywhere; only they (inside a Python-level call the table ignores); not at all
@@ -150,7 +160,8 @@ class _Visitor:
         if alias is not None and alias[0] in self.user and op not in self.user:
             (key, inputs), handle, from_user = alias, self.user[alias[0]], True
         else:
-            handle, from_user = self.lookup(op, mode)
+            found = self.handle_memo[mode].get(op)  # (self.lookup, without the call: every event comes here)
+            handle, from_user = self.lookup(op, mode) if found is None else found
             if event.python and self.fallback is not None and not from_user:
                 handle = _MISSING  # a metric of kernels: Python code runs none of its own
         if handle is None:
@@ -228,7 +239,7 @@ class _Visitor:
         if event.python or function or op in CONVOLUTION_CALLS:  # calls fvcore does not record as themselves
             self.visit_children(index, user_op, into, mode)
         elif mode != _USER_ONLY:  # (where only user handles count, a C-level call's operators are not theirs)
-            known = self.classify.is_free(op) or self.classify.is_elementwise(op)
+            known = self.kind(op) != _OTHER  # free or element-wise
             self.visit_children(index, op, into, _CLOSED if known and mode == _OPEN else mode)
         if function and into is None and mode != _USER_ONLY and self.opaque(index):
             self.report(event, op)
@@ -294,9 +305,10 @@ class _Tally:
                 into[key] += count
             return
         table, dtypes = self.by_phase[event.phase], self.dtypes
-        total = items[0][1] if len(items) == 1 else sum(v for _, v in items)
+        single = len(items) == 1
+        key, total = items[0] if single else ("", sum(v for _, v in items))
         if self.units is not None:
-            self.units.append(Unit(index, total, whole_backward, items[0][0] if len(items) == 1 else ""))
+            self.units.append(Unit(index, total, whole_backward, key))
         if not self.tables:
             return
         dtype = work_dtype(event)
@@ -304,8 +316,11 @@ class _Tally:
             counter = table.get(module)
             if counter is None:
                 counter = table[module] = {}
-            for key, count in items:
-                counter[key] = counter.get(key, 0) + count
+            if single:  # most counts: one operator key (the loop below, without its loop)
+                counter[key] = counter.get(key, 0) + total
+            else:
+                for name, count in items:
+                    counter[name] = counter.get(name, 0) + count
             by_dtype = dtypes.get(module)
             if by_dtype is None:
                 by_dtype = dtypes[module] = {}

@@ -316,5 +316,5 @@ def activation_statistics(model: MemoryModel) -> Statistics:
     """Activation bytes as a counted metric (forward pass only): by module and operator, by dtype, and the modules
     that never ran (neither directly nor through a child)."""
     counts = activation_bytes(model)
-    uncalled = Ancestors(model.trace, "owner").uncalled()
+    uncalled = Ancestors(model.trace, "owner").uncalled  # found when read
     return Statistics(counts, {"forward": counts}, activation_dtypes(model), {}, uncalled)

@@ -13,6 +13,15 @@ def count_by_prefix(modules: Iterable[ModuleInfo]) -> defaultdict[str, int]:
     """Number of parameter elements under every name prefix (``""`` is the whole model), over the module table
     (``Trace.modules``, in ``named_modules()`` order, each parameter under its first owner only): each parameter
     added to ``""``, every prefix of its module and its own name, in ``named_parameters()`` order."""
+    return _count(modules, with_parameters=True)
+
+
+def count_by_module(modules: Iterable[ModuleInfo]) -> defaultdict[str, int]:
+    """:func:`count_by_prefix` of the module names only (a result's rows): the parameters' own names left out."""
+    return _count(modules, with_parameters=False)
+
+
+def _count(modules: Iterable[ModuleInfo], with_parameters: bool) -> defaultdict[str, int]:
     counts: defaultdict[str, int] = defaultdict(int)
     chains: dict[str, tuple[str, ...]] = {"": ("",)}
     for module in modules:
@@ -22,8 +31,9 @@ def count_by_prefix(modules: Iterable[ModuleInfo]) -> defaultdict[str, int]:
         total = sum(size for _, size in own)
         for key in _chain(module.name, chains):  # the prefixes first (in one go), then the parameters' own names
             counts[key] += total
-        for name, size in own:
-            counts[f"{module.name}.{name}" if module.name else name] += size
+        if with_parameters:
+            for name, size in own:
+                counts[f"{module.name}.{name}" if module.name else name] += size
     return counts
 
 

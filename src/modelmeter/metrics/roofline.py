@@ -88,6 +88,12 @@ class Roofline:
     compute_bound_time: Statistics
     summary: dict[str, Any]
 
+    @property
+    def phases(self) -> list[str]:
+        """The phases the time is split into, in run order: the run's, then ``"optimizer"`` when its step was
+        timed (the keys of ``summary["time"]`` but its total)."""
+        return [phase for phase in self.summary["time"] if phase != "total"]
+
 
 @dataclass
 class _Unit:
@@ -325,12 +331,11 @@ def _statistics(trace: Trace, units: list[_Unit]) -> list[Statistics]:
     for table in (*(by_phase[phase] for phase in present), dtypes):
         _add_up(table)
     totals = None if len(present) == 1 else _merged([by_phase[phase] for phase in present])
-    uncalled = Ancestors(trace, "owner").uncalled()
     out = []
     for index in range(4):
         phases = {phase: _column(table, index) for phase, table in by_phase.items()}
         counts = phases[present[0]] if totals is None else _column(totals, index)  # one phase: its own total
-        out.append(Statistics(counts, phases, _column(dtypes, index), {}, set(uncalled)))
+        out.append(Statistics(counts, phases, _column(dtypes, index), {}, Ancestors(trace, "owner").uncalled))
     return out
 
 
@@ -390,6 +395,7 @@ def _summary(trace: Trace, settings: RooflineSettings, units: list[_Unit]) -> di
     device = settings.device
     dtype = _dominant_dtype(trace, units)
     peak = device.peak(dtype, matrix=True, tf32=settings.tf32)
+    # the one place that decides whether the time has an optimizer phase (Roofline.phases reads it back)
     phases = [*trace.phases(), *([OPTIMIZER_PHASE] if any(u.phase == OPTIMIZER_PHASE for u in units) else [])]
     times = {phase: sum(u.time for u in units if u.phase == phase) for phase in phases}
     total = sum(u.time for u in units)

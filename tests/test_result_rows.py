@@ -1,0 +1,205 @@
+"""The Result's rows against a naive oracle: every column of every module read straight from statistics counted
+here (one ``count`` per metric, the memory model, the roofline), copied and summed the plain way, parameters by
+every name prefix, the uncalled modules found eagerly. The builder reads the same tables in a faster way (column by
+column, parameters by module only, the uncalled modules when first read); both must agree value for value and in
+the order of every dict (compared by ``repr``), on several models and settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from modelmeter import analyze
+from modelmeter.analysis import build_result
+from modelmeter.engine.trace import PHASES, Trace
+from modelmeter.handles.conventions import get_convention
+from modelmeter.handles.fvcore import ACTIVATION_HANDLES
+from modelmeter.metrics.counting import Ancestors, count
+from modelmeter.metrics.memory import MemoryModel, activation_statistics, module_peaks, optimizer_spec, saved_bytes
+from modelmeter.metrics.parameters import count_by_module, count_by_prefix
+from modelmeter.metrics.roofline import RooflineSettings, roofline
+from modelmeter.reports.result import Result
+from modelmeter.session import result_from_trace
+from modelmeter.views import ActivationCountAnalysis, FlopCountAnalysis
+
+
+class Checkpointed(nn.Module):
+    """A recompute phase, a shared parameter, a module that never runs and a norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 16))
+        self.head = nn.Linear(16, 16)
+        self.tied = nn.Linear(16, 16)
+        self.tied.weight = self.head.weight
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = checkpoint(self.body, x, use_reentrant=False)
+        return self.tied(self.head(x).softmax(-1))
+
+
+def _models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2,
+                                    enable_nested_tensor=False)
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 4))
+    return {"conv": (conv, torch.randn(2, 3, 16, 16)),
+            "checkpointed": (Checkpointed(), torch.randn(4, 16)),
+            "encoder": (encoder, torch.randn(2, 5, 16)),
+            "lstm": (nn.LSTM(4, 8, num_layers=2, bidirectional=True), torch.randn(3, 2, 4))}
+
+
+SETTINGS: list[dict[str, Any]] = [
+    {},
+    {"convention": "macs"},
+    {"convention": "flops", "backward": True},
+    {"memory": True},
+    {"backward": True, "memory": True, "optimizer": "adamw"},
+    {"device": "h100"},
+    {"backward": True, "convention": "flops", "memory": True, "optimizer": "adam", "device": "a100"},
+]
+
+
+def _phase_columns(columns: dict[str, Mapping[str, Any]], metric: str, counts: Mapping[str, Any],
+                   by_phase: Mapping[str, Mapping[str, Any]], phases: list[str]) -> None:
+    columns[metric] = counts
+    if len(phases) > 1:
+        for phase in phases:
+            columns[f"{phase}_{metric}"] = by_phase.get(phase, {})
+
+
+def _oracle_rows(trace: Trace, settings: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Every row as ``(name, type, params, metrics, by_operator, called, output_shapes)``, the naive way."""
+    chosen = get_convention(settings.get("convention", "fvcore"))
+    flops = count(trace, chosen.handles, elementwise=chosen.elementwise)
+    activations = count(trace, ACTIVATION_HANDLES, phases=("forward",))
+    run_phases = trace.phases()
+    columns: dict[str, Mapping[str, Any]] = {}
+    _phase_columns(columns, "flops", flops.counts, flops.by_phase, [p for p in run_phases if p in PHASES])
+    _phase_columns(columns, "activations", activations.counts, activations.by_phase, ["forward"])
+    peaks: Mapping[str, int] | None = None
+    spec = None
+    if settings.get("memory"):
+        model = MemoryModel(trace)
+        spec = None if settings.get("optimizer") is None else optimizer_spec(settings["optimizer"])
+        columns["activation_bytes"] = activation_statistics(model).counts
+        if trace.backward:
+            columns["saved_bytes"] = saved_bytes(model)
+        peaks = module_peaks(model, spec)
+    ratios = {}
+    if settings.get("device"):
+        time = roofline(trace, RooflineSettings(_device(settings["device"])), optimizer=spec)
+        phases = [*run_phases, *(["optimizer"] if time.time.by_phase.get("optimizer") else [])]
+        _phase_columns(columns, "bytes", time.bytes.counts, time.bytes.by_phase, phases)
+        _phase_columns(columns, "time", time.time.counts, time.time.by_phase, phases)
+        ratios = {"intensity": (time.flops.counts, time.bytes.counts),
+                  "compute_bound": (time.compute_bound_time.counts, time.time.counts)}
+    params = count_by_prefix(trace.modules)
+    uncalled = Ancestors(trace, "owner").uncalled()
+    rows = []
+    for info in trace.modules:
+        by_operator = {metric: dict(table.get(info.name, {})) for metric, table in columns.items()}
+        values = {metric: sum(ops.values()) for metric, ops in by_operator.items()}
+        if peaks is not None:
+            values["peak_memory"] = peaks.get(info.name, 0)
+        for metric, (numerator, denominator) in ratios.items():
+            top, below = numerator.get(info.name, {}), denominator.get(info.name, {})
+            by_operator[metric] = {op: top.get(op, 0) / v for op, v in below.items() if v}
+            values[metric] = sum(top.values()) / sum(below.values()) if sum(below.values()) else 0.0
+        rows.append((info.name, info.type, params.get(info.name, 0), values, by_operator, info.name not in uncalled,
+                     dict(trace.output_shapes.get(info.name, {}))))
+    return rows
+
+
+def _device(name: str) -> Any:
+    from modelmeter.devices import get_device
+
+    return get_device(name)
+
+
+def _rows(result: Result) -> list[tuple[Any, ...]]:
+    return [(r.name, r.type, r.params, r.metrics, r.by_operator, r.called, r.output_shapes) for r in result.modules]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "plain")
+@pytest.mark.parametrize("name", list(_models()))
+def test_rows_are_the_naive_rows(name: str, settings: dict[str, Any]) -> None:
+    model, x = _models()[name]
+    analysis = analyze(model, x, quiet=True, **settings)
+    expected = repr(_oracle_rows(analysis.trace, settings))
+    assert repr(_rows(analysis.result())) == expected
+    options = {k: v for k, v in settings.items() if k != "backward"}
+    assert repr(_rows(result_from_trace(analysis.trace, **options))) == expected
+    # a second result of the same views: the statistics the rows copied are unchanged
+    assert repr(_rows(analysis.result())) == expected
+
+
+def test_rows_of_views_in_caller_mode_and_with_user_handles() -> None:
+    """``build_result`` of views whose counts are not the convention's: the rows follow the views' statistics."""
+    model, x = _models()["conv"]
+    flops = FlopCountAnalysis(model, x).ancestor_mode("caller").set_op_handle("aten::_convolution", lambda i, o: 7)
+    activations = ActivationCountAnalysis(model, x)
+    result = build_result(model, {"flops": flops, "activations": activations})
+    for row in result.modules:
+        assert row.by_operator["flops"] == dict(flops.statistics().counts.get(row.name, {}))
+        assert row.metrics["flops"] == flops.total(row.name)
+        assert row.metrics["activations"] == activations.total(row.name)
+        assert row.called == (row.name not in flops.uncalled_modules())
+    row = result.modules[1]
+    row.by_operator["flops"]["mine"] = 1  # a row owns its dicts
+    assert "mine" not in flops.statistics().counts.get(row.name, {})
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_parameters_by_module_are_those_by_prefix(name: str) -> None:
+    trace = analyze(_models()[name][0], _models()[name][1], quiet=True).trace
+    by_prefix = count_by_prefix(trace.modules)
+    by_module = count_by_module(trace.modules)
+    assert {info.name: by_module.get(info.name, 0) for info in trace.modules} == \
+        {info.name: by_prefix.get(info.name, 0) for info in trace.modules}
+    assert set(by_module) <= set(by_prefix)
+
+
+def test_uncalled_modules_are_found_when_read() -> None:
+    trace = analyze(Checkpointed(), torch.randn(2, 16), quiet=True).trace
+    stats = count(trace, ACTIVATION_HANDLES)
+    assert "uncalled" not in vars(stats)  # not walked yet
+    assert stats.uncalled == Ancestors(trace, "owner").uncalled() == {"unused"}
+    assert stats.uncalled is stats.uncalled  # found once
+
+
+def test_roofline_phases_say_whether_the_optimizer_step_was_timed() -> None:
+    trace = analyze(Checkpointed(), torch.randn(2, 16), backward=True, quiet=True).trace
+    settings = RooflineSettings(_device("h100"))
+    assert roofline(trace, settings).phases == trace.phases() == ["forward", "backward", "recompute"]
+    timed = roofline(trace, settings, optimizer=optimizer_spec("adamw"))
+    assert timed.phases == [*trace.phases(), "optimizer"]
+    assert timed.time.by_phase["optimizer"]
+
+
+def test_table_after_result_counts_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printed table reads quiet views that take the analysis's statistics when it has counted them; the text
+    is the one a fresh analysis prints."""
+    model, x = _models()["conv"]
+    expected = analyze(model, x.clone(), quiet=True).table()
+    analysis = analyze(model, x.clone(), quiet=True)
+    analysis.result()
+    calls = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return count(*args, **kwargs)
+
+    monkeypatch.setattr("modelmeter.views.count", counting)
+    assert analysis.table() == expected
+    assert calls == []
+    analysis.flops.set_op_handle("aten::_convolution", lambda i, o: 7)  # new handles: the flops counted again
+    assert analysis.table() != expected
+    assert len(calls) == 1
