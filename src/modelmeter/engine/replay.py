@@ -3,8 +3,9 @@
 A model repeats itself: the same layer on activations of the same shape, dozens or hundreds of times. On meta
 tensors, what such a call leaves in the trace depends only on what it was given — its function, the metadata of its
 tensors, its other arguments and the grad mode — so every repetition leaves the same events and storages. The first
-call is recorded as any other and its record kept as a template (events with indices relative to the call, storage
-records with their lifetimes). A later call with the same key appends a copy of the template and returns new meta
+call is recorded as any other, and so is the second, whose record is kept as a template (events with indices relative
+to the call, storage records with their lifetimes): most calls are never repeated, and a key costs less than a
+template. A later call with the same key appends a copy of the template and returns new meta
 tensors made as the first call's outputs were, without running the function or any operator inside it: no function
 or dispatch mode round trip per operator, no argument description, no kernel.
 
@@ -18,7 +19,8 @@ Only records that a copy reproduces exactly are kept as templates (:func:`_templ
 * the events are the call's own, in the scope it ran in;
 * each output is either a fresh tensor on a storage of its own that the call made, exactly as large as its shape
   needs, or an argument itself (an in-place operator), or a view of an argument no other argument shares a storage
-  with; every other storage the call made was freed before it returned; no output has known values;
+  with, and neither a negative or conjugate view nor one read as another dtype; every other storage the call made
+  was freed before it returned, and none made before it was freed inside it; no output has known values;
 * a call that wrote its arguments (an in-place operator, found by their version counters) had none with known
   values: the replay bumps the same version counters.
 
@@ -50,7 +52,8 @@ _TENSORS = (torch.Tensor, nn.Parameter)
 _STRIDED = torch.strided
 
 _enabled = True
-_UNSEEN: Any = object()
+_UNSEEN: Any = object()  # a key not seen yet
+_ONCE: Any = object()  # a key seen once: the next call makes the template
 
 
 @contextlib.contextmanager
@@ -153,6 +156,7 @@ class Mark(NamedTuple):
     scope: int
     parent: int
     imports: int
+    deaths: int
     versions: list[int]
 
 
@@ -161,12 +165,18 @@ class CallMemo:
 
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
-        self.templates: dict[tuple[Any, ...], _Template | None] = {}  # None: the call's record cannot be replayed
+        # None: the call's record cannot be replayed; _ONCE: the key was seen once
+        self.templates: dict[tuple[Any, ...], _Template | None] = {}
+        self.silent: set[Any] = set()  # functions whose first call ran no operator
 
     def run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], record: Callable[[], Any]) -> Any:
         """The result of the call ``func(*args, **kwargs)``: replayed from its template, or ``record()`` (kept as
         the template of calls like it when it can be one)."""
-        if not _enabled or any_autocast_enabled():
+        try:
+            silent = func in self.silent
+        except TypeError:  # a function that cannot be hashed cannot be a key
+            return record()
+        if silent or not _enabled or any_autocast_enabled():
             return record()
         parts = _Parts(self.rec.storages.knows)
         if not parts.add(args) or (kwargs and not parts.add(tuple(kwargs.values()))) or not parts.tensors:
@@ -174,9 +184,16 @@ class CallMemo:
         key = (func, len(args), tuple(kwargs), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                torch.get_default_dtype(), *parts.parts)
         template = self.templates.get(key, _UNSEEN)
+        if template is _UNSEEN:  # a first call: most are never repeated, and a template costs more than a key
+            self.templates[key] = _ONCE
+            events = len(self.rec.trace.events)
+            result = record()
+            if len(self.rec.trace.events) == events:  # no operator (x.untyped_storage()): not worth a key again
+                self.silent.add(func)
+            return result
         if template is None:
             return record()
-        if template is not _UNSEEN:
+        if template is not _ONCE:
             return template.replay(self.rec, parts.tensors)
         mark = self._mark(parts.tensors)
         result = record()
@@ -187,7 +204,7 @@ class CallMemo:
     def _mark(self, tensors: list[torch.Tensor]) -> Mark:
         rec = self.rec
         return Mark(len(rec.trace.events), len(rec.storages.records), rec.unreplayable, len(rec.trace.assumptions),
-                    len(rec.trace.called), rec.current_scope(), rec.open_call(), rec.imports,
+                    len(rec.trace.called), rec.current_scope(), rec.open_call(), rec.imports, rec.storages.deaths,
                     [t._version for t in tensors])
 
 
@@ -266,6 +283,8 @@ def _template(rec: Recorder, mark: Mark, parts: _Parts, result: Any) -> _Templat
     if outputs is None:
         return None
     records: list[Storage | tuple[int, int]] = []
+    if rec.storages.deaths - mark.deaths != sum(1 for record in made if record.died >= 0):
+        return None  # a storage made before the call was freed inside it
     for record in made:
         position = fresh.get(id(record))
         if position is not None:

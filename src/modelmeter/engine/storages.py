@@ -38,6 +38,7 @@ class StorageTracker:
         self._emptied: dict[int, Storage] = {}  # id(storage object) -> its last record, while resized to nothing
         self.gradients: list[TensorMeta] = []  # every parameter's gradient, in the order given
         self._on_free = self._freed  # one bound method for every weak reference
+        self.deaths = 0  # storages freed so far (engine/replay.py)
 
     def _record(self, tensor: torch.Tensor, kind: StorageKind, born: int) -> Storage | None:
         """The record of ``tensor``'s storage (a DTensor's: its local shard's), made now (born at ``born``) when it
@@ -66,6 +67,7 @@ class StorageTracker:
         record = self._live.pop(key, None)
         if record is not None and self.open:
             record.died = self.clock()
+            self.deaths += 1
 
     def resized(self, storage: torch.UntypedStorage, nbytes: int) -> None:
         """``storage.resize_(nbytes)`` ran: ``0`` frees the bytes of the lifetime that ends now (the storage
