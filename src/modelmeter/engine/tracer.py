@@ -121,6 +121,7 @@ def _cuda_step(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str
 
 
 _CUDA = torch.device("cuda", 0)
+_META = torch.device("meta")  # a device object: a device given by its name is parsed at every call, once per tensor
 
 
 def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], execution: Execution,
@@ -425,7 +426,7 @@ def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
         if t.is_meta:
             return t.clone() if t.is_inference() else _detached(t)
-        return t.detach().to("meta").requires_grad_(t.requires_grad)
+        return t.detach().to(_META).requires_grad_(t.requires_grad)
 
     return _seeded(_input_stand_ins(tree, leaf_of), tree, shadows)
 
@@ -444,7 +445,7 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
     """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals, all on
     ``device`` when given; else meta inputs of a real model, and any input of a meta model, move to its device."""
     state = parts.state()
-    target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
+    target = _META if model_on_meta else (state[0].device if state else None)
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
         if device is not None:
@@ -462,7 +463,7 @@ def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device |
     if tensor.layout != torch.strided or type(tensor) not in (torch.Tensor, nn.Parameter) or tensor.is_quantized:
         return mode.from_tensor(tensor, static_shapes=True)
     with unset_fake_temporarily():
-        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=_META)
     fake = fake_from_meta(mode, meta, device or tensor.device)
     return fake.requires_grad_(True) if tensor.requires_grad else fake
 
@@ -492,9 +493,9 @@ class _MetaStandIn:
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_contiguous():  # the common case, and the quicker call
-            meta = torch.empty_like(tensor, device="meta", requires_grad=tensor.requires_grad)
+            meta = torch.empty_like(tensor, device=_META, requires_grad=tensor.requires_grad)
         else:
-            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=_META)
             meta.requires_grad_(tensor.requires_grad)
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(meta, tensor)
