@@ -8,7 +8,9 @@ describes each module as plain data for the trace (:class:`~modelmeter.engine.tr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import torch
 from torch import nn
 
 from .._torch_compat import children_of, class_name, local_tensor, parameters_of
@@ -22,11 +24,18 @@ _NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
 
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """Like ``named_modules()`` but yields a shared module once per path that reaches it."""
-    yield prefix, model
-    for name, child in children_of(model).items():
-        if child is None:
-            continue
-        yield from named_modules_with_dup(child, f"{prefix}.{name}" if prefix else name)
+    found: list[tuple[str, nn.Module]] = []
+    _paths(model, prefix, found)
+    return iter(found)
+
+
+def _paths(module: nn.Module, prefix: str, found: list[tuple[str, nn.Module]]) -> None:
+    """Append every path to ``module`` and its submodules, depth first: one call per path (nested generators would
+    pass each path up through every level above it)."""
+    found.append((prefix, module))
+    for name, child in children_of(module).items():
+        if child is not None:
+            _paths(child, f"{prefix}.{name}" if prefix else name, found)
 
 
 class ModuleNames:
@@ -49,13 +58,14 @@ class ModuleNames:
     def infos(self) -> list[ModuleInfo]:
         """Every module as plain data, in ``named_modules()`` order; each parameter under its first owner."""
         seen: set[int] = set()
+        known: dict[tuple[Any, ...], ParameterInfo] = {}
         by_id = self.by_id
         out = []
         for name, module in self.modules.items():
             params: tuple[ParameterInfo, ...] = ()
             own = parameters_of(module)
             if own:
-                params = tuple(_parameter_infos(own, seen))
+                params = tuple(_parameter_infos(own, seen, known))
             children = children_of(module)
             slots = tuple([(key, None if child is None else by_id[id(child)]) for key, child in children.items()]) \
                 if children else ()
@@ -64,18 +74,35 @@ class ModuleNames:
         return out
 
 
-def _parameter_infos(own: dict[str, nn.Parameter | None], seen: set[int]) -> list[ParameterInfo]:
-    """A module's own parameters not seen before (``seen``: their ids, updated); a DTensor's as this rank's shard,
-    with its global shape."""
+def _parameter_infos(own: dict[str, nn.Parameter | None], seen: set[int],
+                     known: dict[tuple[Any, ...], ParameterInfo]) -> list[ParameterInfo]:
+    """A module's own parameters not seen before (``seen``: their ids, updated). A plain parameter is described by
+    its name, shape and dtype alone: one (immutable) description per distinct triple, kept in ``known`` (a model
+    repeats a few layer shapes many times)."""
     infos = []
     for key, param in own.items():
-        if param is not None and id(param) not in seen:
-            seen.add(id(param))
-            local = local_tensor(param)
-            whole = None if local is param else tuple(param.shape)
-            infos.append(ParameterInfo(key, tuple(local.shape), dtype_name(param.dtype),
-                                       local.numel() * local.element_size(), whole))
+        if param is None or id(param) in seen:
+            continue
+        seen.add(id(param))
+        if type(param) in _PLAIN_PARAMETERS:
+            fact = (key, param.shape, param.dtype)
+            info = known.get(fact)
+            if info is None:
+                info = known[fact] = _parameter_info(key, param)
+            infos.append(info)
+        else:
+            infos.append(_parameter_info(key, param))
     return infos
+
+
+def _parameter_info(key: str, param: torch.Tensor) -> ParameterInfo:
+    """One parameter; a DTensor's as this rank's shard, with its global shape."""
+    local = local_tensor(param)
+    whole = None if local is param else tuple(param.shape)
+    return ParameterInfo(key, tuple(local.shape), dtype_name(param.dtype), local.numel() * local.element_size(), whole)
+
+
+_PLAIN_PARAMETERS = (nn.Parameter, torch.Tensor)  # exactly these classes: no DTensor, no lazy parameter
 
 
 def _has_forward(module: nn.Module) -> bool:

@@ -113,6 +113,7 @@ class Recorder:
     def __init__(self, names: ModuleNames, phase: Phase = "forward", track_autograd: bool = False) -> None:
         self.names = names
         self.trace = Trace()
+        self._by_id, self._called = names.by_id, self.trace.called  # read at every module call
         self.phase: Phase = phase
         self.track_autograd = track_autograd
         self.paused = False
@@ -145,20 +146,21 @@ class Recorder:
         return index
 
     def enter_module(self, module: nn.Module, *_: Any) -> None:
-        name = self.names.by_id.get(id(module))
+        name = self._by_id.get(id(module))
         if name is None:
             return
+        outer = self._scope
         self._stack.append(name)
-        self._outer_scopes.append(self._scope)
-        self.trace.called.add(name)
-        key = (self._scope, name)
+        self._outer_scopes.append(outer)
+        self._called.add(name)
+        key = (outer, name)
         scope = self._entered.get(key)
         if scope is None:
-            scope = self._entered[key] = self._scope_index((*self.trace.scopes[self._scope], name))
+            scope = self._entered[key] = self._scope_index((*self.trace.scopes[outer], name))
         self._scope = scope
 
     def exit_module(self, module: nn.Module, _args: Any = None, output: Any = None) -> None:
-        name = self.names.by_id.get(id(module))
+        name = self._by_id.get(id(module))
         if name is None or not self._stack:
             return
         with no_torch_function():  # what the hook reads of the output is no call of the model's
@@ -175,7 +177,10 @@ class Recorder:
     def _note_output(self, name: str, output: Any) -> None:
         """Count the call's output shapes (:func:`output_shapes`) under the module's name; a call that returned
         no tensor is not noted."""
-        shapes = output_shapes(_tensors(output))
+        if isinstance(output, torch.Tensor):  # the common case: the text of one tensor's shape, found by the shape
+            shapes = _ONE_SHAPE_TEXTS.get(output.shape) or _one_shape_text(output)
+        else:
+            shapes = output_shapes(tensors_in(output))
         if shapes:
             calls = self.trace.output_shapes.setdefault(name, {})
             calls[shapes] = calls.get(shapes, 0) + 1
@@ -227,9 +232,12 @@ class Recorder:
         self.imports += 1  # the collection may have freed storages of any call open now: not a template (replay.py)
 
     def finish_storages(self, parameters: list[torch.Tensor]) -> None:
-        """The run is over: what lives now outlives it; ``parameters`` are the model's, as the run leaves them."""
+        """The run is over: what lives now outlives it; ``parameters`` are the model's, as the run leaves them.
+        Their storages are read with the recorder's function mode set aside: reading them is no call of the model's
+        (under the mode, each read would be a user-level call opened and dropped again)."""
         if self.storages.open:
-            self.storages.parameters_at_end(parameters)
+            with no_torch_function():
+                self.storages.parameters_at_end(parameters)
             self.trace.storages = self.storages.close()
             self.trace.gradients = self.storages.gradients
 
@@ -627,6 +635,17 @@ def output_shapes(tensors: list[torch.Tensor]) -> str:
 
 
 _SHAPE_TEXTS: dict[tuple[tuple[torch.Size, ...], int], str] = {}
+
+
+def _one_shape_text(tensor: torch.Tensor) -> str:
+    """:func:`output_shapes` of one tensor, remembered by its shape."""
+    if len(_ONE_SHAPE_TEXTS) > 4096:  # bounded, whatever the run
+        _ONE_SHAPE_TEXTS.clear()
+    text = _ONE_SHAPE_TEXTS[tensor.shape] = output_shapes([tensor])
+    return text
+
+
+_ONE_SHAPE_TEXTS: dict[torch.Size, str] = {}
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -74,11 +74,10 @@ class ModelSnapshot:
         if buffers:
             self.buffers += [(buffers, name, t) for name, t in buffers.items() if t is not None]
         added = attributes.keys() - _MODULE_KEYS  # what its class adds: mostly sizes and flags
-        values = [attributes[name] for name in added]
-        if not all(map(_ATOMS.__contains__, map(type, values))):  # a tensor, a cache, a helper module
+        if not _ATOMS.issuperset(map(type, map(attributes.__getitem__, added))):  # a tensor, a cache, a helper module
             self.attributes += [(attributes, name, attributes[name]) for name in added
                                 if isinstance(attributes[name], torch.Tensor)]
-            self._walk(values)
+            self._walk([attributes[name] for name in added])
 
     def _walk(self, values: Iterable[Any]) -> None:
         """Remember every table, every module kept outside the submodules, and every tensor among ``values`` and

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from .._torch_compat import (
     UnsupportedFakeTensorException,
     eager_flex_attention,
     fake_from_meta,
+    no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
     unseen_global_shape_runs,
@@ -119,6 +121,7 @@ def _cuda_step(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str
 
 
 _CUDA = torch.device("cuda", 0)
+_META = torch.device("meta")  # a device object: a device given by its name is parsed at every call, once per tensor
 
 
 def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], execution: Execution,
@@ -292,7 +295,7 @@ class _Run:
         trace.aliases = dict(names.aliases)
         trace.model = type(model).__name__
         trace.versions = {"torch": str(torch.__version__)}
-        trace.op_tags = op_tags(event.op for event in trace.events)
+        trace.op_tags = op_tags(dict.fromkeys(map(_op_of, trace.events)))  # each operator once, in order
         return trace
 
     def _backward(self, output: Any, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder) -> None:
@@ -320,10 +323,15 @@ class _Run:
         parameters = self.parts.running(self.parts.parameters)
         with _Gradients([*parameters, *tensors_in((args, kwargs))]):
             loss.backward()
-            for param in parameters:
-                if param.grad is not None:
-                    recorder.storages.gradient(param.grad, param)
+            with no_torch_function():  # reading the gradients is no call of the model's: the function mode set aside
+                for param in parameters:
+                    grad = param.grad
+                    if grad is not None:
+                        recorder.storages.gradient(grad, param)
             recorder.finish_storages(parameters)  # before the gradients are dropped again: they outlive the step
+
+
+_op_of = attrgetter("op")
 
 
 def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -357,15 +365,18 @@ class _Gradients:
     backward pass neither adds into a user's gradients nor leaves new ones."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
+        with no_torch_function():  # as every access below: no call of the model's, so not one the function mode sees
+            self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
 
     def __enter__(self) -> None:
-        for tensor, _ in self.saved:
-            tensor.grad = None
+        with no_torch_function():
+            for tensor, _ in self.saved:
+                tensor.grad = None
 
     def __exit__(self, *_: Any) -> None:
-        for tensor, grad in self.saved:
-            tensor.grad = grad
+        with no_torch_function():
+            for tensor, grad in self.saved:
+                tensor.grad = grad
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
@@ -415,7 +426,7 @@ def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
         if t.is_meta:
             return t.clone() if t.is_inference() else _detached(t)
-        return t.detach().to("meta").requires_grad_(t.requires_grad)
+        return t.detach().to(_META).requires_grad_(t.requires_grad)
 
     return _seeded(_input_stand_ins(tree, leaf_of), tree, shadows)
 
@@ -434,7 +445,7 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
     """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals, all on
     ``device`` when given; else meta inputs of a real model, and any input of a meta model, move to its device."""
     state = parts.state()
-    target = torch.device("meta") if model_on_meta else (state[0].device if state else None)
+    target = _META if model_on_meta else (state[0].device if state else None)
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
         if device is not None:
@@ -452,7 +463,7 @@ def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device |
     if tensor.layout != torch.strided or type(tensor) not in (torch.Tensor, nn.Parameter) or tensor.is_quantized:
         return mode.from_tensor(tensor, static_shapes=True)
     with unset_fake_temporarily():
-        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=_META)
     fake = fake_from_meta(mode, meta, device or tensor.device)
     return fake.requires_grad_(True) if tensor.requires_grad else fake
 
@@ -482,9 +493,9 @@ class _MetaStandIn:
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_contiguous():  # the common case, and the quicker call
-            meta = torch.empty_like(tensor, device="meta", requires_grad=tensor.requires_grad)
+            meta = torch.empty_like(tensor, device=_META, requires_grad=tensor.requires_grad)
         else:
-            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=_META)
             meta.requires_grad_(tensor.requires_grad)
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(meta, tensor)
