@@ -32,20 +32,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
 from torch.autograd.graph import increment_version
 
-from .._torch_compat import any_autocast_enabled, no_dispatch
+from .._torch_compat import OpOverload, any_autocast_enabled, no_dispatch, version_counter
 from .storages import StorageTracker
-from .trace import OpEvent, Storage
+from .trace import OpEvent, Storage, Trace
+from .values import has_values
 
-if TYPE_CHECKING:
-    from .recorder import Recorder
-
-_VALUES = "_modelmeter_values"  # where engine/values.py keeps a tensor's known values
 _PLAIN = frozenset({bool, int, str, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
                     torch.memory_format})
 _TENSORS = (torch.Tensor, nn.Parameter)
@@ -69,6 +66,19 @@ def replay_disabled() -> Iterator[None]:
 
 def replay_enabled() -> bool:
     return _enabled
+
+
+class Recording(Protocol):
+    """What a replay reads and writes of the recorder (engine/recorder.py's ``Recorder``)."""
+
+    trace: Trace
+    storages: StorageTracker
+    unreplayable: int  # operators run so far whose record is not their arguments' metadata alone
+    imports: int  # operators run so far that imported modules
+
+    def open_call(self) -> int: ...
+
+    def current_scope(self) -> int: ...
 
 
 class _Fresh(NamedTuple):
@@ -107,7 +117,7 @@ class _Template:
                                                              r.died - start) for r in records]
         self.outputs, self.bumped, self.single, self.sequence = outputs, bumped, single, sequence
 
-    def replay(self, rec: Recorder, arguments: list[torch.Tensor]) -> Any:
+    def replay(self, rec: Recording, arguments: list[torch.Tensor]) -> Any:
         """Append the template's record to ``rec``'s trace as a call made now on ``arguments`` (the call's tensors,
         in order), and return its outputs."""
         events = rec.trace.events
@@ -163,7 +173,7 @@ class Mark(NamedTuple):
 class CallMemo:
     """The templates of one run (a forward pass on meta tensors), by the key of the call that left each."""
 
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: Recording) -> None:
         self.rec = rec
         # None: the call's record cannot be replayed; _ONCE: the key was seen once
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
@@ -205,7 +215,7 @@ class CallMemo:
         rec = self.rec
         return Mark(len(rec.trace.events), len(rec.storages.records), rec.unreplayable, len(rec.trace.assumptions),
                     len(rec.trace.called), rec.current_scope(), rec.open_call(), rec.imports, rec.storages.deaths,
-                    [t._version for t in tensors])
+                    [version_counter(t) for t in tensors])
 
 
 class _Parts:
@@ -233,7 +243,7 @@ class _Parts:
                 if not (item.is_meta and item.layout is _STRIDED and self.knows(item)) or item.dtype.is_complex \
                         or item.is_neg():  # a conjugate or negative view: resolved by operators of its own
                     return False
-                valued = hasattr(item, _VALUES)
+                valued = has_values(item)
                 self.valued = self.valued or valued
                 parts.append((kind, item.shape, item.stride(), item.storage_offset(), item.dtype, item.requires_grad,
                               valued))
@@ -257,7 +267,7 @@ class _Parts:
         return True
 
 
-def _template(rec: Recorder, mark: Mark, parts: _Parts, result: Any) -> _Template | None:
+def _template(rec: Recording, mark: Mark, parts: _Parts, result: Any) -> _Template | None:
     """The template of the call on ``parts`` recorded since ``mark`` that returned ``result``, or None when a copy
     would not be the record a run makes (see the module's docstring)."""
     trace = rec.trace
@@ -270,8 +280,9 @@ def _template(rec: Recorder, mark: Mark, parts: _Parts, result: Any) -> _Templat
     for event in events:
         if event.scope != mark.scope or event.phase != "forward" or event.origin != -1:
             return None
-    bumped = [(i, t._version - before) for i, (t, before) in enumerate(zip(parts.tensors, mark.versions, strict=True))
-              if t._version != before]
+    versions = [version_counter(t) for t in parts.tensors]
+    bumped = [(i, now - before) for i, (now, before) in enumerate(zip(versions, mark.versions, strict=True))
+              if now != before]
     if bumped and parts.valued:  # an in-place update forgets the values it overwrote (engine/values.py)
         return None
     single = isinstance(result, torch.Tensor)
@@ -306,7 +317,7 @@ def _outputs(tensors: Any, arguments: list[torch.Tensor], storages: StorageTrack
             outputs.append(None)
             continue
         if type(tensor) is not torch.Tensor or not tensor.is_meta or tensor.layout != torch.strided \
-                or tensor.requires_grad or hasattr(tensor, _VALUES) or tensor.is_neg() or tensor.is_conj():
+                or tensor.requires_grad or has_values(tensor) or tensor.is_neg() or tensor.is_conj():
             return None
         argument = next((i for i, a in enumerate(arguments) if a is tensor), None)
         if argument is not None:
@@ -338,7 +349,7 @@ def _whole(tensor: torch.Tensor) -> bool:
     return tensor.untyped_storage().nbytes() == needed * tensor.element_size()
 
 
-def replayable(func: torch._ops.OpOverload, collective: bool) -> bool:
+def replayable(func: OpOverload, collective: bool) -> bool:
     """Whether an aten operator's record depends on its arguments' metadata alone: it draws no random numbers, reads
     no value, makes no output whose shape is values' (``nonzero``, boolean indexing: meta kernels cannot run them
     today, but a tensor's known values could), changes no storage's size and communicates nothing."""

@@ -89,6 +89,11 @@ class Shadows:
         return None if values is None else values.item()
 
 
+def has_values(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values are known (it has a shadow)."""
+    return hasattr(tensor, _VALUES)
+
+
 def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Give each fake tensor a copy of its real tensor's values (on the CPU), with the modes set aside."""
     if not seeds:
