@@ -111,6 +111,7 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
                       (f"layer_norm 2d {label} {dtype}", aten.native_layer_norm.default, (t, list(t.shape[1:]), None,
                                                                                           None, 1e-5), {})]
         cases += _convolution_cases(dtype)
+        cases += _training_cases(dtype)
         m1, m2 = torch.randn(6, 4, dtype=dtype), torch.randn(4, 3, dtype=dtype)
         for label, bias in (("vector", torch.randn(3, dtype=dtype)), ("matrix", torch.randn(6, 3, dtype=dtype)),
                             ("row", torch.randn(1, 3, dtype=dtype))):
@@ -135,6 +136,179 @@ def _convolution_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[obje
         cases.append((f"convolution {spatial} s{stride} p{padding} d{dilation} g{groups} bias={bias} n={batch} {dtype}",
                       conv, (x, weight, torch.randn(6, dtype=dtype) if bias else None, *geometry, False, [0] * n,
                              groups), {}))
+    return cases
+
+
+Case = tuple[str, object, tuple[object, ...], dict[str, object]]
+
+
+def _training_cases(dtype: torch.dtype) -> list[Case]:
+    """The operators of a training step: the loss's seed gradient and dropout's mask (``ones_like``, ``empty_like``),
+    gradients scaled by a number, products, sums, and the backward kernels of activations, normalisations,
+    convolutions and pooling; on every layout the direct kernels accept, those a CPU run refuses left out."""
+    cases = [*_new_and_scaled_cases(dtype), *_product_and_sum_cases(dtype), *_pointwise_backward_cases(dtype),
+             *_normalisation_backward_cases(dtype), *_convolution_backward_cases(dtype), *_pooling_cases(dtype)]
+    return [case for case in cases if _runs_on_the_cpu(case)]
+
+
+def _runs_on_the_cpu(case: Case) -> bool:
+    """False where the CPU has no kernel for the dtype (``... not implemented for 'Half'``)."""
+    _, op, args, kwargs = case
+    try:
+        op(*args, **kwargs)  # type: ignore[operator]
+    except RuntimeError as exc:
+        if "not implemented for" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _dense_tensors(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Dense layouts: contiguous, transposed, channels-last, size-1 dimensions, no dimension."""
+    return {"contiguous": torch.randn(2, 5, 8, dtype=dtype),
+            "transposed": torch.randn(5, 2, 8, dtype=dtype).transpose(0, 1),
+            "channels_last": torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last),
+            "size-1 dims": torch.randn(1, 3, 1, 5, dtype=dtype),
+            "no dimension": torch.randn((), dtype=dtype)}
+
+
+def _expanded(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Contiguous tensors expanded: a mean's gradient, a bias's, a scalar loss's."""
+    return {"expanded mean gradient": torch.randn(2, 6, 1, 1, dtype=dtype).expand(2, 6, 3, 4),
+            "expanded row": torch.randn(1, 8, dtype=dtype).expand(5, 8),
+            "expanded scalar": torch.randn((), dtype=dtype).expand(2, 3),
+            "expanded middle": torch.randn(3, 1, 4, dtype=dtype).expand(3, 5, 4),
+            "expanded size-1": torch.randn(2, 1, 1, dtype=dtype).expand(2, 1, 6)}
+
+
+def _new_and_scaled_cases(dtype: torch.dtype) -> list[Case]:
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    keep = {"memory_format": torch.preserve_format, "pin_memory": False}  # as autograd asks for its seed
+    tensors = {**_dense_tensors(dtype), "integers": torch.arange(12).view(3, 4).t()}
+    for label, t in tensors.items():
+        for op in (aten.ones_like.default, aten.empty_like.default):
+            cases += [(f"{op.__name__} {label} {dtype}", op, (t,), {}),
+                      (f"{op.__name__} preserving {label} {dtype}", op, (t,), keep),
+                      (f"{op.__name__} contiguous of {label} {dtype}", op, (t,),
+                       {"memory_format": torch.contiguous_format}),
+                      (f"{op.__name__} as float64 {label} {dtype}", op, (t,), {"dtype": torch.float64})]
+    for label, t in {**_dense_tensors(dtype), **_expanded(dtype)}.items():
+        cases += [(f"{op.__name__} by {number!r} {label} {dtype}", op, (t, number), {})
+                  for op in (aten.mul.Scalar, aten.div.Scalar) for number in (4, 0.5)]
+    return cases
+
+
+def _product_and_sum_cases(dtype: torch.dtype) -> list[Case]:
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    left = {"contiguous": torch.randn(6, 4, dtype=dtype), "transposed": torch.randn(4, 6, dtype=dtype).t(),
+            "expanded": torch.randn(1, 1, dtype=dtype).expand(6, 4)}
+    right = {"contiguous": torch.randn(4, 3, dtype=dtype), "transposed": torch.randn(3, 4, dtype=dtype).t()}
+    cases += [(f"mm {a} {b} {dtype}", aten.mm.default, (left[a], right[b]), {}) for a in left for b in right]
+    batched_left = {"contiguous": torch.randn(3, 6, 4, dtype=dtype),
+                    "transposed": torch.randn(3, 4, 6, dtype=dtype).transpose(1, 2),
+                    "batch inside": torch.randn(6, 3, 4, dtype=dtype).transpose(0, 1)}
+    batched_right = {"contiguous": torch.randn(3, 4, 5, dtype=dtype),
+                     "transposed": torch.randn(3, 5, 4, dtype=dtype).transpose(1, 2)}
+    cases += [(f"bmm {a} {b} {dtype}", aten.bmm.default, (batched_left[a], batched_right[b]), {})
+              for a in batched_left for b in batched_right]
+    for label, t in {**_dense_tensors(dtype), **_expanded(dtype)}.items():
+        if t.dim() == 0:
+            continue
+        for dims, keepdim in (([0], True), ([0], False), ([-1], False), ([0, 1], True), ([], False), (None, True)):
+            cases.append((f"sum {dims} keepdim={keepdim} {label} {dtype}", aten.sum.dim_IntList, (t, dims, keepdim),
+                          {}))
+        cases.append((f"sum to float64 {label} {dtype}", aten.sum.dim_IntList, (t, [0]), {"dtype": torch.float64}))
+    return cases
+
+
+def _pointwise_backward_cases(dtype: torch.dtype) -> list[Case]:
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for label, t in _dense_tensors(dtype).items():
+        grad = torch.randn_like(t)  # t's layout
+        cases += [(f"threshold_backward {label} {dtype}", aten.threshold_backward.default, (grad, t, 0), {}),
+                  (f"gelu_backward {label} {dtype}", aten.gelu_backward.default, (grad, t), {}),
+                  (f"gelu_backward tanh {label} {dtype}", aten.gelu_backward.default, (grad, t),
+                   {"approximate": "tanh"}),
+                  *((f"{op.__name__} {label} {dtype}", op, (grad, t), {}) for op in (
+                      aten.tanh_backward.default, aten.sigmoid_backward.default, aten.silu_backward.default))]
+    gates = _gates(dtype)  # contiguous both, strides of their own in size-1 dimensions
+    cases.append((f"threshold_backward of gates {dtype}", aten.threshold_backward.default,
+                  (torch.randn(1, 8, dtype=dtype), gates[0], 0.0), {}))
+    return cases
+
+
+def _normalisation_backward_cases(dtype: torch.dtype) -> list[Case]:
+    """Batch norm (training and eval, affine or not, contiguous or channels-last) and layer norm (any layout of input
+    and gradient, expanded gradients among them) backward, every output mask autograd asks for."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for shape, training, affine, last in itertools.product(((4, 3), (2, 3, 5), (2, 3, 4, 5), (2, 3, 2, 4, 5)),
+                                                           (True, False), (True, False), (False, True)):
+        if last and len(shape) < 4:
+            continue
+        x = torch.randn(shape, dtype=dtype)
+        if last:
+            x = x.contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+        weight = torch.randn(3, dtype=dtype) if affine else None
+        stats = [torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)]
+        _, mean, invstd = aten.native_batch_norm.default(x, weight, None, *stats, training, 0.1, 1e-5)
+        masks = {(True, affine, affine), (False, affine, affine), (True, False, False), (False, False, affine)}
+        for mask in sorted(masks):
+            cases.append((f"batch_norm_backward {shape} training={training} affine={affine} channels_last={last} "
+                          f"{mask} {dtype}", aten.native_batch_norm_backward.default,
+                          (torch.randn_like(x), x, weight, *stats, mean, invstd, training, 1e-5, list(mask)), {}))
+    x = torch.randn(2, 5, 8, dtype=dtype)
+    for normalized, affine in itertools.product(([8], [5, 8], [2, 5, 8]), (True, False)):
+        weight = torch.randn(normalized, dtype=dtype) if affine else None
+        _, mean, rstd = aten.native_layer_norm.default(x, normalized, weight, weight, 1e-5)
+        grads = {"contiguous": torch.randn(2, 5, 8, dtype=dtype),
+                 "expanded": torch.randn((), dtype=dtype).expand(2, 5, 8),
+                 "expanded rows": torch.randn(2, 1, 8, dtype=dtype).expand(2, 5, 8)}
+        masks = {(True, affine, affine), (True, False, False), (False, affine, False), (True, False, affine)}
+        for (grad_label, grad), mask in itertools.product(grads.items(), sorted(masks)):
+            cases.append((f"layer_norm_backward over {normalized} affine={affine} gradient {grad_label} {mask} "
+                          f"{dtype}", aten.native_layer_norm_backward.default,
+                          (grad, x, normalized, mean, rstd, weight, weight, list(mask)), {}))
+    return cases
+
+
+def _convolution_backward_cases(dtype: torch.dtype) -> list[Case]:
+    """The backward of the convolutions of :func:`_convolution_cases`, with and without each gradient."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for name, _, args, _ in _convolution_cases(dtype):
+        x, weight, bias, *geometry = args
+        out = aten.convolution.default(*args)
+        channels = weight.shape[0]  # type: ignore[union-attr]
+        for mask in ([True, True, bias is not None], [False, True, bias is not None], [True, False, False]):
+            cases.append((f"{name} backward {mask}", aten.convolution_backward.default,
+                          (torch.randn_like(out), x, weight, [channels if bias is not None else 0], *geometry, mask),
+                          {}))
+    return cases
+
+
+def _pooling_cases(dtype: torch.dtype) -> list[Case]:
+    """``max_pool2d_with_indices`` and its backward: 3-D and 4-D inputs, strides, padding, dilation, ceil mode,
+    the arguments left to their defaults."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for shape, (kernel, stride, padding, dilation), ceil in itertools.product(
+            ((2, 4, 9, 9), (4, 7, 8), (1, 3, 10, 7), (1, 2, 3, 3)),
+            ((3, 2, 1, 1), (2, 2, 0, 1), (3, 3, 1, 2), (3, 1, 0, 1), (2, 3, 1, 1)), (False, True)):
+        x = torch.randn(shape, dtype=dtype)
+        full = (x, [kernel] * 2, [stride] * 2, [padding] * 2, [dilation] * 2, ceil)
+        variants = {"": full, " stride left out": (x, [kernel] * 2, [], [padding] * 2, [dilation] * 2, ceil)}
+        if not ceil and dilation == 1:
+            variants[" defaults"] = (x, [kernel] * 2, [stride] * 2, [padding] * 2)
+        label = f"max_pool2d {shape} k{kernel} s{stride} p{padding} d{dilation} ceil={ceil} {dtype}"
+        cases += [(label + suffix, aten.max_pool2d_with_indices.default, args, {})
+                  for suffix, args in variants.items()]
+        out, indices = aten.max_pool2d_with_indices.default(*full)
+        cases.append((label + " backward", aten.max_pool2d_with_indices_backward.default,
+                      (torch.randn_like(out), *full, indices), {}))
     return cases
 
 
@@ -170,9 +344,9 @@ def _lstm_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...
     return cases
 
 
-def _metadata(result: object) -> list[tuple[object, ...]]:
+def _metadata(result: object) -> list[tuple[object, ...] | None]:
     outputs = result if isinstance(result, (tuple, list)) else (result,)
-    return [(tuple(t.shape), t.stride(), t.dtype) for t in outputs]
+    return [None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in outputs]
 
 
 def _to_meta(value: object) -> object:
