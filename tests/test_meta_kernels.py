@@ -150,6 +150,7 @@ def _training_cases(dtype: torch.dtype) -> list[Case]:
     gradients scaled by a number, products, sums, and the backward kernels of activations, normalisations,
     convolutions and pooling; on every layout the direct kernels accept, those a CPU run refuses left out."""
     cases = [*_new_and_scaled_cases(dtype), *_product_and_sum_cases(dtype), *_pointwise_backward_cases(dtype),
+             *_broadcast_cases(dtype), *_softmax_cases(dtype), *_zeros_around_cases(dtype),
              *_normalisation_backward_cases(dtype), *_convolution_backward_cases(dtype), *_pooling_cases(dtype)]
     return [case for case in cases if _runs_on_the_cpu(case)]
 
@@ -190,12 +191,14 @@ def _new_and_scaled_cases(dtype: torch.dtype) -> list[Case]:
     keep = {"memory_format": torch.preserve_format, "pin_memory": False}  # as autograd asks for its seed
     tensors = {**_dense_tensors(dtype), "integers": torch.arange(12).view(3, 4).t()}
     for label, t in tensors.items():
-        for op in (aten.ones_like.default, aten.empty_like.default):
+        for op in (aten.ones_like.default, aten.empty_like.default, aten.clone.default):
             cases += [(f"{op.__name__} {label} {dtype}", op, (t,), {}),
-                      (f"{op.__name__} preserving {label} {dtype}", op, (t,), keep),
+                      (f"{op.__name__} preserving {label} {dtype}", op, (t,),
+                       {"memory_format": torch.preserve_format} if op is aten.clone.default else keep),
                       (f"{op.__name__} contiguous of {label} {dtype}", op, (t,),
                        {"memory_format": torch.contiguous_format}),
-                      (f"{op.__name__} as float64 {label} {dtype}", op, (t,), {"dtype": torch.float64})]
+                      *([(f"{op.__name__} as float64 {label} {dtype}", op, (t,), {"dtype": torch.float64})]
+                        if op is not aten.clone.default else [])]
     for label, t in {**_dense_tensors(dtype), **_expanded(dtype)}.items():
         cases += [(f"{op.__name__} by {number!r} {label} {dtype}", op, (t, number), {})
                   for op in (aten.mul.Scalar, aten.div.Scalar) for number in (4, 0.5)]
@@ -223,6 +226,70 @@ def _product_and_sum_cases(dtype: torch.dtype) -> list[Case]:
             cases.append((f"sum {dims} keepdim={keepdim} {label} {dtype}", aten.sum.dim_IntList, (t, dims, keepdim),
                           {}))
         cases.append((f"sum to float64 {label} {dtype}", aten.sum.dim_IntList, (t, [0]), {"dtype": torch.float64}))
+    return cases
+
+
+def _broadcast_cases(dtype: torch.dtype) -> list[Case]:
+    """Element-wise operators whose first operand decides the output's layout: a dense tensor without size-1
+    dimensions, and a second of its shape in another layout or broadcast to it (a bias, a column, a scalar)."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    firsts = {"contiguous": torch.randn(2, 5, 8, dtype=dtype),
+              "transposed": torch.randn(5, 2, 8, dtype=dtype).transpose(0, 1),
+              "permuted": torch.randn(8, 2, 5, dtype=dtype).permute(1, 2, 0),
+              "channels_last": torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last)}
+    for (label, a), op in itertools.product(firsts.items(), (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor,
+                                                             aten.div.Tensor)):
+        seconds = {"contiguous": torch.randn(a.shape, dtype=dtype), "its layout": torch.randn_like(a),
+                   "transposed": torch.randn(tuple(reversed(a.shape)), dtype=dtype).permute(
+                       *reversed(range(a.dim()))),
+                   "a bias": torch.randn(a.shape[-1], dtype=dtype),
+                   "a column": torch.randn(*a.shape[:-1], 1, dtype=dtype),
+                   "a middle row": torch.randn(a.shape[-2], 1, dtype=dtype),
+                   "expanded": torch.randn(a.shape[-1], dtype=dtype).expand(a.shape),
+                   "a scalar tensor": torch.randn((), dtype=dtype)}
+        cases += [(f"{op.__name__} {label} and {second} {dtype}", op, (a, b), {}) for second, b in seconds.items()]
+    cases.append((f"add with alpha, a bias {dtype}", aten.add.Tensor,
+                  (firsts["transposed"], torch.randn(8, dtype=dtype)), {"alpha": 2}))
+    return cases
+
+
+def _softmax_cases(dtype: torch.dtype) -> list[Case]:
+    """Softmax, log-softmax and safe softmax over each dimension, and their backward."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for x, dim in ((torch.randn(2, 4, 5, 5, dtype=dtype), -1), (torch.randn(2, 4, 5, 5, dtype=dtype), 1),
+                   (torch.randn(6, 3, dtype=dtype), 0), (torch.randn(7, dtype=dtype), -1),
+                   (torch.randn((), dtype=dtype), 0)):
+        shape = tuple(x.shape)
+        for op, backward in ((aten._softmax.default, aten._softmax_backward_data.default),
+                             (aten._log_softmax.default, aten._log_softmax_backward_data.default)):
+            out = op(x, dim, False)
+            cases += [(f"{op.__name__} {shape} over {dim} {dtype}", op, (x, dim, False), {}),
+                      (f"{backward.__name__} {shape} over {dim} {dtype}", backward,
+                       (torch.randn_like(out), out, dim, dtype), {})]
+        cases += [(f"_safe_softmax {shape} over {dim} {dtype}", aten._safe_softmax.default, (x, dim), {}),
+                  (f"_safe_softmax {shape} over {dim} to float64 {dtype}", aten._safe_softmax.default, (x, dim),
+                   {"dtype": torch.float64})]
+    return cases
+
+
+def _zeros_around_cases(dtype: torch.dtype) -> list[Case]:
+    """The gradients of selections and slices (q, k and v chunked off one projection), of gradients in several
+    layouts."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    sizes = [3, 5, 4, 6]
+    for dim in range(4):
+        shape = [n for i, n in enumerate(sizes) if i != dim]
+        for label, grad in (("contiguous", torch.randn(shape, dtype=dtype)),
+                            ("transposed", torch.randn(list(reversed(shape)), dtype=dtype).permute(2, 1, 0))):
+            cases.append((f"select_backward dim {dim} {label} {dtype}", aten.select_backward.default,
+                          (grad, sizes, dim, 1), {}))
+        for start, end, step in ((0, 2, 1), (1, 3, 2), (0, sizes[dim], 1)):
+            sliced = [len(range(start, end, step)) if i == dim else n for i, n in enumerate(sizes)]
+            cases.append((f"slice_backward dim {dim} {start}:{end}:{step} {dtype}", aten.slice_backward.default,
+                          (torch.randn(sliced, dtype=dtype), sizes, dim, start, end, step), {}))
     return cases
 
 
@@ -329,7 +396,7 @@ def _lstm_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...
                "channels_last": lambda: torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last),
                "gate": lambda: _gates(dtype)[1]}
     scalars = {aten.hardtanh_.default: (-1.0, 1.0), aten.leaky_relu_.default: (0.1,),
-               aten.clamp_.default: (-1.0, 1.0)}
+               aten.clamp_.default: (-1.0, 1.0), aten.mul_.Scalar: (2,), aten.div_.Scalar: (0.9,)}
     for label, make in layouts.items():
         for op in IN_PLACE:
             if op.__name__ in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor"):
@@ -375,7 +442,10 @@ def test_direct_kernels_match_torch_on_meta_and_on_the_cpu(name: str, op: object
 def test_direct_kernels_decline_what_they_do_not_know() -> None:
     aten = torch.ops.aten
     a, row = torch.empty(4, 3, device="meta"), torch.empty(1, 3, device="meta")
-    assert fast_meta_kernel(aten.add.Tensor, (a, row)) is None  # broadcasting
+    assert fast_meta_kernel(aten.add.Tensor, (row, a)) is None  # the first operand broadcast
+    # a first operand with a size-1 dimension: its strides tie there, and the second's decide
+    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"), row)) is None
+    assert fast_meta_kernel(aten.add.Tensor, (a, torch.empty(2, 4, 3, device="meta"))) is None  # a larger second
     assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
     assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
     integers = torch.empty(4, 3, dtype=torch.long, device="meta")
@@ -422,8 +492,10 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.mul_.Tensor, (a, a.to(torch.float64))) is None
     assert fast_meta_kernel(aten.mul_.Tensor, (a, 2j)) is None
     assert fast_meta_kernel(aten.clamp_.default, (a, None, 1.0)) is None
-    # two operands of one shape, one of them neither contiguous nor of the other's layout
-    assert fast_meta_kernel(aten.mul.Tensor, (a, torch.empty(3, 4, device="meta").t())) is None
+    # two operands of one shape, one of them neither contiguous nor of the other's layout, the first with a size-1
+    # dimension (its layout does not decide the output's alone)
+    first = torch.empty(3, 1, 4, device="meta").permute(2, 1, 0)
+    assert fast_meta_kernel(aten.mul.Tensor, (first, torch.empty(4, 1, 3, device="meta"))) is None
 
 
 def test_training_kernels_decline_what_they_do_not_know() -> None:
@@ -505,6 +577,10 @@ def _training_models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     return {"resnet": (small_resnet(), torch.randn(2, 3, 32, 32)),
             "resnet in eval mode": (small_resnet().eval(), torch.randn(2, 3, 32, 32)),
             "mlp": (mlp, torch.randn(4, 16)), "1-d cnn": (cnn, torch.randn(2, 3, 12)),
+            "transformer encoder layer": (nn.TransformerEncoderLayer(32, 4, 64, batch_first=True),
+                                          torch.randn(2, 5, 32)),
+            "transformer encoder layer, norm first, gelu": (
+                nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", norm_first=True), torch.randn(5, 2, 32)),
             "bfloat16 mlp": (nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(torch.bfloat16),
                              torch.randn(3, 8, dtype=torch.bfloat16))}
 

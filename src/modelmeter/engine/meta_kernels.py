@@ -149,15 +149,17 @@ def _scaled(x: torch.Tensor, *_: object) -> torch.Tensor:
 
 
 def _new_like(op: Any) -> Callable[..., torch.Tensor]:
-    """``ones_like`` / ``empty_like`` of a dense ``x`` (the loss's seed gradient, a dropout mask): ``x``'s layout; with
-    another dtype, device, layout, memory format or pinned memory asked, torch's own kernel."""
+    """``ones_like`` / ``empty_like`` / ``clone`` of a dense ``x`` (the loss's seed gradient, a dropout mask, a
+    ``contiguous()`` copy): ``x``'s layout, or contiguous where asked; with another dtype, device, layout, memory
+    format or pinned memory asked, torch's own kernel."""
 
     def kernel(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if (kwargs.get("memory_format") not in (None, torch.preserve_format)
+        memory_format = kwargs.get("memory_format")
+        if (memory_format not in (None, torch.preserve_format, torch.contiguous_format)
                 or kwargs.get("pin_memory") not in (None, False)
                 or any(kwargs.get(name) is not None for name in ("dtype", "layout", "device"))):
             return op(x, **kwargs)  # type: ignore[no-any-return]
-        return _like(x)
+        return _contiguous_like(x) if memory_format == torch.contiguous_format else _like(x)
 
     return kernel
 
@@ -346,14 +348,31 @@ def _same_float_operands(args: tuple[Any, ...]) -> bool:
     return _same_operands(args) and args[0].is_floating_point()
 
 
+def _leading_operand(args: tuple[Any, ...]) -> bool:
+    """A first tensor whose layout decides the output's alone — dense with no dimension of size 0 or 1, so that no
+    two of its strides tie — and a second of its dtype, of its shape or broadcast to it (a bias): torch's
+    element-wise kernels order the output's dimensions by the first operand's strides, consulting the next only
+    where those tie."""
+    a, b = args[0], args[1]
+    if not (_plain_meta(a) and _plain_meta(b) and a.dtype == b.dtype and 0 not in a.shape and 1 not in a.shape
+            and b.dim() <= a.dim() and _dense(a)):
+        return False
+    return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
+
+
 def _binary_fits(args: tuple[Any, ...]) -> bool:
-    """Two tensors as :func:`_same_operands`, or a dense floating-point tensor and a real number (``0.5 * x``: the
-    number changes neither the dtype nor the layout; a bool is left to torch, which refuses to subtract one)."""
-    return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_operands(args)
+    """Two tensors as :func:`_same_operands` or :func:`_leading_operand`, or a dense floating-point tensor and a real
+    number (``0.5 * x``: the number changes neither the dtype nor the layout; a bool is left to torch, which refuses
+    to subtract one)."""
+    if type(args[1]) in (int, float):
+        return _with_scalars_fits(args)
+    return _same_operands(args) or _leading_operand(args)
 
 
 def _division_fits(args: tuple[Any, ...]) -> bool:
-    return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_float_operands(args)
+    if type(args[1]) in (int, float):
+        return _with_scalars_fits(args)
+    return _same_float_operands(args) or (_leading_operand(args) and args[0].is_floating_point())
 
 
 def _in_place_fits(args: tuple[Any, ...]) -> bool:
@@ -403,6 +422,38 @@ def _bmm_fits(args: tuple[Any, ...]) -> bool:
     a, b = args
     return (_plain_meta(a) and _plain_meta(b) and a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0]
             and a.shape[2] == b.shape[1] and a.dtype == b.dtype and a.is_floating_point())
+
+
+def _softmax_fits(args: tuple[Any, ...]) -> bool:
+    """``_softmax``, ``_log_softmax`` (not converting half to float) and ``_safe_softmax`` (no other dtype asked) of
+    a contiguous floating-point tensor over one of its dimensions."""
+    x, dim = args[0], args[1]
+    return (_plain_meta(x) and x.is_floating_point() and x.is_contiguous() and type(dim) is int
+            and -max(x.dim(), 1) <= dim < max(x.dim(), 1) and all(a is None or a is False for a in args[2:]))
+
+
+def _softmax_backward_fits(args: tuple[Any, ...]) -> bool:
+    """The backward of :func:`_softmax_fits`' softmax: a contiguous gradient and output of one shape and dtype, the
+    input's dtype theirs."""
+    grad, output, dim, input_dtype = args
+    return (_softmax_fits((output, dim)) and _plain_meta(grad) and grad.is_contiguous() and grad.shape == output.shape
+            and grad.dtype == output.dtype == input_dtype)
+
+
+def _softmax(x: torch.Tensor, dim: int, *_: object, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A softmax's output: contiguous, of the dtype asked (``_safe_softmax``) or the input's."""
+    return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+
+
+def _zeros_around_fits(args: tuple[Any, ...]) -> bool:
+    """``select_backward`` / ``slice_backward``: a floating-point gradient and the input's sizes."""
+    return (_plain_meta(args[0]) and args[0].is_floating_point() and isinstance(args[1], (list, tuple))
+            and all(type(n) is int and n >= 0 for n in args[1]))
+
+
+def _zeros_around(grad: torch.Tensor, input_sizes: list[int], *_: object) -> torch.Tensor:
+    """The gradient of a selection or a slice: zeros of the input's sizes (contiguous) around the gradient."""
+    return torch.empty(tuple(input_sizes), dtype=grad.dtype, device=grad.device)
 
 
 def _pointwise_backward_fits(args: tuple[Any, ...]) -> bool:
@@ -492,7 +543,7 @@ _aten = torch.ops.aten
 IN_PLACE = (_aten.sigmoid_.default, _aten.tanh_.default, _aten.relu_.default, _aten.silu_.default,
             _aten.gelu_.default, _aten.exp_.default, _aten.neg_.default, _aten.hardtanh_.default,
             _aten.leaky_relu_.default, _aten.clamp_.default, _aten.add_.Tensor, _aten.sub_.Tensor,
-            _aten.mul_.Tensor, _aten.div_.Tensor)
+            _aten.mul_.Tensor, _aten.div_.Tensor, _aten.mul_.Scalar, _aten.div_.Scalar)
 # operator -> (when the direct kernel applies, the direct kernel); checked against torch's kernels in
 # tests/test_meta_kernels.py
 _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]] = {
@@ -520,6 +571,13 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     # a training step: the loss's seed gradient, dropout's mask, the backward kernels
     _aten.ones_like.default: (_new_like_fits, _new_like(_aten.ones_like.default)),
     _aten.empty_like.default: (_new_like_fits, _new_like(_aten.empty_like.default)),
+    _aten.clone.default: (_new_like_fits, _new_like(_aten.clone.default)),
+    **{op: (_softmax_fits, _softmax) for op in (
+        _aten._softmax.default, _aten._log_softmax.default, _aten._safe_softmax.default)},
+    **{op: (_softmax_backward_fits, _contiguous_like) for op in (
+        _aten._softmax_backward_data.default, _aten._log_softmax_backward_data.default)},
+    _aten.select_backward.default: (_zeros_around_fits, _zeros_around),
+    _aten.slice_backward.default: (_zeros_around_fits, _zeros_around),
     _aten.mul.Scalar: (_scaled_fits, _scaled),
     _aten.div.Scalar: (_scaled_fits, _scaled),
     _aten.mm.default: (_mm_fits, _matrix_product),
