@@ -158,7 +158,7 @@ def _new_like(op: Any) -> Callable[..., torch.Tensor]:
         if (memory_format not in (None, torch.preserve_format, torch.contiguous_format)
                 or kwargs.get("pin_memory") not in (None, False)
                 or any(kwargs.get(name) is not None for name in ("dtype", "layout", "device"))):
-            return op(x, **kwargs)  # type: ignore[no-any-return]
+            return op(x, **kwargs)
         return _contiguous_like(x) if memory_format == torch.contiguous_format else _like(x)
 
     return kernel
@@ -206,12 +206,16 @@ def _max_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
                 dilation: Any = 1, ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``max_pool2d_with_indices`` of a contiguous input: the pooled shape (torch's formula), contiguous values and
     int64 indices."""
-    spatial = [_pooled(size, *geometry, ceil_mode) for size, geometry in zip(
-        x.shape[-2:], zip(kernel_size, stride or kernel_size, _pair(padding), _pair(dilation), strict=True),
-        strict=True)]
+    spatial = _pooled_sizes(x, kernel_size, stride or kernel_size, _pair(padding), _pair(dilation), ceil_mode)
     shape = (*x.shape[:-2], *spatial)
     return (torch.empty(shape, dtype=x.dtype, device=x.device),
             torch.empty(shape, dtype=torch.int64, device=x.device))
+
+
+def _pooled_sizes(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
+                  ceil_mode: bool) -> list[int]:
+    """The pooled sizes of ``x``'s last two dimensions."""
+    return [_pooled(x.shape[i - 2], kernel[i], stride[i], padding[i], dilation[i], ceil_mode) for i in range(2)]
 
 
 def _pooled(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
@@ -523,8 +527,7 @@ def _max_pool2d_fits(args: tuple[Any, ...]) -> bool:
     if any(2 * pad > k for pad, k in zip(padding, kernel, strict=True)):
         return False
     ceil_mode = bool(args[5]) if len(args) > 5 else False
-    return all(_pooled(size, *g, ceil_mode) > 0 for size, g in zip(x.shape[-2:], zip(*geometry, strict=True),
-                                                                    strict=True))
+    return min(_pooled_sizes(x, kernel, stride, padding, dilation, ceil_mode)) > 0
 
 
 def _max_pool2d_backward_fits(args: tuple[Any, ...]) -> bool:
@@ -569,17 +572,15 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.mean.dim: (_mean_fits, _mean),
     _aten.sum.dim_IntList: (_sum_fits, _sum),
     # a training step: the loss's seed gradient, dropout's mask, the backward kernels
-    _aten.ones_like.default: (_new_like_fits, _new_like(_aten.ones_like.default)),
-    _aten.empty_like.default: (_new_like_fits, _new_like(_aten.empty_like.default)),
-    _aten.clone.default: (_new_like_fits, _new_like(_aten.clone.default)),
+    **{op: (_new_like_fits, _new_like(op)) for op in (
+        _aten.ones_like.default, _aten.empty_like.default, _aten.clone.default)},
     **{op: (_softmax_fits, _softmax) for op in (
         _aten._softmax.default, _aten._log_softmax.default, _aten._safe_softmax.default)},
     **{op: (_softmax_backward_fits, _contiguous_like) for op in (
         _aten._softmax_backward_data.default, _aten._log_softmax_backward_data.default)},
-    _aten.select_backward.default: (_zeros_around_fits, _zeros_around),
-    _aten.slice_backward.default: (_zeros_around_fits, _zeros_around),
-    _aten.mul.Scalar: (_scaled_fits, _scaled),
-    _aten.div.Scalar: (_scaled_fits, _scaled),
+    **{op: (_zeros_around_fits, _zeros_around) for op in (
+        _aten.select_backward.default, _aten.slice_backward.default)},
+    **{op: (_scaled_fits, _scaled) for op in (_aten.mul.Scalar, _aten.div.Scalar)},
     _aten.mm.default: (_mm_fits, _matrix_product),
     _aten.bmm.default: (_bmm_fits, _matrix_product),
     _aten.max_pool2d_with_indices.default: (_max_pool2d_fits, _max_pool2d),
