@@ -446,6 +446,8 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     # a first operand with a size-1 dimension: its strides tie there, and the second's decide
     assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"), row)) is None
     assert fast_meta_kernel(aten.add.Tensor, (a, torch.empty(2, 4, 3, device="meta"))) is None  # a larger second
+    longs = torch.empty(4, 3, dtype=torch.long, device="meta")
+    assert fast_meta_kernel(aten.add.Tensor, (longs, longs[:1])) is None  # integers broadcast: left to torch
     assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
     assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
     integers = torch.empty(4, 3, dtype=torch.long, device="meta")

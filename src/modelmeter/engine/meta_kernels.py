@@ -353,13 +353,13 @@ def _same_float_operands(args: tuple[Any, ...]) -> bool:
 
 
 def _leading_operand(args: tuple[Any, ...]) -> bool:
-    """A first tensor whose layout decides the output's alone — dense with no dimension of size 0 or 1, so that no
-    two of its strides tie — and a second of its dtype, of its shape or broadcast to it (a bias): torch's
-    element-wise kernels order the output's dimensions by the first operand's strides, consulting the next only
-    where those tie."""
+    """A first floating-point tensor whose layout decides the output's alone — dense with no dimension of size 0 or
+    1, so that no two of its strides tie — and a second of its dtype, of its shape or broadcast to it (a bias):
+    torch's element-wise kernels order the output's dimensions by the first operand's strides, consulting the next
+    only where those tie."""
     a, b = args[0], args[1]
-    if not (_plain_meta(a) and _plain_meta(b) and a.dtype == b.dtype and 0 not in a.shape and 1 not in a.shape
-            and b.dim() <= a.dim() and _dense(a)):
+    if not (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype and 0 not in a.shape
+            and 1 not in a.shape and b.dim() <= a.dim() and _dense(a)):
         return False
     return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
 
@@ -376,7 +376,7 @@ def _binary_fits(args: tuple[Any, ...]) -> bool:
 def _division_fits(args: tuple[Any, ...]) -> bool:
     if type(args[1]) in (int, float):
         return _with_scalars_fits(args)
-    return _same_float_operands(args) or (_leading_operand(args) and args[0].is_floating_point())
+    return _same_float_operands(args) or _leading_operand(args)
 
 
 def _in_place_fits(args: tuple[Any, ...]) -> bool:
