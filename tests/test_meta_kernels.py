@@ -14,6 +14,7 @@ from model_helpers import small_resnet
 from modelmeter import analyze
 from modelmeter.engine.meta_kernels import IN_PLACE, fast_meta_kernel
 from modelmeter.engine.metadata import meta_stands_for
+from modelmeter.zoo.registry import get_model
 
 BATCH_NORM = torch.ops.aten.native_batch_norm.default
 
@@ -151,6 +152,7 @@ def _training_cases(dtype: torch.dtype) -> list[Case]:
     convolutions and pooling; on every layout the direct kernels accept, those a CPU run refuses left out."""
     cases = [*_new_and_scaled_cases(dtype), *_product_and_sum_cases(dtype), *_pointwise_backward_cases(dtype),
              *_broadcast_cases(dtype), *_softmax_cases(dtype), *_zeros_around_cases(dtype),
+             *_embedding_and_cat_cases(dtype),
              *_normalisation_backward_cases(dtype), *_convolution_backward_cases(dtype), *_pooling_cases(dtype)]
     return [case for case in cases if _runs_on_the_cpu(case)]
 
@@ -274,6 +276,33 @@ def _softmax_cases(dtype: torch.dtype) -> list[Case]:
     return cases
 
 
+def _embedding_and_cat_cases(dtype: torch.dtype) -> list[Case]:
+    """Embedding look-ups (indices of several shapes, layouts and integer dtypes, a padding index) and
+    concatenations (a class token before patches, halves of a rotation, along every dimension, of several
+    layouts)."""
+    aten = torch.ops.aten
+    table = torch.randn(10, 6, dtype=dtype)
+    indices = {"row": torch.randint(0, 10, (1, 7)), "matrix": torch.randint(0, 10, (3, 4)),
+               "transposed": torch.randint(0, 10, (4, 3)).t(), "vector": torch.randint(0, 10, (5,)),
+               "int32": torch.randint(0, 10, (2, 3), dtype=torch.int32), "none": torch.randint(0, 10, ())}
+    cases: list[Case] = [(f"embedding {label} {dtype}", aten.embedding.default, (table, i), {})
+                         for label, i in indices.items()]
+    cases.append((f"embedding with a padding index {dtype}", aten.embedding.default, (table, indices["matrix"], 0),
+                  {}))
+    patches = torch.randn(1, 8, 6, dtype=dtype).transpose(1, 2)  # (1, 6, 8) of strides (48, 1, 6)
+    token = torch.randn(1, 1, 8, dtype=dtype)
+    groups = {"class token and patches": ([token, patches], 1),
+              "halves": ([torch.randn(2, 5, 4, dtype=dtype), torch.randn(2, 5, 4, dtype=dtype)], -1),
+              "transposed pieces": ([torch.randn(5, 2, dtype=dtype).t(), torch.randn(2, 3, dtype=dtype)], 1),
+              "rows": ([torch.randn(2, 3, dtype=dtype), torch.randn(4, 3, dtype=dtype).t().contiguous().t()], 0),
+              "four dimensions": ([torch.randn(1, 4, 6, 8, dtype=dtype)] * 3, 2),
+              "vectors": ([torch.randn(3, dtype=dtype), torch.randn(4, dtype=dtype)], 0),
+              "one piece": ([torch.randn(3, 2, dtype=dtype).t()], 1)}
+    cases += [(f"cat {label} {dtype}", aten.cat.default, (pieces, dim), {}) for label, (pieces, dim) in groups.items()]
+    cases.append((f"cat, dim left out {dtype}", aten.cat.default, ([token, token],), {}))
+    return cases
+
+
 def _zeros_around_cases(dtype: torch.dtype) -> list[Case]:
     """The gradients of selections and slices (q, k and v chunked off one projection), of gradients in several
     layouts."""
@@ -302,6 +331,7 @@ def _pointwise_backward_cases(dtype: torch.dtype) -> list[Case]:
                   (f"gelu_backward {label} {dtype}", aten.gelu_backward.default, (grad, t), {}),
                   (f"gelu_backward tanh {label} {dtype}", aten.gelu_backward.default, (grad, t),
                    {"approximate": "tanh"}),
+                  (f"hardtanh_backward {label} {dtype}", aten.hardtanh_backward.default, (grad, t, 0.0, 6.0), {}),
                   *((f"{op.__name__} {label} {dtype}", op, (grad, t), {}) for op in (
                       aten.tanh_backward.default, aten.sigmoid_backward.default, aten.silu_backward.default))]
     gates = _gates(dtype)  # contiguous both, strides of their own in size-1 dimensions
@@ -420,6 +450,8 @@ def _metadata(result: object) -> list[tuple[object, ...] | None]:
 
 
 def _to_meta(value: object) -> object:
+    if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):  # cat's tensors
+        return [_to_meta(v) for v in value]
     return value.to("meta") if isinstance(value, torch.Tensor) else value  # keeps strides
 
 
@@ -447,6 +479,14 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"), row)) is None
     assert fast_meta_kernel(aten.add.Tensor, (a, torch.empty(2, 4, 3, device="meta"))) is None  # a larger second
     longs = torch.empty(4, 3, dtype=torch.long, device="meta")
+    cat = aten.cat.default
+    assert fast_meta_kernel(cat, ([longs, longs], 0)) is None  # integers: left to torch
+    assert fast_meta_kernel(cat, ([a, torch.empty(0, device="meta")], 0)) is None  # a legacy empty tensor
+    assert fast_meta_kernel(cat, ([a, a.double()], 0)) is None  # two dtypes: promoted
+    assert fast_meta_kernel(cat, ([a, torch.empty(4, 2, device="meta")], 0)) is None  # sizes that differ
+    image = torch.empty(1, 4, 6, 8, device="meta")
+    assert fast_meta_kernel(cat, ([image, image.transpose(2, 3).contiguous().transpose(2, 3)], 1)) is None
+    assert fast_meta_kernel(aten.embedding.default, (a, a)) is None  # float indices
     assert fast_meta_kernel(aten.add.Tensor, (longs, longs[:1])) is None  # integers broadcast: left to torch
     assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
     assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
@@ -584,7 +624,10 @@ def _training_models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
             "transformer encoder layer, norm first, gelu": (
                 nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", norm_first=True), torch.randn(5, 2, 32)),
             "bfloat16 mlp": (nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(torch.bfloat16),
-                             torch.randn(3, 8, dtype=torch.bfloat16))}
+                             torch.randn(3, 8, dtype=torch.bfloat16)),
+            **{name: (get_model(name, device="cpu"), torch.randint(0, 100, (1, 16)))
+               for name in ("gpt2_tiny", "bert_tiny", "llama2_tiny")},
+            "mobilenet_v2": (get_model("mobilenet_v2", device="cpu"), torch.randn(1, 3, 64, 64))}
 
 
 @pytest.mark.parametrize("name", list(_training_models()))

@@ -449,6 +449,45 @@ def _softmax(x: torch.Tensor, dim: int, *_: object, dtype: torch.dtype | None = 
     return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
 
 
+def _embedding_fits(args: tuple[Any, ...]) -> bool:
+    """A floating-point table of rows and integer indices of any shape and layout."""
+    weight, indices = args[0], args[1]
+    return (_plain_meta(weight) and _plain_meta(indices) and weight.is_floating_point() and weight.dim() == 2
+            and indices.dtype in (torch.int64, torch.int32))
+
+
+def _embedding(weight: torch.Tensor, indices: torch.Tensor, *_: object) -> torch.Tensor:
+    """The rows looked up: one per index, contiguous."""
+    return torch.empty((*indices.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+
+
+def _cat_fits(args: tuple[Any, ...]) -> bool:
+    """Floating-point tensors of one dtype and one number of dimensions, of equal sizes but along ``dim``, of at
+    most three dimensions (whose output is contiguous whatever their layouts) or contiguous all. (No legacy empty
+    1-d tensor, which ``cat`` skips.)"""
+    tensors, dim = args[0], args[1] if len(args) > 1 else 0
+    if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
+            and type(dim) is int):
+        return False
+    first = tensors[0]
+    rank = first.dim()
+    if not (first.is_floating_point() and rank > 0 and -rank <= dim < rank
+            and (rank <= 3 or all(t.is_contiguous() for t in tensors))):
+        return False
+    dim %= rank
+    return all(t.dtype == first.dtype and t.dim() == rank
+               and all(n == m for i, (n, m) in enumerate(zip(t.shape, first.shape, strict=True)) if i != dim)
+               for t in tensors)
+
+
+def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """The tensors one after the other along ``dim``: contiguous."""
+    first = tensors[0]
+    dim %= first.dim()
+    shape = [sum(t.shape[dim] for t in tensors) if i == dim else n for i, n in enumerate(first.shape)]
+    return torch.empty(shape, dtype=first.dtype, device=first.device)
+
+
 def _zeros_around_fits(args: tuple[Any, ...]) -> bool:
     """``select_backward`` / ``slice_backward``: a floating-point gradient and the input's sizes."""
     return (_plain_meta(args[0]) and args[0].is_floating_point() and isinstance(args[1], (list, tuple))
@@ -587,7 +626,9 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.max_pool2d_with_indices_backward.default: (_max_pool2d_backward_fits, _like_input),
     **{op: (_pointwise_backward_fits, _elementwise_like) for op in (
         _aten.threshold_backward.default, _aten.gelu_backward.default, _aten.tanh_backward.default,
-        _aten.sigmoid_backward.default, _aten.silu_backward.default)},
+        _aten.sigmoid_backward.default, _aten.silu_backward.default, _aten.hardtanh_backward.default)},
+    _aten.embedding.default: (_embedding_fits, _embedding),
+    _aten.cat.default: (_cat_fits, _cat),
     _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
     _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),
     _aten.convolution_backward.default: (_convolution_backward_fits, _convolution_backward),
