@@ -19,6 +19,14 @@ stand in for a CPU model's, with the CPU kernel's (normalisation statistics in t
 norm in eval mode). An in-place element-wise operator (an LSTM cell's ``sigmoid_``, ``tanh_`` and ``add_``, hundreds of
 microseconds each through the references) returns the tensor it updated. ``tests/test_meta_kernels.py`` compares
 both on every case.
+
+**A training step** reaches more of them: the loss's seed gradient (``ones_like``), ``mm``, ``sum``, gradients
+scaled by a number, broadcast element-wise operators, softmax, ``embedding``, ``cat``, dropout's mask and the
+backward kernels of activations, normalisations, convolution, pooling, softmax and indexing. Besides their cost, the
+first call of a Python meta kernel imports sympy (``torch._check``) and ``torch._dynamo`` (``torch._disable_dynamo``),
+over a second in a new process: with these made directly, a plain model's analysis, forward or a training step,
+imports neither (``tests/test_cli_package.py``); a training step on the stand-ins records the trace real CPU kernels
+record (``tests/test_meta_kernels.py``).
 """
 
 from __future__ import annotations
