@@ -78,3 +78,29 @@ def conv_modules(draw: st.DrawFn) -> tuple[nn.Module, tuple[int, ...]]:
         module = cls(cin, cout, kernel, stride, padding, dilation, groups, draw(st.booleans()))
     batch = [] if draw(st.booleans()) and dim < 3 else [draw(ints(1, 2))]
     return module, (*batch, cin, *spatial)
+
+
+class _Block(nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with batch norm, a shortcut (a strided 1x1 convolution where the
+    shape changes)."""
+
+    def __init__(self, channels: int, out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out)
+        self.conv2 = nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.shortcut = nn.Identity() if stride == 1 and channels == out else nn.Sequential(
+            nn.Conv2d(channels, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+def small_resnet(classes: int = 10) -> nn.Module:
+    """torchvision's ResNet-18 layout, narrow and two blocks deep (torchvision itself imports torch._dynamo): stem
+    convolution, max pooling, basic blocks, average pooling and a linear head."""
+    return nn.Sequential(nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                         nn.MaxPool2d(3, 2, 1), _Block(8, 8, 1), _Block(8, 16, 2), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(16, classes))

@@ -169,26 +169,41 @@ _IMPORTS_AFTER_ANALYSIS = """
 import sys, torch
 from torch import nn
 import modelmeter
-cnn = sys.argv[1] == "cnn"
-if cnn:
+sys.path.insert(0, sys.argv[3])
+from model_helpers import small_resnet
+model_name, step = sys.argv[1], sys.argv[2]
+if model_name == "cnn":
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                           nn.Linear(8, 2)).eval()
     x = torch.randn(1, 3, 16, 16)
+elif model_name == "resnet":
+    model, x = small_resnet(), torch.randn(2, 3, 32, 32)
+elif model_name == "transformer":
+    model, x = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), torch.randn(2, 5, 32)
 else:
     model, x = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)), torch.randn(2, 16)
+options = {"forward": {}, "backward": {"backward": True},
+           "training": {"backward": True, "memory": True, "optimizer": "adamw"}}[step]
 before = {"torch._dynamo", "sympy"} & set(sys.modules)
-assert modelmeter.analyze(model, x, quiet=True).result().total("flops") > 0
+analysis = modelmeter.analyze(model, x, quiet=True, **options)
+assert analysis.result().total("flops") > 0
+assert analysis.trace.execution == "fake" and not analysis.trace.assumptions  # meta stand-ins, no fallback
 print(sorted(({"torch._dynamo", "sympy"} & set(sys.modules)) - before))
 """
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_an_analysis_of_a_plain_model_does_not_import_dynamo(model: str) -> None:
-    """torch._dynamo and sympy take over a second to import: a plain model's forward analysis imports neither
-    (PyTorch's convolution meta kernel and its contiguous-strides helper check sizes with ``torch._check``, whose
-    first call imports sympy: both are made directly)."""
+@pytest.mark.parametrize("model,step", [("mlp", "forward"), ("cnn", "forward"), ("mlp", "backward"),
+                                        ("cnn", "backward"), ("resnet", "backward"), ("mlp", "training"),
+                                        ("resnet", "training"), ("transformer", "backward"),
+                                        ("transformer", "training")])
+def test_an_analysis_of_a_plain_model_does_not_import_dynamo(model: str, step: str) -> None:
+    """torch._dynamo and sympy take over a second to import: a plain model's analysis, forward, backward or a
+    training step with its memory, imports neither (PyTorch's meta kernels of convolution, of the backward
+    kernels, of ``ones_like`` (the loss's seed gradient), ``mm``, ``sum`` and others are Python code whose
+    ``torch._check`` imports sympy, and whose ``torch._disable_dynamo`` wrapper imports torch._dynamo: those the
+    models here run are made directly, see engine/meta_kernels.py)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    done = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER_ANALYSIS, model], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER_ANALYSIS, model, step, str(Path(__file__).parent)],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')) == []

@@ -8,9 +8,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
+from model_helpers import small_resnet
+from modelmeter import analyze
 from modelmeter.engine.meta_kernels import IN_PLACE, fast_meta_kernel
 from modelmeter.engine.metadata import meta_stands_for
+from modelmeter.zoo.registry import get_model
 
 BATCH_NORM = torch.ops.aten.native_batch_norm.default
 
@@ -111,6 +115,7 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
                       (f"layer_norm 2d {label} {dtype}", aten.native_layer_norm.default, (t, list(t.shape[1:]), None,
                                                                                           None, 1e-5), {})]
         cases += _convolution_cases(dtype)
+        cases += _training_cases(dtype)
         m1, m2 = torch.randn(6, 4, dtype=dtype), torch.randn(4, 3, dtype=dtype)
         for label, bias in (("vector", torch.randn(3, dtype=dtype)), ("matrix", torch.randn(6, 3, dtype=dtype)),
                             ("row", torch.randn(1, 3, dtype=dtype))):
@@ -138,6 +143,275 @@ def _convolution_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[obje
     return cases
 
 
+Case = tuple[str, object, tuple[object, ...], dict[str, object]]
+
+
+def _training_cases(dtype: torch.dtype) -> list[Case]:
+    """The operators of a training step: the loss's seed gradient and dropout's mask (``ones_like``, ``empty_like``),
+    gradients scaled by a number, products, sums, and the backward kernels of activations, normalisations,
+    convolutions and pooling; on every layout the direct kernels accept, those a CPU run refuses left out."""
+    cases = [*_new_and_scaled_cases(dtype), *_product_and_sum_cases(dtype), *_pointwise_backward_cases(dtype),
+             *_broadcast_cases(dtype), *_softmax_cases(dtype), *_zeros_around_cases(dtype),
+             *_embedding_and_cat_cases(dtype),
+             *_normalisation_backward_cases(dtype), *_convolution_backward_cases(dtype), *_pooling_cases(dtype)]
+    return [case for case in cases if _runs_on_the_cpu(case)]
+
+
+def _runs_on_the_cpu(case: Case) -> bool:
+    """False where the CPU has no kernel for the dtype (``... not implemented for 'Half'``)."""
+    _, op, args, kwargs = case
+    try:
+        op(*args, **kwargs)  # type: ignore[operator]
+    except RuntimeError as exc:
+        if "not implemented for" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _dense_tensors(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Dense layouts: contiguous, transposed, channels-last, size-1 dimensions, no dimension."""
+    return {"contiguous": torch.randn(2, 5, 8, dtype=dtype),
+            "transposed": torch.randn(5, 2, 8, dtype=dtype).transpose(0, 1),
+            "channels_last": torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last),
+            "size-1 dims": torch.randn(1, 3, 1, 5, dtype=dtype),
+            "no dimension": torch.randn((), dtype=dtype)}
+
+
+def _expanded(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Contiguous tensors expanded: a mean's gradient, a bias's, a scalar loss's."""
+    return {"expanded mean gradient": torch.randn(2, 6, 1, 1, dtype=dtype).expand(2, 6, 3, 4),
+            "expanded row": torch.randn(1, 8, dtype=dtype).expand(5, 8),
+            "expanded scalar": torch.randn((), dtype=dtype).expand(2, 3),
+            "expanded middle": torch.randn(3, 1, 4, dtype=dtype).expand(3, 5, 4),
+            "expanded size-1": torch.randn(2, 1, 1, dtype=dtype).expand(2, 1, 6)}
+
+
+def _new_and_scaled_cases(dtype: torch.dtype) -> list[Case]:
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    keep = {"memory_format": torch.preserve_format, "pin_memory": False}  # as autograd asks for its seed
+    tensors = {**_dense_tensors(dtype), "integers": torch.arange(12).view(3, 4).t()}
+    for label, t in tensors.items():
+        for op in (aten.ones_like.default, aten.empty_like.default, aten.clone.default):
+            cases += [(f"{op.__name__} {label} {dtype}", op, (t,), {}),
+                      (f"{op.__name__} preserving {label} {dtype}", op, (t,),
+                       {"memory_format": torch.preserve_format} if op is aten.clone.default else keep),
+                      (f"{op.__name__} contiguous of {label} {dtype}", op, (t,),
+                       {"memory_format": torch.contiguous_format}),
+                      *([(f"{op.__name__} as float64 {label} {dtype}", op, (t,), {"dtype": torch.float64})]
+                        if op is not aten.clone.default else [])]
+    for label, t in {**_dense_tensors(dtype), **_expanded(dtype)}.items():
+        cases += [(f"{op.__name__} by {number!r} {label} {dtype}", op, (t, number), {})
+                  for op in (aten.mul.Scalar, aten.div.Scalar) for number in (4, 0.5)]
+    return cases
+
+
+def _product_and_sum_cases(dtype: torch.dtype) -> list[Case]:
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    left = {"contiguous": torch.randn(6, 4, dtype=dtype), "transposed": torch.randn(4, 6, dtype=dtype).t(),
+            "expanded": torch.randn(1, 1, dtype=dtype).expand(6, 4)}
+    right = {"contiguous": torch.randn(4, 3, dtype=dtype), "transposed": torch.randn(3, 4, dtype=dtype).t()}
+    cases += [(f"mm {a} {b} {dtype}", aten.mm.default, (left[a], right[b]), {}) for a in left for b in right]
+    batched_left = {"contiguous": torch.randn(3, 6, 4, dtype=dtype),
+                    "transposed": torch.randn(3, 4, 6, dtype=dtype).transpose(1, 2),
+                    "batch inside": torch.randn(6, 3, 4, dtype=dtype).transpose(0, 1)}
+    batched_right = {"contiguous": torch.randn(3, 4, 5, dtype=dtype),
+                     "transposed": torch.randn(3, 5, 4, dtype=dtype).transpose(1, 2)}
+    cases += [(f"bmm {a} {b} {dtype}", aten.bmm.default, (batched_left[a], batched_right[b]), {})
+              for a in batched_left for b in batched_right]
+    for label, t in {**_dense_tensors(dtype), **_expanded(dtype)}.items():
+        if t.dim() == 0:
+            continue
+        for dims, keepdim in (([0], True), ([0], False), ([-1], False), ([0, 1], True), ([], False), (None, True)):
+            cases.append((f"sum {dims} keepdim={keepdim} {label} {dtype}", aten.sum.dim_IntList, (t, dims, keepdim),
+                          {}))
+        cases.append((f"sum to float64 {label} {dtype}", aten.sum.dim_IntList, (t, [0]), {"dtype": torch.float64}))
+    return cases
+
+
+def _broadcast_cases(dtype: torch.dtype) -> list[Case]:
+    """Element-wise operators whose first operand decides the output's layout: a dense tensor without size-1
+    dimensions, and a second of its shape in another layout or broadcast to it (a bias, a column, a scalar)."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    firsts = {"contiguous": torch.randn(2, 5, 8, dtype=dtype),
+              "transposed": torch.randn(5, 2, 8, dtype=dtype).transpose(0, 1),
+              "permuted": torch.randn(8, 2, 5, dtype=dtype).permute(1, 2, 0),
+              "channels_last": torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last)}
+    for (label, a), op in itertools.product(firsts.items(), (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor,
+                                                             aten.div.Tensor)):
+        seconds = {"contiguous": torch.randn(a.shape, dtype=dtype), "its layout": torch.randn_like(a),
+                   "transposed": torch.randn(tuple(reversed(a.shape)), dtype=dtype).permute(
+                       *reversed(range(a.dim()))),
+                   "a bias": torch.randn(a.shape[-1], dtype=dtype),
+                   "a column": torch.randn(*a.shape[:-1], 1, dtype=dtype),
+                   "a middle row": torch.randn(a.shape[-2], 1, dtype=dtype),
+                   "expanded": torch.randn(a.shape[-1], dtype=dtype).expand(a.shape),
+                   "a scalar tensor": torch.randn((), dtype=dtype)}
+        cases += [(f"{op.__name__} {label} and {second} {dtype}", op, (a, b), {}) for second, b in seconds.items()]
+    cases.append((f"add with alpha, a bias {dtype}", aten.add.Tensor,
+                  (firsts["transposed"], torch.randn(8, dtype=dtype)), {"alpha": 2}))
+    return cases
+
+
+def _softmax_cases(dtype: torch.dtype) -> list[Case]:
+    """Softmax, log-softmax and safe softmax over each dimension, and their backward."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for x, dim in ((torch.randn(2, 4, 5, 5, dtype=dtype), -1), (torch.randn(2, 4, 5, 5, dtype=dtype), 1),
+                   (torch.randn(6, 3, dtype=dtype), 0), (torch.randn(7, dtype=dtype), -1),
+                   (torch.randn((), dtype=dtype), 0)):
+        shape = tuple(x.shape)
+        for op, backward in ((aten._softmax.default, aten._softmax_backward_data.default),
+                             (aten._log_softmax.default, aten._log_softmax_backward_data.default)):
+            out = op(x, dim, False)
+            cases += [(f"{op.__name__} {shape} over {dim} {dtype}", op, (x, dim, False), {}),
+                      (f"{backward.__name__} {shape} over {dim} {dtype}", backward,
+                       (torch.randn_like(out), out, dim, dtype), {})]
+        cases += [(f"_safe_softmax {shape} over {dim} {dtype}", aten._safe_softmax.default, (x, dim), {}),
+                  (f"_safe_softmax {shape} over {dim} to float64 {dtype}", aten._safe_softmax.default, (x, dim),
+                   {"dtype": torch.float64})]
+    return cases
+
+
+def _embedding_and_cat_cases(dtype: torch.dtype) -> list[Case]:
+    """Embedding look-ups (indices of several shapes, layouts and integer dtypes, a padding index) and
+    concatenations (a class token before patches, halves of a rotation, along every dimension, of several
+    layouts)."""
+    aten = torch.ops.aten
+    table = torch.randn(10, 6, dtype=dtype)
+    indices = {"row": torch.randint(0, 10, (1, 7)), "matrix": torch.randint(0, 10, (3, 4)),
+               "transposed": torch.randint(0, 10, (4, 3)).t(), "vector": torch.randint(0, 10, (5,)),
+               "int32": torch.randint(0, 10, (2, 3), dtype=torch.int32), "none": torch.randint(0, 10, ())}
+    cases: list[Case] = [(f"embedding {label} {dtype}", aten.embedding.default, (table, i), {})
+                         for label, i in indices.items()]
+    cases.append((f"embedding with a padding index {dtype}", aten.embedding.default, (table, indices["matrix"], 0),
+                  {}))
+    patches = torch.randn(1, 8, 6, dtype=dtype).transpose(1, 2)  # (1, 6, 8) of strides (48, 1, 6)
+    token = torch.randn(1, 1, 8, dtype=dtype)
+    groups = {"class token and patches": ([token, patches], 1),
+              "halves": ([torch.randn(2, 5, 4, dtype=dtype), torch.randn(2, 5, 4, dtype=dtype)], -1),
+              "transposed pieces": ([torch.randn(5, 2, dtype=dtype).t(), torch.randn(2, 3, dtype=dtype)], 1),
+              "rows": ([torch.randn(2, 3, dtype=dtype), torch.randn(4, 3, dtype=dtype).t().contiguous().t()], 0),
+              "four dimensions": ([torch.randn(1, 4, 6, 8, dtype=dtype)] * 3, 2),
+              "vectors": ([torch.randn(3, dtype=dtype), torch.randn(4, dtype=dtype)], 0),
+              "one piece": ([torch.randn(3, 2, dtype=dtype).t()], 1)}
+    cases += [(f"cat {label} {dtype}", aten.cat.default, (pieces, dim), {}) for label, (pieces, dim) in groups.items()]
+    cases.append((f"cat, dim left out {dtype}", aten.cat.default, ([token, token],), {}))
+    return cases
+
+
+def _zeros_around_cases(dtype: torch.dtype) -> list[Case]:
+    """The gradients of selections and slices (q, k and v chunked off one projection), of gradients in several
+    layouts."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    sizes = [3, 5, 4, 6]
+    for dim in range(4):
+        shape = [n for i, n in enumerate(sizes) if i != dim]
+        for label, grad in (("contiguous", torch.randn(shape, dtype=dtype)),
+                            ("transposed", torch.randn(list(reversed(shape)), dtype=dtype).permute(2, 1, 0))):
+            cases.append((f"select_backward dim {dim} {label} {dtype}", aten.select_backward.default,
+                          (grad, sizes, dim, 1), {}))
+        for start, end, step in ((0, 2, 1), (1, 3, 2), (0, sizes[dim], 1)):
+            sliced = [len(range(start, end, step)) if i == dim else n for i, n in enumerate(sizes)]
+            cases.append((f"slice_backward dim {dim} {start}:{end}:{step} {dtype}", aten.slice_backward.default,
+                          (torch.randn(sliced, dtype=dtype), sizes, dim, start, end, step), {}))
+    return cases
+
+
+def _pointwise_backward_cases(dtype: torch.dtype) -> list[Case]:
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for label, t in _dense_tensors(dtype).items():
+        grad = torch.randn_like(t)  # t's layout
+        cases += [(f"threshold_backward {label} {dtype}", aten.threshold_backward.default, (grad, t, 0), {}),
+                  (f"gelu_backward {label} {dtype}", aten.gelu_backward.default, (grad, t), {}),
+                  (f"gelu_backward tanh {label} {dtype}", aten.gelu_backward.default, (grad, t),
+                   {"approximate": "tanh"}),
+                  (f"hardtanh_backward {label} {dtype}", aten.hardtanh_backward.default, (grad, t, 0.0, 6.0), {}),
+                  *((f"{op.__name__} {label} {dtype}", op, (grad, t), {}) for op in (
+                      aten.tanh_backward.default, aten.sigmoid_backward.default, aten.silu_backward.default))]
+    gates = _gates(dtype)  # contiguous both, strides of their own in size-1 dimensions
+    cases.append((f"threshold_backward of gates {dtype}", aten.threshold_backward.default,
+                  (torch.randn(1, 8, dtype=dtype), gates[0], 0.0), {}))
+    return cases
+
+
+def _normalisation_backward_cases(dtype: torch.dtype) -> list[Case]:
+    """Batch norm (training and eval, affine or not, contiguous or channels-last) and layer norm (any layout of input
+    and gradient, expanded gradients among them) backward, every output mask autograd asks for."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for shape, training, affine, last in itertools.product(((4, 3), (2, 3, 5), (2, 3, 4, 5), (2, 3, 2, 4, 5)),
+                                                           (True, False), (True, False), (False, True)):
+        if last and len(shape) < 4:
+            continue
+        x = torch.randn(shape, dtype=dtype)
+        if last:
+            x = x.contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+        weight = torch.randn(3, dtype=dtype) if affine else None
+        stats = [torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)]
+        _, mean, invstd = aten.native_batch_norm.default(x, weight, None, *stats, training, 0.1, 1e-5)
+        masks = {(True, affine, affine), (False, affine, affine), (True, False, False), (False, False, affine)}
+        for mask in sorted(masks):
+            cases.append((f"batch_norm_backward {shape} training={training} affine={affine} channels_last={last} "
+                          f"{mask} {dtype}", aten.native_batch_norm_backward.default,
+                          (torch.randn_like(x), x, weight, *stats, mean, invstd, training, 1e-5, list(mask)), {}))
+    x = torch.randn(2, 5, 8, dtype=dtype)
+    for normalized, affine in itertools.product(([8], [5, 8], [2, 5, 8]), (True, False)):
+        weight = torch.randn(normalized, dtype=dtype) if affine else None
+        _, mean, rstd = aten.native_layer_norm.default(x, normalized, weight, weight, 1e-5)
+        grads = {"contiguous": torch.randn(2, 5, 8, dtype=dtype),
+                 "expanded": torch.randn((), dtype=dtype).expand(2, 5, 8),
+                 "expanded rows": torch.randn(2, 1, 8, dtype=dtype).expand(2, 5, 8)}
+        masks = {(True, affine, affine), (True, False, False), (False, affine, False), (True, False, affine)}
+        for (grad_label, grad), mask in itertools.product(grads.items(), sorted(masks)):
+            cases.append((f"layer_norm_backward over {normalized} affine={affine} gradient {grad_label} {mask} "
+                          f"{dtype}", aten.native_layer_norm_backward.default,
+                          (grad, x, normalized, mean, rstd, weight, weight, list(mask)), {}))
+    return cases
+
+
+def _convolution_backward_cases(dtype: torch.dtype) -> list[Case]:
+    """The backward of the convolutions of :func:`_convolution_cases`, with and without each gradient."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for name, _, args, _ in _convolution_cases(dtype):
+        x, weight, bias, *geometry = args
+        out = aten.convolution.default(*args)
+        channels = weight.shape[0]  # type: ignore[union-attr]
+        for mask in ([True, True, bias is not None], [False, True, bias is not None], [True, False, False]):
+            cases.append((f"{name} backward {mask}", aten.convolution_backward.default,
+                          (torch.randn_like(out), x, weight, [channels if bias is not None else 0], *geometry, mask),
+                          {}))
+    return cases
+
+
+def _pooling_cases(dtype: torch.dtype) -> list[Case]:
+    """``max_pool2d_with_indices`` and its backward: 3-D and 4-D inputs, strides, padding, dilation, ceil mode,
+    the arguments left to their defaults."""
+    aten = torch.ops.aten
+    cases: list[Case] = []
+    for shape, (kernel, stride, padding, dilation), ceil in itertools.product(
+            ((2, 4, 9, 9), (4, 7, 8), (1, 3, 10, 7), (1, 2, 3, 3)),
+            ((3, 2, 1, 1), (2, 2, 0, 1), (3, 3, 1, 2), (3, 1, 0, 1), (2, 3, 1, 1)), (False, True)):
+        x = torch.randn(shape, dtype=dtype)
+        full = (x, [kernel] * 2, [stride] * 2, [padding] * 2, [dilation] * 2, ceil)
+        variants = {"": full, " stride left out": (x, [kernel] * 2, [], [padding] * 2, [dilation] * 2, ceil)}
+        if not ceil and dilation == 1:
+            variants[" defaults"] = (x, [kernel] * 2, [stride] * 2, [padding] * 2)
+        label = f"max_pool2d {shape} k{kernel} s{stride} p{padding} d{dilation} ceil={ceil} {dtype}"
+        cases += [(label + suffix, aten.max_pool2d_with_indices.default, args, {})
+                  for suffix, args in variants.items()]
+        out, indices = aten.max_pool2d_with_indices.default(*full)
+        cases.append((label + " backward", aten.max_pool2d_with_indices_backward.default,
+                      (torch.randn_like(out), *full, indices), {}))
+    return cases
+
+
 def _gates(dtype: torch.dtype) -> list[torch.Tensor]:
     """What an LSTM cell computes on: gates chunked off one product (size-1 dimensions with strides of their own)."""
     return [*torch.randn(1, 32, dtype=dtype).unsafe_chunk(4, 1), *torch.randn(2, 1, 12, dtype=dtype).unsafe_chunk(3, 2)]
@@ -152,7 +426,7 @@ def _lstm_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...
                "channels_last": lambda: torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last),
                "gate": lambda: _gates(dtype)[1]}
     scalars = {aten.hardtanh_.default: (-1.0, 1.0), aten.leaky_relu_.default: (0.1,),
-               aten.clamp_.default: (-1.0, 1.0)}
+               aten.clamp_.default: (-1.0, 1.0), aten.mul_.Scalar: (2,), aten.div_.Scalar: (0.9,)}
     for label, make in layouts.items():
         for op in IN_PLACE:
             if op.__name__ in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor"):
@@ -170,12 +444,14 @@ def _lstm_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...
     return cases
 
 
-def _metadata(result: object) -> list[tuple[object, ...]]:
+def _metadata(result: object) -> list[tuple[object, ...] | None]:
     outputs = result if isinstance(result, (tuple, list)) else (result,)
-    return [(tuple(t.shape), t.stride(), t.dtype) for t in outputs]
+    return [None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in outputs]
 
 
 def _to_meta(value: object) -> object:
+    if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):  # cat's tensors
+        return [_to_meta(v) for v in value]
     return value.to("meta") if isinstance(value, torch.Tensor) else value  # keeps strides
 
 
@@ -198,7 +474,20 @@ def test_direct_kernels_match_torch_on_meta_and_on_the_cpu(name: str, op: object
 def test_direct_kernels_decline_what_they_do_not_know() -> None:
     aten = torch.ops.aten
     a, row = torch.empty(4, 3, device="meta"), torch.empty(1, 3, device="meta")
-    assert fast_meta_kernel(aten.add.Tensor, (a, row)) is None  # broadcasting
+    assert fast_meta_kernel(aten.add.Tensor, (row, a)) is None  # the first operand broadcast
+    # a first operand with a size-1 dimension: its strides tie there, and the second's decide
+    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"), row)) is None
+    assert fast_meta_kernel(aten.add.Tensor, (a, torch.empty(2, 4, 3, device="meta"))) is None  # a larger second
+    longs = torch.empty(4, 3, dtype=torch.long, device="meta")
+    cat = aten.cat.default
+    assert fast_meta_kernel(cat, ([longs, longs], 0)) is None  # integers: left to torch
+    assert fast_meta_kernel(cat, ([a, torch.empty(0, device="meta")], 0)) is None  # a legacy empty tensor
+    assert fast_meta_kernel(cat, ([a, a.double()], 0)) is None  # two dtypes: promoted
+    assert fast_meta_kernel(cat, ([a, torch.empty(4, 2, device="meta")], 0)) is None  # sizes that differ
+    image = torch.empty(1, 4, 6, 8, device="meta")
+    assert fast_meta_kernel(cat, ([image, image.transpose(2, 3).contiguous().transpose(2, 3)], 1)) is None
+    assert fast_meta_kernel(aten.embedding.default, (a, a)) is None  # float indices
+    assert fast_meta_kernel(aten.add.Tensor, (longs, longs[:1])) is None  # integers broadcast: left to torch
     assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
     assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
     integers = torch.empty(4, 3, dtype=torch.long, device="meta")
@@ -245,5 +534,110 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.mul_.Tensor, (a, a.to(torch.float64))) is None
     assert fast_meta_kernel(aten.mul_.Tensor, (a, 2j)) is None
     assert fast_meta_kernel(aten.clamp_.default, (a, None, 1.0)) is None
-    # two operands of one shape, one of them neither contiguous nor of the other's layout
-    assert fast_meta_kernel(aten.mul.Tensor, (a, torch.empty(3, 4, device="meta").t())) is None
+    # two operands of one shape, one of them neither contiguous nor of the other's layout, the first with a size-1
+    # dimension (its layout does not decide the output's alone)
+    first = torch.empty(3, 1, 4, device="meta").permute(2, 1, 0)
+    assert fast_meta_kernel(aten.mul.Tensor, (first, torch.empty(4, 1, 3, device="meta"))) is None
+
+
+def test_training_kernels_decline_what_they_do_not_know() -> None:
+    aten = torch.ops.aten
+    a, integers = torch.empty(4, 3, device="meta"), torch.empty(4, 3, dtype=torch.long, device="meta")
+    odd = torch.empty(8, 1, device="meta").t()  # a size-1 dimension with a stride of its own
+    assert fast_meta_kernel(aten.ones_like.default, (odd,)) is None
+    assert fast_meta_kernel(aten.ones_like.default, (torch.empty(1, 3, device="meta").expand(4, 3),)) is None
+    assert fast_meta_kernel(aten.mul.Scalar, (integers, 2)) is None  # integers: left to torch's promotion
+    assert fast_meta_kernel(aten.div.Scalar, (a, True)) is None
+    assert fast_meta_kernel(aten.mul.Scalar, (a[:, ::2], 2)) is None  # neither dense nor expanded
+    transposed_expanded = torch.empty(4, 2, device="meta").t()[..., None].expand(2, 4, 3)
+    assert fast_meta_kernel(aten.mul.Scalar, (transposed_expanded, 2)) is None
+    assert fast_meta_kernel(aten.mm.default, (integers, integers.t())) is None
+    assert fast_meta_kernel(aten.mm.default, (a, a)) is None  # shapes that do not multiply
+    assert fast_meta_kernel(aten.mm.default, (a, a.t().double())) is None
+    assert fast_meta_kernel(aten.bmm.default, (a.view(1, 4, 3), a.view(1, 4, 3))) is None
+    assert fast_meta_kernel(aten.sum.dim_IntList, (integers, [0])) is None  # an integer sum is an int64 one
+    assert fast_meta_kernel(aten.sum.dim_IntList, (a, [2])) is None  # no such dimension: torch's error
+    assert fast_meta_kernel(aten.threshold_backward.default, (a, a.double(), 0)) is None
+    assert fast_meta_kernel(aten.threshold_backward.default, (a, a.t().contiguous().t(), 0)) is None
+    x = torch.empty(2, 3, 4, 5, device="meta")
+    stats = [torch.empty(3, device="meta")] * 4
+    batch_norm = aten.native_batch_norm_backward.default
+    assert fast_meta_kernel(batch_norm, (x, x, None, *stats, True, 1e-5, [True] * 3)) is not None
+    assert fast_meta_kernel(batch_norm, (x.transpose(2, 3), x.transpose(2, 3), None, *stats, True, 1e-5,
+                                         [True] * 3)) is None  # neither contiguous nor channels-last
+    assert fast_meta_kernel(batch_norm, (x, x, torch.empty(3, dtype=torch.float64, device="meta"), *stats, True,
+                                         1e-5, [True] * 3)) is None  # a weight of another dtype
+    layer_norm = aten.native_layer_norm_backward.default
+    y, w, m = torch.empty(2, 5, 8, device="meta"), torch.empty(8, device="meta"), torch.empty(2, 5, 1, device="meta")
+    assert fast_meta_kernel(layer_norm, (y, y, [8], m, m, w, w, [True] * 3)) is not None
+    transposed = torch.empty(5, 2, 8, device="meta").transpose(0, 1)
+    # torch's meta kernel keeps such layouts in some cases, not in others: left to it
+    assert fast_meta_kernel(layer_norm, (transposed, y, [8], m, m, w, w, [True] * 3)) is None
+    assert fast_meta_kernel(layer_norm, (y, transposed, [8], m, m, w, w, [True] * 3)) is None
+    assert fast_meta_kernel(layer_norm, (y, y, [8], m, m, None, None, [True] * 3)) is None  # no weight to derive
+    image, weight = torch.empty(1, 4, 8, 8, device="meta"), torch.empty(6, 4, 3, 3, device="meta")
+    conv = aten.convolution_backward.default
+    geometry = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert fast_meta_kernel(conv, (torch.empty(1, 6, 8, 8, device="meta"), image, weight, [0], *geometry,
+                                   [True] * 3)) is not None
+    assert fast_meta_kernel(conv, (torch.empty(1, 6, 7, 7, device="meta"), image, weight, [0], *geometry,
+                                   [True] * 3)) is None  # a gradient of another shape than the output's
+    last = image.contiguous(memory_format=torch.channels_last)
+    assert fast_meta_kernel(conv, (torch.empty(1, 6, 8, 8, device="meta"), last, weight, [0], *geometry,
+                                   [True] * 3)) is None
+    pool = aten.max_pool2d_with_indices.default
+    assert fast_meta_kernel(pool, (image, [3, 3])) is not None
+    assert fast_meta_kernel(pool, (last, [3, 3])) is None  # channels-last: left to torch
+    assert fast_meta_kernel(pool, (image, [3])) is None  # one size for both: left to torch
+    assert fast_meta_kernel(pool, (image, [2, 2], [2, 2], [2, 2])) is None  # padding over half the window
+    assert fast_meta_kernel(pool, (image[:, :, :2, :2], [3, 3], [1, 1], [0, 0])) is None  # an empty output
+
+
+def test_the_dense_layout_test_is_torchs() -> None:
+    """``_dense`` (written so as not to import sympy) answers as torch's own test on many layouts."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    from modelmeter.engine.meta_kernels import _dense
+
+    base = torch.empty(2, 3, 4, 5, device="meta")
+    tensors = [base, base[:, :, :1], torch.empty(0, 3, device="meta"), torch.empty(1, 1, 1, device="meta"),
+               torch.empty(5, device="meta")[::2], torch.empty(3, device="meta").expand(4, 3),
+               torch.empty(2, 1, 3, device="meta").expand(2, 4, 3), base[:, ::2], base[..., 1:],
+               torch.empty_strided((2, 3), (1, 1), device="meta"), torch.empty_strided((2, 1, 3), (3, 7, 1),
+                                                                                      device="meta")]
+    tensors += [base.permute(*order) for order in itertools.permutations(range(4))]
+    tensors += [base.permute(*order)[:, :1] for order in itertools.permutations(range(4))]
+    for t in tensors:
+        assert _dense(t) == bool(is_non_overlapping_and_dense_or_false(t)), (t.shape, t.stride())
+
+
+def _training_models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 32), nn.Tanh(), nn.LayerNorm(32), nn.Dropout(0.1),
+                        nn.Linear(32, 32), nn.Sigmoid(), nn.Linear(32, 32), nn.GELU("tanh"), nn.Linear(32, 4))
+    cnn = nn.Sequential(nn.Conv1d(3, 6, 3, padding=1), nn.BatchNorm1d(6), nn.ReLU(), nn.Conv1d(6, 6, 3, groups=2),
+                        nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 2))
+    return {"resnet": (small_resnet(), torch.randn(2, 3, 32, 32)),
+            "resnet in eval mode": (small_resnet().eval(), torch.randn(2, 3, 32, 32)),
+            "mlp": (mlp, torch.randn(4, 16)), "1-d cnn": (cnn, torch.randn(2, 3, 12)),
+            "transformer encoder layer": (nn.TransformerEncoderLayer(32, 4, 64, batch_first=True),
+                                          torch.randn(2, 5, 32)),
+            "transformer encoder layer, norm first, gelu": (
+                nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", norm_first=True), torch.randn(5, 2, 32)),
+            "bfloat16 mlp": (nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(torch.bfloat16),
+                             torch.randn(3, 8, dtype=torch.bfloat16)),
+            **{name: (get_model(name, device="cpu"), torch.randint(0, 100, (1, 16)))
+               for name in ("gpt2_tiny", "bert_tiny", "llama2_tiny")},
+            "mobilenet_v2": (get_model("mobilenet_v2", device="cpu"), torch.randn(1, 3, 64, 64))}
+
+
+@pytest.mark.parametrize("name", list(_training_models()))
+def test_a_training_step_on_meta_stand_ins_records_what_real_kernels_record(name: str) -> None:
+    """A CPU model's training step runs on meta stand-ins, through the direct kernels: its trace — every operator's
+    inputs and outputs, every storage's life — is the one its run on the CPU's real kernels records."""
+    model, x = _training_models()[name]
+    options: dict[str, Any] = {"backward": True, "memory": True, "optimizer": "adamw", "quiet": True}
+    meta, real = analyze(model, x, **options).trace, analyze(model, x, execution="real", **options).trace
+    assert (meta.execution, real.execution, meta.assumptions) == ("fake", "real", [])
+    assert [(e.op, e.inputs, e.outputs, e.kwargs) for e in meta.events] == \
+        [(e.op, e.inputs, e.outputs, e.kwargs) for e in real.events]
+    assert meta.storages == real.storages

@@ -24,10 +24,6 @@ from torch import nn
 # packet called directly (``torch.ops.quantized.linear``) or a higher-order operator (``flex_attention``).
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
-# Dense-layout test and contiguous strides (torch._prims_common, since 2.0): the rules torch's own meta kernels
-# follow, so the direct meta kernels give the same strides.
-from torch._prims_common import is_non_overlapping_and_dense_or_false
-
 # FakeTensors (torch._subclasses.fake_tensor, since 2.0): a fake run replaces parameters, buffers and inputs by
 # FakeTensors (metadata, no storage); FakeTensorMode and FakeTensor have no public home. The three ``...Exception``s
 # tell "the model needs values" (fall back to real kernels) from a failure of the model; FakeTensorDeviceMismatchError
@@ -64,12 +60,11 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
     "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
     "fake_store", "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
-    "is_non_overlapping_and_dense_or_false", "kept_distributed_globals", "local_tensor", "no_dispatch",
-    "no_torch_function", "non_persistent_buffers", "observed_cpu_rng_states", "observed_storage_resizes",
-    "parameters_of", "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name",
-    "replicate_module", "resolve_group_name", "schema_of", "script_object_type", "set_state_dict_metadata",
-    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
-    "version_counter", "weights_only_allowed_globals",
+    "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
+    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
+    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name", "schema_of",
+    "script_object_type", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
+    "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.

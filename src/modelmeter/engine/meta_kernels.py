@@ -19,6 +19,14 @@ stand in for a CPU model's, with the CPU kernel's (normalisation statistics in t
 norm in eval mode). An in-place element-wise operator (an LSTM cell's ``sigmoid_``, ``tanh_`` and ``add_``, hundreds of
 microseconds each through the references) returns the tensor it updated. ``tests/test_meta_kernels.py`` compares
 both on every case.
+
+**A training step** reaches more of them: the loss's seed gradient (``ones_like``), ``mm``, ``sum``, gradients
+scaled by a number, broadcast element-wise operators, softmax, ``embedding``, ``cat``, dropout's mask and the
+backward kernels of activations, normalisations, convolution, pooling, softmax and indexing. Besides their cost, the
+first call of a Python meta kernel imports sympy (``torch._check``) and ``torch._dynamo`` (``torch._disable_dynamo``),
+over a second in a new process: with these made directly, a plain model's analysis, forward or a training step,
+imports neither (``tests/test_cli_package.py``); a training step on the stand-ins records the trace real CPU kernels
+record (``tests/test_meta_kernels.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import is_non_overlapping_and_dense_or_false
 from .metadata import recorded_device
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -100,6 +107,13 @@ def _mean(x: torch.Tensor, dim: list[int] | None, keepdim: bool = False, *,
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
         raise RuntimeError(f"mean(): could not infer output dtype. Optional dtype must be either a floating point "
                            f"or complex dtype. Got: {dtype}")
+    return _sum(x, dim, keepdim, dtype=dtype)
+
+
+def _sum(x: torch.Tensor, dim: list[int] | None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``sum.dim_IntList`` of a floating-point tensor: the reduced shape, contiguous whatever the input's layout (the
+    gradient of a bias is the sum of an expanded gradient: torch's meta kernel for it is a Python reference)."""
     reduced = {d % x.dim() for d in dim} if dim else set(range(x.dim()))
     shape = [1 if i in reduced else n for i, n in enumerate(x.shape) if keepdim or i not in reduced]
     return torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
@@ -136,6 +150,98 @@ def _elementwise_like(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor
     return _contiguous_like(x) if x.is_contiguous() else _like(x)
 
 
+def _scaled(x: torch.Tensor, *_: object) -> torch.Tensor:
+    """``x * number`` or ``x / number``: as :func:`_elementwise_like`; contiguous too for a contiguous tensor expanded
+    (the gradient of a mean, divided by the number of elements averaged)."""
+    return _contiguous_like(x) if _expanded_contiguous(x) else _elementwise_like(x)
+
+
+def _new_like(op: Any) -> Callable[..., torch.Tensor]:
+    """``ones_like`` / ``empty_like`` / ``clone`` of a dense ``x`` (the loss's seed gradient, a dropout mask, a
+    ``contiguous()`` copy): ``x``'s layout, or contiguous where asked; with another dtype, device, layout, memory
+    format or pinned memory asked, torch's own kernel."""
+
+    def kernel(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        memory_format = kwargs.get("memory_format")
+        if (memory_format not in (None, torch.preserve_format, torch.contiguous_format)
+                or kwargs.get("pin_memory") not in (None, False)
+                or any(kwargs.get(name) is not None for name in ("dtype", "layout", "device"))):
+            return op(x, **kwargs)
+        return _contiguous_like(x) if memory_format == torch.contiguous_format else _like(x)
+
+    return kernel
+
+
+def _matrix_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``mm`` and ``bmm``: the product's shape, contiguous whatever the operands' layouts."""
+    return torch.empty((*a.shape[:-1], b.shape[-1]), dtype=a.dtype, device=a.device)
+
+
+def _batch_norm_backward(grad: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, *args: Any
+                         ) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of input (in its layout), weight and bias (one per channel), those ``output_mask`` asks for (the
+    meta kernel makes the input's always)."""
+    mask = args[-1] if recorded_device() == "cpu" else [True, *args[-1][1:]]
+    return _masked((_like(input), *(torch.empty((input.shape[1],), dtype=input.dtype, device=input.device)
+                                     for _ in range(2))), mask)
+
+
+def _layer_norm_backward(grad: torch.Tensor, input: torch.Tensor, normalized_shape: list[int], mean: object,
+                         rstd: object, weight: torch.Tensor | None, bias: torch.Tensor | None, output_mask: list[bool]
+                         ) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of input (contiguous), weight and bias (of their shapes), those ``output_mask`` asks for."""
+    return _masked((_contiguous_like(input), *(torch.empty(tuple(normalized_shape), dtype=input.dtype,
+                                                           device=input.device) for _ in range(2))), output_mask)
+
+
+def _convolution_backward(grad: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias_sizes: list[int],
+                          *args: Any) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of a contiguous input and weight (contiguous) and of the bias, those ``output_mask`` asks for."""
+    bias = torch.empty(tuple(bias_sizes), dtype=input.dtype, device=input.device)
+    return _masked((_contiguous_like(input), _contiguous_like(weight), bias), args[-1])
+
+
+def _like_input(grad: torch.Tensor, input: torch.Tensor, *_: object) -> torch.Tensor:
+    """The gradient of a contiguous input: contiguous."""
+    return _contiguous_like(input)
+
+
+def _masked(gradients: tuple[torch.Tensor, ...], output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    return tuple(g if wanted else None for g, wanted in zip(gradients, output_mask, strict=True))
+
+
+def _max_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None, padding: Any = 0,
+                dilation: Any = 1, ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max_pool2d_with_indices`` of a contiguous input: the pooled shape (torch's formula), contiguous values and
+    int64 indices."""
+    spatial = _pooled_sizes(x, kernel_size, stride or kernel_size, _pair(padding), _pair(dilation), ceil_mode)
+    shape = (*x.shape[:-2], *spatial)
+    return (torch.empty(shape, dtype=x.dtype, device=x.device),
+            torch.empty(shape, dtype=torch.int64, device=x.device))
+
+
+def _pooled_sizes(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
+                  ceil_mode: bool) -> list[int]:
+    """The pooled sizes of ``x``'s last two dimensions."""
+    return [_pooled(x.shape[i - 2], kernel[i], stride[i], padding[i], dilation[i], ceil_mode) for i in range(2)]
+
+
+def _pooled(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
+    """One pooled size: floor (or ceil) of the window positions; with ceil, a last window that would start in the
+    right padding is dropped."""
+    span = size + 2 * padding - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)
+    out = span // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1
+    return out
+
+
+def _pair(value: Any) -> list[int]:
+    """A pooling argument given once for both dimensions, or per dimension."""
+    values = [value] if type(value) is int else list(value)
+    return values * 2 if len(values) == 1 else values
+
+
 def _self(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
     """An in-place operator's result: the tensor it updated (metadata unchanged)."""
     return x
@@ -147,8 +253,27 @@ def _plain_meta(value: object) -> bool:
 
 
 def _dense(x: torch.Tensor) -> bool:
-    """Non-overlapping and dense: ``empty_like`` gives it the strides an element-wise kernel's output has."""
-    return x.is_contiguous() or bool(is_non_overlapping_and_dense_or_false(x))
+    """Non-overlapping and dense: some order of the dimensions is contiguous (``empty_like`` keeps such a tensor's
+    strides). Written here: torch's own test of it imports sympy on its first call."""
+    if x.is_contiguous():
+        return True
+    if x.dim() == 1:
+        return x.shape[0] < 2 or x.stride(0) == 1
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(x.shape, x.stride(), strict=True) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _expanded_contiguous(x: torch.Tensor) -> bool:
+    """``x`` is a contiguous tensor expanded: stride 0 in the dimensions it was broadcast along (of more than one
+    element), the contiguous strides of its unexpanded shape in the others."""
+    base = [1 if stride == 0 and size > 1 else size for size, stride in zip(x.shape, x.stride(), strict=True)]
+    return all((stride == 0 and size > 1) or stride == expected
+               for size, stride, expected in zip(x.shape, x.stride(), _contiguous_strides(torch.Size(base)),
+                                                 strict=True))
 
 
 def _elementwise_dense(x: torch.Tensor) -> bool:
@@ -235,14 +360,31 @@ def _same_float_operands(args: tuple[Any, ...]) -> bool:
     return _same_operands(args) and args[0].is_floating_point()
 
 
+def _leading_operand(args: tuple[Any, ...]) -> bool:
+    """A first floating-point tensor whose layout decides the output's alone — dense with no dimension of size 0 or
+    1, so that no two of its strides tie — and a second of its dtype, of its shape or broadcast to it (a bias):
+    torch's element-wise kernels order the output's dimensions by the first operand's strides, consulting the next
+    only where those tie."""
+    a, b = args[0], args[1]
+    if not (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype and 0 not in a.shape
+            and 1 not in a.shape and b.dim() <= a.dim() and _dense(a)):
+        return False
+    return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
+
+
 def _binary_fits(args: tuple[Any, ...]) -> bool:
-    """Two tensors as :func:`_same_operands`, or a dense floating-point tensor and a real number (``0.5 * x``: the
-    number changes neither the dtype nor the layout; a bool is left to torch, which refuses to subtract one)."""
-    return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_operands(args)
+    """Two tensors as :func:`_same_operands` or :func:`_leading_operand`, or a dense floating-point tensor and a real
+    number (``0.5 * x``: the number changes neither the dtype nor the layout; a bool is left to torch, which refuses
+    to subtract one)."""
+    if type(args[1]) in (int, float):
+        return _with_scalars_fits(args)
+    return _same_operands(args) or _leading_operand(args)
 
 
 def _division_fits(args: tuple[Any, ...]) -> bool:
-    return _with_scalars_fits(args) if type(args[1]) in (int, float) else _same_float_operands(args)
+    if type(args[1]) in (int, float):
+        return _with_scalars_fits(args)
+    return _same_float_operands(args) or _leading_operand(args)
 
 
 def _in_place_fits(args: tuple[Any, ...]) -> bool:
@@ -263,6 +405,185 @@ def _mean_fits(args: tuple[Any, ...]) -> bool:
                                                                           for d in dim))))
 
 
+def _sum_fits(args: tuple[Any, ...]) -> bool:
+    """A floating-point input of any layout, reduced over valid dimensions."""
+    x, dim = args[0], args[1] if len(args) > 1 else None
+    return (_plain_meta(x) and x.is_floating_point() and x.dim() > 0
+            and (dim is None or (isinstance(dim, (list, tuple)) and all(type(d) is int and -x.dim() <= d < x.dim()
+                                                                          for d in dim))))
+
+
+def _scaled_fits(args: tuple[Any, ...]) -> bool:
+    """A floating-point tensor, dense (:func:`_elementwise_dense`) or a contiguous one expanded, and a real number."""
+    x = args[0]
+    return (len(args) == 2 and type(args[1]) in (int, float) and _plain_meta(x) and x.is_floating_point()
+            and (_elementwise_dense(x) or _expanded_contiguous(x)))
+
+
+def _new_like_fits(args: tuple[Any, ...]) -> bool:
+    return len(args) == 1 and _plain_meta(args[0]) and _elementwise_dense(args[0])
+
+
+def _mm_fits(args: tuple[Any, ...]) -> bool:
+    a, b = args
+    return (_plain_meta(a) and _plain_meta(b) and a.dim() == b.dim() == 2 and a.shape[1] == b.shape[0]
+            and a.dtype == b.dtype and a.is_floating_point())
+
+
+def _bmm_fits(args: tuple[Any, ...]) -> bool:
+    a, b = args
+    return (_plain_meta(a) and _plain_meta(b) and a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0]
+            and a.shape[2] == b.shape[1] and a.dtype == b.dtype and a.is_floating_point())
+
+
+def _softmax_fits(args: tuple[Any, ...]) -> bool:
+    """``_softmax``, ``_log_softmax`` (not converting half to float) and ``_safe_softmax`` (no other dtype asked) of
+    a contiguous floating-point tensor over one of its dimensions."""
+    x, dim = args[0], args[1]
+    return (_plain_meta(x) and x.is_floating_point() and x.is_contiguous() and type(dim) is int
+            and -max(x.dim(), 1) <= dim < max(x.dim(), 1) and all(a is None or a is False for a in args[2:]))
+
+
+def _softmax_backward_fits(args: tuple[Any, ...]) -> bool:
+    """The backward of :func:`_softmax_fits`' softmax: a contiguous gradient and output of one shape and dtype, the
+    input's dtype theirs."""
+    grad, output, dim, input_dtype = args
+    return (_softmax_fits((output, dim)) and _plain_meta(grad) and grad.is_contiguous() and grad.shape == output.shape
+            and grad.dtype == output.dtype == input_dtype)
+
+
+def _softmax(x: torch.Tensor, dim: int, *_: object, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A softmax's output: contiguous, of the dtype asked (``_safe_softmax``) or the input's."""
+    return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+
+
+def _embedding_fits(args: tuple[Any, ...]) -> bool:
+    """A floating-point table of rows and integer indices of any shape and layout."""
+    weight, indices = args[0], args[1]
+    return (_plain_meta(weight) and _plain_meta(indices) and weight.is_floating_point() and weight.dim() == 2
+            and indices.dtype in (torch.int64, torch.int32))
+
+
+def _embedding(weight: torch.Tensor, indices: torch.Tensor, *_: object) -> torch.Tensor:
+    """The rows looked up: one per index, contiguous."""
+    return torch.empty((*indices.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+
+
+def _cat_fits(args: tuple[Any, ...]) -> bool:
+    """Floating-point tensors of one dtype and one number of dimensions, of equal sizes but along ``dim``, of at
+    most three dimensions (whose output is contiguous whatever their layouts) or contiguous all. (No legacy empty
+    1-d tensor, which ``cat`` skips.)"""
+    tensors, dim = args[0], args[1] if len(args) > 1 else 0
+    if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
+            and type(dim) is int):
+        return False
+    first = tensors[0]
+    rank = first.dim()
+    if not (first.is_floating_point() and rank > 0 and -rank <= dim < rank
+            and (rank <= 3 or all(t.is_contiguous() for t in tensors))):
+        return False
+    dim %= rank
+    return all(t.dtype == first.dtype and t.dim() == rank
+               and all(n == m for i, (n, m) in enumerate(zip(t.shape, first.shape, strict=True)) if i != dim)
+               for t in tensors)
+
+
+def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """The tensors one after the other along ``dim``: contiguous."""
+    first = tensors[0]
+    dim %= first.dim()
+    shape = [sum(t.shape[dim] for t in tensors) if i == dim else n for i, n in enumerate(first.shape)]
+    return torch.empty(shape, dtype=first.dtype, device=first.device)
+
+
+def _zeros_around_fits(args: tuple[Any, ...]) -> bool:
+    """``select_backward`` / ``slice_backward``: a floating-point gradient and the input's sizes."""
+    return (_plain_meta(args[0]) and args[0].is_floating_point() and isinstance(args[1], (list, tuple))
+            and all(type(n) is int and n >= 0 for n in args[1]))
+
+
+def _zeros_around(grad: torch.Tensor, input_sizes: list[int], *_: object) -> torch.Tensor:
+    """The gradient of a selection or a slice: zeros of the input's sizes (contiguous) around the gradient."""
+    return torch.empty(tuple(input_sizes), dtype=grad.dtype, device=grad.device)
+
+
+def _pointwise_backward_fits(args: tuple[Any, ...]) -> bool:
+    """A gradient and a tensor as :func:`_same_float_operands` (``threshold_backward``, ``gelu_backward``, ...),
+    then real numbers."""
+    return _same_float_operands(args) and all(type(a) in (int, float) for a in args[2:])
+
+
+def _gradient_fits(grad: Any, x: Any) -> bool:
+    """A floating-point ``x`` and a gradient of its shape and dtype, of any layout."""
+    return (_plain_meta(x) and _plain_meta(grad) and x.is_floating_point() and grad.shape == x.shape
+            and grad.dtype == x.dtype)
+
+
+def _batch_norm_backward_fits(args: tuple[Any, ...]) -> bool:
+    """An input of at least two dimensions, contiguous or channels-last (its gradient keeps the layout), an optional
+    weight of its dtype and running statistics, one per channel, and the statistics the forward saved (none from the
+    CPU kernel in eval mode)."""
+    grad, x, weight = args[:3]
+    if not (_gradient_fits(grad, x) and x.dim() > 1 and (x.is_contiguous() or _channels_last(x))
+            and (weight is None or weight.dtype == x.dtype)):
+        return False
+    channels = (x.shape[1],)
+    return (all(t is None or (_plain_meta(t) and tuple(t.shape) == channels) for t in args[2:5])
+            and all(t is None or (_plain_meta(t) and tuple(t.shape) in (channels, (0,))) for t in args[5:7]))
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    return memory_format is not None and x.is_contiguous(memory_format=memory_format)
+
+
+def _layer_norm_backward_fits(args: tuple[Any, ...]) -> bool:
+    """A contiguous input normalised over its last dimensions, a contiguous gradient or one expanded (of a sum); a
+    weight and a bias of those dimensions and of the input's dtype where their gradients are asked for. (With other
+    layouts torch's meta kernel keeps the input's or the gradient's in some cases and not in others.)"""
+    grad, x, shape, _, _, weight, bias, mask = args
+    if not (_gradient_fits(grad, x) and x.is_contiguous() and _expanded_contiguous(grad) and 0 < len(shape) <= x.dim()
+            and tuple(x.shape[x.dim() - len(shape):]) == tuple(shape)):
+        return False
+    return all(t is not None and _plain_meta(t) and tuple(t.shape) == tuple(shape) and t.dtype == x.dtype
+               for t, wanted in ((weight, mask[1]), (bias, mask[2])) if wanted)
+
+
+def _convolution_backward_fits(args: tuple[Any, ...]) -> bool:
+    """The backward of a convolution :func:`_convolution_fits` accepts: its arguments, its output's gradient."""
+    grad, x, weight, bias_sizes = args[:4]
+    forward = (x, weight, None, *args[4:10])
+    return (_convolution_fits(forward) and _plain_meta(grad) and grad.dtype == x.dtype
+            and tuple(grad.shape) == (x.shape[0], weight.shape[0], *_convolved(x, weight, *args[4:7]))
+            and list(bias_sizes) in ([0], [weight.shape[0]]))
+
+
+def _max_pool2d_fits(args: tuple[Any, ...]) -> bool:
+    """A contiguous floating-point input of 3 or 4 dimensions, whole numbers for the geometry (torch's errors for
+    impossible ones), a window at least one position and no wider than twice the padding."""
+    x, kernel = args[0], args[1]
+    geometry = [kernel, args[2] if len(args) > 2 and args[2] else kernel,
+                _pair(args[3] if len(args) > 3 else 0), _pair(args[4] if len(args) > 4 else 1)]
+    if not (_plain_meta(x) and x.is_floating_point() and x.dim() in (3, 4) and x.is_contiguous()
+            and all(isinstance(v, (list, tuple)) and len(v) == 2 and all(type(i) is int for i in v)
+                    for v in geometry)):
+        return False
+    kernel, stride, padding, dilation = geometry
+    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0:
+        return False
+    if any(2 * pad > k for pad, k in zip(padding, kernel, strict=True)):
+        return False
+    ceil_mode = bool(args[5]) if len(args) > 5 else False
+    return min(_pooled_sizes(x, kernel, stride, padding, dilation, ceil_mode)) > 0
+
+
+def _max_pool2d_backward_fits(args: tuple[Any, ...]) -> bool:
+    """The backward of a pooling :func:`_max_pool2d_fits` accepts (its gradient is like the contiguous input)."""
+    grad, x, indices = args[0], args[1], args[7]
+    return (_max_pool2d_fits((x, *args[2:7])) and _plain_meta(grad) and grad.dtype == x.dtype
+            and _plain_meta(indices) and grad.shape == indices.shape)
+
+
 def _roll_fits(args: tuple[Any, ...]) -> bool:
     """A contiguous output; a 4-D or 5-D input keeps a channels-last layout (not made here)."""
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
@@ -272,7 +593,7 @@ _aten = torch.ops.aten
 IN_PLACE = (_aten.sigmoid_.default, _aten.tanh_.default, _aten.relu_.default, _aten.silu_.default,
             _aten.gelu_.default, _aten.exp_.default, _aten.neg_.default, _aten.hardtanh_.default,
             _aten.leaky_relu_.default, _aten.clamp_.default, _aten.add_.Tensor, _aten.sub_.Tensor,
-            _aten.mul_.Tensor, _aten.div_.Tensor)
+            _aten.mul_.Tensor, _aten.div_.Tensor, _aten.mul_.Scalar, _aten.div_.Scalar)
 # operator -> (when the direct kernel applies, the direct kernel); checked against torch's kernels in
 # tests/test_meta_kernels.py
 _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]] = {
@@ -296,6 +617,29 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     **{op: (_in_place_fits, _self) for op in IN_PLACE},
     _aten.roll.default: (_roll_fits, _contiguous_like),
     _aten.mean.dim: (_mean_fits, _mean),
+    _aten.sum.dim_IntList: (_sum_fits, _sum),
+    # a training step: the loss's seed gradient, dropout's mask, the backward kernels
+    **{op: (_new_like_fits, _new_like(op)) for op in (
+        _aten.ones_like.default, _aten.empty_like.default, _aten.clone.default)},
+    **{op: (_softmax_fits, _softmax) for op in (
+        _aten._softmax.default, _aten._log_softmax.default, _aten._safe_softmax.default)},
+    **{op: (_softmax_backward_fits, _contiguous_like) for op in (
+        _aten._softmax_backward_data.default, _aten._log_softmax_backward_data.default)},
+    **{op: (_zeros_around_fits, _zeros_around) for op in (
+        _aten.select_backward.default, _aten.slice_backward.default)},
+    **{op: (_scaled_fits, _scaled) for op in (_aten.mul.Scalar, _aten.div.Scalar)},
+    _aten.mm.default: (_mm_fits, _matrix_product),
+    _aten.bmm.default: (_bmm_fits, _matrix_product),
+    _aten.max_pool2d_with_indices.default: (_max_pool2d_fits, _max_pool2d),
+    _aten.max_pool2d_with_indices_backward.default: (_max_pool2d_backward_fits, _like_input),
+    **{op: (_pointwise_backward_fits, _elementwise_like) for op in (
+        _aten.threshold_backward.default, _aten.gelu_backward.default, _aten.tanh_backward.default,
+        _aten.sigmoid_backward.default, _aten.silu_backward.default, _aten.hardtanh_backward.default)},
+    _aten.embedding.default: (_embedding_fits, _embedding),
+    _aten.cat.default: (_cat_fits, _cat),
+    _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
+    _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),
+    _aten.convolution_backward.default: (_convolution_backward_fits, _convolution_backward),
 }
 
 
