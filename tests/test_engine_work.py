@@ -58,7 +58,7 @@ def test_a_recurrent_layer_costs_the_same_work_per_step_however_long_the_sequenc
 
 def _flat_per_step(model: nn.Module) -> None:
     _recording_work(model, torch.randn(2, 1, 8))  # first calls of a process (caches, imports) are not the model's
-    (e4, c4), (e8, c8), (e16, c16) = (_recording_work(model, torch.randn(steps, 1, 8)) for steps in (4, 8, 16))
+    (e4, c4), (e8, c8), (e16, c16) = (_least_work(model, torch.randn(steps, 1, 8)) for steps in (4, 8, 16))
     assert e4 < e8 < e16
     # linear: the calls per added event are the same from 4 to 8 steps as from 8 to 16
     early = (c8["all"] - c4["all"]) / (e8 - e4)
@@ -67,6 +67,13 @@ def _flat_per_step(model: nn.Module) -> None:
     # the cell's operators (sigmoid_, tanh_, add_, the products of two gates) run no Python element-wise meta
     # kernel: as many run at 16 steps as at 4 (the layers' set-up only)
     assert c16["elementwise meta"] == c4["elementwise meta"], (c4["elementwise meta"], c16["elementwise meta"])
+
+
+def _least_work(model: nn.Module, x: torch.Tensor) -> tuple[int, Counter[str]]:
+    """:func:`_recording_work` of the least of three recordings: a process-wide memo of metadata may be full and
+    start again during one of them (after a whole test suite's shapes), a cost of that recording alone."""
+    runs = [_recording_work(model, x) for _ in range(3)]
+    return min(runs, key=lambda run: run[1]["all"])
 
 
 class _Holder(nn.Module):
