@@ -16,12 +16,14 @@ measurements run min(repeat, 3) times without a warm-up, section 4 at least 5 ti
    ``torch.jit.trace``, which needs real kernels); FlopCounterMode and a plain forward can.
 3. **Llama-2-70B** from its config on meta, 2048 tokens: forward and forward+backward analyses, each in a fresh
    process: the analysis time, the whole process time, and the peak RSS (``resource.getrusage`` maxrss).
+   ``--llama-only`` runs this section alone.
 4. **Per-operator overhead**: a deep stack of tiny Linear+GELU layers on a (1, 8) input:
    (modelmeter time - plain forward time) / number of events in the trace, in microseconds; the two are timed in
    turn (15 runs each by default), so a drift of the machine's speed falls on both, with the floor: the forward
    under global module hooks and a function and a dispatch mode whose handlers do nothing (what any recorder of
-   this kind pays before it records anything); per run, modelmeter's and the floor's time over the forward's.
-   ``--overhead-only`` runs this section alone.
+   this kind pays before it records anything), and modelmeter with every repeated call recorded again (no replay);
+   per run, modelmeter's, the floor's and the run without replay's time over the forward's. ``--overhead-only``
+   runs this section alone.
 5. **Cached re-analysis** of ViT-B/16: in-process (the metrics of a second analysis given ``trace=``) and
    persistent (``cache_dir=`` a new directory, then a second fresh process reading it) against the first analysis.
 
@@ -445,10 +447,24 @@ def tiny_stack(layers: int, repeat: int) -> dict[str, Any]:
     x = torch.randn(1, 8)
     events = len(modelmeter.analyze(model, x, cache=False, quiet=True).trace.events)
     times = timed_in_turn({"modelmeter": run_modelmeter(model, x), "forward": run_forward(model, x),
-                           "floor": run_floor(model, x)}, repeat)
+                           "floor": run_floor(model, x), "no replay": run_without_replay(model, x)}, repeat)
     ratios = {f"{tool}/forward": summary([a / b for a, b in zip(times[tool]["times"], times["forward"]["times"],
-                                                                  strict=True)]) for tool in ("modelmeter", "floor")}
+                                                                  strict=True)])
+              for tool in ("modelmeter", "floor", "no replay")}
     return {"layers": layers, "events": events, **times, "ratio_runs": ratios}
+
+
+def run_without_replay(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    """modelmeter with every repeated call recorded again (``engine.replay.replay_disabled()``): what the replay of
+    repeated calls saves."""
+    from modelmeter.engine.replay import replay_disabled
+
+    analysis = run_modelmeter(model, x)
+
+    def go() -> Any:
+        with replay_disabled():
+            return analysis()
+    return go
 
 
 def run_floor(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
@@ -589,12 +605,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(fmt(row[t]) for t in TOOLS) + " | "
                          + " | ".join(fmt_ratio(r[f"modelmeter/{t}"]) for t in TOOLS[1:]) + " |")
         lines.append("")
-    llama_rows = report["llama"]
-    lines += ["### 3. Llama-2-70B from its config on meta, 2048 tokens (fresh process each)" if not report["quick"]
-              else "### 3. Small Llama from its config on meta, 128 tokens (fresh process each; --quick)", "",
-              "| pass | analysis | whole process (imports, build) | peak RSS |", "|---|---|---|---|"]
-    for label, row in llama_rows.items():
-        lines.append(f"| {label} | {fmt(row)} | {fmt(row['process'])} | {row['peak_rss_mb']:.0f} MB |")
+    lines.append(markdown_llama(report["llama"], report["quick"]))
     o = report["overhead"]
     c = report["cached"]
     lines += ["", f"### 4. Engine overhead: {o['layers']} x (Linear(8, 8) + GELU) on a (1, 8) input", "",
@@ -614,12 +625,24 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_llama(rows: dict[str, Any], quick: bool) -> str:
+    """Section 3 as a markdown table."""
+    lines = ["### 3. Llama-2-70B from its config on meta, 2048 tokens (fresh process each)" if not quick
+             else "### 3. Small Llama from its config on meta, 128 tokens (fresh process each; --quick)", "",
+             "| pass | analysis | whole process (imports, build) | peak RSS |", "|---|---|---|---|"]
+    for label, row in rows.items():
+        lines.append(f"| {label} | {fmt(row)} | {fmt(row['process'])} | {row['peak_rss_mb']:.0f} MB |")
+    return "\n".join(lines)
+
+
 def markdown_overhead_ratios(row: dict[str, Any]) -> str:
     """Section 4's ratios per run: modelmeter's and the floor's time over the forward's, median (min-max)."""
     cells = [f"{row['ratio_runs'][key]['median_s']:.2f}x ({row['ratio_runs'][key]['min_s']:.2f}-"
-             f"{row['ratio_runs'][key]['max_s']:.2f})" for key in ("modelmeter/forward", "floor/forward")]
+             f"{row['ratio_runs'][key]['max_s']:.2f})"
+             for key in ("modelmeter/forward", "floor/forward", "no replay/forward")]
     return (f"Per run, against the forward: modelmeter {cells[0]}; the floor (the forward under global module hooks "
-            f"and two modes, all with empty handlers: {fmt(row['floor'])}) {cells[1]}.")
+            f"and two modes, all with empty handlers: {fmt(row['floor'])}) {cells[1]}; modelmeter without the replay "
+            f"of repeated calls ({fmt(row['no replay'])}) {cells[2]}.")
 
 
 def markdown_pair(rows: dict[str, Any]) -> str:
@@ -644,6 +667,7 @@ def main() -> int:
     parser.add_argument("--overhead-only", action="store_true", help="only section 4 (the per-event overhead)")
     parser.add_argument("--recurrent-only", action="store_true", help="only section 7 (recurrent layers)")
     parser.add_argument("--parallel-only", action="store_true", help="only section 8 (a parallel plan at scale)")
+    parser.add_argument("--llama-only", action="store_true", help="only section 3 (Llama-2-70B on meta)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="sections 4 and 6 in CPU time of the main thread, one torch thread (a loaded machine)")
     args = parser.parse_args()
@@ -655,7 +679,10 @@ def main() -> int:
         clock = time.thread_time
     torch.set_num_threads(1 if args.cpu_time else THREADS)
     report: dict[str, Any] = {"quick": args.quick, "repeat": repeat, "machine": machine(), "cpu_time": args.cpu_time}
-    if args.pair_only or args.overhead_only or args.recurrent_only or args.parallel_only:
+    if args.pair_only or args.overhead_only or args.recurrent_only or args.parallel_only or args.llama_only:
+        if args.llama_only:
+            report["llama"] = llama(args.quick, min(repeat, 3))
+            print(markdown_llama(report["llama"], args.quick))
         if args.overhead_only:
             report["overhead"] = overhead(args.quick, 3 * max(repeat, 5))
             print(markdown_overhead_ratios(report["overhead"]))
