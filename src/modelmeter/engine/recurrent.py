@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .._torch_compat import pop_mode_temporarily
+from .fast_paths import FastPath
 from .metadata import device_name, dtype_name
 from .trace import OpEvent, Storage, TensorMeta
 
@@ -36,18 +37,12 @@ from .trace import OpEvent, Storage, TensorMeta
 _GATES = {torch.lstm: 4, torch.gru: 3, torch.rnn_tanh: 1, torch.rnn_relu: 1}
 RECURRENT_CALLS = frozenset(_GATES)
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_enabled = True
+_PATH = FastPath()
 
 
-@contextlib.contextmanager
-def decomposed() -> Iterator[None]:
+def decomposed() -> contextlib.AbstractContextManager[None]:
     """Run recurrent layers as their decomposition (what this module stands for: the tests' oracle)."""
-    global _enabled
-    before, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = before
+    return _PATH.off()
 
 
 class Target:
@@ -66,7 +61,7 @@ class Target:
 def emulate(target_of: Callable[[], Target], func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The outputs of the recurrent call ``func(*args, **kwargs)``, its decomposition's events written to the target
     ``target_of()`` gives; None when the call is not one this module stands for (run it)."""
-    if not _enabled or kwargs or len(args) != 9:
+    if not _PATH.enabled or kwargs or len(args) != 9:
         return None
     target = target_of()
     layout = _layout(func, args, target.known)

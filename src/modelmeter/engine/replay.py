@@ -31,7 +31,7 @@ two traces, whole, on many models.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -39,6 +39,7 @@ from torch import nn
 from torch.autograd.graph import increment_version
 
 from .._torch_compat import OpOverload, any_autocast_enabled, no_dispatch, version_counter
+from .fast_paths import FastPath
 from .storages import StorageTracker
 from .trace import OpEvent, Storage, Trace
 from .values import has_values
@@ -48,24 +49,14 @@ _PLAIN = frozenset({bool, int, str, type(None), type(Ellipsis), torch.dtype, tor
 _TENSORS = (torch.Tensor, nn.Parameter)
 _STRIDED = torch.strided
 
-_enabled = True
+_PATH = FastPath()
 _UNSEEN: Any = object()  # a key not seen yet
 _ONCE: Any = object()  # a key seen once: the next call makes the template
 
 
-@contextlib.contextmanager
-def replay_disabled() -> Iterator[None]:
+def replay_disabled() -> contextlib.AbstractContextManager[None]:
     """Record every call, repeated or not (the oracle of the replay's tests)."""
-    global _enabled
-    before, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = before
-
-
-def replay_enabled() -> bool:
-    return _enabled
+    return _PATH.off()
 
 
 class Recording(Protocol):
@@ -186,7 +177,7 @@ class CallMemo:
             silent = func in self.silent
         except TypeError:  # a function that cannot be hashed cannot be a key
             return record()
-        if silent or not _enabled or any_autocast_enabled():
+        if silent or not _PATH.enabled or any_autocast_enabled():
             return record()
         parts = _Parts(self.rec.storages.knows)
         if not parts.add(args) or (kwargs and not parts.add(tuple(kwargs.values()))) or not parts.tensors:
