@@ -546,6 +546,10 @@ class _Fingerprint(CodeWalk):
         kind = type(v)
         if kind in _PLAIN:
             return v
+        key = (id(v), bool(self._as_code))
+        found = self._memo.get(key)
+        if found is not None:  # before the checks below, which an object met again takes as it did the first time:
+            return found[1]  # each isinstance() it fails asks for its __class__ (Python code in transformers' configs)
         if isinstance(v, torch.Tensor):
             return ("tensor", self.tensor(v))
         if isinstance(v, torch.Size):
@@ -559,9 +563,6 @@ class _Fingerprint(CodeWalk):
             return code
         if isinstance(v, nn.Module) and id(v) in self.module_paths:
             return ("submodule", self.module_paths[id(v)])
-        key = (id(v), bool(self._as_code))
-        if key in self._memo:
-            return self._memo[key][1]
         if id(v) in self._active:
             return ("cycle", f"{kind.__module__}.{kind.__qualname__}")
         self._active.add(id(v))

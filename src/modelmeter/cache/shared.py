@@ -126,7 +126,14 @@ class _State(CodeWalk):
         """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`, code
         by the code walk. Objects Python cannot see into (no ``__dict__``) make the call unshareable."""
         kind = type(obj)
-        if kind in _PLAIN_TYPES or isinstance(obj, _PLAIN):  # the exact types first: the common case, at once
+        if kind in _PLAIN_TYPES:  # the exact types first: the common case, at once
+            return (kind, obj)
+        # Only objects that live through the walk are memoised (no temporaries), and an object met again takes the
+        # checks below as it did the first time: looked up before them, as each isinstance() an object fails asks
+        # for its __class__ (Python code, where a class overrides __getattribute__: transformers' configs).
+        if id(obj) in self._seen:
+            return ("seen", self._seen[id(obj)])
+        if isinstance(obj, _PLAIN):
             return (kind, obj)
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj)
@@ -134,8 +141,6 @@ class _State(CodeWalk):
             return (kind, obj.name)
         if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
             return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
-        if id(obj) in self._seen:  # only objects that live through the walk are memoised (no temporaries)
-            return ("seen", self._seen[id(obj)])
         code = self.code_value(obj, depth)
         if code is not NOT_CODE:  # (functions and classes are memoised by the code walk)
             return code
