@@ -397,20 +397,17 @@ def _in_place_fits(args: tuple[Any, ...]) -> bool:
                for a in args[1:])
 
 
-def _mean_fits(args: tuple[Any, ...]) -> bool:
-    """A contiguous floating-point input of at least one dimension, reduced over valid dimensions."""
-    x, dim = args[0], args[1] if len(args) > 1 else None
-    return (_plain_meta(x) and x.is_floating_point() and x.dim() > 0 and x.is_contiguous()
-            and (dim is None or (isinstance(dim, (list, tuple)) and all(type(d) is int and -x.dim() <= d < x.dim()
-                                                                          for d in dim))))
-
-
 def _sum_fits(args: tuple[Any, ...]) -> bool:
-    """A floating-point input of any layout, reduced over valid dimensions."""
+    """A floating-point input of at least one dimension and any layout, reduced over valid dimensions."""
     x, dim = args[0], args[1] if len(args) > 1 else None
     return (_plain_meta(x) and x.is_floating_point() and x.dim() > 0
             and (dim is None or (isinstance(dim, (list, tuple)) and all(type(d) is int and -x.dim() <= d < x.dim()
                                                                           for d in dim))))
+
+
+def _mean_fits(args: tuple[Any, ...]) -> bool:
+    """As :func:`_sum_fits`, of a contiguous input."""
+    return _sum_fits(args) and args[0].is_contiguous()
 
 
 def _scaled_fits(args: tuple[Any, ...]) -> bool:
@@ -424,16 +421,15 @@ def _new_like_fits(args: tuple[Any, ...]) -> bool:
     return len(args) == 1 and _plain_meta(args[0]) and _elementwise_dense(args[0])
 
 
-def _mm_fits(args: tuple[Any, ...]) -> bool:
-    a, b = args
-    return (_plain_meta(a) and _plain_meta(b) and a.dim() == b.dim() == 2 and a.shape[1] == b.shape[0]
-            and a.dtype == b.dtype and a.is_floating_point())
+def _product_fits(rank: int) -> Callable[[tuple[Any, ...]], bool]:
+    """``mm`` (``rank`` 2) and ``bmm`` (3): floating-point operands of one dtype whose sizes multiply."""
 
+    def fits(args: tuple[Any, ...]) -> bool:
+        a, b = args
+        return (_plain_meta(a) and _plain_meta(b) and a.dim() == b.dim() == rank and a.shape[:-2] == b.shape[:-2]
+                and a.shape[-1] == b.shape[-2] and a.dtype == b.dtype and a.is_floating_point())
 
-def _bmm_fits(args: tuple[Any, ...]) -> bool:
-    a, b = args
-    return (_plain_meta(a) and _plain_meta(b) and a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0]
-            and a.shape[2] == b.shape[1] and a.dtype == b.dtype and a.is_floating_point())
+    return fits
 
 
 def _softmax_fits(args: tuple[Any, ...]) -> bool:
@@ -628,8 +624,8 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     **{op: (_zeros_around_fits, _zeros_around) for op in (
         _aten.select_backward.default, _aten.slice_backward.default)},
     **{op: (_scaled_fits, _scaled) for op in (_aten.mul.Scalar, _aten.div.Scalar)},
-    _aten.mm.default: (_mm_fits, _matrix_product),
-    _aten.bmm.default: (_bmm_fits, _matrix_product),
+    _aten.mm.default: (_product_fits(2), _matrix_product),
+    _aten.bmm.default: (_product_fits(3), _matrix_product),
     _aten.max_pool2d_with_indices.default: (_max_pool2d_fits, _max_pool2d),
     _aten.max_pool2d_with_indices_backward.default: (_max_pool2d_backward_fits, _like_input),
     **{op: (_pointwise_backward_fits, _elementwise_like) for op in (
