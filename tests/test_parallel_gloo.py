@@ -10,6 +10,7 @@ redundant work docs/parallel.md states ("How it is proven").
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -67,15 +68,9 @@ def real_runs() -> dict[int, dict[str, list[dict[str, Any]]]]:
 @pytest.fixture(scope="module")
 def simulated() -> Iterator[Callable[[Case, int, int], Any]]:
     """:func:`gloo_runs.simulate`, run once per case and rank in this module (several tests read each)."""
-    done: dict[tuple[Case, int, int], Any] = {}
-
-    def analysis(case: Case, rank: int, world_size: int) -> Any:
-        if (case, rank, world_size) not in done:
-            done[case, rank, world_size] = simulate(case, rank, world_size)
-        return done[case, rank, world_size]
-
+    analysis = functools.cache(simulate)
     yield analysis
-    done.clear()
+    analysis.cache_clear()
 
 
 @pytest.mark.parametrize(("world_size", "case"), RUNS, ids=IDS)

@@ -14,6 +14,7 @@ within 10%.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,15 +72,9 @@ def planned(case: PlannerCase, rank: int, world_size: int) -> modelmeter.Analysi
 @pytest.fixture(scope="module")
 def analyses() -> Iterator[Callable[[PlannerCase, int, int], modelmeter.Analysis]]:
     """:func:`planned`, run once per plan and rank in this module (several tests read each)."""
-    done: dict[tuple[PlannerCase, int, int], modelmeter.Analysis] = {}
-
-    def analysis(case: PlannerCase, rank: int, world_size: int) -> modelmeter.Analysis:
-        if (case, rank, world_size) not in done:
-            done[case, rank, world_size] = planned(case, rank, world_size)
-        return done[case, rank, world_size]
-
+    analysis = functools.cache(planned)
     yield analysis
-    done.clear()
+    analysis.cache_clear()
 
 
 @pytest.mark.parametrize(("world_size", "case"), RUNS, ids=IDS)
