@@ -180,6 +180,9 @@ elif model_name == "resnet":
     model, x = small_resnet(), torch.randn(2, 3, 32, 32)
 elif model_name == "transformer":
     model, x = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), torch.randn(2, 5, 32)
+elif model_name in ("llama2", "gpt2", "bert"):  # the zoo's, on meta
+    from modelmeter.zoo import get_model
+    model, x = get_model(f"{model_name}_tiny", device="meta"), torch.randint(0, 100, (1, 16))
 else:
     model, x = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)), torch.randn(2, 16)
 options = {"forward": {}, "backward": {"backward": True},
@@ -195,7 +198,8 @@ print(sorted(({"torch._dynamo", "sympy"} & set(sys.modules)) - before))
 @pytest.mark.parametrize("model,step", [("mlp", "forward"), ("cnn", "forward"), ("mlp", "backward"),
                                         ("cnn", "backward"), ("resnet", "backward"), ("mlp", "training"),
                                         ("resnet", "training"), ("transformer", "backward"),
-                                        ("transformer", "training")])
+                                        ("transformer", "training"), ("llama2", "forward"),
+                                        ("llama2", "backward"), ("gpt2", "forward"), ("bert", "forward")])
 def test_an_analysis_of_a_plain_model_does_not_import_dynamo(model: str, step: str) -> None:
     """torch._dynamo and sympy take over a second to import: a plain model's analysis, forward, backward or a
     training step with its memory, imports neither (PyTorch's meta kernels of convolution, of the backward

@@ -257,11 +257,34 @@ def _broadcast_cases(dtype: torch.dtype) -> list[Case]:
                   (firsts["transposed"], torch.randn(8, dtype=dtype)), {"alpha": 2}))
     # contiguous both, the first with size-1 dimensions and the second broadcast to it (a mask added to scores)
     pairs = (((1, 6, 6), (6, 6)), ((1, 6, 6), (1, 6)), ((4, 1, 3), (1, 3)), ((2, 1, 8), (8,)), ((1, 1, 5), (1, 1, 5)),
-             ((3, 4), (3, 1)), ((1, 3, 1, 4), (3, 1, 1)), ((1, 2, 6, 6), (1, 1, 6, 6)), ((4, 1), ()))
+             ((3, 4), (3, 1)), ((1, 3, 1, 4), (3, 1, 1)), ((1, 2, 6, 6), (1, 1, 6, 6)), ((4, 1), ()),
+             ((1, 16, 1), (8,)), ((6, 1), (1, 5)), ((3, 1, 4), (2, 1)), ((5,), (2, 3, 5)), ((1, 1), (4, 3)),
+             ((1, 3), (4, 3)))
     for a_shape, b_shape in pairs:
         for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor):
             cases.append((f"{op.__name__} {a_shape} and {b_shape} {dtype}", op,
                           (torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)), {}))
+    # views that are not dense, their strides ordering them: half of a rotated query, a third of a fused projection
+    views = {"half of a query": torch.randn(1, 6, 3, 8, dtype=dtype).transpose(1, 2)[..., 4:],
+             "a third": torch.randn(2, 5, 12, dtype=dtype)[..., 4:8],
+             "a third, batch of one": torch.randn(1, 5, 3 * 8, dtype=dtype)[..., :8].view(1, 5, 2, 4).transpose(1, 2),
+             "every other column": torch.randn(4, 6, dtype=dtype)[:, ::2],
+             "heads before positions": torch.randn(1, 6, 3, 4, dtype=dtype).transpose(1, 2)}  # dense
+    for label, view in views.items():
+        cases += [(f"{op.__name__} of {label} {dtype}", op, (view,), {})
+                  for op in (aten.neg.default, aten.gelu.default, aten.exp.default)]
+        cases.append((f"sum of {label} {dtype}", aten.sum.default, (view,), {}))
+    cases += [(f"{op.__name__} of heads before positions by 0.5 {dtype}", op, (views["heads before positions"], 0.5),
+               {}) for op in (aten.mul.Scalar, aten.div.Scalar, aten.mul.Tensor)]
+    matrix = torch.randn(3, 4, dtype=dtype)
+    cases += [(f"sum {dtype}", aten.sum.default, (matrix,), {}),
+              (f"sum to float64 {dtype}", aten.sum.default, (matrix,), {"dtype": torch.float64})]
+    # a first operand with size-1 dimensions whose strides order it (a query viewed with its heads before its
+    # positions) and a table broadcast to it
+    query = torch.randn(1, 6, 3, 4, dtype=dtype).transpose(1, 2)
+    for b in (torch.randn(1, 1, 6, 4, dtype=dtype), torch.randn(6, 4, dtype=dtype), torch.randn(3, 1, 4, dtype=dtype)):
+        cases += [(f"{op.__name__} of a query and {tuple(b.shape)} {dtype}", op, (query, b), {})
+                  for op in (aten.add.Tensor, aten.mul.Tensor)]
     for label, x in (("contiguous", torch.randn(2, 5, 8, dtype=dtype)),
                      ("size-1 dims", torch.randn(1, 8, dtype=dtype))):
         cases += [(f"pow of {base!r} by {label} {dtype}", aten.pow.Scalar, (base, x), {}) for base in (10000.0, 2)]
@@ -310,6 +333,21 @@ def _embedding_and_cat_cases(dtype: torch.dtype) -> list[Case]:
               "four dimensions": ([torch.randn(1, 4, 6, 8, dtype=dtype)] * 3, 2),
               "vectors": ([torch.randn(3, dtype=dtype), torch.randn(4, dtype=dtype)], 0),
               "one piece": ([torch.randn(3, 2, dtype=dtype).t()], 1)}
+    # four and five dimensions in other layouts: the halves of a rotated query (heads before positions), a
+    # channels-last piece beside a contiguous one, a permuted one, size-1 dimensions
+    query = torch.randn(1, 6, 3, 8, dtype=dtype).transpose(1, 2)
+    last = torch.randn(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last)
+    volume = torch.randn(2, 3, 2, 4, 5, dtype=dtype)
+    image = torch.randn(1, 4, 6, 8, dtype=dtype)
+    groups |= {"pieces of other layouts": ([image, image.transpose(2, 3).contiguous().transpose(2, 3)], 1),
+               "rotated halves": ([-query[..., 4:], query[..., :4]], -1),
+               "a query's halves": ([query[..., 4:], query[..., :4]], -1),
+               "channels-last and contiguous": ([last, last.contiguous()], 1),
+               "contiguous and channels-last": ([last.contiguous(), last], 0),
+               "permuted": ([torch.randn(4, 5, 2, 3, dtype=dtype).permute(2, 3, 0, 1)] * 2, 3),
+               "batch of one, one channel": ([torch.randn(1, 1, 4, 5, dtype=dtype).transpose(2, 3)] * 2, 1),
+               "volumes": ([volume, volume.transpose(2, 4).contiguous().transpose(2, 4)], 0),
+               "a volume channels-last and not": ([volume.to(memory_format=torch.channels_last_3d), volume], 1)}
     cases += [(f"cat {label} {dtype}", aten.cat.default, (pieces, dim), {}) for label, (pieces, dim) in groups.items()]
     cases.append((f"cat, dim left out {dtype}", aten.cat.default, ([token, token],), {}))
     return cases
@@ -449,7 +487,7 @@ def _lstm_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple[object, ...
                 cases.append((f"{op.__name__} {label} {dtype}", op, (make(), *scalars.get(op, ())), {}))
     gates = _gates(dtype)
     for a, b in ((gates[0], gates[1]), (gates[1], torch.randn(1, 8, dtype=dtype)),
-                 (torch.randn(1, 8, dtype=dtype), gates[2]), (gates[4], gates[5]),
+                 (torch.randn(1, 8, dtype=dtype), gates[2]),
                  (torch.randn(8, 1, dtype=dtype).t(), torch.randn(8, 1, dtype=dtype).t())):
         cases += [(f"{op.__name__} of gates {tuple(a.stride())} {tuple(b.stride())} {dtype}", op, (a, b), {})
                   for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)]
@@ -464,7 +502,10 @@ def _metadata(result: object) -> list[tuple[object, ...] | None]:
 def _to_meta(value: object) -> object:
     if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):  # cat's tensors
         return [_to_meta(v) for v in value]
-    return value.to("meta") if isinstance(value, torch.Tensor) else value  # keeps strides
+    if not isinstance(value, torch.Tensor):
+        return value
+    # the same strides, also of a view that is not dense (``.to("meta")`` would make that one contiguous)
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
 
 
 CASES = _cases()
@@ -486,12 +527,17 @@ def test_direct_kernels_match_torch_on_meta_and_on_the_cpu(name: str, op: object
 def test_direct_kernels_decline_what_they_do_not_know() -> None:
     aten = torch.ops.aten
     a, row = torch.empty(4, 3, device="meta"), torch.empty(1, 3, device="meta")
-    assert fast_meta_kernel(aten.add.Tensor, (row, a)) is None  # the first operand broadcast
+    # the first operand broadcast, the second not contiguous (both contiguous: _broadcast_cases)
+    assert fast_meta_kernel(aten.add.Tensor, (row, a.t().contiguous().t())) is None
     # a first operand with a size-1 dimension: its strides tie there, and the second's decide (unless both have
-    # the strides of contiguous tensors: _broadcast_cases)
+    # the strides of contiguous tensors: _broadcast_cases); or a stride of a size-1 dimension out of order
+    odd_batch = torch.empty_strided((1, 4, 3), (5, 3, 1), device="meta")
+    assert fast_meta_kernel(aten.add.Tensor, (odd_batch, torch.empty(4, 3, device="meta").t().contiguous().t())) \
+        is None
     assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"),
                                               torch.empty(3, 1, device="meta").t())) is None
-    assert fast_meta_kernel(aten.add.Tensor, (a, torch.empty(2, 4, 3, device="meta"))) is None  # a larger second
+    larger = torch.empty(4, 2, 3, device="meta").transpose(0, 1)  # not contiguous (contiguous: _broadcast_cases)
+    assert fast_meta_kernel(aten.add.Tensor, (a, larger)) is None  # a larger second
     longs = torch.empty(4, 3, dtype=torch.long, device="meta")
     cat = aten.cat.default
     assert fast_meta_kernel(cat, ([longs, longs], 0)) is None  # integers: left to torch
@@ -499,11 +545,14 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(cat, ([a, a.double()], 0)) is None  # two dtypes: promoted
     assert fast_meta_kernel(cat, ([a, torch.empty(4, 2, device="meta")], 0)) is None  # sizes that differ
     image = torch.empty(1, 4, 6, 8, device="meta")
-    assert fast_meta_kernel(cat, ([image, image.transpose(2, 3).contiguous().transpose(2, 3)], 1)) is None
+    last = image.contiguous(memory_format=torch.channels_last)
+    assert fast_meta_kernel(cat, ([last, last], 1)) is None  # channels-last all: a channels-last output
+    assert fast_meta_kernel(cat, ([last.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)] * 2, 1)) is None
     assert fast_meta_kernel(aten.embedding.default, (a, a)) is None  # float indices
     assert fast_meta_kernel(aten.add.Tensor, (longs, longs[:1])) is None  # integers broadcast: left to torch
     assert fast_meta_kernel(aten.mul.Tensor, (a, a.to(torch.bfloat16))) is None  # type promotion
-    assert fast_meta_kernel(aten.gelu.default, (torch.empty(4, 6, device="meta")[:, ::2],)) is None  # not dense
+    overlapping = torch.empty(6, device="meta").as_strided((2, 3), (1, 1))  # strides that tie (a view that is not
+    assert fast_meta_kernel(aten.gelu.default, (overlapping,)) is None  # dense but ordered: _broadcast_cases)
     integers = torch.empty(4, 3, dtype=torch.long, device="meta")
     assert fast_meta_kernel(aten.relu.default, (integers,)) is None  # only floating point is verified
     assert fast_meta_kernel(aten.div.Tensor, (integers, integers)) is None  # a true division makes floats
@@ -515,9 +564,12 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.pow.Scalar, (2.0, integers)) is None  # integers: promoted
     # broadcast, the second operand not contiguous, or the first smaller than the second
     assert fast_meta_kernel(aten.add.Tensor, (torch.empty(1, 3, 4, device="meta"), a.t().contiguous().t())) is None
-    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(3, device="meta"), torch.empty(1, 3, device="meta"))) is None
+    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(3, device="meta"), torch.empty(2, device="meta"))) is None
     # a size-1 dimension with a stride of its own: torch's kernels disagree on the output's stride there (two such
     # tensors, contiguous both, make a contiguous output: checked in _lstm_cases)
+    # two gates chunked off one product, each with a size-1 dimension whose stride ties with another's
+    gate = torch.empty_strided((2, 1, 4), (12, 12, 1), device="meta")
+    assert fast_meta_kernel(aten.mul.Tensor, (gate, gate)) is None
     for odd in (torch.empty(8, 1, device="meta").t(), torch.empty_strided((1, 8), (7, 1), device="meta")):
         assert fast_meta_kernel(aten.relu.default, (odd,)) is None
         assert fast_meta_kernel(aten.mul.Tensor, (odd, 0.5)) is None
@@ -558,6 +610,31 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     # dimension (its layout does not decide the output's alone)
     first = torch.empty(3, 1, 4, device="meta").permute(2, 1, 0)
     assert fast_meta_kernel(aten.mul.Tensor, (first, torch.empty(4, 1, 3, device="meta"))) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_flash_attention_matches_its_meta_kernel(dtype: torch.dtype) -> None:
+    """On the meta device and standing for the CPU alike: the recording has always taken the meta kernel's layout
+    (the CPU kernel's attention is position-major whatever the query's layout; the bytes are the same)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    contiguous = torch.empty(2, 3, 5, 4, dtype=dtype, device="meta")
+    heads_inside = torch.empty(2, 5, 3, 4, dtype=dtype, device="meta").transpose(1, 2)
+    keys = torch.empty(2, 3, 7, 4, dtype=dtype, device="meta")
+    for q, k, extra in ((contiguous, contiguous, {}), (heads_inside, heads_inside, {"is_causal": True}),
+                        (contiguous, keys, {"scale": 0.5}), (heads_inside, keys, {})):
+        fast = fast_meta_kernel(flash, (q, k, k, 0.0))
+        assert fast is not None
+        expected = _metadata(flash(q, k, k, 0.0, **extra))
+        assert _metadata(fast(q, k, k, 0.0, **extra)) == expected
+        with meta_stands_for("cpu"):
+            assert _metadata(fast(q, k, k, 0.0, **extra)) == expected
+    third = torch.empty(1, 7, 3 * 12, dtype=dtype, device="meta")[..., 12:24].view(1, 7, 3, 4).transpose(1, 2)
+    for q in (third, third[:, :, :5]):  # views that are not dense: one third of a fused projection
+        fast = fast_meta_kernel(flash, (q, q, q, 0.0, True))
+        assert fast is not None
+        assert _metadata(fast(q, q, q, 0.0, True)) == _metadata(flash(q, q, q, 0.0, True))
+    tied = torch.empty(2, 3, 5, 4, dtype=dtype, device="meta").as_strided((2, 3, 5, 4), (60, 4, 4, 1))
+    assert fast_meta_kernel(flash, (tied, tied, tied, 0.0)) is None  # two equal strides, not dense
 
 
 _ARANGES = {1: torch.ops.aten.arange.default, 2: torch.ops.aten.arange.start, 3: torch.ops.aten.arange.start_step}

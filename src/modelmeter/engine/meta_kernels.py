@@ -35,6 +35,7 @@ record (``tests/test_meta_kernels.py``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -281,11 +282,12 @@ def _expanded_contiguous(x: torch.Tensor) -> bool:
 
 
 def _elementwise_dense(x: torch.Tensor) -> bool:
-    """Dense, as :func:`_dense`; with a size-1 dimension only in the contiguous layout's own strides. (Where a size-1
-    dimension has another stride, torch's element-wise kernels disagree on the output's stride there — meta with CPU,
-    ``relu`` with ``mul`` — so those are left to them.)"""
+    """Dense, as :func:`_dense`; with a size-1 dimension only in the contiguous layout's own strides, or outermost
+    with the strides ordering the dimensions (:func:`_strides_order`: a batch of one of heads viewed before positions).
+    (Where a size-1 dimension has another stride, torch's element-wise kernels disagree on the output's stride there —
+    meta with CPU, ``relu`` with ``mul`` — so those are left to them.)"""
     if 1 in x.shape:
-        return x.stride() == _contiguous_strides(x.shape)
+        return x.stride() == _contiguous_strides(x.shape) or (_dense(x) and _strides_order(x))
     return _dense(x)
 
 
@@ -344,6 +346,42 @@ def _unary_fits(args: tuple[Any, ...]) -> bool:
     return _plain_meta(args[0]) and args[0].is_floating_point() and _elementwise_dense(args[0])
 
 
+def _unary_or_view_fits(args: tuple[Any, ...]) -> bool:
+    """As :func:`_unary_fits`, or of a view that is not dense but whose strides order its dimensions
+    (:func:`_by_strides`: half of a rotary embedding's query, ``-x[..., half:]``)."""
+    x = args[0]
+    return _unary_fits(args) or (_plain_meta(x) and x.is_floating_point() and _strides_order(x))
+
+
+def _distinct_strides(x: torch.Tensor) -> bool:
+    """No dimension of size 0, and strides all different and none 0: they order the dimensions alone."""
+    strides = x.stride()
+    return 0 not in x.shape and 0 not in strides and len(set(strides)) == len(strides)
+
+
+def _strides_order(x: torch.Tensor) -> bool:
+    """:func:`_distinct_strides`, and a dimension of size 1 has the stride of one around all the others (a batch of
+    one): element-wise kernels disagree on the output's stride there otherwise."""
+    if not _distinct_strides(x):
+        return False
+    strides, shape = x.stride(), x.shape
+    extent = max((stride * size for stride, size in zip(strides, shape, strict=True) if size != 1), default=1)
+    return all(stride == extent for stride, size in zip(strides, shape, strict=True) if size == 1)
+
+
+def _by_strides(x: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``x``'s shape whose dimensions lie in memory in the order of ``x``'s strides, contiguously:
+    what element-wise kernels and ``empty_like`` make of a tensor that is not dense (:func:`_distinct_strides`)."""
+    order = sorted(range(x.dim()), key=lambda d: x.stride(d), reverse=True)
+    physical = torch.empty([x.shape[d] for d in order], dtype=x.dtype, device=x.device)
+    return physical.permute(sorted(range(x.dim()), key=order.__getitem__))
+
+
+def _unary(x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """An element-wise operator's output: in ``x``'s layout when ``x`` is dense, else by its strides."""
+    return _like(x) if _elementwise_dense(x) else _by_strides(x)
+
+
 def _with_scalars_fits(args: tuple[Any, ...]) -> bool:
     """A dense floating-point tensor and real numbers (the scalars of ``hardtanh``, ``pow``, ``leaky_relu``)."""
     return _unary_fits(args) and all(type(a) in (int, float, bool) for a in args[1:])
@@ -365,25 +403,61 @@ def _same_float_operands(args: tuple[Any, ...]) -> bool:
 
 
 def _leading_operand(args: tuple[Any, ...]) -> bool:
-    """A first floating-point tensor whose layout decides the output's alone — dense with no dimension of size 0 or
-    1, so that no two of its strides tie — and a second of its dtype, of its shape or broadcast to it (a bias):
-    torch's element-wise kernels order the output's dimensions by the first operand's strides, consulting the next
-    only where those tie."""
+    """A first floating-point tensor whose layout decides the output's alone, and a second of its dtype, of its shape
+    or broadcast to it (a bias, a rotary table). torch's element-wise kernels order the output's dimensions by the
+    first operand's strides, consulting the next only where those tie: so the first has no dimension of size 0, no
+    two equal strides, and the strides of a contiguous tensor whose dimensions are in that order (a size-1 dimension
+    included: its stride is otherwise free, and the kernels give the output the one that order implies)."""
     a, b = args[0], args[1]
     if not (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype and 0 not in a.shape
-            and 1 not in a.shape and b.dim() <= a.dim() and _dense(a)):
+            and b.dim() <= a.dim() and _ordered(a)):
         return False
     return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
+
+
+def _ordered(x: torch.Tensor) -> bool:
+    """Strides all different, each the product of the sizes of the dimensions with smaller strides."""
+    strides = x.stride()
+    if len(set(strides)) != len(strides):
+        return False
+    expected = 1
+    for stride, size in sorted(zip(strides, x.shape, strict=True)):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _contiguous_broadcast(args: tuple[Any, ...]) -> bool:
-    """Two floating-point tensors of one dtype, each with the strides of a contiguous tensor of its shape, the second
-    broadcast to the first's shape (an attention bias added to scores with a batch of one): a contiguous output."""
+    """Two floating-point tensors of one dtype, each with the strides of a contiguous tensor of its shape, whose
+    shapes broadcast (a mask added to scores of a batch of one, positions times frequencies): a contiguous output."""
     a, b = args[0], args[1]
-    if not (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype and b.dim() <= a.dim()
-            and a.stride() == _contiguous_strides(a.shape) and b.stride() == _contiguous_strides(b.shape)):
-        return False
-    return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
+    return (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype
+            and a.stride() == _contiguous_strides(a.shape) and b.stride() == _contiguous_strides(b.shape)
+            and _broadcast_shape(a.shape, b.shape) is not None)
+
+
+def _broadcast_shape(a: torch.Size, b: torch.Size) -> tuple[int, ...] | None:
+    """The shape ``a`` and ``b`` broadcast to, or None when they do not. (Written here: torch's ``broadcast_shapes``
+    checks the sizes with ``torch._check``, whose first call imports sympy.)"""
+    shape = []
+    for n, m in itertools.zip_longest(reversed(a), reversed(b), fillvalue=1):
+        if n != m and 1 not in (n, m):
+            return None
+        shape.append(m if n == 1 else n)
+    return tuple(reversed(shape))
+
+
+def _broadcast(a: torch.Tensor, b: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """The output of :func:`_contiguous_broadcast`'s operands: their broadcast shape, contiguous."""
+    return torch.empty(_broadcast_shape(a.shape, b.shape) or (), dtype=a.dtype, device=a.device)
+
+
+def _elementwise(a: torch.Tensor, b: Any, *_: object, **__: object) -> torch.Tensor:
+    """A binary element-wise operator's output: broadcast when the operands' shapes differ, else like the first."""
+    if isinstance(b, torch.Tensor) and b.shape != a.shape and _contiguous_broadcast((a, b)):
+        return _broadcast(a, b)
+    return _elementwise_like(a)
 
 
 def _binary_fits(args: tuple[Any, ...]) -> bool:
@@ -430,6 +504,15 @@ def _sum_fits(args: tuple[Any, ...]) -> bool:
     return (_plain_meta(x) and x.is_floating_point() and x.dim() > 0
             and (dim is None or (isinstance(dim, (list, tuple)) and all(type(d) is int and -x.dim() <= d < x.dim()
                                                                           for d in dim))))
+
+
+def _sum_all_fits(args: tuple[Any, ...]) -> bool:
+    """``sum`` of every element of a floating-point tensor of any layout (the default loss)."""
+    return len(args) == 1 and _plain_meta(args[0]) and args[0].is_floating_point()
+
+
+def _sum_all(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return torch.empty((), dtype=dtype or x.dtype, device=x.device)
 
 
 def _mean_fits(args: tuple[Any, ...]) -> bool:
@@ -494,8 +577,9 @@ def _embedding(weight: torch.Tensor, indices: torch.Tensor, *_: object) -> torch
 
 def _cat_fits(args: tuple[Any, ...]) -> bool:
     """Floating-point tensors of one dtype and one number of dimensions, of equal sizes but along ``dim``, of at
-    most three dimensions (whose output is contiguous whatever their layouts) or contiguous all. (No legacy empty
-    1-d tensor, which ``cat`` skips.)"""
+    most three dimensions (whose output is contiguous whatever their layouts) or not all laid out channels-last
+    (:func:`_channels_last_strides`; the output is contiguous then too: the halves of a rotated query). (No legacy
+    empty 1-d tensor, which ``cat`` skips.)"""
     tensors, dim = args[0], args[1] if len(args) > 1 else 0
     if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
             and type(dim) is int):
@@ -503,12 +587,29 @@ def _cat_fits(args: tuple[Any, ...]) -> bool:
     first = tensors[0]
     rank = first.dim()
     if not (first.is_floating_point() and rank > 0 and -rank <= dim < rank
-            and (rank <= 3 or all(t.is_contiguous() for t in tensors))):
+            and (rank <= 3 or not all(map(_channels_last_strides, tensors)))):
         return False
     dim %= rank
     return all(t.dtype == first.dtype and t.dim() == rank
                and all(n == m for i, (n, m) in enumerate(zip(t.shape, first.shape, strict=True)) if i != dim)
                for t in tensors)
+
+
+def _channels_last_strides(x: torch.Tensor) -> bool:
+    """Whether torch takes ``x``'s strides for a channels-last layout (``suggest_memory_format``; c10's
+    ``is_channels_last_strides_2d`` and ``_3d``): the strides grow along channels, then the spatial dimensions from
+    the last, then the batch, with ties resolved to the contiguous layout. ``cat`` makes a channels-last output of
+    such tensors only, a contiguous one otherwise."""
+    order = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(x.dim())
+    sizes, strides = x.shape, x.stride()
+    if order is None or strides[1] == 0:
+        return False
+    low = 0
+    for d in order:
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * max(sizes[d], 1)
+    return True
 
 
 def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
@@ -607,6 +708,24 @@ def _max_pool2d_backward_fits(args: tuple[Any, ...]) -> bool:
             and _plain_meta(indices) and grad.shape == indices.shape)
 
 
+def _flash_fits(args: tuple[Any, ...]) -> bool:
+    """The CPU flash kernel's query, key and value: 4-D, floating point, the query dense (its layout is kept)."""
+    q, k, v = args[:3]
+    return (all(_plain_meta(t) and t.dim() == 4 and t.dtype == q.dtype for t in (q, k, v)) and q.dtype in _FLOATS
+            and (_dense(q) or _distinct_strides(q)))
+
+
+def _flash(q: torch.Tensor, *_: object, **__: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Its meta kernel's outputs: the attention in the query's layout (ordered by its strides when it is a view that is
+    not dense: one third of a fused projection), and the log-sum-exp per (batch, head,
+    position), in float32 for half precision, laid out position-major. (The meta kernel's ``empty_like`` is a Python
+    reference whose first call imports sympy: every transformer's attention.)"""
+    batch, heads, positions = q.shape[:3]
+    stats = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    attention = _like(q) if _dense(q) else _by_strides(q)
+    return attention, torch.empty((batch, positions, heads), dtype=stats, device=q.device).transpose(1, 2)
+
+
 def _arange_fits(args: tuple[Any, ...]) -> bool:
     """Whole numbers (no bool) with a step that reaches the end: the count of values is exact integer arithmetic."""
     if not all(type(a) is int for a in args):
@@ -659,7 +778,7 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.native_layer_norm.default: (_layer_norm_fits, _layer_norm),
     _aten.addmm.default: (_addmm_fits, _addmm),
     _aten.convolution.default: (_convolution_fits, _convolution),
-    **{op: (_unary_fits, _like) for op in (
+    **{op: (_unary_or_view_fits, _unary) for op in (
         _aten.gelu.default, _aten.relu.default, _aten.silu.default, _aten.sigmoid.default, _aten.tanh.default,
         _aten.neg.default, _aten.exp.default, _aten.log.default, _aten.sqrt.default, _aten.rsqrt.default,
         _aten.reciprocal.default, _aten.abs.default, _aten.sin.default, _aten.cos.default, _aten.erf.default,
@@ -667,16 +786,17 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     **{op: (_with_scalars_fits, _like) for op in (
         _aten.hardtanh.default, _aten.leaky_relu.default, _aten.elu.default, _aten.softplus.default,
         _aten.pow.Tensor_Scalar, _aten.clamp.default)},
-    _aten.add.Tensor: (_binary_fits, _elementwise_like),
-    _aten.sub.Tensor: (_binary_fits, _elementwise_like),
-    _aten.mul.Tensor: (_binary_fits, _elementwise_like),
-    _aten.div.Tensor: (_division_fits, _elementwise_like),
+    _aten.add.Tensor: (_binary_fits, _elementwise),
+    _aten.sub.Tensor: (_binary_fits, _elementwise),
+    _aten.mul.Tensor: (_binary_fits, _elementwise),
+    _aten.div.Tensor: (_division_fits, _elementwise),
     _aten.pow.Scalar: (_scalar_base_fits, _like_exponent),
     # in place (an LSTM cell's gates: sigmoid_, tanh_, add_)
     **{op: (_in_place_fits, _self) for op in IN_PLACE},
     _aten.roll.default: (_roll_fits, _contiguous_like),
     _aten.mean.dim: (_mean_fits, _mean),
     _aten.sum.dim_IntList: (_sum_fits, _sum),
+    _aten.sum.default: (_sum_all_fits, _sum_all),
     # a training step: the loss's seed gradient, dropout's mask, the backward kernels
     **{op: (_new_like_fits, _new_like(op)) for op in (
         _aten.ones_like.default, _aten.empty_like.default, _aten.clone.default)},
@@ -696,6 +816,7 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
         _aten.sigmoid_backward.default, _aten.silu_backward.default, _aten.hardtanh_backward.default)},
     _aten.embedding.default: (_embedding_fits, _embedding),
     _aten.cat.default: (_cat_fits, _cat),
+    _FLASH: (_flash_fits, _flash),
     **{op: (_arange_fits, _arange(op)) for op in (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)},
     _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
     _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),

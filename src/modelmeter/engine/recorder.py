@@ -518,7 +518,7 @@ class DispatchRecorder(EagerDispatchMode):
         if JaggedTensor in types_:
             return self._on_jagged(func, operator.name, types_, args, kwargs)
         if rec.paused:  # not the model's work (the default loss), but its memory is the step's
-            result = func(*args, **kwargs)
+            result = _kernel(operator, func, args, kwargs)
             rec.storages.outputs(result, len(rec.trace.events), "other")
             return result
         shadows = rec.shadows
@@ -534,10 +534,8 @@ class DispatchRecorder(EagerDispatchMode):
                 result = _PLACEHOLDERS[func](rec, args)
             elif func is _GROUPED_MM and args[0].dtype == torch.float32 and _without_values(args[0]):
                 result = _grouped_mm_in_float32(func, args, kwargs)
-            elif operator.direct is not None and operator.direct[0](args):
-                result = operator.direct[1](*args, **kwargs)
             else:
-                result = func(*args, **kwargs)
+                result = _kernel(operator, func, args, kwargs)
             if len(sys.modules) != rec.modules_loaded:
                 rec.after_import()
             if shadows is not None and not rec.in_attention_call():
@@ -585,6 +583,14 @@ class _Operator(NamedTuple):
 # all-reduce into given tensors) and FSDP2's copies into and out of them. Functional collectives
 # (``_c10d_functional``) return the tensors the model goes on with: activations.
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "fsdp"})
+
+
+def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``func``: its direct meta kernel where it has one for these arguments (engine/meta_kernels.py)."""
+    direct = operator.direct
+    if direct is not None and direct[0](args):
+        return direct[1](*args, **kwargs)
+    return func(*args, **kwargs)
 
 
 def _operator(func: OpOverload) -> _Operator:
