@@ -31,14 +31,35 @@ def format_size(x: float, sig_figs: int = 3) -> str:
     Above 100 the value is scaled to K, M, G, T or P (thresholds are strict: 100 stays ``"100"``,
     101 is ``"0.101K"``) and printed with ``sig_figs`` decimals, trailing zeros stripped.
     """
-    def fixed(v: float) -> str:
-        text = f"{v:.{sig_figs}f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
-
+    size = abs(x)
     for threshold, scale, suffix in _UNITS:
-        if abs(x) > threshold:
-            return fixed(x / scale) + suffix
-    return fixed(x)
+        if size > threshold:
+            return _fixed(x / scale, sig_figs) + suffix
+    return _fixed(x, sig_figs)
+
+
+def _fixed(value: float, sig_figs: int) -> str:
+    """``value`` with ``sig_figs`` decimals, trailing zeros (and a trailing point) stripped."""
+    text = f"{value:.{sig_figs}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _sizes(rows: Mapping[str, Mapping[str, Any]], sig_figs: int) -> dict[str, dict[str, str]]:
+    """Every value of ``rows`` (module -> column -> count) as :func:`format_size` prints it; an integer met again is
+    not formatted again (report tables repeat counts: identical blocks, zeros)."""
+    made: dict[int, str] = {}
+    out: dict[str, dict[str, str]] = {}
+    for name, row in rows.items():
+        cells = out[name] = {}
+        for column, value in row.items():
+            if type(value) is int:  # (exactly int: a float or a bool is formatted on its own)
+                text = made.get(value)
+                if text is None:
+                    text = made[value] = format_size(value, sig_figs)
+            else:
+                text = format_size(value, sig_figs)
+            cells[column] = text
+    return out
 
 
 def _format_param_size(x: int) -> str:
@@ -234,7 +255,7 @@ def flop_count_table_text(params: Mapping[str, int], shapes: Mapping[str, tuple[
     params_header = "#parameters or shape" if show_param_shapes else "#parameters"
     columns: dict[str, Mapping[str, Any]] = {params_header: params, **counts}
     numbers = _drop_zero_rows(_group_by_module(columns), keep={""}, keep_parents=True)
-    stats = {name: {c: format_size(v) for c, v in row.items()} for name, row in numbers.items()}
+    stats = _sizes(numbers, 3)
     for column, names in uncalled.items():
         for name in names & stats.keys():
             stats[name][column] = ""
@@ -259,7 +280,7 @@ def flop_count_str_text(modules: Sequence[ModuleInfo], columns: Mapping[str, Map
     all_uncalled = set().union(*uncalled.values())
     # fvcore keeps the root only when no module is uncalled (its force-keep set replaces the root)
     numbers = _drop_zero_rows(_group_by_module(values), keep=all_uncalled or {""}, keep_parents=False)
-    stats = {name: {c: format_size(v, sig_figs=2) for c, v in row.items()} for name, row in numbers.items()}
+    stats = _sizes(numbers, 2)
     for column, names in uncalled.items():
         for name in names:
             stats.setdefault(name, {})[column] = "N/A"
