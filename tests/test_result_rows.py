@@ -363,3 +363,46 @@ def test_sizes_are_format_sizes(values: list[Any], sig_figs: int) -> None:
     expected = {name: {c: _format_size_before(v, sig_figs) for c, v in row.items()} for name, row in rows.items()}
     assert repr(_sizes(rows, sig_figs)) == repr(expected)
     assert [format_size(v, sig_figs) for v in values] == [_format_size_before(v, sig_figs) for v in values]
+
+
+def _children_before(names: Any) -> dict[str, list[str]]:
+    kids: dict[str, list[str]] = {}
+    for name in names:
+        if name:
+            kids.setdefault(name.rsplit(".", 1)[0] if "." in name else "", []).append(name)
+    return kids
+
+
+def _drop_zero_rows_before(stats: dict[str, dict[str, Any]], keep: set[str], keep_parents: bool) -> dict[str, Any]:
+    kids = _children_before(stats)
+    kept: set[str] = set()
+
+    def visit(name: str) -> bool:
+        child_kept = [visit(child) for child in kids.get(name, [])]
+        if any(v != 0 for v in stats[name].values()) or name in keep or (keep_parents and any(child_kept)):
+            kept.add(name)
+            return True
+        return False
+
+    visit("")
+    return {name: row for name, row in stats.items() if name in kept}
+
+
+_names = st.lists(st.lists(st.sampled_from(["a", "b", "0", "1", "conv"]), min_size=1, max_size=4)
+                  .map(".".join), max_size=25)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(_names, st.lists(st.sampled_from([0, 0, 1, 0.0, -0.0, 5, 0.5]), min_size=1, max_size=60),
+                  st.booleans(), st.sets(st.sampled_from(["", "a", "a.b", "b.0", "conv"])))
+def test_zero_rows_are_dropped_as_before(names: list[str], values: list[Any], keep_parents: bool,
+                                         keep: set[str]) -> None:
+    """The table's tree (children by dotted name, rows kept by value, by ``keep`` or for a kept child) as the code
+    before built it, on random module trees (parents missing, names repeated, zeros of every type)."""
+    from modelmeter.reports.fvcore_tables import _children, _drop_zero_rows
+
+    all_names = ["", *dict.fromkeys(names)]
+    stats = {name: {"x": values[i % len(values)], "y": values[(3 * i + 1) % len(values)]}
+             for i, name in enumerate(all_names)}
+    assert repr(_children(stats)) == repr(_children_before(stats))
+    assert repr(_drop_zero_rows(stats, keep, keep_parents)) == repr(_drop_zero_rows_before(stats, keep, keep_parents))

@@ -164,15 +164,17 @@ def annotated_repr(head: str, lines: Sequence[str], children: Sequence[tuple[str
 Stats = dict[str, dict[str, Any]]
 
 
-def _parent(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else ""
-
-
 def _children(names: Iterable[str]) -> dict[str, list[str]]:
+    """Each parent's children among ``names`` (by dotted name: ``"a.b"``'s parent is ``"a"``, ``"a"``'s ``""``)."""
     kids: dict[str, list[str]] = {}
     for name in names:
         if name:
-            kids.setdefault(_parent(name), []).append(name)
+            parent = name.rpartition(".")[0]
+            found = kids.get(parent)
+            if found is None:
+                kids[parent] = [name]
+            else:
+                found.append(name)
     return kids
 
 
@@ -191,8 +193,11 @@ def _drop_zero_rows(stats: Stats, keep: set[str], keep_parents: bool) -> Stats:
     kept: set[str] = set()
 
     def visit(name: str) -> bool:
-        child_kept = [visit(child) for child in kids.get(name, [])]
-        if any(v != 0 for v in stats[name].values()) or name in keep or (keep_parents and any(child_kept)):
+        child_kept = False
+        for child in kids.get(name, ()):
+            if visit(child):  # (every child visited: each decides its own row)
+                child_kept = True
+        if (keep_parents and child_kept) or name in keep or any(v != 0 for v in stats[name].values()):
             kept.add(name)
             return True
         return False
