@@ -304,20 +304,14 @@ def test_the_users_handles_are_called_at_every_event() -> None:
         calls.append(2)
         return 2
 
-    register_handle("aten::linear", handle)
-    try:
-        assert FlopCountAnalysis(model, torch.randn(2, 8)).total() == 6
-    finally:
-        unregister_handle("aten::linear")
-    assert calls == [1] * 6
-    calls.clear()
-    register_handle("aten::linear", formula)
-    try:
-        assert FlopCountAnalysis(model, torch.randn(2, 8)).total() == 12
-    finally:
-        unregister_handle("aten::linear")
-    assert calls == [2] * 6
-    calls.clear()
+    for registered, each in ((handle, 1), (formula, 2)):
+        register_handle("aten::linear", registered)
+        try:
+            assert FlopCountAnalysis(model, torch.randn(2, 8)).total() == 6 * each
+        finally:
+            unregister_handle("aten::linear")
+        assert calls == [each] * 6
+        calls.clear()
     assert FlopCountAnalysis(model, torch.randn(2, 8)).set_op_handle("aten::linear", handle).total() == 6
     assert calls == [1] * 6
 

@@ -370,7 +370,7 @@ def _rows(trace: Trace, tables: list[tuple[str, Mapping[str, Mapping[str, Any]]]
     then its ``peak_memory`` when ``peaks`` are given. The loop a result's size is made of: one pass, no calls."""
     params = count_by_module(trace.modules)
     shapes_of = trace.output_shapes
-    rows = []
+    rows: list[ModuleRow] = []
     append = rows.append
     for info in trace.modules:
         module = info.name
