@@ -315,6 +315,19 @@ def test_the_users_handles_are_called_at_every_event() -> None:
     assert FlopCountAnalysis(model, torch.randn(2, 8)).set_op_handle("aten::linear", handle).total() == 6
     assert calls == [1] * 6
 
+    class Unhashable:  # (equality without a hash: a handle need not be hashable)
+        def __eq__(self, other: object) -> bool:
+            return other is self
+
+        def __call__(self, inputs: list[Any], outputs: list[Any]) -> int:
+            return 3
+
+    register_handle("aten::linear", Unhashable())
+    try:
+        assert FlopCountAnalysis(model, torch.randn(2, 8)).total() == 18
+    finally:
+        unregister_handle("aten::linear")
+
 
 def test_only_modelmeters_formulas_are_remembered() -> None:
     from modelmeter.handles.binding import by_name

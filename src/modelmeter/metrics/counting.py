@@ -132,7 +132,7 @@ class _Visitor:
         self.handle_memo: tuple[dict[str, tuple[Any, bool]], ...] = ({}, {}, {})
         self.kinds: dict[str, int] = {}
         self.results: dict[tuple[Any, ...], tuple[list[Any], str]] = {}  # see :meth:`counted`
-        self.ours: dict[Handle, bool] = {}  # _ours(handle), per handle
+        self.ours: dict[int, bool] = {}  # _ours(handle), per handle (by identity)
 
     def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         """The handle of ``op`` in ``mode``, and whether it is a user handle."""
@@ -220,15 +220,16 @@ class _Visitor:
         objects give the same values; and the trace holds every object keyed on while the pass runs, so no id is
         reused meanwhile (the memo is the pass's own). Other code (a handle the user registered or wrote) is
         called every time, as written."""
-        memo_key = (handle, key, len(inputs), *map(id, inputs), *map(id, outputs))
+        code = id(handle)  # (a handle need not be hashable; the tables hold it while the pass runs)
+        ours = self.ours.get(code)
+        if ours is None:
+            ours = self.ours[code] = _ours(handle)
+        if not ours:
+            return _as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs)
+        memo_key = (code, key, len(inputs), *map(id, inputs), *map(id, outputs))
         found = self.results.get(memo_key)
         if found is None:
-            found = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
-            ours = self.ours.get(handle)
-            if ours is None:
-                ours = self.ours[handle] = _ours(handle)
-            if ours:
-                self.results[memo_key] = found
+            found = self.results[memo_key] = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
         return found
 
     def kind(self, op: str) -> int:
