@@ -367,7 +367,7 @@ def _rows(trace: Trace, tables: list[tuple[str, Mapping[str, Mapping[str, Any]]]
           peaks: Mapping[str, int] | None) -> list[ModuleRow]:
     """One row per module of the trace's table: its total and per-operator copy of every column of ``tables``
     (0 and ``{}`` where the column has no counts of it: a row owns its dicts, the statistics stay the views'),
-    then its ``peak_memory`` when ``peaks`` are given. The loop a result's size is made of: one pass, no calls."""
+    then its ``peak_memory`` when ``peaks`` are given (one loop: a result has a row per module)."""
     params = count_by_module(trace.modules)
     shapes_of = trace.output_shapes
     rows: list[ModuleRow] = []
