@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import hypothesis
 import pytest
 import torch
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -203,3 +205,211 @@ def test_table_after_result_counts_nothing_again(monkeypatch: pytest.MonkeyPatch
     analysis.flops.set_op_handle("aten::_convolution", lambda i, o: 7)  # new handles: the flops counted again
     assert analysis.table() != expected
     assert len(calls) == 1
+
+
+# counting: modelmeter's formulas applied once per distinct (arguments, results) objects in a pass ------------------
+class _Causal(nn.Module):
+    """Attention whose count reads a mask's attended pairs, in repeated layers of two sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            q = layer(x).unflatten(-1, (2, 4)).transpose(1, 2)
+            x = x + nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).flatten(2)
+            x = x + nn.functional.scaled_dot_product_attention(q[:, :, :3], q[:, :, :3], q[:, :, :3]).mean()
+        return x
+
+
+def _memo_traces() -> dict[str, Trace]:
+    stack = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(6)))
+    traces = {name: analyze(model, x, quiet=True).trace for name, (model, x) in _models().items()}
+    traces["stack"] = analyze(stack, torch.randn(2, 8), quiet=True).trace
+    traces["causal"] = analyze(_Causal(), torch.randn(2, 5, 8), quiet=True).trace
+    for name in ("checkpointed", "encoder", "stack", "lstm"):
+        model, x = _models()[name] if name != "stack" else (stack, torch.randn(2, 8))
+        traces[f"{name}-backward"] = analyze(model, x, backward=True, quiet=True).trace
+    return traces
+
+
+def _every_count(trace: Trace) -> str:
+    """The repr of every table and unit of the counts a Result and a roofline make over ``trace``."""
+    from modelmeter.metrics.traffic import count_bytes
+
+    made = []
+    for convention in ("fvcore", "macs", "flops"):
+        for dense in (False, True):
+            chosen = get_convention(convention, dense_attention=dense)
+            units: list[Any] = []
+            stats = count(trace, chosen.handles, elementwise=chosen.elementwise, units=units)
+            made.append((stats.counts, stats.by_phase, stats.dtypes, stats.unsupported, units))
+            caller = count(trace, chosen.handles, "caller", elementwise=chosen.elementwise)
+            made.append((caller.counts, caller.dtypes, caller.unsupported))
+    activations = count(trace, ACTIVATION_HANDLES, phases=("forward",))
+    units = []
+    traffic = count_bytes(trace, units=units)
+    made += [(activations.counts, activations.dtypes, activations.unsupported),
+             (traffic.counts, traffic.by_phase, traffic.dtypes, units)]
+    return repr(made)
+
+
+def test_remembered_formulas_count_what_a_call_per_event_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every table, dict order included, and every unit are those of the pass that calls each formula at every
+    event (nothing remembered): on repeated layers, attention under masks, recurrent layers, backward passes."""
+    from modelmeter.metrics import counting
+
+    traces = _memo_traces()
+    remembered = {name: _every_count(trace) for name, trace in traces.items()}
+    monkeypatch.setattr(counting, "_ours", lambda handle: False)
+    assert {name: _every_count(trace) for name, trace in traces.items()} == remembered
+
+
+def test_repeated_layers_apply_a_formula_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo is used (the test above is not vacuous): six equal layers, one application of linear's formula."""
+    from modelmeter.metrics import counting
+
+    trace = _memo_traces()["stack"]
+    applied: list[str] = []
+
+    def as_items(op: str, value: Any) -> list[tuple[str, Any]]:
+        applied.append(op)
+        return [(counting._short_name(op), value)]
+
+    monkeypatch.setattr(counting, "_as_items", as_items)
+    chosen = get_convention("fvcore")
+    assert count(trace, chosen.handles).counts[""] == {"linear": 6 * 2 * 8 * 8}
+    assert applied == ["aten::linear"]
+    monkeypatch.setattr(counting, "_ours", lambda handle: False)
+    applied.clear()
+    count(trace, chosen.handles)
+    assert applied == ["aten::linear"] * 6
+
+
+def test_the_users_handles_are_called_at_every_event() -> None:
+    """A handle the user registered or set is the user's code: called for each of six equal layers."""
+    from modelmeter.handles.binding import by_name
+    from modelmeter.handles.conventions import register_handle, unregister_handle
+
+    model = nn.Sequential(*(nn.Linear(8, 8) for _ in range(6)))
+    calls: list[int] = []
+
+    def handle(inputs: list[Any], outputs: list[Any]) -> int:
+        calls.append(1)
+        return 1
+
+    @by_name
+    def formula(input: Any) -> int:
+        calls.append(2)
+        return 2
+
+    for registered, each in ((handle, 1), (formula, 2)):
+        register_handle("aten::linear", registered)
+        try:
+            assert FlopCountAnalysis(model, torch.randn(2, 8)).total() == 6 * each
+        finally:
+            unregister_handle("aten::linear")
+        assert calls == [each] * 6
+        calls.clear()
+    assert FlopCountAnalysis(model, torch.randn(2, 8)).set_op_handle("aten::linear", handle).total() == 6
+    assert calls == [1] * 6
+
+    class Unhashable:  # (equality without a hash: a handle need not be hashable)
+        def __eq__(self, other: object) -> bool:
+            return other is self
+
+        def __call__(self, inputs: list[Any], outputs: list[Any]) -> int:
+            return 3
+
+    register_handle("aten::linear", Unhashable())
+    try:
+        assert FlopCountAnalysis(model, torch.randn(2, 8)).total() == 18
+    finally:
+        unregister_handle("aten::linear")
+
+
+def test_only_modelmeters_formulas_are_remembered() -> None:
+    from modelmeter.handles.binding import by_name
+    from modelmeter.handles.traffic import kernel_rule
+    from modelmeter.metrics.counting import _ours
+
+    chosen = get_convention("flops")
+    assert all(_ours(handle) for handle in chosen.handles.values() if callable(handle))
+    assert _ours(chosen.elementwise) and _ours(kernel_rule("aten::add"))
+    assert _ours(ACTIVATION_HANDLES["aten::linear"])
+    assert not _ours(lambda inputs, outputs: 1)
+    assert not _ours(by_name(lambda input: 1).bind("aten::linear"))
+
+
+# fvcore's tables: the sizes as format_size prints each ----------------------------------------------------------
+def _format_size_before(x: float, sig_figs: int = 3) -> str:
+    """format_size as it was written before (the oracle)."""
+    def fixed(v: float) -> str:
+        text = f"{v:.{sig_figs}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+
+    for threshold, scale, suffix in ((1e14, 1e15, "P"), (1e11, 1e12, "T"), (1e8, 1e9, "G"), (1e5, 1e6, "M"),
+                                     (1e2, 1e3, "K")):
+        if abs(x) > threshold:
+            return fixed(x / scale) + suffix
+    return fixed(x)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.lists(st.one_of(st.integers(-10**18, 10**18), st.floats(allow_nan=True, allow_infinity=True),
+                          st.booleans(), st.sampled_from([0, 0.0, -0.0, 100, 100.0, 101, 1e5, 99.9995, True])),
+                max_size=12),
+       st.integers(0, 4))
+def test_sizes_are_format_sizes(values: list[Any], sig_figs: int) -> None:
+    """Each cell as the former format_size printed its value (an int met again reuses its text; 0, 0.0, -0.0, True
+    and 1 each their own)."""
+    from modelmeter.reports.fvcore_tables import _sizes, format_size
+
+    rows = {f"m{i}": {"a": value, "b": values[-1 - i]} for i, value in enumerate(values)}
+    expected = {name: {c: _format_size_before(v, sig_figs) for c, v in row.items()} for name, row in rows.items()}
+    assert repr(_sizes(rows, sig_figs)) == repr(expected)
+    assert [format_size(v, sig_figs) for v in values] == [_format_size_before(v, sig_figs) for v in values]
+
+
+def _children_before(names: Any) -> dict[str, list[str]]:
+    kids: dict[str, list[str]] = {}
+    for name in names:
+        if name:
+            kids.setdefault(name.rsplit(".", 1)[0] if "." in name else "", []).append(name)
+    return kids
+
+
+def _drop_zero_rows_before(stats: dict[str, dict[str, Any]], keep: set[str], keep_parents: bool) -> dict[str, Any]:
+    kids = _children_before(stats)
+    kept: set[str] = set()
+
+    def visit(name: str) -> bool:
+        child_kept = [visit(child) for child in kids.get(name, [])]
+        if any(v != 0 for v in stats[name].values()) or name in keep or (keep_parents and any(child_kept)):
+            kept.add(name)
+            return True
+        return False
+
+    visit("")
+    return {name: row for name, row in stats.items() if name in kept}
+
+
+_names = st.lists(st.lists(st.sampled_from(["a", "b", "0", "1", "conv"]), min_size=1, max_size=4)
+                  .map(".".join), max_size=25)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(_names, st.lists(st.sampled_from([0, 0, 1, 0.0, -0.0, 5, 0.5]), min_size=1, max_size=60),
+                  st.booleans(), st.sets(st.sampled_from(["", "a", "a.b", "b.0", "conv"])))
+def test_zero_rows_are_dropped_as_before(names: list[str], values: list[Any], keep_parents: bool,
+                                         keep: set[str]) -> None:
+    """The table's tree (children by dotted name, rows kept by value, by ``keep`` or for a kept child) as the code
+    before built it, on random module trees (parents missing, names repeated, zeros of every type)."""
+    from modelmeter.reports.fvcore_tables import _children, _drop_zero_rows
+
+    all_names = ["", *dict.fromkeys(names)]
+    stats = {name: {"x": values[i % len(values)], "y": values[(3 * i + 1) % len(values)]}
+             for i, name in enumerate(all_names)}
+    assert repr(_children(stats)) == repr(_children_before(stats))
+    assert repr(_drop_zero_rows(stats, keep, keep_parents)) == repr(_drop_zero_rows_before(stats, keep, keep_parents))

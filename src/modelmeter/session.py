@@ -314,23 +314,6 @@ def _with_phases(per_metric: dict[str, Mapping[str, Mapping[str, Any]]], metric:
             per_metric[f"{phase}_{metric}"] = stats.by_phase.get(phase, {})
 
 
-def _row_columns(name: str, per_metric: list[tuple[str, Mapping[str, Mapping[str, Any]]]]
-                 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """Module ``name``'s total and per-operator copy of every column of ``per_metric`` (0 and ``{}`` where the
-    column has no counts of it): a result's row owns its dicts, the statistics stay the views'."""
-    values: dict[str, Any] = {}
-    by_operator: dict[str, dict[str, Any]] = {}
-    for metric, table in per_metric:
-        ops = table.get(name)
-        if ops:
-            own = by_operator[metric] = dict(ops)
-            values[metric] = sum(own.values())
-        else:
-            by_operator[metric] = {}
-            values[metric] = 0
-    return values, by_operator
-
-
 def _ratio(numerator: Mapping[str, Any], denominator: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
     """A module's ratio of two metrics, in all and per operator (0 where the denominator is 0)."""
     per_op = {op: numerator.get(op, 0) / value for op, value in denominator.items() if value}
@@ -358,22 +341,12 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
         ratios = {"intensity": (time.flops, time.bytes), "compute_bound": (time.compute_bound_time, time.time)}
         columns += [*traffic, *ratios]
     first = next(iter(metrics.values())).stats
-    params = count_by_module(trace.modules)
-    uncalled = first.uncalled
-    tables = list(per_metric.items())
     empty: dict[str, Any] = {}
-    rows = []
-    for info in trace.modules:
-        module = info.name
-        values, by_operator = _row_columns(module, tables)
-        if memory is not None:
-            values["peak_memory"] = peaks.get(module, 0)
-        for metric, (numerator, denominator) in ratios.items():
-            values[metric], by_operator[metric] = _ratio(numerator.counts.get(module, empty),
-                                                         denominator.counts.get(module, empty))
-        shapes = trace.output_shapes.get(module)
-        rows.append(ModuleRow(module, info.type, params.get(module, 0), values, by_operator, module not in uncalled,
-                              dict(shapes) if shapes else {}))
+    rows = _rows(trace, list(per_metric.items()), first.uncalled, peaks if memory is not None else None)
+    for metric, (numerator, denominator) in ratios.items():
+        for row in rows:
+            row.metrics[metric], row.by_operator[metric] = _ratio(numerator.counts.get(row.name, empty),
+                                                                  denominator.counts.get(row.name, empty))
     return Result(
         model=name or trace.model,
         inputs=[{"shape": list(t.shape), "dtype": t.dtype} for t in trace.inputs],
@@ -388,6 +361,35 @@ def _assemble(trace: Trace, metrics: Mapping[str, Counted], name: str | None, co
         memory=memory.summary if memory is not None else {},
         roofline=time.summary if time is not None else {},
     )
+
+
+def _rows(trace: Trace, tables: list[tuple[str, Mapping[str, Mapping[str, Any]]]], uncalled: Collection[str],
+          peaks: Mapping[str, int] | None) -> list[ModuleRow]:
+    """One row per module of the trace's table: its total and per-operator copy of every column of ``tables``
+    (0 and ``{}`` where the column has no counts of it: a row owns its dicts, the statistics stay the views'),
+    then its ``peak_memory`` when ``peaks`` are given (one loop: a result has a row per module)."""
+    params = count_by_module(trace.modules)
+    shapes_of = trace.output_shapes
+    rows: list[ModuleRow] = []
+    append = rows.append
+    for info in trace.modules:
+        module = info.name
+        values: dict[str, Any] = {}
+        by_operator: dict[str, dict[str, Any]] = {}
+        for metric, table in tables:
+            ops = table.get(module)
+            if ops:
+                own = by_operator[metric] = dict(ops)
+                values[metric] = sum(own.values())
+            else:
+                by_operator[metric] = {}
+                values[metric] = 0
+        if peaks is not None:
+            values["peak_memory"] = peaks.get(module, 0)
+        shapes = shapes_of.get(module)
+        append(ModuleRow(module, info.type, params.get(module, 0), values, by_operator, module not in uncalled,
+                         dict(shapes) if shapes else {}))
+    return rows
 
 
 def _counted_on(trace: Trace) -> str:

@@ -131,6 +131,8 @@ class _Visitor:
         # and its kind when it has none (see :meth:`kind`).
         self.handle_memo: tuple[dict[str, tuple[Any, bool]], ...] = ({}, {}, {})
         self.kinds: dict[str, int] = {}
+        self.results: dict[tuple[Any, ...], tuple[list[Any], str]] = {}  # see :meth:`counted`
+        self.ours: dict[int, bool] = {}  # _ours(handle), per handle (by identity)
 
     def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         """The handle of ``op`` in ``mode``, and whether it is a user handle."""
@@ -201,8 +203,34 @@ class _Visitor:
                 handle = self.elementwise
                 if handle is None or _integer_only(event.outputs):
                     return
-        self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
-                       into)
+        if from_user:  # (the user's code, with arguments an alias may have made: called every time)
+            self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
+                           into)
+        else:
+            items, dtype = self.counted(handle, key, inputs, event.outputs)
+            self.tally.add(index, event, self.ancestors(event.scope), items, into, dtype=dtype)
+
+    def counted(self, handle: Handle, key: str, inputs: list[Any], outputs: list[Any]) -> tuple[list[Any], str]:
+        """``_as_items(key, handle(inputs, outputs))`` and the work's dtype (:func:`work_dtype`) of an event's own
+        arguments and results, remembered for this pass by their identity when ``handle`` is one of modelmeter's
+        formulas (:func:`_ours`).
+
+        The recorder makes one TensorMeta per distinct tensor description, so repeated layers meet the same
+        objects. Sound because modelmeter's formulas are pure functions of what they are given, so the same
+        objects give the same values; and the trace holds every object keyed on while the pass runs, so no id is
+        reused meanwhile (the memo is the pass's own). Other code (a handle the user registered or wrote) is
+        called every time, as written."""
+        code = id(handle)  # (a handle need not be hashable; the tables hold it while the pass runs)
+        ours = self.ours.get(code)
+        if ours is None:
+            ours = self.ours[code] = _ours(handle)
+        if not ours:
+            return _as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs)
+        memo_key = (code, key, len(inputs), *map(id, inputs), *map(id, outputs))
+        found = self.results.get(memo_key)
+        if found is None:
+            found = self.results[memo_key] = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
+        return found
 
     def kind(self, op: str) -> int:
         """Whether operator ``op`` (without a handle) is free, element-wise or neither (remembered)."""
@@ -276,9 +304,21 @@ def _fvcore_name(visitor: _Visitor, event: OpEvent) -> str:
 _MISSING: Any = object()
 
 
+def _ours(handle: Handle) -> bool:
+    """True for a handle whose code is modelmeter's own (a function, or a formula bound to an operator, defined in
+    the package): a pure function of its arguments. A user's function, or a formula of the user's, is not."""
+    formula = getattr(handle, "formula", None)
+    code = handle if formula is None else getattr(formula, "fn", None)
+    return str(getattr(code, "__module__", "")).startswith("modelmeter.")
+
+
 def work_dtype(event: OpEvent) -> str:
     """The dtype an operator computed in: its first floating-point input (else output), else ``"other"``."""
-    for group in (event.inputs, event.outputs):
+    return _work_dtype(event.inputs, event.outputs)
+
+
+def _work_dtype(inputs: list[Any], outputs: list[Any]) -> str:
+    for group in (inputs, outputs):
         for value in group:
             for meta in value if isinstance(value, list) else (value,):
                 if isinstance(meta, TensorMeta) and meta.is_floating_point:
@@ -297,9 +337,9 @@ class _Tally:
         self.tables = tables
 
     def add(self, index: int, event: OpEvent, modules: Collection[str], items: list[tuple[str, Any]],
-            into: Counter[str] | None, whole_backward: bool = False) -> None:
+            into: Counter[str] | None, whole_backward: bool = False, dtype: str | None = None) -> None:
         """Add ``items`` ((operator key, count) pairs) of event ``index`` to every module of ``modules``, or into
-        ``into``."""
+        ``into``; ``dtype`` is the event's :func:`work_dtype` when known."""
         if into is not None:
             for key, count in items:
                 into[key] += count
@@ -311,7 +351,8 @@ class _Tally:
             self.units.append(Unit(index, total, whole_backward, key))
         if not self.tables:
             return
-        dtype = work_dtype(event)
+        if dtype is None:
+            dtype = work_dtype(event)
         for module in modules:
             counter = table.get(module)
             if counter is None:

@@ -31,14 +31,35 @@ def format_size(x: float, sig_figs: int = 3) -> str:
     Above 100 the value is scaled to K, M, G, T or P (thresholds are strict: 100 stays ``"100"``,
     101 is ``"0.101K"``) and printed with ``sig_figs`` decimals, trailing zeros stripped.
     """
-    def fixed(v: float) -> str:
-        text = f"{v:.{sig_figs}f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
-
+    size = abs(x)
     for threshold, scale, suffix in _UNITS:
-        if abs(x) > threshold:
-            return fixed(x / scale) + suffix
-    return fixed(x)
+        if size > threshold:
+            return _fixed(x / scale, sig_figs) + suffix
+    return _fixed(x, sig_figs)
+
+
+def _fixed(value: float, sig_figs: int) -> str:
+    """``value`` with ``sig_figs`` decimals, trailing zeros (and a trailing point) stripped."""
+    text = f"{value:.{sig_figs}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _sizes(rows: Mapping[str, Mapping[str, Any]], sig_figs: int) -> dict[str, dict[str, str]]:
+    """Every value of ``rows`` (module -> column -> count) as :func:`format_size` prints it; an integer met again is
+    not formatted again (report tables repeat counts: identical blocks, zeros)."""
+    made: dict[int, str] = {}
+    out: dict[str, dict[str, str]] = {}
+    for name, row in rows.items():
+        cells = out[name] = {}
+        for column, value in row.items():
+            if type(value) is int:  # (exactly int: a float or a bool is formatted on its own)
+                text = made.get(value)
+                if text is None:
+                    text = made[value] = format_size(value, sig_figs)
+            else:
+                text = format_size(value, sig_figs)
+            cells[column] = text
+    return out
 
 
 def _format_param_size(x: int) -> str:
@@ -143,15 +164,17 @@ def annotated_repr(head: str, lines: Sequence[str], children: Sequence[tuple[str
 Stats = dict[str, dict[str, Any]]
 
 
-def _parent(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else ""
-
-
 def _children(names: Iterable[str]) -> dict[str, list[str]]:
+    """Each parent's children among ``names`` (by dotted name: ``"a.b"``'s parent is ``"a"``, ``"a"``'s ``""``)."""
     kids: dict[str, list[str]] = {}
     for name in names:
         if name:
-            kids.setdefault(_parent(name), []).append(name)
+            parent = name.rpartition(".")[0]
+            found = kids.get(parent)
+            if found is None:
+                kids[parent] = [name]
+            else:
+                found.append(name)
     return kids
 
 
@@ -170,8 +193,11 @@ def _drop_zero_rows(stats: Stats, keep: set[str], keep_parents: bool) -> Stats:
     kept: set[str] = set()
 
     def visit(name: str) -> bool:
-        child_kept = [visit(child) for child in kids.get(name, [])]
-        if any(v != 0 for v in stats[name].values()) or name in keep or (keep_parents and any(child_kept)):
+        child_kept = False
+        for child in kids.get(name, ()):
+            if visit(child):  # (every child visited: each decides its own row)
+                child_kept = True
+        if (keep_parents and child_kept) or name in keep or any(v != 0 for v in stats[name].values()):
             kept.add(name)
             return True
         return False
@@ -234,7 +260,7 @@ def flop_count_table_text(params: Mapping[str, int], shapes: Mapping[str, tuple[
     params_header = "#parameters or shape" if show_param_shapes else "#parameters"
     columns: dict[str, Mapping[str, Any]] = {params_header: params, **counts}
     numbers = _drop_zero_rows(_group_by_module(columns), keep={""}, keep_parents=True)
-    stats = {name: {c: format_size(v) for c, v in row.items()} for name, row in numbers.items()}
+    stats = _sizes(numbers, 3)
     for column, names in uncalled.items():
         for name in names & stats.keys():
             stats[name][column] = ""
@@ -259,7 +285,7 @@ def flop_count_str_text(modules: Sequence[ModuleInfo], columns: Mapping[str, Map
     all_uncalled = set().union(*uncalled.values())
     # fvcore keeps the root only when no module is uncalled (its force-keep set replaces the root)
     numbers = _drop_zero_rows(_group_by_module(values), keep=all_uncalled or {""}, keep_parents=False)
-    stats = {name: {c: format_size(v, sig_figs=2) for c, v in row.items()} for name, row in numbers.items()}
+    stats = _sizes(numbers, 2)
     for column, names in uncalled.items():
         for name in names:
             stats.setdefault(name, {})[column] = "N/A"
