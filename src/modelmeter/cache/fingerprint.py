@@ -535,9 +535,10 @@ class _Fingerprint(CodeWalk):
             stride: Any = tuple(t.stride()) if t.layout == torch.strided else None
         except (RuntimeError, NotImplementedError):
             stride = None
-        subclass = None if _is_torch(type(t).__module__) else self.klass(type(t))  # its __torch_function__
-        return (type(t).__qualname__, subclass, tuple(int(s) for s in t.shape), str(t.dtype), str(t.device),
-                str(t.layout), stride, bool(t.requires_grad))
+        kind = type(t)
+        subclass = None if kind in _TORCH_TENSOR_TYPES or _is_torch(kind.__module__) else self.klass(kind)
+        return (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
+                _text(t.layout), stride, bool(t.requires_grad))
 
     # values -------------------------------------------------------------------------------------
     def value(self, v: Any, depth: int = 0) -> Any:
@@ -627,14 +628,61 @@ class _Fingerprint(CodeWalk):
                 self.add("alias", path, canonical)
                 continue
             self.add("module", path, self.klass(type(module)), module.training,
-                     tuple((n, None if p is None else self.tensor(p)) for n, p in parameters_of(module).items()),
-                     tuple((n, None if b is None else self.tensor(b), n in non_persistent_buffers(module))
-                           for n, b in buffers_of(module).items()),
-                     tuple((n, c is None) for n, c in children_of(module).items()),
-                     self.hooks(module),
-                     tuple((k, self.value(v)) for k, v in module.__dict__.items()
-                           if k not in _MODULE_INTERNALS and not _VOLATILE.fullmatch(k)))
+                     self._parameters(parameters_of(module)), self._buffers(module),
+                     tuple([(n, c is None) for n, c in children_of(module).items()]),
+                     self.module_hooks(module), self._attributes(module.__dict__))
         self.add("global hooks", *self.global_hooks())
+
+    def _parameters(self, table: dict[str, Any]) -> tuple[Any, ...]:
+        tensor = self.tensor
+        return tuple([(n, None if p is None else tensor(p)) for n, p in table.items()])
+
+    def _buffers(self, module: nn.Module) -> tuple[Any, ...]:
+        table = buffers_of(module)
+        if not table:
+            return ()
+        tensor, unsaved = self.tensor, non_persistent_buffers(module)
+        return tuple([(n, None if b is None else tensor(b), n in unsaved) for n, b in table.items()])
+
+    def _attributes(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
+        """A module's own attributes but volatile ones (:data:`_VOLATILE`), each by :meth:`value`."""
+        value = self.value
+        return tuple([(k, value(v)) for k, v in attributes.items() if k not in _MODULE_INTERNALS and not _volatile(k)])
+
+    def module_hooks(self, module: nn.Module) -> Any:
+        """:meth:`hooks`, at once for a module without forward hooks (nearly every one)."""
+        pre, hooks = forward_hook_tables(module)
+        if not pre[0] and not hooks[0]:
+            return _NO_HOOKS
+        return self.hooks(module)
+
+
+_NO_HOOKS = ((), ())  # what :meth:`CodeWalk.hooks` gives for a module without forward pre-hooks or hooks
+#: Tensor classes of torch itself (a subclass of another package is keyed by its code): met once per tensor.
+_TORCH_TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
+_TEXTS: dict[Any, str] = {}  # dtypes, devices and layouts met -> their str(): met once per tensor
+#: Attribute names met -> whether they are :data:`_VOLATILE`.
+_VOLATILE_NAMES: dict[str, bool] = {}
+
+
+def _text(value: Any) -> str:
+    """``str(value)`` of a dtype, device or layout, remembered."""
+    text = _TEXTS.get(value)
+    if text is None:
+        text = str(value)
+        if len(_TEXTS) < 1024:
+            _TEXTS[value] = text
+    return text
+
+
+def _volatile(name: str) -> bool:
+    """Whether an attribute named ``name`` is volatile (:data:`_VOLATILE`), remembered."""
+    volatile = _VOLATILE_NAMES.get(name)
+    if volatile is None:
+        volatile = _VOLATILE.fullmatch(name) is not None
+        if len(_VOLATILE_NAMES) < 65536:  # attributes named on the fly must not pile up
+            _VOLATILE_NAMES[name] = volatile
+    return volatile
 
 
 def run_options(execution: str) -> tuple[Any, ...]:
