@@ -220,7 +220,7 @@ class Tagged(torch.Tensor):
     """A tensor subclass of the user's: keyed by its code."""
 
 
-class Odd(Net):
+class OddParts(Net):
     """What the persistent walk's shortcuts must key as its plain path does: volatile attributes, a parameter and a
     buffer registered as None, a non-persistent buffer, a tensor subclass, hooks of every kind."""
 
@@ -241,7 +241,7 @@ def test_the_fingerprint_shortcuts_give_the_plain_walks_bytes(monkeypatch: pytes
     above, and of a module with each odd part, is the key the walk makes without them."""
     from modelmeter.cache import fingerprint
 
-    setups = [(Net(), BASE_X, "auto"), (Odd(), BASE_X, "auto"), (Odd().to("meta"), BASE_X, "auto"),
+    setups = [(Net(), BASE_X, "auto"), (OddParts(), BASE_X, "auto"), (OddParts().to("meta"), BASE_X, "auto"),
               *MUTATIONS.values()]
     fast = [key(*setup) for setup in setups]
     monkeypatch.setattr(fingerprint._Fingerprint, "module_hooks", fingerprint.CodeWalk.hooks)
