@@ -483,3 +483,22 @@ def test_the_fast_walk_reads_plain_modules_in_one_step(monkeypatch: pytest.Monke
     monkeypatch.setattr(_State, "walked", spy)
     assert call_state(RunSpec(model, (torch.randn(2, 4),), {})) is not None
     assert sorted(kind.__name__ for kind in walked) == ["Block", "Linear", "Linear", "Shadowed"]  # (shared: 2 paths)
+
+
+def test_an_entry_whose_objects_died_is_not_found() -> None:
+    """A look-up reads only the entry it finds, and drops it (a miss) when an object its key names died: a new
+    object may have taken that one's id."""
+    import gc
+
+    from modelmeter.cache.shared import SharedRecordings
+
+    store = SharedRecordings()
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    state = call_state(RunSpec(model, (x,), {}))
+    assert state is not None
+    trace = FlopCountAnalysis(model, x).trace
+    assert store.share(RunSpec(model, (x,), {}), lambda: trace).recorded and len(store) == 1
+    assert not store.share(RunSpec(model, (x,), {}), lambda: trace).recorded  # found while they live
+    del x
+    gc.collect()
+    assert store._find(state[0]) is None and len(store) == 0

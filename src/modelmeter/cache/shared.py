@@ -406,10 +406,15 @@ class SharedRecordings:
         return shared
 
     def _find(self, key: _Key) -> Shared | None:
+        """The entry of ``key`` while every object its key names lives (else it is dropped: its identities may now
+        name other objects). Only that entry is looked at: another one with dead objects cannot match, and is
+        dropped by the next :meth:`_keep`."""
         with self._lock:
-            self._drop_dead()
             entry = self._entries.get(key)
             if entry is None:
+                return None
+            if _any_dead(entry[0]):
+                del self._entries[key]
                 return None
             self._entries.move_to_end(key)
             return entry[1]
@@ -424,8 +429,12 @@ class SharedRecordings:
 
     def _drop_dead(self) -> None:
         """Entries whose objects died: their identities may now name other objects."""
-        for key in [k for k, (alive, _) in self._entries.items() if any(ref() is None for ref in alive)]:
+        for key in [k for k, (alive, _) in self._entries.items() if _any_dead(alive)]:
             del self._entries[key]
+
+
+def _any_dead(alive: list[weakref.ref[Any]]) -> bool:
+    return any(ref() is None for ref in alive)
 
 
 #: The process's shared recordings (what every :class:`~modelmeter.Session` without a trace of its own asks).
