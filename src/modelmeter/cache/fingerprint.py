@@ -519,6 +519,11 @@ class _Fingerprint(CodeWalk):
         self._hash.update(repr(record).encode("utf-8", "backslashreplace"))
         self._hash.update(b"\x00")
 
+    def add_all(self, records: list[tuple[Any, ...]]) -> None:
+        """:meth:`add` of each record, in one update of the digest (the same bytes)."""
+        if records:
+            self._hash.update("\x00".join(map(repr, records)).encode("utf-8", "backslashreplace") + b"\x00")
+
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
@@ -622,15 +627,17 @@ class _Fingerprint(CodeWalk):
         paths = list(named_modules_with_dup(model))
         for path, module in paths:
             self.module_paths.setdefault(id(module), path)
+        records: list[tuple[Any, ...]] = []
         for path, module in paths:
             canonical = self.module_paths[id(module)]
             if canonical != path:
-                self.add("alias", path, canonical)
+                records.append(("alias", path, canonical))
                 continue
-            self.add("module", path, self.klass(type(module)), module.training,
-                     self._parameters(parameters_of(module)), self._buffers(module),
-                     tuple([(n, c is None) for n, c in children_of(module).items()]),
-                     self.module_hooks(module), self._attributes(module.__dict__))
+            records.append(("module", path, self.klass(type(module)), module.training,
+                            self._parameters(parameters_of(module)), self._buffers(module),
+                            tuple([(n, c is None) for n, c in children_of(module).items()]),
+                            self.module_hooks(module), self._attributes(module.__dict__)))
+        self.add_all(records)
         self.add("global hooks", *self.global_hooks())
 
     def _parameters(self, table: dict[str, Any]) -> tuple[Any, ...]:
@@ -647,7 +654,7 @@ class _Fingerprint(CodeWalk):
     def _attributes(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
         """A module's own attributes but volatile ones (:data:`_VOLATILE`), each by :meth:`value`."""
         value = self.value
-        return tuple([(k, value(v)) for k, v in attributes.items() if k not in _MODULE_INTERNALS and not _volatile(k)])
+        return tuple([(k, value(attributes[k])) for k in own_attributes(tuple(attributes)) if not _volatile(k)])
 
     def module_hooks(self, module: nn.Module) -> Any:
         """:meth:`hooks`, at once for a module without forward hooks (nearly every one)."""
@@ -655,6 +662,21 @@ class _Fingerprint(CodeWalk):
         if not pre[0] and not hooks[0]:
             return _NO_HOOKS
         return self.hooks(module)
+
+
+#: The keys of modules' ``__dict__`` met -> those that are not :data:`_MODULE_INTERNALS` (the module's own
+#: attributes): keys repeat from module to module.
+_OWN_ATTRIBUTES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def own_attributes(keys: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Those of a module's ``__dict__``'s ``keys`` that are its own attributes, in order (remembered)."""
+    own = _OWN_ATTRIBUTES.get(keys)
+    if own is None:
+        if len(_OWN_ATTRIBUTES) >= 4096:  # modules made with attributes named on the fly must not pile up
+            _OWN_ATTRIBUTES.clear()
+        own = _OWN_ATTRIBUTES[keys] = tuple([key for key in keys if key not in _MODULE_INTERNALS])
+    return own
 
 
 _NO_HOOKS = ((), ())  # what :meth:`CodeWalk.hooks` gives for a module without forward pre-hooks or hooks

@@ -44,7 +44,7 @@ from .._torch_compat import buffers_of, children_of, forward_hook_tables, parame
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, run_options
+from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, own_attributes, run_options
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -245,7 +245,7 @@ class _State(CodeWalk):
         """A module's own attributes (its ``__dict__`` but for :data:`_MODULE_INTERNALS`): when every one is a plain
         value, their names, values and the values' types (1 == True == 1.0) as three tuples; else each walked by
         :meth:`value`."""
-        names = tuple([key for key in attributes if key not in _MODULE_INTERNALS])
+        names = own_attributes(tuple(attributes))
         if not names:
             return ()
         values = tuple([attributes[name] for name in names])
@@ -298,7 +298,7 @@ class _Layout:
 
     def __init__(self, kind: type, attributes: dict[str, Any]) -> None:
         self.size = len(attributes)
-        self.own = tuple([key for key in attributes if key not in _MODULE_INTERNALS])
+        self.own = own_attributes(tuple(attributes))
         # A class that defines one of the tables' names (a property, say) is read attribute by attribute.
         shadowed = any(name in vars(base) for base in kind.__mro__ for name in _TABLES)
         self._get = None if shadowed else operator.itemgetter(*_TABLES, *self.own)
