@@ -634,24 +634,26 @@ class _Fingerprint(CodeWalk):
                 records.append(("alias", path, canonical))
                 continue
             records.append(("module", path, self.klass(type(module)), module.training,
-                            self._parameters(parameters_of(module)), self._buffers(module),
+                            self.parameter_records(parameters_of(module)), self.buffer_records(module),
                             tuple([(n, c is None) for n, c in children_of(module).items()]),
-                            self.module_hooks(module), self._attributes(module.__dict__)))
+                            self.module_hooks(module), self.attribute_records(module.__dict__)))
         self.add_all(records)
         self.add("global hooks", *self.global_hooks())
 
-    def _parameters(self, table: dict[str, Any]) -> tuple[Any, ...]:
+    def parameter_records(self, table: dict[str, Any]) -> tuple[Any, ...]:
+        """A module's parameters: (name, :meth:`tensor` or None) each."""
         tensor = self.tensor
         return tuple([(n, None if p is None else tensor(p)) for n, p in table.items()])
 
-    def _buffers(self, module: nn.Module) -> tuple[Any, ...]:
+    def buffer_records(self, module: nn.Module) -> tuple[Any, ...]:
+        """A module's buffers: (name, :meth:`tensor` or None, whether it is left out of the state dict) each."""
         table = buffers_of(module)
         if not table:
             return ()
         tensor, unsaved = self.tensor, non_persistent_buffers(module)
         return tuple([(n, None if b is None else tensor(b), n in unsaved) for n, b in table.items()])
 
-    def _attributes(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
+    def attribute_records(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
         """A module's own attributes but volatile ones (:data:`_VOLATILE`), each by :meth:`value`."""
         value = self.value
         return tuple([(k, value(attributes[k])) for k in own_attributes(tuple(attributes)) if not _volatile(k)])
