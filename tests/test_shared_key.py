@@ -426,11 +426,16 @@ CYCLES = {_flag_types, _walked_attribute}  # applied a few times: a state met be
 
 def _keys(spec: RunSpec, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     """The call's key as :func:`call_state` makes it, and as it makes it with every module read part by part."""
-    from modelmeter.cache.shared import _Layout
+    from modelmeter.cache import shared
+
+    class Unread(shared._Layout):
+        def __init__(self, kind: type, attributes: dict[str, Any]) -> None:
+            super().__init__(kind, attributes)
+            self.tables = shared._unreadable
 
     fast = call_state(spec)
     with monkeypatch.context() as m:
-        m.setattr(_Layout, "read", lambda self, attributes: None)
+        m.setattr(shared, "_Layout", Unread)
         slow = call_state(spec)
     assert fast is not None and slow is not None
     return fast[0], slow[0]

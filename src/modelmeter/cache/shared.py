@@ -35,7 +35,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -221,14 +221,17 @@ class _State(CodeWalk):
         layout = self._layouts.get(kind)
         if layout is None or len(attributes) != layout.size:
             layout = self._layouts[kind] = _Layout(kind, attributes)
-        values = layout.read(attributes)
-        if values is None or any(values[_HOOKS]):
+        try:  # (a __dict__ of as many keys with all of the layout's has the layout's keys)
+            training, children, parameters, buffers, pre_hooks, pre_kwargs, hooks, kwargs, always = layout.tables(
+                attributes)
+            own = layout.values(attributes)
+        except KeyError:
             return self.walked(module, klass), children_of(module)
-        own = values[_OWN:]
+        if pre_hooks or pre_kwargs or hooks or kwargs or always:
+            return self.walked(module, klass), children_of(module)
         kinds = tuple(map(type, own))
         if not _PLAIN_TYPES.issuperset(kinds):
             return self.walked(module, klass), children_of(module)
-        training, children, parameters, buffers = values[:_HOOKS.start]
         return (tuple(children), self._named(module), klass, training, (),
                 self.tensors(parameters) if parameters else (), self.tensors(buffers) if buffers else (),
                 ("plain", layout.own, own, kinds) if own else ()), children
@@ -284,35 +287,40 @@ def _table_names() -> tuple[str, ...]:
     return ("training", *(names[id(table)] for table in tables))
 
 
-_TABLES = _table_names()
-_HOOKS = slice(4, len(_TABLES))  # where a layout's values hold the hook tables
-_OWN = len(_TABLES)  # and where the module's own attributes start
+_TABLES = _table_names()  # (nine on every torch this supports: :meth:`_State.module` unpacks them so)
+
+
+def _unreadable(attributes: dict[str, Any]) -> tuple[Any, ...]:
+    raise KeyError("read attribute by attribute")
 
 
 class _Layout:
     """The keys of a module class's instances' ``__dict__``: how many (``size``), which of them are the module's own
-    attributes (``own``, in order), and :meth:`read`, which takes :data:`_TABLES` and those attributes out of a
-    ``__dict__`` in one step. Remembered per class for one key, and replaced by an instance with other keys."""
+    attributes (``own``, in order), and two readers that take the values of :data:`_TABLES` (``tables``) and of the
+    own attributes (``values``) out of a ``__dict__`` of ``size`` keys, each in one step — raising KeyError where
+    it lacks one: its keys are then not this layout's (with all of them and as many keys, they are). Remembered per
+    class for one layout, and replaced by an instance with another."""
 
-    __slots__ = ("_get", "own", "size")
+    __slots__ = ("own", "size", "tables", "values")
 
     def __init__(self, kind: type, attributes: dict[str, Any]) -> None:
         self.size = len(attributes)
         self.own = own_attributes(tuple(attributes))
         # A class that defines one of the tables' names (a property, say) is read attribute by attribute.
         shadowed = any(name in vars(base) for base in kind.__mro__ for name in _TABLES)
-        self._get = None if shadowed else operator.itemgetter(*_TABLES, *self.own)
+        self.tables: Callable[[dict[str, Any]], tuple[Any, ...]] = (
+            _unreadable if shadowed or len(_TABLES) != 9 else operator.itemgetter(*_TABLES))
+        self.values = _reader(self.own)
 
-    def read(self, attributes: dict[str, Any]) -> tuple[Any, ...] | None:
-        """The values of :data:`_TABLES` and of the own attributes in ``attributes`` (a ``__dict__`` of
-        :attr:`size` keys), in that order; None where it lacks one (its keys are then not this layout's; with all
-        of them and as many keys, they are)."""
-        if self._get is None:
-            return None
-        try:
-            return cast(tuple[Any, ...], self._get(attributes))
-        except KeyError:
-            return None
+
+def _reader(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """What takes the values of ``names`` out of a dictionary, as a tuple (KeyError where one is missing)."""
+    if not names:
+        return lambda attributes: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda attributes: (attributes[name],)
+    return operator.itemgetter(*names)
 
 
 def _module_ids(model: nn.Module | None) -> set[int]:
