@@ -225,6 +225,7 @@ class _State(CodeWalk):
             training, children, parameters, buffers, pre_hooks, pre_kwargs, hooks, kwargs, always = layout.tables(
                 attributes)
             own = layout.values(attributes)
+            layout.rest(attributes)
         except KeyError:
             return self.walked(module, klass), children_of(module)
         if pre_hooks or pre_kwargs or hooks or kwargs or always:
@@ -296,12 +297,13 @@ def _unreadable(attributes: dict[str, Any]) -> tuple[Any, ...]:
 
 class _Layout:
     """The keys of a module class's instances' ``__dict__``: how many (``size``), which of them are the module's own
-    attributes (``own``, in order), and two readers that take the values of :data:`_TABLES` (``tables``) and of the
-    own attributes (``values``) out of a ``__dict__`` of ``size`` keys, each in one step — raising KeyError where
-    it lacks one: its keys are then not this layout's (with all of them and as many keys, they are). Remembered per
-    class for one layout, and replaced by an instance with another."""
+    attributes (``own``, in order), and three readers that take the values of :data:`_TABLES` (``tables``), of the
+    own attributes (``values``) and of the other keys (``rest``: nn.Module's internals the key does not read) out of a
+    ``__dict__`` of ``size`` keys, each in one step — raising KeyError where it lacks one: its keys are then not
+    this layout's (with all of them and as many keys, they are). Remembered per class for one layout, and replaced by
+    an instance with another."""
 
-    __slots__ = ("own", "size", "tables", "values")
+    __slots__ = ("own", "rest", "size", "tables", "values")
 
     def __init__(self, kind: type, attributes: dict[str, Any]) -> None:
         self.size = len(attributes)
@@ -311,6 +313,7 @@ class _Layout:
         self.tables: Callable[[dict[str, Any]], tuple[Any, ...]] = (
             _unreadable if shadowed or len(_TABLES) != 9 else operator.itemgetter(*_TABLES))
         self.values = _reader(self.own)
+        self.rest = _reader(tuple([key for key in attributes if key not in _TABLES and key not in self.own]))
 
 
 def _reader(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
