@@ -33,7 +33,7 @@ import threading
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,9 +188,13 @@ class _State(CodeWalk):
         return id(module) in self._module_ids
 
     def items(self, mapping: Mapping[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+        pairs = mapping.items()
+        return self.pairs(pairs if not skip else [(k, v) for k, v in pairs if k not in skip], depth)
+
+    def pairs(self, pairs: Iterable[tuple[Any, Any]], depth: int) -> tuple[Any, ...]:
+        """Keys and values, each by :meth:`value` (a string key as itself)."""
         value = self.value
-        return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
-                      for k, v in mapping.items() if k not in skip])
+        return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth)) for k, v in pairs])
 
     def modules(self) -> list[Any]:
         """Every module of the model in pre-order (a shared one under each of its paths), each as :meth:`module`'s
@@ -211,8 +215,8 @@ class _State(CodeWalk):
 
     def module(self, module: nn.Module) -> tuple[tuple[Any, ...], dict[str, nn.Module | None]]:
         """A module's record — the names of its children, its identity, class, flag, hooks, tensors and attributes —
-        and its children. Read in one step through its class's :class:`_Layout` where that fits (no hooks, plain
-        attributes: nearly every module), else by :meth:`walked`, which gives the same record."""
+        and its children. Read in a few steps through its class's :class:`_Layout` where that fits (no hooks: nearly
+        every module), else by :meth:`walked`, which gives the same record."""
         kind = type(module)
         klass = self._classes.get(kind)
         if klass is None:
@@ -230,15 +234,12 @@ class _State(CodeWalk):
             return self.walked(module, klass), children_of(module)
         if pre_hooks or pre_kwargs or hooks or kwargs or always:
             return self.walked(module, klass), children_of(module)
-        kinds = tuple(map(type, own))
-        if not _PLAIN_TYPES.issuperset(kinds):
-            return self.walked(module, klass), children_of(module)
         return (tuple(children), self._named(module), klass, training, (),
                 self.tensors(parameters) if parameters else (), self.tensors(buffers) if buffers else (),
-                ("plain", layout.own, own, kinds) if own else ()), children
+                self.own_values(layout.own, own)), children
 
     def walked(self, module: nn.Module, klass: tuple[Any, ...]) -> tuple[Any, ...]:
-        """:meth:`module`'s record of ``module``, every part read on its own (hooks, attributes of any kind)."""
+        """:meth:`module`'s record of ``module``, every part read on its own (hooks, another layout)."""
         parameters = parameters_of(module)
         buffers = buffers_of(module)
         return (tuple(children_of(module)), self._named(module), klass, module.training, self.module_hooks(module),
@@ -246,17 +247,19 @@ class _State(CodeWalk):
                 self.attributes(module.__dict__))
 
     def attributes(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
-        """A module's own attributes (its ``__dict__`` but for :data:`_MODULE_INTERNALS`): when every one is a plain
-        value, their names, values and the values' types (1 == True == 1.0) as three tuples; else each walked by
-        :meth:`value`."""
+        """A module's own attributes (its ``__dict__`` but for :data:`_MODULE_INTERNALS`), by :meth:`own_values`."""
         names = own_attributes(tuple(attributes))
+        return self.own_values(names, tuple([attributes[name] for name in names]))
+
+    def own_values(self, names: tuple[str, ...], values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A module's own attributes ``names`` of ``values``: when every one is a plain value, their names, values and
+        the values' types (1 == True == 1.0) as three tuples; else each walked by :meth:`value`."""
         if not names:
             return ()
-        values = tuple([attributes[name] for name in names])
         kinds = tuple(map(type, values))
         if _PLAIN_TYPES.issuperset(kinds):
             return ("plain", names, values, kinds)
-        return ("walked", self.items(attributes, 1, _MODULE_INTERNALS))
+        return ("walked", self.pairs(zip(names, values, strict=True), 1))
 
     def module_class(self, kind: type[nn.Module]) -> tuple[Any, ...]:
         """A module class by its code (:meth:`klass`; an installed one by identity) and its ``forward`` by identity
