@@ -216,6 +216,42 @@ def test_every_change_is_a_miss_and_an_identical_setup_a_hit() -> None:
     assert len(set(keys.values())) == len(keys), "two different changes gave one key"
 
 
+class Tagged(torch.Tensor):
+    """A tensor subclass of the user's: keyed by its code."""
+
+
+class OddParts(Net):
+    """What the persistent walk's shortcuts must key as its plain path does: volatile attributes, a parameter and a
+    buffer registered as None, a non-persistent buffer, a tensor subclass, hooks of every kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._build_time = 1.0  # volatile: not keyed
+        self.register_parameter("nothing", None)
+        self.register_buffer("unset", None)
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+        self.register_buffer("tagged", torch.zeros(2).as_subclass(Tagged))
+        self.fc.register_forward_pre_hook(lambda module, args, kwargs: None, with_kwargs=True)
+        self.bn.register_forward_hook(lambda module, args, out: None, always_call=True)
+
+
+def test_the_fingerprint_shortcuts_give_the_plain_walks_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The persistent walk's shortcuts (a module without hooks, the texts of dtypes, devices and layouts, which
+    attribute names are volatile, torch's own tensor classes) change no byte it digests: every key of the changes
+    above, and of a module with each odd part, is the key the walk makes without them."""
+    from modelmeter.cache import fingerprint
+
+    setups = [(Net(), BASE_X, "auto"), (OddParts(), BASE_X, "auto"), (OddParts().to("meta"), BASE_X, "auto"),
+              *MUTATIONS.values()]
+    fast = [key(*setup) for setup in setups]
+    monkeypatch.setattr(fingerprint._Fingerprint, "module_hooks", fingerprint.CodeWalk.hooks)
+    monkeypatch.setattr(fingerprint, "_text", str)
+    monkeypatch.setattr(fingerprint, "_volatile", lambda name: fingerprint._VOLATILE.fullmatch(name) is not None)
+    monkeypatch.setattr(fingerprint, "_TORCH_TENSOR_TYPES", frozenset())
+    assert [key(*setup) for setup in setups] == fast
+    assert len(set(fast)) == len(fast)
+
+
 def test_run_options_and_versions_are_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = Net(), BASE_X
     base = key(model, x)

@@ -270,3 +270,273 @@ def test_the_installed_class_memo_keeps_no_class_alive() -> None:
     del made
     gc.collect()
     assert ref() is None
+
+
+# The walk's fast path ----------------------------------------------------------------------------------------------
+class Block(nn.Module):
+    """A user module with plain attributes, a buffer of each kind and children of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act = nn.GELU()
+        self.flag = 1
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.lin(x)) * self.flag
+
+
+class OtherBlock(Block):
+    pass
+
+
+class Shadowed(nn.Module):
+    """``training`` is a property of the class (the ``training`` its instances' ``__dict__`` also holds is not what
+    the module reads): they cannot be read in one step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode = False
+
+    @property  # type: ignore[override]
+    def training(self) -> bool:
+        return self.mode
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        self.__dict__["mode"] = self.__dict__["training"] = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _model() -> nn.Sequential:
+    shared = nn.Linear(4, 4)
+    return nn.Sequential(Block(), shared, nn.Sequential(shared, Block()), Shadowed())
+
+
+def _flip_training(m: nn.Sequential) -> None:
+    m[0].train(not m[0].training)
+
+
+def _flag_types(m: nn.Sequential) -> None:
+    m[0].flag = {int: True, bool: 1.0, float: 1}[type(m[0].flag)]  # equal values of other types: other states
+
+
+def _extra_attribute(m: nn.Sequential) -> None:
+    if "extra" in vars(m[2][1]):
+        del m[2][1].extra
+    else:
+        m[2][1].extra = 3
+
+
+def _internal_traded(m: nn.Sequential) -> None:
+    """One of nn.Module's internals the key does not read traded for an attribute: as many keys as before."""
+    block = vars(m[2][1])
+    if "traded" in block:
+        block["_state_dict_hooks"] = block.pop("traded")
+    else:
+        block["traded"] = block.pop("_state_dict_hooks")
+
+
+def _walked_attribute(m: nn.Sequential) -> None:
+    sizes = vars(m[0]).get("sizes")
+    if sizes is None:
+        m[0].sizes = [1, 2]
+    elif len(sizes) < 3:
+        sizes.append(3)  # in place: another state
+    else:
+        del m[0].sizes
+
+
+HANDLES: dict[str, list[Any]] = {"pre": [], "kwargs": []}  # outside the model: a handle cannot be keyed
+# What a change replaced, kept alive: a key names objects by identity, trusted while they live (the store drops an
+# entry whose objects died), and a new object may take a dead one's id.
+REPLACED: list[Any] = []
+
+
+def _pre_hook(m: nn.Sequential) -> None:
+    handles = HANDLES["pre"]
+    if handles:
+        handles.pop().remove()
+    else:
+        handles.append(m[1].register_forward_pre_hook(lambda module, args: None))
+
+
+def _hook_with_kwargs(m: nn.Sequential) -> None:
+    handles = HANDLES["kwargs"]
+    if handles:
+        handles.pop().remove()
+    else:
+        handles.append(m[0].act.register_forward_hook(lambda module, args, kwargs, out: None, with_kwargs=True,
+                                                      always_call=True))
+
+
+def _requires_grad(m: nn.Sequential) -> None:
+    m[1].bias.requires_grad_(not m[1].bias.requires_grad)
+
+
+def _in_place(m: nn.Sequential) -> None:
+    with torch.no_grad():
+        m[0].lin.weight.add_(0)  # the same values: the version counter says it changed
+
+
+def _data_replaced(m: nn.Sequential) -> None:
+    REPLACED.append(m[2][1].lin.weight.data)
+    m[2][1].lin.weight.data = torch.zeros(4, 4)
+
+
+def _buffer(m: nn.Sequential) -> None:
+    m[2][1].steps.add_(1)
+
+
+def _child_swapped(m: nn.Sequential) -> None:
+    REPLACED.append(m[0].act)
+    m[0].act = nn.GELU() if isinstance(m[0].act, nn.ReLU) else nn.ReLU()
+
+
+def _child_emptied(m: nn.Sequential) -> None:
+    if m[2][1].act is None:
+        m[2][1].act = REPLACED.pop()
+    else:
+        REPLACED.append(m[2][1].act)
+        m[2][1].register_module("act", None)
+
+
+def _child_renamed(m: nn.Sequential) -> None:
+    names = {"0": "first", "first": "0"}
+    m[2]._modules = {names.get(name, name): child for name, child in m[2]._modules.items()}  # the same tree, a path
+
+
+def _class_changed(m: nn.Sequential) -> None:
+    m[2][1].__class__ = Block if type(m[2][1]) is OtherBlock else OtherBlock
+
+
+def _shadowed_mode(m: nn.Sequential) -> None:
+    m[3].mode = not m[3].mode
+
+
+def _parameter_replaced(m: nn.Sequential) -> None:
+    REPLACED.append(m[0].lin.bias)
+    m[0].lin.bias = nn.Parameter(torch.zeros(4))
+
+
+MUTATIONS: list[Callable[[nn.Sequential], None]] = [
+    _flip_training, _flag_types, _extra_attribute, _internal_traded, _walked_attribute, _pre_hook, _hook_with_kwargs,
+    _requires_grad, _in_place, _data_replaced, _buffer, _child_swapped, _child_emptied, _child_renamed,
+    _class_changed, _shadowed_mode, _parameter_replaced,
+]
+TOGGLES = {_flip_training, _extra_attribute, _internal_traded, _pre_hook, _hook_with_kwargs, _requires_grad,
+           _child_emptied, _child_renamed, _class_changed, _shadowed_mode}  # applied twice: the state as it was
+CYCLES = {_flag_types, _walked_attribute}  # applied a few times: a state met before
+
+
+def _keys(spec: RunSpec, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """The call's key as :func:`call_state` makes it, and as it makes it with every module read part by part."""
+    from modelmeter.cache import shared
+
+    class Unread(shared._Layout):
+        def __init__(self, kind: type, attributes: dict[str, Any]) -> None:
+            super().__init__(kind, attributes)
+            self.tables = shared._unreadable
+
+    fast = call_state(spec)
+    with monkeypatch.context() as m:
+        m.setattr(shared, "_Layout", Unread)
+        slow = call_state(spec)
+    assert fast is not None and slow is not None
+    return fast[0], slow[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fast_walk_decides_as_the_part_by_part_one(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random runs of changes of every kind a module's key covers: two states key alike through the one-step read
+    of a module's ``__dict__`` exactly when they key alike read part by part (the walk before it); a change
+    applied twice (a toggle) keys as before it, and a change that cannot come back keys as no state before it."""
+    import random
+
+    rng = random.Random(seed)
+    model, x = _model(), torch.randn(2, 4)
+    monkeypatch.setattr(THIS, "HANDLES", {"pre": [], "kwargs": []})
+    monkeypatch.setattr(THIS, "REPLACED", [])
+    spec = RunSpec(model, (x,), {})
+    states = [_keys(spec, monkeypatch)]
+    for _ in range(30):
+        change = rng.choice(MUTATIONS)
+        change(model)
+        states.append(_keys(spec, monkeypatch))
+        if change in TOGGLES:
+            change(model)
+            states.append(_keys(spec, monkeypatch))
+            assert states[-1] == states[-3], change.__name__
+        elif change not in CYCLES:
+            assert all(states[-1][0] != before[0] for before in states[:-1]), change.__name__
+    for i, (fast, slow) in enumerate(states):
+        for other_fast, other_slow in states[:i]:
+            assert (fast == other_fast) == (slow == other_slow)
+
+
+def test_the_fast_walk_reads_most_modules_through_their_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the modules a layout cannot read are read part by part: those with hooks, or of a class that defines one
+    of the names read (here one of each); a module with attributes other than plain values is read through it."""
+    from modelmeter.cache.shared import _State
+
+    model = _model()
+    monkeypatch.setattr(THIS, "HANDLES", {"pre": [], "kwargs": []})
+    _walked_attribute(model)
+    _pre_hook(model)
+    walked: list[type] = []
+    part_by_part = _State.walked
+
+    def spy(self: _State, module: nn.Module, klass: Any) -> Any:
+        walked.append(type(module))
+        return part_by_part(self, module, klass)
+
+    monkeypatch.setattr(_State, "walked", spy)
+    assert call_state(RunSpec(model, (torch.randn(2, 4),), {})) is not None
+    assert sorted(kind.__name__ for kind in walked) == ["Linear", "Linear", "Shadowed"]  # (shared: 2 paths)
+
+
+def test_an_entry_whose_objects_died_is_not_found() -> None:
+    """A look-up reads only the entry it finds, and drops it (a miss) when an object its key names died: a new
+    object may have taken that one's id."""
+    import gc
+
+    from modelmeter.cache.shared import SharedRecordings
+
+    store = SharedRecordings()
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    state = call_state(RunSpec(model, (x,), {}))
+    assert state is not None
+    trace = FlopCountAnalysis(model, x).trace
+    assert store.share(RunSpec(model, (x,), {}), lambda: trace).recorded and len(store) == 1
+    assert not store.share(RunSpec(model, (x,), {}), lambda: trace).recorded  # found while they live
+    del x
+    gc.collect()
+    assert store._find(state[0]) is None and len(store) == 0
+
+
+def test_attributes_other_than_plain_values_are_keyed_by_content() -> None:
+    """A module's list changed in place, a tuple's element of another type, an object's field: each another state
+    (read through the layout, by :meth:`value`); equal contents in a new list: the same."""
+    block = Block()
+    block.sizes, block.pads, block.config = [1, 2], (1, 2), Config()
+    spec = RunSpec(nn.Sequential(block), (torch.randn(2, 4),), {})
+
+    def key() -> Any:
+        state = call_state(spec)
+        assert state is not None
+        return state[0]
+
+    keys = [key()]
+    block.sizes.append(3)
+    keys.append(key())
+    block.pads = (1, 2.0)
+    keys.append(key())
+    block.config.extra = True
+    keys.append(key())
+    assert len(set(keys)) == len(keys)
+    block.sizes = [1, 2, 3]
+    assert key() == keys[-1]

@@ -519,6 +519,11 @@ class _Fingerprint(CodeWalk):
         self._hash.update(repr(record).encode("utf-8", "backslashreplace"))
         self._hash.update(b"\x00")
 
+    def add_all(self, records: list[tuple[Any, ...]]) -> None:
+        """:meth:`add` of each record, in one update of the digest (the same bytes)."""
+        if records:
+            self._hash.update("\x00".join(map(repr, records)).encode("utf-8", "backslashreplace") + b"\x00")
+
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
@@ -535,9 +540,10 @@ class _Fingerprint(CodeWalk):
             stride: Any = tuple(t.stride()) if t.layout == torch.strided else None
         except (RuntimeError, NotImplementedError):
             stride = None
-        subclass = None if _is_torch(type(t).__module__) else self.klass(type(t))  # its __torch_function__
-        return (type(t).__qualname__, subclass, tuple(int(s) for s in t.shape), str(t.dtype), str(t.device),
-                str(t.layout), stride, bool(t.requires_grad))
+        kind = type(t)
+        subclass = None if kind in _TORCH_TENSOR_TYPES or _is_torch(kind.__module__) else self.klass(kind)
+        return (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
+                _text(t.layout), stride, bool(t.requires_grad))
 
     # values -------------------------------------------------------------------------------------
     def value(self, v: Any, depth: int = 0) -> Any:
@@ -621,20 +627,86 @@ class _Fingerprint(CodeWalk):
         paths = list(named_modules_with_dup(model))
         for path, module in paths:
             self.module_paths.setdefault(id(module), path)
+        records: list[tuple[Any, ...]] = []
         for path, module in paths:
             canonical = self.module_paths[id(module)]
             if canonical != path:
-                self.add("alias", path, canonical)
+                records.append(("alias", path, canonical))
                 continue
-            self.add("module", path, self.klass(type(module)), module.training,
-                     tuple((n, None if p is None else self.tensor(p)) for n, p in parameters_of(module).items()),
-                     tuple((n, None if b is None else self.tensor(b), n in non_persistent_buffers(module))
-                           for n, b in buffers_of(module).items()),
-                     tuple((n, c is None) for n, c in children_of(module).items()),
-                     self.hooks(module),
-                     tuple((k, self.value(v)) for k, v in module.__dict__.items()
-                           if k not in _MODULE_INTERNALS and not _VOLATILE.fullmatch(k)))
+            records.append(("module", path, self.klass(type(module)), module.training,
+                            self.parameter_records(parameters_of(module)), self.buffer_records(module),
+                            tuple([(n, c is None) for n, c in children_of(module).items()]),
+                            self.module_hooks(module), self.attribute_records(module.__dict__)))
+        self.add_all(records)
         self.add("global hooks", *self.global_hooks())
+
+    def parameter_records(self, table: dict[str, Any]) -> tuple[Any, ...]:
+        """A module's parameters: (name, :meth:`tensor` or None) each."""
+        tensor = self.tensor
+        return tuple([(n, None if p is None else tensor(p)) for n, p in table.items()])
+
+    def buffer_records(self, module: nn.Module) -> tuple[Any, ...]:
+        """A module's buffers: (name, :meth:`tensor` or None, whether it is left out of the state dict) each."""
+        table = buffers_of(module)
+        if not table:
+            return ()
+        tensor, unsaved = self.tensor, non_persistent_buffers(module)
+        return tuple([(n, None if b is None else tensor(b), n in unsaved) for n, b in table.items()])
+
+    def attribute_records(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
+        """A module's own attributes but volatile ones (:data:`_VOLATILE`), each by :meth:`value`."""
+        value = self.value
+        return tuple([(k, value(attributes[k])) for k in own_attributes(tuple(attributes)) if not _volatile(k)])
+
+    def module_hooks(self, module: nn.Module) -> Any:
+        """:meth:`hooks`, at once for a module without forward hooks (nearly every one)."""
+        pre, hooks = forward_hook_tables(module)
+        if not pre[0] and not hooks[0]:
+            return _NO_HOOKS
+        return self.hooks(module)
+
+
+#: The keys of modules' ``__dict__`` met -> those that are not :data:`_MODULE_INTERNALS` (the module's own
+#: attributes): keys repeat from module to module.
+_OWN_ATTRIBUTES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def own_attributes(keys: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Those of a module's ``__dict__``'s ``keys`` that are its own attributes, in order (remembered)."""
+    own = _OWN_ATTRIBUTES.get(keys)
+    if own is None:
+        if len(_OWN_ATTRIBUTES) >= 4096:  # modules made with attributes named on the fly must not pile up
+            _OWN_ATTRIBUTES.clear()
+        own = _OWN_ATTRIBUTES[keys] = tuple([key for key in keys if key not in _MODULE_INTERNALS])
+    return own
+
+
+_NO_HOOKS = ((), ())  # what :meth:`CodeWalk.hooks` gives for a module without forward pre-hooks or hooks
+#: Tensor classes of torch itself (a subclass of another package is keyed by its code): met once per tensor.
+_TORCH_TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
+_TEXTS: dict[Any, str] = {}  # dtypes, devices and layouts met -> their str(): met once per tensor
+#: Attribute names met -> whether they are :data:`_VOLATILE`.
+_VOLATILE_NAMES: dict[str, bool] = {}
+
+
+def _text(value: Any) -> str:
+    """``str(value)`` of a dtype, device or layout, remembered."""
+    text = _TEXTS.get(value)
+    if text is None:
+        text = str(value)
+        if len(_TEXTS) < 1024:
+            _TEXTS[value] = text
+    return text
+
+
+def _volatile(name: str) -> bool:
+    """Whether an attribute named ``name`` is volatile (:data:`_VOLATILE`), remembered."""
+    volatile = _VOLATILE_NAMES.get(name)
+    if volatile is None:
+        volatile = _VOLATILE.fullmatch(name) is not None
+        if len(_VOLATILE_NAMES) < 65536:  # attributes named on the fly must not pile up
+            _VOLATILE_NAMES[name] = volatile
+    return volatile
 
 
 def run_options(execution: str) -> tuple[Any, ...]:

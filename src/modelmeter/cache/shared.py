@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 import threading
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ from .._torch_compat import buffers_of, children_of, forward_hook_tables, parame
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, run_options
+from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, own_attributes, run_options
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -71,14 +72,15 @@ class _State(CodeWalk):
     function once; what that code refers to is keyed here by :meth:`value`, so a rebound global, a mutated
     global container or object, a changed helper or a global tensor changed in place changes the key."""
 
-    def __init__(self, modules: list[tuple[str, nn.Module | None]]) -> None:
+    def __init__(self, model: nn.Module | None) -> None:
         super().__init__()
-        self.modules = modules  # the model's, by path (see :func:`_modules`)
-        self._module_ids: set[int] | None = None  # their ids, made when a module turns up as a value (rarely)
+        self.model = model
+        self._module_ids: set[int] | None = None  # the model's modules' ids, made when a module turns up as a value
         self._refs: dict[int, weakref.ref[Any]] = {}  # id -> a weak reference to the object, one per object
         self._held: list[Any] = []  # every object named, alive for the walk: no id of it names another meanwhile
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
         self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
+        self._layouts: dict[type, _Layout] = {}  # a module class -> the layout of the last instance's __dict__
 
     @property
     def alive(self) -> list[weakref.ref[Any]]:
@@ -103,6 +105,10 @@ class _State(CodeWalk):
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
+        return ("id", self._named(obj))
+
+    def _named(self, obj: Any) -> int:
+        """``id(obj)``, with a weak reference to ``obj`` taken (:attr:`alive`) and ``obj`` held for the walk."""
         key = id(obj)
         if key not in self._refs:
             try:
@@ -110,17 +116,22 @@ class _State(CodeWalk):
             except TypeError as exc:
                 raise _Unshareable(f"{type(obj).__name__} has no weak references") from exc
             self._held.append(obj)
-        return ("id", key)
+        return key
 
     def tensor(self, t: torch.Tensor) -> tuple[Any, ...]:
         """A tensor by identity, version counter (in-place changes), metadata and where its data lives (``.data``
         replaced keeps the object and its version)."""
         if t.is_inference():  # changed in place inside inference_mode without a trace: nothing to key it by
             raise _Unshareable("an inference tensor tracks no version counter")
-        strided = t.layout == torch.strided
-        return (self.identity(t), version_counter(t), type(t), t.shape, t.stride() if strided else None,
-                t.storage_offset() if strided else None, t.dtype, t.device, t.layout, t.requires_grad,
-                _data_ptr(t))
+        try:
+            data = t.data_ptr()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, a subclass without storage
+            data = None
+        if t.layout == torch.strided:  # (nearly every tensor; the layout is then implied, and the length differs)
+            return (self._named(t), version_counter(t), type(t), t.shape, t.stride(), t.storage_offset(), t.dtype,
+                    t.device, t.requires_grad, data)
+        return (self._named(t), version_counter(t), type(t), t.shape, t.dtype, t.device, t.layout, t.requires_grad,
+                data)
 
     def value(self, obj: Any, depth: int = 0) -> Any:
         """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`, code
@@ -136,7 +147,7 @@ class _State(CodeWalk):
         if isinstance(obj, _PLAIN):
             return (kind, obj)
         if isinstance(obj, torch.Tensor):
-            return self.tensor(obj)
+            return ("tensor", self.tensor(obj))
         if isinstance(obj, enum.Enum):
             return (kind, obj.name)
         if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
@@ -173,25 +184,82 @@ class _State(CodeWalk):
 
     def in_model(self, module: nn.Module) -> bool:
         if self._module_ids is None:
-            self._module_ids = {id(m) for _, m in self.modules}
+            self._module_ids = _module_ids(self.model)
         return id(module) in self._module_ids
 
     def items(self, mapping: Mapping[Any, Any], depth: int, skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
-        value = self.value
-        return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth))
-                      for k, v in mapping.items() if k not in skip])
+        pairs = mapping.items()
+        return self.pairs(pairs if not skip else [(k, v) for k, v in pairs if k not in skip], depth)
 
-    def module(self, path: str, module: nn.Module | None) -> tuple[Any, ...]:
-        """A module at ``path`` (None: an empty slot): identity, class, flag, hooks, tensors, attributes."""
+    def pairs(self, pairs: Iterable[tuple[Any, Any]], depth: int) -> tuple[Any, ...]:
+        """Keys and values, each by :meth:`value` (a string key as itself)."""
+        value = self.value
+        return tuple([((str, k) if type(k) is str else value(k, depth), value(v, depth)) for k, v in pairs])
+
+    def modules(self) -> list[Any]:
+        """Every module of the model in pre-order (a shared one under each of its paths), each as :meth:`module`'s
+        record, an empty slot as None: the names of a module's children in its record make the list say the tree,
+        paths included, as a list of (path, record) would."""
+        records: list[Any] = []
+        self._walk(self.model, records)
+        return records
+
+    def _walk(self, module: nn.Module | None, records: list[Any]) -> None:
         if module is None:
-            return (path, None)
+            records.append(None)
+            return
+        record, children = self.module(module)
+        records.append(record)
+        for child in children.values():
+            self._walk(child, records)
+
+    def module(self, module: nn.Module) -> tuple[tuple[Any, ...], dict[str, nn.Module | None]]:
+        """A module's record — the names of its children, its identity, class, flag, hooks, tensors and attributes —
+        and its children. Read in a few steps through its class's :class:`_Layout` where that fits (no hooks: nearly
+        every module), else by :meth:`walked`, which gives the same record."""
         kind = type(module)
         klass = self._classes.get(kind)
         if klass is None:
             klass = self._classes[kind] = self.module_class(kind)
-        return (path, self.identity(module), klass, module.training, self.module_hooks(module),
-                self.tensors(parameters_of(module)), self.tensors(buffers_of(module)),
-                self.items(module.__dict__, 1, _MODULE_INTERNALS))
+        attributes = module.__dict__
+        layout = self._layouts.get(kind)
+        if layout is None or len(attributes) != layout.size:
+            layout = self._layouts[kind] = _Layout(kind, attributes)
+        try:  # (a __dict__ of as many keys with all of the layout's has the layout's keys)
+            training, children, parameters, buffers, pre_hooks, pre_kwargs, hooks, kwargs, always = layout.tables(
+                attributes)
+            own = layout.values(attributes)
+            layout.rest(attributes)
+        except KeyError:
+            return self.walked(module, klass), children_of(module)
+        if pre_hooks or pre_kwargs or hooks or kwargs or always:
+            return self.walked(module, klass), children_of(module)
+        return (tuple(children), self._named(module), klass, training, (),
+                self.tensors(parameters) if parameters else (), self.tensors(buffers) if buffers else (),
+                self.own_values(layout.own, own)), children
+
+    def walked(self, module: nn.Module, klass: tuple[Any, ...]) -> tuple[Any, ...]:
+        """:meth:`module`'s record of ``module``, every part read on its own (hooks, another layout)."""
+        parameters = parameters_of(module)
+        buffers = buffers_of(module)
+        return (tuple(children_of(module)), self._named(module), klass, module.training, self.module_hooks(module),
+                self.tensors(parameters) if parameters else (), self.tensors(buffers) if buffers else (),
+                self.attributes(module.__dict__))
+
+    def attributes(self, attributes: dict[str, Any]) -> tuple[Any, ...]:
+        """A module's own attributes (its ``__dict__`` but for :data:`_MODULE_INTERNALS`), by :meth:`own_values`."""
+        names = own_attributes(tuple(attributes))
+        return self.own_values(names, tuple([attributes[name] for name in names]))
+
+    def own_values(self, names: tuple[str, ...], values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A module's own attributes ``names`` of ``values``: when every one is a plain value, their names, values and
+        the values' types (1 == True == 1.0) as three tuples; else each walked by :meth:`value`."""
+        if not names:
+            return ()
+        kinds = tuple(map(type, values))
+        if _PLAIN_TYPES.issuperset(kinds):
+            return ("plain", names, values, kinds)
+        return ("walked", self.pairs(zip(names, values, strict=True), 1))
 
     def module_class(self, kind: type[nn.Module]) -> tuple[Any, ...]:
         """A module class by its code (:meth:`klass`; an installed one by identity) and its ``forward`` by identity
@@ -208,24 +276,68 @@ class _State(CodeWalk):
         return self.hooks(module)
 
     def tensors(self, table: dict[str, Any]) -> tuple[Any, ...]:
-        if not table:
-            return ()
-        return tuple([(name, None if t is None else self.tensor(t)) for name, t in table.items()])
+        tensor = self.tensor
+        return tuple([(name, None if t is None else tensor(t)) for name, t in table.items()])
 
 
-def _data_ptr(t: torch.Tensor) -> int | None:
-    try:
-        return int(t.data_ptr())
-    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, a subclass without storage
-        return None
+def _table_names() -> tuple[str, ...]:
+    """The names, in a module's ``__dict__``, of what the key reads of it besides its own attributes: ``training``,
+    then its children, parameters and buffers, then its forward pre-hook and forward hook tables — those that
+    :mod:`._torch_compat`'s readers return, found on a new module by identity."""
+    probe = nn.Module()
+    names = {id(value): name for name, value in vars(probe).items()}
+    pre_hooks, hooks = forward_hook_tables(probe)
+    tables = (children_of(probe), parameters_of(probe), buffers_of(probe), *pre_hooks, *hooks)
+    return ("training", *(names[id(table)] for table in tables))
 
 
-def _modules(model: nn.Module | None, prefix: str = "") -> list[tuple[str, nn.Module | None]]:
-    """Every path to a module, shared ones under each path, empty slots as None."""
-    found: list[tuple[str, nn.Module | None]] = [(prefix, model)]
-    if model is not None:
-        for name, child in children_of(model).items():
-            found += _modules(child, f"{prefix}.{name}" if prefix else name)
+_TABLES = _table_names()  # (nine on every torch this supports: :meth:`_State.module` unpacks them so)
+
+
+def _unreadable(attributes: dict[str, Any]) -> tuple[Any, ...]:
+    raise KeyError("read attribute by attribute")
+
+
+class _Layout:
+    """The keys of a module class's instances' ``__dict__``: how many (``size``), which of them are the module's own
+    attributes (``own``, in order), and three readers that take the values of :data:`_TABLES` (``tables``), of the
+    own attributes (``values``) and of the other keys (``rest``: nn.Module's internals the key does not read) out of a
+    ``__dict__`` of ``size`` keys, each in one step — raising KeyError where it lacks one: its keys are then not
+    this layout's (with all of them and as many keys, they are). Remembered per class for one layout, and replaced by
+    an instance with another."""
+
+    __slots__ = ("own", "rest", "size", "tables", "values")
+
+    def __init__(self, kind: type, attributes: dict[str, Any]) -> None:
+        self.size = len(attributes)
+        self.own = own_attributes(tuple(attributes))
+        # A class that defines one of the tables' names (a property, say) is read attribute by attribute.
+        shadowed = any(name in vars(base) for base in kind.__mro__ for name in _TABLES)
+        self.tables: Callable[[dict[str, Any]], tuple[Any, ...]] = (
+            _unreadable if shadowed or len(_TABLES) != 9 else operator.itemgetter(*_TABLES))
+        self.values = _reader(self.own)
+        self.rest = _reader(tuple([key for key in attributes if key not in _TABLES and key not in self.own]))
+
+
+def _reader(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """What takes the values of ``names`` out of a dictionary, as a tuple (KeyError where one is missing)."""
+    if not names:
+        return lambda attributes: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda attributes: (attributes[name],)
+    return operator.itemgetter(*names)
+
+
+def _module_ids(model: nn.Module | None) -> set[int]:
+    """The ids of every module of the model."""
+    found: set[int] = set()
+    pending = [model]
+    while pending:
+        module = pending.pop()
+        if module is not None and id(module) not in found:
+            found.add(id(module))
+            pending.extend(children_of(module).values())
     return found
 
 
@@ -251,10 +363,10 @@ def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     call cannot be keyed safely."""
     try:
         with no_gc():  # thousands of small tuples, none in a cycle
-            state = _State(_modules(spec.model))
+            state = _State(spec.model)
             key = (run_options(spec.execution), spec.backward,
                    None if spec.loss_fn is None else state.value(spec.loss_fn), state.global_hooks(),
-                   tuple(state.module(path, module) for path, module in state.modules),
+                   tuple(state.modules()),
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
                    state.user_modules())  # last: what every piece of code walked above may look up
@@ -308,10 +420,15 @@ class SharedRecordings:
         return shared
 
     def _find(self, key: _Key) -> Shared | None:
+        """The entry of ``key`` while every object its key names lives (else it is dropped: its identities may now
+        name other objects). Only that entry is looked at: another one with dead objects cannot match, and is
+        dropped by the next :meth:`_keep`."""
         with self._lock:
-            self._drop_dead()
             entry = self._entries.get(key)
             if entry is None:
+                return None
+            if _any_dead(entry[0]):
+                del self._entries[key]
                 return None
             self._entries.move_to_end(key)
             return entry[1]
@@ -326,8 +443,12 @@ class SharedRecordings:
 
     def _drop_dead(self) -> None:
         """Entries whose objects died: their identities may now name other objects."""
-        for key in [k for k, (alive, _) in self._entries.items() if any(ref() is None for ref in alive)]:
+        for key in [k for k, (alive, _) in self._entries.items() if _any_dead(alive)]:
             del self._entries[key]
+
+
+def _any_dead(alive: list[weakref.ref[Any]]) -> bool:
+    return any(ref() is None for ref in alive)
 
 
 #: The process's shared recordings (what every :class:`~modelmeter.Session` without a trace of its own asks).
