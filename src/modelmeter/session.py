@@ -192,8 +192,8 @@ class Session:
             return None
         trace = self._trace
         described = {"settings": plain_settings(settings), "assumptions": trace.assumptions, "model": trace.model,
-                     "execution": trace.execution, "sizes": [len(trace.events), len(trace.storages),
-                                                             len(trace.modules)],
+                     "execution": trace.execution,
+                     "sizes": [trace.size("events"), trace.size("storages"), len(trace.modules)],  # not decoded
                      "schema": SCHEMA_VERSION, "modelmeter": __version__,
                      "source": package_digest(self._stored.cache.path)}
         try:

@@ -352,14 +352,47 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
         storages = _columns(data.get("storages"), _STORAGE_COLUMNS, strings, values, "storages")
         scopes = plain.get("scopes")
         n_scopes = len(scopes) if type(scopes) is list else 0
-        _check_events(events, n_scopes)
-        _check_storages(storages, len(events["op"]), n_scopes)
-        trace = Trace(events=list(map(OpEvent, *events.values())), storages=list(map(Storage, *storages.values())),
-                      **plain)  # the columns in dataclasses.fields order, as written
+        _check_events(events, strings, n_scopes)
+        _check_storages(storages, strings, len(events["op"]), n_scopes)
+        trace = Trace(**plain)
     except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
         raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
     _check(trace)
+    records = _Records(strings, values, events, storages)
+    trace.defer(records.sizes, records)
     return trace
+
+
+class _Records:
+    """The events and storages of a trace read back, checked column by column but not yet made into records: made
+    the first time a metric reads them (:meth:`Trace.defer`), since a result kept beside a cached trace needs
+    none of them. Everything they are made of was checked, so making them cannot fail."""
+
+    def __init__(self, strings: list[str], values: list[Any], events: dict[str, list[int]],
+                 storages: dict[str, list[int]]) -> None:
+        self.sizes = {"events": len(events["op"]), "storages": len(storages["nbytes"])}
+        self.strings, self.values, self.events, self.storages = strings, values, events, storages
+
+    def __call__(self) -> dict[str, list[Any]]:
+        with no_gc():
+            return {"events": self._made(OpEvent, _EVENT_COLUMNS, self.events),
+                    "storages": self._made(Storage, _STORAGE_COLUMNS, self.storages)}
+
+    def _made(self, record: type[Any], kinds: dict[str, type[Any]], columns: dict[str, list[int]]) -> list[Any]:
+        """The records of ``columns`` (in ``record``'s field order, as written): strings and arguments looked up in
+        their tables, each record given its own copy of its lists and dicts."""
+        fields: list[Any] = []
+        for name, kind in kinds.items():
+            column = columns[name]
+            if kind is int:
+                fields.append(column)
+            elif kind is bool:
+                fields.append(map(bool, column))
+            elif kind is str:
+                fields.append(map(self.strings.__getitem__, column))
+            else:
+                fields.append(map(kind, map(self.values.__getitem__, column)))  # copies: records do not share them
+        return list(map(record, *fields))
 
 
 def _within(column: list[int], low: int, high: int, what: str) -> None:
@@ -369,42 +402,41 @@ def _within(column: list[int], low: int, high: int, what: str) -> None:
 
 
 def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values: list[Any],
-             what: str) -> dict[str, list[Any]]:
-    """The columns ``trace_to_dict`` wrote for ``kinds``, read back: strings and arguments looked up in their
-    tables (each event given its own copy of its lists and dicts)."""
+             what: str) -> dict[str, list[int]]:
+    """The columns ``trace_to_dict`` wrote for ``kinds``, unpacked and checked: a string's or an argument's index
+    within its table (and an argument of the field's type), a boolean's 0 or 1."""
     columns = _list(data, what)
     if len(columns) != len(kinds):
         raise ValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
-    out: dict[str, list[Any]] = {}
+    out: dict[str, list[int]] = {}
     size = None
     for (name, kind), packed in zip(kinds.items(), columns, strict=True):
-        column = _unpacked(packed, f"{what}.{name}")
+        column = out[name] = _unpacked(packed, f"{what}.{name}")
         if size is not None and len(column) != size:
             raise ValueError(f"{what}: the columns differ in length")
         size = len(column)
-        if kind is int:
-            out[name] = column
-            continue
         if kind is bool:
             _within(column, 0, 1, f"{what}.{name} (a boolean)")
-            out[name] = list(map(bool, column))
-            continue
-        table = strings if kind is str else values
-        _within(column, 0, len(table) - 1, f"{what}.{name} (an index into its table)")
-        if kind is str:
-            out[name] = list(map(table.__getitem__, column))
-        else:
-            if not all(type(table[i]) is kind for i in set(column)):
+        elif kind is str:
+            _within(column, 0, len(strings) - 1, f"{what}.{name} (an index into its table)")
+        elif kind is not int:
+            _within(column, 0, len(values) - 1, f"{what}.{name} (an index into its table)")
+            if not all(type(values[i]) is kind for i in set(column)):
                 raise ValueError(f"{what}.{name} refers to a value of the values table that is not a {kind.__name__}")
-            out[name] = list(map(kind, map(table.__getitem__, column)))  # copies: events do not share them
     return out
 
 
-def _check_events(events: dict[str, list[Any]], n_scopes: int) -> None:
+def _named(column: list[int], strings: list[str]) -> set[str]:
+    """The strings a column of indices into ``strings`` (checked) names."""
+    return {strings[i] for i in set(column)}
+
+
+def _check_events(events: dict[str, list[int]], strings: list[str], n_scopes: int) -> None:
     """What metrics rely on in the events' columns: known levels and phases, parents and origins before the
     event, scopes of the scope table."""
     n = len(events["op"])
-    if not set(events["level"]) <= {"function", "dispatch"} or not set(events["phase"]) <= set(PHASES):
+    if not _named(events["level"], strings) <= {"function", "dispatch"} \
+            or not _named(events["phase"], strings) <= set(PHASES):
         raise ValueError("an event of an unknown level or phase")
     for name in ("parent", "origin"):
         column = events[name]
@@ -414,9 +446,9 @@ def _check_events(events: dict[str, list[Any]], n_scopes: int) -> None:
     _within(events["scope"], 0, n_scopes - 1, "an event's scope")
 
 
-def _check_storages(storages: dict[str, list[Any]], n_events: int, n_scopes: int) -> None:
+def _check_storages(storages: dict[str, list[int]], strings: list[str], n_events: int, n_scopes: int) -> None:
     """Storage records: known kinds, sizes, and times within the run."""
-    if not set(storages["kind"]) <= set(STORAGE_KINDS):
+    if not _named(storages["kind"], strings) <= set(STORAGE_KINDS):
         raise ValueError("a storage of an unknown kind")
     _within(storages["nbytes"], 0, 1 << 63, "a storage's size")
     for name in ("born", "died", "saved"):
