@@ -30,7 +30,7 @@ import operator
 import sys
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .gc_pause import no_gc
@@ -308,6 +308,8 @@ def parse(text: str | bytes) -> Any:
     def hook(obj: dict[str, Any]) -> Any:
         if len(obj) == 1:
             (tag, body), = obj.items()
+            if tag == "$t" and type(body) is list:  # the most frequent tag (a trace's shapes, a module's slots)
+                return tuple(body)
             if tag[:1] == "$":
                 return _untag(tag, body, metas)
         return obj
@@ -395,7 +397,7 @@ class _Records:
         return list(map(record, *fields))
 
 
-def _within(column: list[int], low: int, high: int, what: str) -> None:
+def _within(column: Collection[int], low: int, high: int, what: str) -> None:
     """Every number of ``column`` (integers, checked) lies in ``[low, high]``."""
     if column and (min(column) < low or max(column) > high):
         raise ValueError(f"{what} out of range in the trace")
@@ -415,13 +417,16 @@ def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values:
         if size is not None and len(column) != size:
             raise ValueError(f"{what}: the columns differ in length")
         size = len(column)
+        if kind is int:
+            continue
+        distinct = set(column)  # few: a column of indices is checked by the indices it holds
         if kind is bool:
-            _within(column, 0, 1, f"{what}.{name} (a boolean)")
+            _within(distinct, 0, 1, f"{what}.{name} (a boolean)")
         elif kind is str:
-            _within(column, 0, len(strings) - 1, f"{what}.{name} (an index into its table)")
-        elif kind is not int:
-            _within(column, 0, len(values) - 1, f"{what}.{name} (an index into its table)")
-            if not all(type(values[i]) is kind for i in set(column)):
+            _within(distinct, 0, len(strings) - 1, f"{what}.{name} (an index into its table)")
+        else:
+            _within(distinct, 0, len(values) - 1, f"{what}.{name} (an index into its table)")
+            if not all(type(values[i]) is kind for i in distinct):
                 raise ValueError(f"{what}.{name} refers to a value of the values table that is not a {kind.__name__}")
     return out
 
