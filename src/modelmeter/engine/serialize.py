@@ -30,7 +30,7 @@ import operator
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from .gc_pause import no_gc
@@ -62,6 +62,9 @@ _EVENT_COLUMNS: dict[str, type[Any]] = {"op": str, "level": str, "parent": int, 
                                         "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool}
 _STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device": str, "kind": str, "born": int,
                                           "died": int, "saved": int, "saved_scope": int, "order": int}
+# The string fields that hold one of a few names: reading refuses any other.
+_EVENT_NAMES = {"level": frozenset(("function", "dispatch")), "phase": frozenset(PHASES)}
+_STORAGE_NAMES = {"kind": frozenset(STORAGE_KINDS)}
 _COLUMNAR = ("events", "storages")  # the Trace fields written as columns
 _TYPECODES = ("b", "h", "i", "q")  # the array types a column's numbers are packed in, narrowest first
 
@@ -350,12 +353,12 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
             raise ValueError("the strings table holds something other than strings")
         values = [decode(v) for v in _list(data.get("values"), "values")]
         plain = {name: decode(value) for name, value in fields.items()}
-        events = _columns(data.get("events"), _EVENT_COLUMNS, strings, values, "events")
-        storages = _columns(data.get("storages"), _STORAGE_COLUMNS, strings, values, "storages")
+        events = _columns(data.get("events"), _EVENT_COLUMNS, _EVENT_NAMES, strings, values, "events")
+        storages = _columns(data.get("storages"), _STORAGE_COLUMNS, _STORAGE_NAMES, strings, values, "storages")
         scopes = plain.get("scopes")
         n_scopes = len(scopes) if type(scopes) is list else 0
-        _check_events(events, strings, n_scopes)
-        _check_storages(storages, strings, len(events["op"]), n_scopes)
+        _check_events(events, n_scopes)
+        _check_storages(storages, len(events["op"]), n_scopes)
         trace = Trace(**plain)
     except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
         raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
@@ -403,10 +406,11 @@ def _within(column: Collection[int], low: int, high: int, what: str) -> None:
         raise ValueError(f"{what} out of range in the trace")
 
 
-def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values: list[Any],
-             what: str) -> dict[str, list[int]]:
+def _columns(data: Any, kinds: dict[str, type[Any]], names: Mapping[str, frozenset[str]], strings: list[str],
+             values: list[Any], what: str) -> dict[str, list[int]]:
     """The columns ``trace_to_dict`` wrote for ``kinds``, unpacked and checked: a string's or an argument's index
-    within its table (and an argument of the field's type), a boolean's 0 or 1."""
+    within its table (and an argument of the field's type; a string among ``names`` where it gives the field's),
+    a boolean's 0 or 1."""
     columns = _list(data, what)
     if len(columns) != len(kinds):
         raise ValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
@@ -424,6 +428,8 @@ def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values:
             _within(distinct, 0, 1, f"{what}.{name} (a boolean)")
         elif kind is str:
             _within(distinct, 0, len(strings) - 1, f"{what}.{name} (an index into its table)")
+            if name in names and not {strings[i] for i in distinct} <= names[name]:
+                raise ValueError(f"{what}.{name}: a {name} that does not exist")
         else:
             _within(distinct, 0, len(values) - 1, f"{what}.{name} (an index into its table)")
             if not all(type(values[i]) is kind for i in distinct):
@@ -431,18 +437,10 @@ def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values:
     return out
 
 
-def _named(column: list[int], strings: list[str]) -> set[str]:
-    """The strings a column of indices into ``strings`` (checked) names."""
-    return {strings[i] for i in set(column)}
-
-
-def _check_events(events: dict[str, list[int]], strings: list[str], n_scopes: int) -> None:
-    """What metrics rely on in the events' columns: known levels and phases, parents and origins before the
-    event, scopes of the scope table."""
+def _check_events(events: dict[str, list[int]], n_scopes: int) -> None:
+    """What metrics rely on in the events' columns besides their tables: parents and origins before the event,
+    scopes of the scope table."""
     n = len(events["op"])
-    if not _named(events["level"], strings) <= {"function", "dispatch"} \
-            or not _named(events["phase"], strings) <= set(PHASES):
-        raise ValueError("an event of an unknown level or phase")
     for name in ("parent", "origin"):
         column = events[name]
         _within(column, -1, n, f"an event's {name}")
@@ -451,10 +449,8 @@ def _check_events(events: dict[str, list[int]], strings: list[str], n_scopes: in
     _within(events["scope"], 0, n_scopes - 1, "an event's scope")
 
 
-def _check_storages(storages: dict[str, list[int]], strings: list[str], n_events: int, n_scopes: int) -> None:
-    """Storage records: known kinds, sizes, and times within the run."""
-    if not _named(storages["kind"], strings) <= set(STORAGE_KINDS):
-        raise ValueError("a storage of an unknown kind")
+def _check_storages(storages: dict[str, list[int]], n_events: int, n_scopes: int) -> None:
+    """Storage records: sizes, and times within the run."""
     _within(storages["nbytes"], 0, 1 << 63, "a storage's size")
     for name in ("born", "died", "saved"):
         _within(storages[name], -1, n_events, f"a storage's {name}")
