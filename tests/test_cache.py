@@ -752,7 +752,8 @@ def test_custom_handles_and_ancestor_modes_are_counted_and_not_kept(cache_env: P
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "valid gzip, wrong json", "another key",
-                                    "another trace entry", "wrong fields", "wrong types"])
+                                    "another trace entry", "wrong fields", "wrong types", "a row of other fields",
+                                    "a row not a dict", "a row's field of another type"])
 def test_a_damaged_or_stale_result_is_counted_again_and_replaced(cache_env: Path, counted: list[int], damage: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     expected = analyze(Net(), image(), cache=True).result()
@@ -772,6 +773,12 @@ def test_a_damaged_or_stale_result_is_counted_again_and_replaced(cache_env: Path
             kept["entry"] = "0" * 64
         elif damage == "wrong fields":
             del kept["result"]["device"]
+        elif damage == "a row of other fields":
+            kept["result"]["modules"][-1]["extra"] = 1
+        elif damage == "a row not a dict":
+            kept["result"]["modules"][-1] = [1, 2]
+        elif damage == "a row's field of another type":
+            kept["result"]["modules"][-1]["called"] = 1  # a number where a bool belongs
         else:
             kept["result"]["model"] = 7  # the model's name, a number
         path.write_bytes(gzip.compress(json.dumps(kept).encode()))
