@@ -193,7 +193,7 @@ class Session:
         trace = self._trace
         described = {"settings": plain_settings(settings), "assumptions": trace.assumptions, "model": trace.model,
                      "execution": trace.execution,
-                     "sizes": [trace.size("events"), trace.size("storages"), len(trace.modules)],  # not decoded
+                     "sizes": [trace.size("events"), trace.size("storages"), len(trace.modules)],  # counted, not made
                      "schema": SCHEMA_VERSION, "modelmeter": __version__,
                      "source": package_digest(self._stored.cache.path)}
         try:
