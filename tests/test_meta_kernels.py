@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from model_helpers import small_resnet
@@ -253,6 +255,16 @@ def _broadcast_cases(dtype: torch.dtype) -> list[Case]:
         cases += [(f"{op.__name__} {label} and {second} {dtype}", op, (a, b), {}) for second, b in seconds.items()]
     cases.append((f"add with alpha, a bias {dtype}", aten.add.Tensor,
                   (firsts["transposed"], torch.randn(8, dtype=dtype)), {"alpha": 2}))
+    # contiguous both, the first with size-1 dimensions and the second broadcast to it (a mask added to scores)
+    pairs = (((1, 6, 6), (6, 6)), ((1, 6, 6), (1, 6)), ((4, 1, 3), (1, 3)), ((2, 1, 8), (8,)), ((1, 1, 5), (1, 1, 5)),
+             ((3, 4), (3, 1)), ((1, 3, 1, 4), (3, 1, 1)), ((1, 2, 6, 6), (1, 1, 6, 6)), ((4, 1), ()))
+    for a_shape, b_shape in pairs:
+        for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor):
+            cases.append((f"{op.__name__} {a_shape} and {b_shape} {dtype}", op,
+                          (torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)), {}))
+    for label, x in (("contiguous", torch.randn(2, 5, 8, dtype=dtype)),
+                     ("size-1 dims", torch.randn(1, 8, dtype=dtype))):
+        cases += [(f"pow of {base!r} by {label} {dtype}", aten.pow.Scalar, (base, x), {}) for base in (10000.0, 2)]
     return cases
 
 
@@ -475,8 +487,10 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     aten = torch.ops.aten
     a, row = torch.empty(4, 3, device="meta"), torch.empty(1, 3, device="meta")
     assert fast_meta_kernel(aten.add.Tensor, (row, a)) is None  # the first operand broadcast
-    # a first operand with a size-1 dimension: its strides tie there, and the second's decide
-    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"), row)) is None
+    # a first operand with a size-1 dimension: its strides tie there, and the second's decide (unless both have
+    # the strides of contiguous tensors: _broadcast_cases)
+    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(4, 1, 3, device="meta"),
+                                              torch.empty(3, 1, device="meta").t())) is None
     assert fast_meta_kernel(aten.add.Tensor, (a, torch.empty(2, 4, 3, device="meta"))) is None  # a larger second
     longs = torch.empty(4, 3, dtype=torch.long, device="meta")
     cat = aten.cat.default
@@ -496,6 +510,12 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     assert fast_meta_kernel(aten.pow.Tensor_Scalar, (a, 2j)) is None  # a complex scalar makes complex numbers
     assert fast_meta_kernel(aten.mul.Tensor, (a, 2j)) is None
     assert fast_meta_kernel(aten.sub.Tensor, (a, True)) is None  # torch refuses to subtract a bool
+    # a number to the power of a tensor not contiguous: the CPU kernel's output is contiguous, the meta kernel's not
+    assert fast_meta_kernel(aten.pow.Scalar, (2.0, a.t())) is None
+    assert fast_meta_kernel(aten.pow.Scalar, (2.0, integers)) is None  # integers: promoted
+    # broadcast, the second operand not contiguous, or the first smaller than the second
+    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(1, 3, 4, device="meta"), a.t().contiguous().t())) is None
+    assert fast_meta_kernel(aten.add.Tensor, (torch.empty(3, device="meta"), torch.empty(1, 3, device="meta"))) is None
     # a size-1 dimension with a stride of its own: torch's kernels disagree on the output's stride there (two such
     # tensors, contiguous both, make a contiguous output: checked in _lstm_cases)
     for odd in (torch.empty(8, 1, device="meta").t(), torch.empty_strided((1, 8), (7, 1), device="meta")):
@@ -538,6 +558,47 @@ def test_direct_kernels_decline_what_they_do_not_know() -> None:
     # dimension (its layout does not decide the output's alone)
     first = torch.empty(3, 1, 4, device="meta").permute(2, 1, 0)
     assert fast_meta_kernel(aten.mul.Tensor, (first, torch.empty(4, 1, 3, device="meta"))) is None
+
+
+_ARANGES = {1: torch.ops.aten.arange.default, 2: torch.ops.aten.arange.start, 3: torch.ops.aten.arange.start_step}
+
+
+def _arange_metadata(args: tuple[int, ...], dtype: torch.dtype | None) -> None:
+    """The direct ``arange`` on meta gives torch's meta kernel's and the CPU kernel's metadata."""
+    op = _ARANGES[len(args)]
+    fast = fast_meta_kernel(op, args)
+    assert fast is not None, args
+    got = _metadata(fast(*args, dtype=dtype, device=torch.device("meta")))
+    assert got == _metadata(op(*args, dtype=dtype, device="meta")) == _metadata(op(*args, dtype=dtype)), (args, dtype)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.int64, torch.int32, torch.float32, torch.float16, torch.bfloat16,
+                                   torch.float64])
+def test_arange_matches_torch_on_meta_and_on_the_cpu(dtype: torch.dtype | None) -> None:
+    for args in ((5,), (0,), (1,), (2, 9), (9, 9), (-4, 3), (0, 64, 2), (0, 63, 2), (1, 2, 5), (10, 0, -3),
+                 (10, -1, -1), (0, 0, 7), (-7, -2, 3)):
+        _arange_metadata(args, dtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-50, 50), st.integers(-50, 50), st.integers(-9, 9).filter(bool))
+def test_arange_of_random_bounds_matches_torch(start: int, end: int, step: int) -> None:
+    if (end - start) * step >= 0:
+        _arange_metadata((start, end, step), None)
+
+
+def test_arange_keeps_torchs_kernel_where_not_verified() -> None:
+    aten = torch.ops.aten
+    assert fast_meta_kernel(aten.arange.default, (5.0,)) is None  # floats: counted in floating point by torch
+    assert fast_meta_kernel(aten.arange.default, (True,)) is None
+    assert fast_meta_kernel(aten.arange.start_step, (0, 5, 0)) is None  # torch's error
+    assert fast_meta_kernel(aten.arange.start_step, (0, 5, -1)) is None  # a step away from the end: torch's error
+    fast = fast_meta_kernel(aten.arange.default, (5,))
+    assert fast is not None
+    assert fast(5).device.type == "cpu" and fast(5).tolist() == [0, 1, 2, 3, 4]  # not on meta: torch's kernel
+    assert fast(5, dtype=torch.bool, device="meta").dtype == torch.bool  # a dtype not verified: torch's kernel
+    with pytest.raises(RuntimeError):  # a layout arange cannot make: refused as torch refuses it
+        fast(5, device="meta", layout=torch.sparse_coo)
 
 
 def test_training_kernels_decline_what_they_do_not_know() -> None:

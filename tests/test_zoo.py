@@ -3,6 +3,10 @@ meta building."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,6 +197,40 @@ def test_meta_build_allocates_nothing_and_runs_default_input(name: str) -> None:
         return
     expected = (*shape, model.config.vocab_size) if isinstance(model, (GPT, Llama)) else (2, 1000)
     assert model(x).shape == expected
+
+
+def _layout(model: nn.Module) -> list[tuple[object, ...]]:
+    return [(name, type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+            for name, t in [*model.named_parameters(), *model.named_buffers()]]
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny", "bert_tiny", "llama2_tiny", "resnet18", "vit_b_32", "mobilenet_v2"])
+def test_a_meta_build_skips_initialisation_and_nothing_else(name: str) -> None:
+    """On meta, initialisers are skipped (no values to fill) and ``arange`` runs on the CPU: the model is the one
+    ``torch.device("meta")`` alone builds, tensor by tensor; on the CPU every initialiser runs."""
+    with torch.device("meta"):
+        plain = ZOO[name].builder()
+    assert _layout(get_model(name, device="meta")) == _layout(plain)
+    torch.manual_seed(0)
+    first = get_model(name, device="cpu")
+    torch.manual_seed(1)
+    second = get_model(name, device="cpu")
+    assert not all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters(), strict=True))
+
+
+def test_building_a_language_model_on_meta_imports_neither_dynamo_nor_sympy() -> None:
+    """PyTorch's meta kernels of ``normal_`` and of ``arange`` under a default device import both (over a second):
+    a cached analysis of a zoo language model needs neither."""
+    code = ("import sys, modelmeter.zoo as zoo\n"
+            "before = {'torch._dynamo', 'sympy'} & set(sys.modules)\n"
+            "for name in ('gpt2', 'bert_base', 'llama2_7b'):\n"
+            "    zoo.get_model(name)\n"
+            "print(sorted(({'torch._dynamo', 'sympy'} & set(sys.modules)) - before))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_unknown_name_error_lists_available_models() -> None:

@@ -20,6 +20,10 @@ norm in eval mode). An in-place element-wise operator (an LSTM cell's ``sigmoid_
 microseconds each through the references) returns the tensor it updated. ``tests/test_meta_kernels.py`` compares
 both on every case.
 
+**Language models** reach ``arange`` (positions), a number to the power of a tensor (rotary frequencies) and
+contiguous operands broadcast against a first operand with size-1 dimensions (a mask added to scores of a batch of
+one).
+
 **A training step** reaches more of them: the loss's seed gradient (``ones_like``), ``mm``, ``sum``, gradients
 scaled by a number, broadcast element-wise operators, softmax, ``embedding``, ``cat``, dropout's mask and the
 backward kernels of activations, normalisations, convolution, pooling, softmax and indexing. Besides their cost, the
@@ -372,19 +376,42 @@ def _leading_operand(args: tuple[Any, ...]) -> bool:
     return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
 
 
+def _contiguous_broadcast(args: tuple[Any, ...]) -> bool:
+    """Two floating-point tensors of one dtype, each with the strides of a contiguous tensor of its shape, the second
+    broadcast to the first's shape (an attention bias added to scores with a batch of one): a contiguous output."""
+    a, b = args[0], args[1]
+    if not (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype and b.dim() <= a.dim()
+            and a.stride() == _contiguous_strides(a.shape) and b.stride() == _contiguous_strides(b.shape)):
+        return False
+    return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
+
+
 def _binary_fits(args: tuple[Any, ...]) -> bool:
-    """Two tensors as :func:`_same_operands` or :func:`_leading_operand`, or a dense floating-point tensor and a real
-    number (``0.5 * x``: the number changes neither the dtype nor the layout; a bool is left to torch, which refuses
-    to subtract one)."""
+    """Two tensors as :func:`_same_operands`, :func:`_leading_operand` or :func:`_contiguous_broadcast`, or a dense
+    floating-point tensor and a real number (``0.5 * x``: the number changes neither the dtype nor the layout; a bool
+    is left to torch, which refuses to subtract one)."""
     if type(args[1]) in (int, float):
         return _with_scalars_fits(args)
-    return _same_operands(args) or _leading_operand(args)
+    return _same_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
+
+
+def _scalar_base_fits(args: tuple[Any, ...]) -> bool:
+    """``pow(number, x)`` of a contiguous floating-point ``x`` (rotary embeddings' frequencies): a real number changes
+    neither its dtype nor its shape. (Of another layout, the CPU kernel's output is contiguous and the meta kernel's
+    keeps ``x``'s.)"""
+    x = args[1]
+    return (type(args[0]) in (int, float) and _plain_meta(x) and x.is_floating_point()
+            and x.stride() == _contiguous_strides(x.shape))
+
+
+def _like_exponent(base: object, x: torch.Tensor) -> torch.Tensor:
+    return _contiguous_like(x)
 
 
 def _division_fits(args: tuple[Any, ...]) -> bool:
     if type(args[1]) in (int, float):
         return _with_scalars_fits(args)
-    return _same_float_operands(args) or _leading_operand(args)
+    return _same_float_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
 
 
 def _in_place_fits(args: tuple[Any, ...]) -> bool:
@@ -580,6 +607,41 @@ def _max_pool2d_backward_fits(args: tuple[Any, ...]) -> bool:
             and _plain_meta(indices) and grad.shape == indices.shape)
 
 
+def _arange_fits(args: tuple[Any, ...]) -> bool:
+    """Whole numbers (no bool) with a step that reaches the end: the count of values is exact integer arithmetic."""
+    if not all(type(a) is int for a in args):
+        return False
+    start, end, step = _bounds(args)
+    return step != 0 and (end - start) * step >= 0
+
+
+def _bounds(args: tuple[int, ...]) -> tuple[int, ...]:
+    """(start, end, step) of ``arange``'s arguments: (end), (start, end) or (start, end, step)."""
+    if len(args) == 1:
+        return 0, args[0], 1
+    if len(args) == 2:
+        return args[0], args[1], 1
+    return args
+
+
+def _arange(op: Any) -> Callable[..., torch.Tensor]:
+    """``arange`` on the meta device of whole numbers: ceil((end - start) / step) values, contiguous, int64 unless a
+    dtype is asked; anywhere else, or with a layout or pinned memory asked, torch's own kernel. (Its meta kernel is a
+    Python reference whose first call imports sympy and ``torch._dynamo``: positions in every language model.)"""
+
+    def kernel(*args: int, dtype: torch.dtype | None = None, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if (device is None or torch.device(device).type != "meta" or dtype not in _ARANGE_DTYPES
+                or any(value not in (None, False, torch.strided) for value in kwargs.values())):
+            return op(*args, dtype=dtype, device=device, **kwargs)
+        start, end, step = _bounds(args)
+        return torch.empty((-((start - end) // step),), dtype=dtype or torch.int64, device=device)
+
+    return kernel
+
+
+_ARANGE_DTYPES = (None, torch.int64, torch.int32, *_FLOATS)
+
+
 def _roll_fits(args: tuple[Any, ...]) -> bool:
     """A contiguous output; a 4-D or 5-D input keeps a channels-last layout (not made here)."""
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
@@ -609,6 +671,7 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.sub.Tensor: (_binary_fits, _elementwise_like),
     _aten.mul.Tensor: (_binary_fits, _elementwise_like),
     _aten.div.Tensor: (_division_fits, _elementwise_like),
+    _aten.pow.Scalar: (_scalar_base_fits, _like_exponent),
     # in place (an LSTM cell's gates: sigmoid_, tanh_, add_)
     **{op: (_in_place_fits, _self) for op in IN_PLACE},
     _aten.roll.default: (_roll_fits, _contiguous_like),
@@ -633,6 +696,7 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
         _aten.sigmoid_backward.default, _aten.silu_backward.default, _aten.hardtanh_backward.default)},
     _aten.embedding.default: (_embedding_fits, _embedding),
     _aten.cat.default: (_cat_fits, _cat),
+    **{op: (_arange_fits, _arange(op)) for op in (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)},
     _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
     _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),
     _aten.convolution_backward.default: (_convolution_backward_fits, _convolution_backward),

@@ -10,7 +10,9 @@ with `meta_default=True`) are built on the **meta device** unless `get_model` is
 weights take from hundreds of megabytes to hundreds of gigabytes, and an analysis needs shapes, not
 values. The vision models and the `*_tiny` test models are built with real (random) weights on torch's
 current default device, so they can run and be compared with their references; pass `device="meta"` to
-build them without storage too, or `device="cpu"` to give a language model real weights.
+build them without storage too, or `device="cpu"` to give a language model real weights. On meta, no
+initialiser runs (there are no values to fill; PyTorch's meta kernels of `normal_` and `uniform_` would import
+`torch._dynamo` and sympy, over a second): the model is the one `torch.device("meta")` builds, tensor by tensor.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .catalog import CATALOG
 
@@ -71,8 +73,38 @@ def get_model(name: str, *, device: str | torch.device | None = None, **kwargs: 
     device = entry.default_device if device is None else device
     if device is None:
         return entry.builder(**kwargs)
-    with torch.device(device):
+    if torch.device(device).type != "meta":
+        with torch.device(device):
+            return entry.builder(**kwargs)
+    with torch.device(device), _NoInitialisationOnMeta():
         return entry.builder(**kwargs)
+
+
+class _NoInitialisationOnMeta(TorchFunctionMode):
+    """Random initialisation of meta tensors is skipped: they hold no values to fill. PyTorch's meta kernels of the
+    random in-place operators (``normal_``, ``uniform_``) are Python references whose first call imports
+    ``torch._dynamo`` and sympy (about a second, on every command that builds a language model of the zoo); so is
+    the meta decomposition of ``arange`` under a default device, which a buffer of positions runs: made on the CPU
+    (a few thousand elements) and moved to meta."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            filled = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            if isinstance(filled, torch.Tensor) and filled.is_meta:
+                return filled  # what every initialiser returns: the tensor it fills
+        elif func is torch.arange and torch.device(kwargs.get("device") or "meta").type == "meta":
+            return func(*args, **{**kwargs, "device": "cpu"}).to("meta")
+        return func(*args, **kwargs)
+
+
+# torch.nn.init's in-place initialisers, and the tensor methods that fill a tensor with random numbers.
+_INITIALISERS = frozenset({
+    *(getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")),
+    *(getattr(torch.Tensor, name) for name in ("normal_", "uniform_", "random_", "exponential_", "geometric_",
+                                                 "log_normal_", "cauchy_", "bernoulli_")),
+})
 
 
 def input_shape(name: str, batch: int = 1, resolution: int | None = None) -> tuple[int, ...]:
