@@ -192,8 +192,8 @@ class Session:
             return None
         trace = self._trace
         described = {"settings": plain_settings(settings), "assumptions": trace.assumptions, "model": trace.model,
-                     "execution": trace.execution, "sizes": [len(trace.events), len(trace.storages),
-                                                             len(trace.modules)],
+                     "execution": trace.execution,
+                     "sizes": [trace.size("events"), trace.size("storages"), len(trace.modules)],  # counted, not made
                      "schema": SCHEMA_VERSION, "modelmeter": __version__,
                      "source": package_digest(self._stored.cache.path)}
         try:
@@ -481,13 +481,16 @@ def _result_data(result: Result) -> dict[str, Any]:
 def _result_of(data: Any) -> Result:
     """The Result :func:`_result_data` described; ValueError for data of another shape."""
     _check_fields(data, _RESULT_FIELD_TYPES, "result")
-    for row in data["modules"]:
-        _check_fields(row, _ROW_TYPES, "result row")
+    if not all(type(row) is dict and row.keys() == _ROW_TYPES.keys() for row in data["modules"]):
+        raise ValueError("a result row of other fields")
+    for name, kind in _ROW_TYPES.items():  # one field of every row at a time: a row is a thousand in a large model
+        if not all(type(row[name]) is kind for row in data["modules"]):
+            raise ValueError(f"a result row whose {name} is not a {kind.__name__}")
     return Result(**{**data, "modules": [ModuleRow(**row) for row in data["modules"]]})
 
 
 def _check_fields(data: Any, types: Mapping[str, type | tuple[type, ...]], what: str) -> None:
-    if type(data) is not dict or set(data) != set(types) \
+    if type(data) is not dict or data.keys() != types.keys() \
             or not all(type(data[name]) in _as_tuple(kind) for name, kind in types.items()):
         raise ValueError(f"a {what} of other fields or types")
 

@@ -30,7 +30,7 @@ import operator
 import sys
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from .gc_pause import no_gc
@@ -62,6 +62,9 @@ _EVENT_COLUMNS: dict[str, type[Any]] = {"op": str, "level": str, "parent": int, 
                                         "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool}
 _STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device": str, "kind": str, "born": int,
                                           "died": int, "saved": int, "saved_scope": int, "order": int}
+# The string fields that hold one of a few names: reading refuses any other.
+_EVENT_NAMES = {"level": frozenset(("function", "dispatch")), "phase": frozenset(PHASES)}
+_STORAGE_NAMES = {"kind": frozenset(STORAGE_KINDS)}
 _COLUMNAR = ("events", "storages")  # the Trace fields written as columns
 _TYPECODES = ("b", "h", "i", "q")  # the array types a column's numbers are packed in, narrowest first
 
@@ -308,6 +311,8 @@ def parse(text: str | bytes) -> Any:
     def hook(obj: dict[str, Any]) -> Any:
         if len(obj) == 1:
             (tag, body), = obj.items()
+            if tag == "$t" and type(body) is list:  # the most frequent tag (a trace's shapes, a module's slots)
+                return tuple(body)
             if tag[:1] == "$":
                 return _untag(tag, body, metas)
         return obj
@@ -348,64 +353,94 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
             raise ValueError("the strings table holds something other than strings")
         values = [decode(v) for v in _list(data.get("values"), "values")]
         plain = {name: decode(value) for name, value in fields.items()}
-        events = _columns(data.get("events"), _EVENT_COLUMNS, strings, values, "events")
-        storages = _columns(data.get("storages"), _STORAGE_COLUMNS, strings, values, "storages")
+        events = _columns(data.get("events"), _EVENT_COLUMNS, _EVENT_NAMES, strings, values, "events")
+        storages = _columns(data.get("storages"), _STORAGE_COLUMNS, _STORAGE_NAMES, strings, values, "storages")
         scopes = plain.get("scopes")
         n_scopes = len(scopes) if type(scopes) is list else 0
         _check_events(events, n_scopes)
         _check_storages(storages, len(events["op"]), n_scopes)
-        trace = Trace(events=list(map(OpEvent, *events.values())), storages=list(map(Storage, *storages.values())),
-                      **plain)  # the columns in dataclasses.fields order, as written
+        trace = Trace(**plain)
     except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
         raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
     _check(trace)
+    records = _Records(strings, values, events, storages)
+    trace.defer(records.sizes, records)
     return trace
 
 
-def _within(column: list[int], low: int, high: int, what: str) -> None:
+class _Records:
+    """The events and storages of a trace read back, checked column by column but not yet made into records: made
+    the first time a metric reads them (:meth:`Trace.defer`), since a result kept beside a cached trace needs
+    none of them. Everything they are made of was checked, so making them cannot fail."""
+
+    def __init__(self, strings: list[str], values: list[Any], events: dict[str, list[int]],
+                 storages: dict[str, list[int]]) -> None:
+        self.sizes = {"events": len(events["op"]), "storages": len(storages["nbytes"])}
+        self.strings, self.values, self.events, self.storages = strings, values, events, storages
+
+    def __call__(self) -> dict[str, list[Any]]:
+        with no_gc():
+            return {"events": self._made(OpEvent, _EVENT_COLUMNS, self.events),
+                    "storages": self._made(Storage, _STORAGE_COLUMNS, self.storages)}
+
+    def _made(self, record: type[Any], kinds: dict[str, type[Any]], columns: dict[str, list[int]]) -> list[Any]:
+        """The records of ``columns`` (in ``record``'s field order, as written): strings and arguments looked up in
+        their tables, each record given its own copy of its lists and dicts."""
+        fields: list[Any] = []
+        for name, kind in kinds.items():
+            column = columns[name]
+            if kind is int:
+                fields.append(column)
+            elif kind is bool:
+                fields.append(map(bool, column))
+            elif kind is str:
+                fields.append(map(self.strings.__getitem__, column))
+            else:
+                fields.append(map(kind, map(self.values.__getitem__, column)))  # copies: records do not share them
+        return list(map(record, *fields))
+
+
+def _within(column: Collection[int], low: int, high: int, what: str) -> None:
     """Every number of ``column`` (integers, checked) lies in ``[low, high]``."""
     if column and (min(column) < low or max(column) > high):
         raise ValueError(f"{what} out of range in the trace")
 
 
-def _columns(data: Any, kinds: dict[str, type[Any]], strings: list[str], values: list[Any],
-             what: str) -> dict[str, list[Any]]:
-    """The columns ``trace_to_dict`` wrote for ``kinds``, read back: strings and arguments looked up in their
-    tables (each event given its own copy of its lists and dicts)."""
+def _columns(data: Any, kinds: dict[str, type[Any]], names: Mapping[str, frozenset[str]], strings: list[str],
+             values: list[Any], what: str) -> dict[str, list[int]]:
+    """The columns ``trace_to_dict`` wrote for ``kinds``, unpacked and checked: a string's or an argument's index
+    within its table (and an argument of the field's type; a string among ``names`` where it gives the field's),
+    a boolean's 0 or 1."""
     columns = _list(data, what)
     if len(columns) != len(kinds):
         raise ValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
-    out: dict[str, list[Any]] = {}
+    out: dict[str, list[int]] = {}
     size = None
     for (name, kind), packed in zip(kinds.items(), columns, strict=True):
-        column = _unpacked(packed, f"{what}.{name}")
+        column = out[name] = _unpacked(packed, f"{what}.{name}")
         if size is not None and len(column) != size:
             raise ValueError(f"{what}: the columns differ in length")
         size = len(column)
         if kind is int:
-            out[name] = column
             continue
+        distinct = set(column)  # few: a column of indices is checked by the indices it holds
         if kind is bool:
-            _within(column, 0, 1, f"{what}.{name} (a boolean)")
-            out[name] = list(map(bool, column))
-            continue
-        table = strings if kind is str else values
-        _within(column, 0, len(table) - 1, f"{what}.{name} (an index into its table)")
-        if kind is str:
-            out[name] = list(map(table.__getitem__, column))
+            _within(distinct, 0, 1, f"{what}.{name} (a boolean)")
+        elif kind is str:
+            _within(distinct, 0, len(strings) - 1, f"{what}.{name} (an index into its table)")
+            if name in names and not {strings[i] for i in distinct} <= names[name]:
+                raise ValueError(f"{what}.{name}: a {name} that does not exist")
         else:
-            if not all(type(table[i]) is kind for i in set(column)):
+            _within(distinct, 0, len(values) - 1, f"{what}.{name} (an index into its table)")
+            if not all(type(values[i]) is kind for i in distinct):
                 raise ValueError(f"{what}.{name} refers to a value of the values table that is not a {kind.__name__}")
-            out[name] = list(map(kind, map(table.__getitem__, column)))  # copies: events do not share them
     return out
 
 
-def _check_events(events: dict[str, list[Any]], n_scopes: int) -> None:
-    """What metrics rely on in the events' columns: known levels and phases, parents and origins before the
-    event, scopes of the scope table."""
+def _check_events(events: dict[str, list[int]], n_scopes: int) -> None:
+    """What metrics rely on in the events' columns besides their tables: parents and origins before the event,
+    scopes of the scope table."""
     n = len(events["op"])
-    if not set(events["level"]) <= {"function", "dispatch"} or not set(events["phase"]) <= set(PHASES):
-        raise ValueError("an event of an unknown level or phase")
     for name in ("parent", "origin"):
         column = events[name]
         _within(column, -1, n, f"an event's {name}")
@@ -414,10 +449,8 @@ def _check_events(events: dict[str, list[Any]], n_scopes: int) -> None:
     _within(events["scope"], 0, n_scopes - 1, "an event's scope")
 
 
-def _check_storages(storages: dict[str, list[Any]], n_events: int, n_scopes: int) -> None:
-    """Storage records: known kinds, sizes, and times within the run."""
-    if not set(storages["kind"]) <= set(STORAGE_KINDS):
-        raise ValueError("a storage of an unknown kind")
+def _check_storages(storages: dict[str, list[int]], n_events: int, n_scopes: int) -> None:
+    """Storage records: sizes, and times within the run."""
     _within(storages["nbytes"], 0, 1 << 63, "a storage's size")
     for name in ("born", "died", "saved"):
         _within(storages[name], -1, n_events, f"a storage's {name}")

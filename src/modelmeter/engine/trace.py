@@ -6,8 +6,9 @@ serialised and re-read by any metric without running the model again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 Level = Literal["function", "dispatch"]
 # What a storage held: the model's state, the caller's inputs, or what an operator made; "gradient" is a
@@ -274,6 +275,32 @@ class Trace:
     output_shapes: dict[str, dict[str, int]] = field(default_factory=dict)
     gradients: list[TensorMeta] = field(default_factory=list)
     parallel: dict[str, Any] | None = None
+
+    def defer(self, sizes: dict[str, int], make: Callable[[], dict[str, Any]]) -> None:
+        """Leave the fields named in ``sizes`` (lists of those lengths) to ``make``, called the first time one of
+        them is read: a trace read from the cache makes its events and storages only when a metric reads them (a
+        result kept beside it needs none). ``make`` must not fail: check what it reads before."""
+        for name in sizes:
+            del self.__dict__[name]
+        self.__dict__["_deferred"] = (sizes, make)
+
+    def size(self, name: str) -> int:
+        """``len(getattr(self, name))``, without making a deferred field (see :meth:`defer`)."""
+        deferred = self.__dict__.get("_deferred")
+        if deferred is not None and name in deferred[0] and name not in self.__dict__:
+            return int(deferred[0][name])
+        return len(getattr(self, name))
+
+    if not TYPE_CHECKING:  # for type checkers, a Trace has its fields and nothing else
+        def __getattr__(self, name: str) -> Any:
+            """A deferred field, made now (Python asks here only for an attribute the instance does not hold)."""
+            deferred = self.__dict__.get("_deferred")
+            if deferred is None or name not in deferred[0]:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            for key, value in deferred[1]().items():
+                self.__dict__.setdefault(key, value)  # a field assigned meanwhile keeps its value
+            self.__dict__.pop("_deferred", None)
+            return self.__dict__[name]
 
     def module_table(self) -> ModuleTable:
         """The modules by canonical name, with their aliases (made once per trace)."""
