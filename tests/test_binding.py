@@ -167,6 +167,25 @@ def test_an_operator_this_torch_lacks_fails_when_called() -> None:
         handle([meta(1)], [])
 
 
+def test_an_operator_registered_after_binding_is_found_when_called() -> None:
+    """A table is bound once per process, maybe before the operators it names exist (torch.distributed's fsdp::
+    operators are registered when FSDP is first imported, by a parallel analysis after a plain one)."""
+    @by_name
+    def width(x: Any, n: int = 1) -> int:
+        return int(x.shape[-1]) * n
+
+    handle = width.bind("modelmeter_test::later")
+    with pytest.raises(TypeError, match="no schema for modelmeter_test::later"):
+        handle([meta(2, 3)], [])
+    library = torch.library.Library("modelmeter_test", "DEF")
+    try:
+        library.define("later(Tensor x, int n=2) -> Tensor")
+        assert handle([meta(2, 3)], []) == 6  # the schema's default, read now
+        assert handle([meta(2, 3), 5], []) == 15
+    finally:
+        library._destroy()
+
+
 @pytest.mark.parametrize("signature", ["*args", "**kwargs", "x, /", "*, other"])
 def test_parameters_must_name_arguments_or_outputs(signature: str) -> None:
     namespace: dict[str, Any] = {}

@@ -141,6 +141,10 @@ class BoundFormula(Generic[_T]):
         return -1, default
 
     def _known_overloads(self) -> tuple[_Overload, ...]:
+        if self.overloads is None:  # registered since it was bound? (torch.distributed's fsdp:: operators are,
+            self.overloads = _overloads(self.op, self.formula.arguments)  # when FSDP is first imported)
+            if self.overloads is not None:
+                self._check(self.overloads)
         if self.overloads is None:
             raise TypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has no "
                             f"schema for {self.op}")
@@ -200,7 +204,7 @@ def _spelled(parameter: _Parameter) -> str:
     return " or ".join(repr(name) for name in parameter.aliases)
 
 
-_SCHEMAS: dict[str, tuple[_Overload, ...] | None] = {}
+_SCHEMAS: dict[str, tuple[_Overload, ...]] = {}
 
 
 def _overloads(op: str, arguments: tuple[str, ...] | None) -> tuple[_Overload, ...] | None:
@@ -209,9 +213,12 @@ def _overloads(op: str, arguments: tuple[str, ...] | None) -> tuple[_Overload, .
     if arguments is not None:
         return (_Overload("default", tuple(_Argument(name) for name in arguments), ()),)
     name = op.removeprefix("backward:")
-    if name not in _SCHEMAS:
-        _SCHEMAS[name] = _read_schemas(name)
-    return _SCHEMAS[name]
+    found = _SCHEMAS.get(name)
+    if found is None:  # (not kept when missing: the operator may be registered later)
+        found = _read_schemas(name)
+        if found is not None:
+            _SCHEMAS[name] = found
+    return found
 
 
 def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
