@@ -260,6 +260,11 @@ def _broadcast_cases(dtype: torch.dtype) -> list[Case]:
              ((3, 4), (3, 1)), ((1, 3, 1, 4), (3, 1, 1)), ((1, 2, 6, 6), (1, 1, 6, 6)), ((4, 1), ()),
              ((1, 16, 1), (8,)), ((6, 1), (1, 5)), ((3, 1, 4), (2, 1)), ((5,), (2, 3, 5)), ((1, 1), (4, 3)),
              ((1, 3), (4, 3)))
+    for shape in ((1, 7, 8), (3, 4), (5,)):  # a sum's gradient (one value expanded) and a contiguous tensor
+        summed, x = torch.randn((), dtype=dtype).expand(shape), torch.randn(shape, dtype=dtype)
+        cases += [(f"{op.__name__} of a sum's gradient {shape} {label} {dtype}", op, pair, {})
+                  for op in (aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor)
+                  for label, pair in (("first", (summed, x)), ("second", (x, summed)))]
     for a_shape, b_shape in pairs:
         for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor):
             cases.append((f"{op.__name__} {a_shape} and {b_shape} {dtype}", op,
@@ -349,6 +354,16 @@ def _embedding_and_cat_cases(dtype: torch.dtype) -> list[Case]:
                "volumes": ([volume, volume.transpose(2, 4).contiguous().transpose(2, 4)], 0),
                "a volume channels-last and not": ([volume.to(memory_format=torch.channels_last_3d), volume], 1)}
     cases += [(f"cat {label} {dtype}", aten.cat.default, (pieces, dim), {}) for label, (pieces, dim) in groups.items()]
+    # stack: q, k and v's gradients (heads before positions), along every dimension, channels-last pieces
+    stacks = {"gradients of q, k, v": [torch.randn(1, 5, 3, 4, dtype=dtype).transpose(1, 2)] * 3,
+              "matrices": [torch.randn(2, 3, dtype=dtype), torch.randn(3, 2, dtype=dtype).t()],
+              "vectors": [torch.randn(4, dtype=dtype)] * 2,
+              "volumes": [torch.randn(2, 3, 4, 5, dtype=dtype)] * 2,
+              "permuted": [torch.randn(4, 5, 2, 3, dtype=dtype).permute(2, 3, 0, 1)] * 2,
+              "transposed": [torch.randn(3, 4, 2, dtype=dtype).transpose(0, 2)] * 3,
+              "views of a third": [torch.randn(2, 5, 12, dtype=dtype)[..., 4:8]] * 2}
+    cases += [(f"stack {label} along {dim} {dtype}", aten.stack.default, (pieces, dim), {})
+              for label, pieces in stacks.items() for dim in range(-pieces[0].dim() - 1, pieces[0].dim() + 1)]
     cases.append((f"cat, dim left out {dtype}", aten.cat.default, ([token, token],), {}))
     return cases
 
@@ -387,6 +402,10 @@ def _pointwise_backward_cases(dtype: torch.dtype) -> list[Case]:
     gates = _gates(dtype)  # contiguous both, strides of their own in size-1 dimensions
     cases.append((f"threshold_backward of gates {dtype}", aten.threshold_backward.default,
                   (torch.randn(1, 8, dtype=dtype), gates[0], 0.0), {}))
+    for shape in ((1, 8), (3, 4), (2, 1, 5)):  # the gradient of a sum: one value expanded
+        x, grad = torch.randn(shape, dtype=dtype), torch.randn((), dtype=dtype).expand(shape)
+        cases += [(f"{op.__name__} of a sum's gradient {shape} {dtype}", op, (grad, x), {})
+                  for op in (aten.tanh_backward.default, aten.sigmoid_backward.default, aten.gelu_backward.default)]
     return cases
 
 
@@ -683,6 +702,11 @@ def test_training_kernels_decline_what_they_do_not_know() -> None:
     a, integers = torch.empty(4, 3, device="meta"), torch.empty(4, 3, dtype=torch.long, device="meta")
     odd = torch.empty(8, 1, device="meta").t()  # a size-1 dimension with a stride of its own
     assert fast_meta_kernel(aten.ones_like.default, (odd,)) is None
+    last = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
+    for dim in range(5):  # the output keeps the pieces' order of dimensions: left to torch
+        assert fast_meta_kernel(aten.stack.default, ([last, last], dim)) is None
+    summed = torch.empty((), device="meta").expand(4, 3)  # a sum's gradient beside a tensor that is not contiguous
+    assert fast_meta_kernel(aten.tanh_backward.default, (summed, a.t().contiguous().t())) is None
     assert fast_meta_kernel(aten.ones_like.default, (torch.empty(1, 3, device="meta").expand(4, 3),)) is None
     assert fast_meta_kernel(aten.mul.Scalar, (integers, 2)) is None  # integers: left to torch's promotion
     assert fast_meta_kernel(aten.div.Scalar, (a, True)) is None

@@ -454,19 +454,24 @@ def _broadcast(a: torch.Tensor, b: torch.Tensor, *_: object, **__: object) -> to
 
 
 def _elementwise(a: torch.Tensor, b: Any, *_: object, **__: object) -> torch.Tensor:
-    """A binary element-wise operator's output: broadcast when the operands' shapes differ, else like the first."""
-    if isinstance(b, torch.Tensor) and b.shape != a.shape and _contiguous_broadcast((a, b)):
-        return _broadcast(a, b)
+    """A binary element-wise operator's output: broadcast when the operands' shapes differ; like the second when the
+    first is one value expanded (its strides are skipped, :func:`_pointwise_backward`); else like the first."""
+    if isinstance(b, torch.Tensor):
+        if b.shape != a.shape and _contiguous_broadcast((a, b)):
+            return _broadcast(a, b)
+        return _pointwise_backward(a, b)
     return _elementwise_like(a)
 
 
 def _binary_fits(args: tuple[Any, ...]) -> bool:
-    """Two tensors as :func:`_same_operands`, :func:`_leading_operand` or :func:`_contiguous_broadcast`, or a dense
-    floating-point tensor and a real number (``0.5 * x``: the number changes neither the dtype nor the layout; a bool
-    is left to torch, which refuses to subtract one)."""
+    """Two tensors as :func:`_same_operands`, :func:`_leading_operand`, :func:`_contiguous_broadcast` or
+    :func:`_expanded_value_and_contiguous` (a gradient accumulated), or a dense floating-point tensor and a real
+    number (``0.5 * x``: the number changes neither the dtype nor the layout; a bool is left to torch, which refuses
+    to subtract one)."""
     if type(args[1]) in (int, float):
         return _with_scalars_fits(args)
-    return _same_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
+    return (_same_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
+            or _expanded_value_and_contiguous(args[0], args[1]))
 
 
 def _scalar_base_fits(args: tuple[Any, ...]) -> bool:
@@ -485,7 +490,8 @@ def _like_exponent(base: object, x: torch.Tensor) -> torch.Tensor:
 def _division_fits(args: tuple[Any, ...]) -> bool:
     if type(args[1]) in (int, float):
         return _with_scalars_fits(args)
-    return _same_float_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
+    return (_same_float_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
+            or _expanded_value_and_contiguous(args[0], args[1]))
 
 
 def _in_place_fits(args: tuple[Any, ...]) -> bool:
@@ -612,6 +618,29 @@ def _channels_last_strides(x: torch.Tensor) -> bool:
     return True
 
 
+def _stack_fits(args: tuple[Any, ...]) -> bool:
+    """Floating-point tensors of one shape and dtype, stacked along a valid dimension, none laid out channels-last
+    (:func:`_channels_last_strides`; of such pieces the output keeps their order of dimensions)."""
+    tensors, dim = args[0], args[1] if len(args) > 1 else 0
+    if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
+            and type(dim) is int):
+        return False
+    first = tensors[0]
+    rank = first.dim()
+    if not (first.is_floating_point() and -rank - 1 <= dim <= rank
+            and all(t.dtype == first.dtype and t.shape == first.shape for t in tensors)):
+        return False
+    return not any(map(_channels_last_strides, tensors))
+
+
+def _stack(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """The tensors stacked along a new dimension ``dim``: contiguous."""
+    first = tensors[0]
+    dim %= first.dim() + 1
+    shape = [*first.shape[:dim], len(tensors), *first.shape[dim:]]
+    return torch.empty(shape, dtype=first.dtype, device=first.device)
+
+
 def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
     """The tensors one after the other along ``dim``: contiguous."""
     first = tensors[0]
@@ -632,9 +661,25 @@ def _zeros_around(grad: torch.Tensor, input_sizes: list[int], *_: object) -> tor
 
 
 def _pointwise_backward_fits(args: tuple[Any, ...]) -> bool:
-    """A gradient and a tensor as :func:`_same_float_operands` (``threshold_backward``, ``gelu_backward``, ...),
-    then real numbers."""
-    return _same_float_operands(args) and all(type(a) in (int, float) for a in args[2:])
+    """A gradient and a tensor as :func:`_same_float_operands` (``threshold_backward``, ``gelu_backward``, ...), or a
+    gradient of one value expanded (the gradient of a sum: strides all 0) and a contiguous tensor of its shape and
+    dtype; then real numbers."""
+    if not all(type(a) in (int, float) for a in args[2:]):
+        return False
+    return _same_float_operands(args) or _expanded_value_and_contiguous(args[0], args[1])
+
+
+def _expanded_value_and_contiguous(grad: Any, x: Any) -> bool:
+    return (_plain_meta(grad) and _plain_meta(x) and x.is_floating_point() and grad.dtype == x.dtype
+            and grad.shape == x.shape and not any(grad.stride()) and x.stride() == _contiguous_strides(x.shape))
+
+
+def _pointwise_backward(grad: torch.Tensor, x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """The gradient's layout (:func:`_elementwise_like`), or contiguous when it is one value expanded: the kernels
+    skip strides of 0, and the contiguous tensor decides."""
+    if not any(grad.stride()) and grad.dim() > 0:
+        return _contiguous_like(x)
+    return _elementwise_like(grad)
 
 
 def _gradient_fits(grad: Any, x: Any) -> bool:
@@ -811,11 +856,12 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.bmm.default: (_product_fits(3), _matrix_product),
     _aten.max_pool2d_with_indices.default: (_max_pool2d_fits, _max_pool2d),
     _aten.max_pool2d_with_indices_backward.default: (_max_pool2d_backward_fits, _like_input),
-    **{op: (_pointwise_backward_fits, _elementwise_like) for op in (
+    **{op: (_pointwise_backward_fits, _pointwise_backward) for op in (
         _aten.threshold_backward.default, _aten.gelu_backward.default, _aten.tanh_backward.default,
         _aten.sigmoid_backward.default, _aten.silu_backward.default, _aten.hardtanh_backward.default)},
     _aten.embedding.default: (_embedding_fits, _embedding),
     _aten.cat.default: (_cat_fits, _cat),
+    _aten.stack.default: (_stack_fits, _stack),
     _FLASH: (_flash_fits, _flash),
     **{op: (_arange_fits, _arange(op)) for op in (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)},
     _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
