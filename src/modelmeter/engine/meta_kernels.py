@@ -581,21 +581,28 @@ def _embedding(weight: torch.Tensor, indices: torch.Tensor, *_: object) -> torch
     return torch.empty((*indices.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device)
 
 
+def _pieces(args: tuple[Any, ...]) -> tuple[list[torch.Tensor], int, int] | None:
+    """``cat``'s and ``stack``'s tensors, dimension (0 when left out) and the first tensor's rank, when they are plain
+    meta tensors, at least one, the first of a floating-point dtype, and the dimension a whole number; else None."""
+    tensors, dim = args[0], args[1] if len(args) > 1 else 0
+    if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
+            and type(dim) is int and tensors[0].is_floating_point()):
+        return None
+    return list(tensors), dim, tensors[0].dim()
+
+
 def _cat_fits(args: tuple[Any, ...]) -> bool:
     """Floating-point tensors of one dtype and one number of dimensions, of equal sizes but along ``dim``, of at
     most three dimensions (whose output is contiguous whatever their layouts) or not all laid out channels-last
     (:func:`_channels_last_strides`; the output is contiguous then too: the halves of a rotated query). (No legacy
     empty 1-d tensor, which ``cat`` skips.)"""
-    tensors, dim = args[0], args[1] if len(args) > 1 else 0
-    if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
-            and type(dim) is int):
+    pieces = _pieces(args)
+    if pieces is None:
         return False
-    first = tensors[0]
-    rank = first.dim()
-    if not (first.is_floating_point() and rank > 0 and -rank <= dim < rank
-            and (rank <= 3 or not all(map(_channels_last_strides, tensors)))):
+    tensors, dim, rank = pieces
+    if not (rank > 0 and -rank <= dim < rank and (rank <= 3 or not all(map(_channels_last_strides, tensors)))):
         return False
-    dim %= rank
+    first, dim = tensors[0], dim % rank
     return all(t.dtype == first.dtype and t.dim() == rank
                and all(n == m for i, (n, m) in enumerate(zip(t.shape, first.shape, strict=True)) if i != dim)
                for t in tensors)
@@ -621,14 +628,12 @@ def _channels_last_strides(x: torch.Tensor) -> bool:
 def _stack_fits(args: tuple[Any, ...]) -> bool:
     """Floating-point tensors of one shape and dtype, stacked along a valid dimension, none laid out channels-last
     (:func:`_channels_last_strides`; of such pieces the output keeps their order of dimensions)."""
-    tensors, dim = args[0], args[1] if len(args) > 1 else 0
-    if not (isinstance(tensors, (list, tuple)) and tensors and all(_plain_meta(t) for t in tensors)
-            and type(dim) is int):
+    pieces = _pieces(args)
+    if pieces is None:
         return False
+    tensors, dim, rank = pieces
     first = tensors[0]
-    rank = first.dim()
-    if not (first.is_floating_point() and -rank - 1 <= dim <= rank
-            and all(t.dtype == first.dtype and t.shape == first.shape for t in tensors)):
+    if not (-rank - 1 <= dim <= rank and all(t.dtype == first.dtype and t.shape == first.shape for t in tensors)):
         return False
     return not any(map(_channels_last_strides, tensors))
 
