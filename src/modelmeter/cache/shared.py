@@ -435,9 +435,9 @@ class SharedRecordings:
 
     def _keep(self, key: _Key, alive: list[weakref.ref[Any]], shared: Shared) -> None:
         with self._lock:
+            self._drop_dead()  # (before the new entry, whose objects the caller holds)
             self._entries[key] = (alive, shared)
             self._entries.move_to_end(key)
-            self._drop_dead()
             while len(self._entries) > self._max:
                 self._entries.popitem(last=False)
 
@@ -448,7 +448,9 @@ class SharedRecordings:
 
 
 def _any_dead(alive: list[weakref.ref[Any]]) -> bool:
-    return any(ref() is None for ref in alive)
+    """Whether an object of ``alive`` died; the last first: the call's arguments, walked after the model, are what
+    dies first (a new input tensor per call)."""
+    return any(ref() is None for ref in reversed(alive))
 
 
 #: The process's shared recordings (what every :class:`~modelmeter.Session` without a trace of its own asks).
