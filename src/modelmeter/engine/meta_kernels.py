@@ -20,9 +20,11 @@ norm in eval mode). An in-place element-wise operator (an LSTM cell's ``sigmoid_
 microseconds each through the references) returns the tensor it updated. ``tests/test_meta_kernels.py`` compares
 both on every case.
 
-**Language models** reach ``arange`` (positions), a number to the power of a tensor (rotary frequencies) and
-contiguous operands broadcast against a first operand with size-1 dimensions (a mask added to scores of a batch of
-one).
+**Language models** reach ``arange`` (positions), a number to the power of a tensor (rotary frequencies), the CPU's
+flash attention kernel, element-wise operators on views that are not dense (half of a rotated query, a third of a
+fused projection), on contiguous operands broadcast against each other (a mask added to scores) and on a sum's
+gradient, and ``cat``/``stack`` of such views: with these, the zoo's language models, forward or backward, import
+neither sympy nor ``torch._dynamo`` either.
 
 **A training step** reaches more of them: the loss's seed gradient (``ones_like``), ``mm``, ``sum``, gradients
 scaled by a number, broadcast element-wise operators, softmax, ``embedding``, ``cat``, dropout's mask and the
@@ -410,22 +412,9 @@ def _leading_operand(args: tuple[Any, ...]) -> bool:
     included: its stride is otherwise free, and the kernels give the output the one that order implies)."""
     a, b = args[0], args[1]
     if not (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype and 0 not in a.shape
-            and b.dim() <= a.dim() and _ordered(a)):
+            and b.dim() <= a.dim() and _dense(a) and _strides_order(a)):
         return False
     return all(n in (1, m) for n, m in zip(reversed(b.shape), reversed(a.shape), strict=False))
-
-
-def _ordered(x: torch.Tensor) -> bool:
-    """Strides all different, each the product of the sizes of the dimensions with smaller strides."""
-    strides = x.stride()
-    if len(set(strides)) != len(strides):
-        return False
-    expected = 1
-    for stride, size in sorted(zip(strides, x.shape, strict=True)):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _contiguous_broadcast(args: tuple[Any, ...]) -> bool:
@@ -455,11 +444,11 @@ def _broadcast(a: torch.Tensor, b: torch.Tensor, *_: object, **__: object) -> to
 
 def _elementwise(a: torch.Tensor, b: Any, *_: object, **__: object) -> torch.Tensor:
     """A binary element-wise operator's output: broadcast when the operands' shapes differ; like the second when the
-    first is one value expanded (its strides are skipped, :func:`_pointwise_backward`); else like the first."""
+    first is one value expanded (:func:`_two_operands`); else like the first."""
     if isinstance(b, torch.Tensor):
         if b.shape != a.shape and _contiguous_broadcast((a, b)):
             return _broadcast(a, b)
-        return _pointwise_backward(a, b)
+        return _two_operands(a, b)
     return _elementwise_like(a)
 
 
@@ -488,10 +477,8 @@ def _like_exponent(base: object, x: torch.Tensor) -> torch.Tensor:
 
 
 def _division_fits(args: tuple[Any, ...]) -> bool:
-    if type(args[1]) in (int, float):
-        return _with_scalars_fits(args)
-    return (_same_float_operands(args) or _leading_operand(args) or _contiguous_broadcast(args)
-            or _expanded_value_and_contiguous(args[0], args[1]))
+    """As :func:`_binary_fits`, of a floating-point first operand (a true division of integers makes floats)."""
+    return _binary_fits(args) and args[0].is_floating_point()
 
 
 def _in_place_fits(args: tuple[Any, ...]) -> bool:
@@ -675,16 +662,19 @@ def _pointwise_backward_fits(args: tuple[Any, ...]) -> bool:
 
 
 def _expanded_value_and_contiguous(grad: Any, x: Any) -> bool:
+    """``grad`` one value expanded to ``x``'s shape (strides all 0: the gradient of a sum), ``x`` a contiguous
+    floating-point tensor of its dtype."""
     return (_plain_meta(grad) and _plain_meta(x) and x.is_floating_point() and grad.dtype == x.dtype
             and grad.shape == x.shape and not any(grad.stride()) and x.stride() == _contiguous_strides(x.shape))
 
 
-def _pointwise_backward(grad: torch.Tensor, x: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
-    """The gradient's layout (:func:`_elementwise_like`), or contiguous when it is one value expanded: the kernels
-    skip strides of 0, and the contiguous tensor decides."""
-    if not any(grad.stride()) and grad.dim() > 0:
-        return _contiguous_like(x)
-    return _elementwise_like(grad)
+def _two_operands(a: torch.Tensor, b: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """The output of an element-wise operator on two tensors of one shape (a gradient and an activation, say): the
+    first's layout (:func:`_elementwise_like`), or the second's, contiguous, when the first is one value expanded
+    (:func:`_expanded_value_and_contiguous`): the kernels skip strides of 0, and the second decides."""
+    if not any(a.stride()) and a.dim() > 0:
+        return _contiguous_like(b)
+    return _elementwise_like(a)
 
 
 def _gradient_fits(grad: Any, x: Any) -> bool:
@@ -767,9 +757,9 @@ def _flash_fits(args: tuple[Any, ...]) -> bool:
 
 def _flash(q: torch.Tensor, *_: object, **__: object) -> tuple[torch.Tensor, torch.Tensor]:
     """Its meta kernel's outputs: the attention in the query's layout (ordered by its strides when it is a view that is
-    not dense: one third of a fused projection), and the log-sum-exp per (batch, head,
-    position), in float32 for half precision, laid out position-major. (The meta kernel's ``empty_like`` is a Python
-    reference whose first call imports sympy: every transformer's attention.)"""
+    not dense: one third of a fused projection), and the log-sum-exp per (batch, head, position), in float32 for half
+    precision, laid out position-major. (The meta kernel's ``empty_like`` is a Python reference whose first call
+    imports sympy: every transformer's attention.)"""
     batch, heads, positions = q.shape[:3]
     stats = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     attention = _like(q) if _dense(q) else _by_strides(q)
@@ -861,7 +851,7 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.bmm.default: (_product_fits(3), _matrix_product),
     _aten.max_pool2d_with_indices.default: (_max_pool2d_fits, _max_pool2d),
     _aten.max_pool2d_with_indices_backward.default: (_max_pool2d_backward_fits, _like_input),
-    **{op: (_pointwise_backward_fits, _pointwise_backward) for op in (
+    **{op: (_pointwise_backward_fits, _two_operands) for op in (
         _aten.threshold_backward.default, _aten.gelu_backward.default, _aten.tanh_backward.default,
         _aten.sigmoid_backward.default, _aten.silu_backward.default, _aten.hardtanh_backward.default)},
     _aten.embedding.default: (_embedding_fits, _embedding),

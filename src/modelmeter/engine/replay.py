@@ -48,6 +48,7 @@ _PLAIN = frozenset({bool, int, str, type(None), type(Ellipsis), torch.dtype, tor
                     torch.memory_format})
 _TENSORS = (torch.Tensor, nn.Parameter)
 _STRIDED = torch.strided
+_META = torch.device("meta")  # a device object: a device given by its name is parsed at every call
 
 _PATH = FastPath()
 _UNSEEN: Any = object()  # a key not seen yet
@@ -143,7 +144,7 @@ def _made(made: _Made, arguments: list[torch.Tensor]) -> torch.Tensor | None:
         return arguments[made]
     if isinstance(made, _View):
         return arguments[made.argument].as_strided(made.shape, made.stride, made.offset)
-    return torch.empty_strided(made.shape, made.stride, dtype=made.dtype, device="meta")
+    return torch.empty_strided(made.shape, made.stride, dtype=made.dtype, device=_META)
 
 
 class Mark(NamedTuple):
