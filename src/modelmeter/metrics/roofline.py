@@ -331,11 +331,12 @@ def _statistics(trace: Trace, units: list[_Unit]) -> list[Statistics]:
     for table in (*(by_phase[phase] for phase in present), dtypes):
         _add_up(table)
     totals = None if len(present) == 1 else _merged([by_phase[phase] for phase in present])
+    find_uncalled = Ancestors(trace, "owner").uncalled  # (each Statistics finds its own set, when read)
     out = []
     for index in range(4):
         phases = {phase: _column(table, index) for phase, table in by_phase.items()}
         counts = phases[present[0]] if totals is None else _column(totals, index)  # one phase: its own total
-        out.append(Statistics(counts, phases, _column(dtypes, index), {}, Ancestors(trace, "owner").uncalled))
+        out.append(Statistics(counts, phases, _column(dtypes, index), {}, find_uncalled))
     return out
 
 
