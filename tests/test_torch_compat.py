@@ -307,3 +307,53 @@ def test_the_garbage_collector_is_paused_while_recording_only() -> None:
     assert seen == [False] and gc.isenabled()
     FlopCountAnalysis(Reads(), torch.randn(2)).total()
     assert gc.isenabled()
+
+
+@pytest.fixture
+def collections_started() -> Iterator[list[int]]:
+    """The generations of the collections that start while the test runs."""
+    started: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(note)
+    try:
+        yield started
+    finally:
+        gc.callbacks.remove(note)
+
+
+def _layers(count: int) -> nn.Module:
+    return nn.Sequential(*(nn.Sequential(nn.Linear(4, 4), nn.GELU()) for _ in range(count))).eval()
+
+
+def test_a_public_call_pauses_the_collector_once_for_all_its_steps(collections_started: list[int]) -> None:
+    # fvcore's pair: two keys, a recording, two countings and a table, each step making thousands of objects (each
+    # paused on its own, each would meet a collection as it ends); one young collection as the call returns is all
+    x = torch.randn(1, 4)
+    modelmeter.analyze(_layers(2), x, cache=False, quiet=True).result()  # the first run's imports are collected
+    model = _layers(100)
+    flops = FlopCountAnalysis(model, x).unsupported_ops_warnings(False)
+    activations = modelmeter.ActivationCountAnalysis(model, x)
+    gc.collect()
+    collections_started.clear()
+    modelmeter.flop_count_table(flops, activations=activations)
+    assert collections_started in ([], [0]) and gc.isenabled()
+    analysis = modelmeter.analyze(_layers(100), x, cache=False, quiet=True)
+    collections_started.clear()
+    analysis.result()
+    assert collections_started in ([], [0]) and gc.isenabled()
+
+
+def test_a_public_call_that_raises_leaves_the_collector_as_it_found_it() -> None:
+    with pytest.raises(ModelRunError):
+        modelmeter.analyze(_layers(2), torch.randn(1, 5), cache=False, quiet=True)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        modelmeter.analyze(_layers(2), torch.randn(1, 4), cache=False, quiet=True).result()
+        assert not gc.isenabled()  # a collector the caller turned off stays off
+    finally:
+        gc.enable()

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .devices import Device, Interconnect, get_interconnect
+from .engine.gc_pause import paused
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Trace
 from .fvcore_api import flop_count_table
@@ -205,6 +206,7 @@ class Analysis:
         """Placeholder values and fallbacks the run needed."""
         return list(self.trace.assumptions)
 
+    @paused
     def result(self, name: str | None = None) -> Result:
         """The structured :class:`~modelmeter.Result` (modules x metrics x operators).
 
@@ -242,6 +244,7 @@ class Analysis:
                 f"{self.activations.total()} activations, {self.parameters['']} parameters)")
 
 
+@paused
 def analyze(model: nn.Module, inputs: Any, *, convention: str = "fvcore", dense_attention: bool = False,
             backward: bool = False, loss_fn: LossFn | None = None, execution: Execution = "auto",
             cache: CacheSetting = None, cache_dir: str | os.PathLike[str] | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from .engine.gc_pause import paused
 from .engine.naming import ModuleNames
 from .metrics.parameters import count_by_prefix, parameter_shapes
 from .reports.fvcore_tables import flop_count_str_text, flop_count_table_text, parameter_count_table_text
@@ -66,6 +67,7 @@ def _columns(flops: ModelAnalysis, activations: ModelAnalysis | None, activation
     return flop_view, counts, uncalled
 
 
+@paused
 def flop_count_table(flops: ModelAnalysis, max_depth: int = 3, activations: ModelAnalysis | None = None,
                      show_param_shapes: bool = True) -> str:
     """Parameters and flops (and activations) per module as fvcore's markdown table.
@@ -80,6 +82,7 @@ def flop_count_table(flops: ModelAnalysis, max_depth: int = 3, activations: Mode
                                  show_param_shapes)
 
 
+@paused
 def flop_count_str(flops: ModelAnalysis, activations: ModelAnalysis | None = None) -> str:
     """``repr(model)`` with ``#params``, ``#flops`` (and ``#acts``) added to every module, as fvcore prints it.
 

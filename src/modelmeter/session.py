@@ -25,7 +25,7 @@ from ._version import __version__
 from .cache import StoredTrace, TraceCache, cached_trace, package_digest, stored_entry
 from .cache.shared import SHARED, Shared
 from .devices import DEVICES, Device, device_from_dict, device_to_dict, get_device
-from .engine.gc_pause import no_gc
+from .engine.gc_pause import no_gc, paused
 from .engine.serialize import to_data
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Trace
@@ -130,6 +130,7 @@ class Session:
         """Parameter elements under every name prefix (``""`` is the total), from the trace's module table."""
         return count_by_prefix(self.trace.modules)
 
+    @paused
     def _load_or_record(self) -> Trace:
         """The trace another analysis of this call recorded in the same state (:mod:`modelmeter.cache.shared`),
         else the disk cache's, else a new recording."""

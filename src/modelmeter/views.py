@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 
+from .engine.gc_pause import paused
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Phase, Trace
 from .handles.base import CountInside, Handle
@@ -167,6 +168,7 @@ class ModelAnalysis(MetricView):
         self._warned = False
 
     # results ---------------------------------------------------------------------------------
+    @paused
     def statistics(self) -> Statistics:
         """The counts over the trace with the current handles and ancestor mode (computed once per setting, and
         the unsupported operators and uncalled modules logged then, unless turned off); read them, do not

@@ -15,9 +15,13 @@ it imports nothing (reading a cached trace or a result must not import torch). K
 
 from __future__ import annotations
 
+import functools
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @contextmanager
@@ -31,3 +35,19 @@ def no_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def paused(function: _F) -> _F:
+    """``function`` run with the collector paused (:func:`no_gc`), for public calls that record, count and build a
+    result in several paused steps: paused once around them all, what they make meets one young collection when the
+    call returns rather than one at the end of each step. Each young collection also counts towards the older
+    generations' collections, and a full one walks the user's whole heap (in a process holding torchvision's and
+    torch._dynamo's modules, ~400,000 objects, ~150 ms): an analysis of fvcore's pair made ~5 young collections,
+    and so a full one every ~40 analyses; paused per call, 1, and a full one every ~200."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with no_gc():
+            return function(*args, **kwargs)
+
+    return cast(_F, run)
