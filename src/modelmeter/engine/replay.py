@@ -116,9 +116,9 @@ class _Template:
         start = len(events)
         parent = rec.open_call()
         scope = rec.current_scope()
-        for op, level, relative, inputs, outputs, kwargs, python in self.events:
+        for op, level, relative, inputs, outputs, kwargs, python in self.events:  # (their lists shared: OpEvent)
             events.append(OpEvent(op, level, parent if relative < 0 else start + relative, scope, "forward",
-                                  list(inputs), list(outputs), dict(kwargs), -1, python))
+                                  inputs, outputs, kwargs, -1, python))
         with no_dispatch():  # the outputs are made unseen: the events say how they were made
             tensors = [_made(made, arguments) for made in self.outputs]
         storages = rec.storages

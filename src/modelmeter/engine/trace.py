@@ -94,6 +94,8 @@ class OpEvent:
     ``python`` marks a user-level call that is Python code (``F.interpolate``, ``F.relu``) or Python indexing
     (``x[i]``, ``x[i] = v``), whose inner calls are recorded as calls of their own — the calls ``torch.jit``,
     and so fvcore, would record in its place.
+    The events of a call replayed from an earlier one (engine/replay.py) share its ``inputs``, ``outputs`` and
+    ``kwargs`` objects, as they share its values: read them, do not change them in place.
     """
 
     op: str
