@@ -177,7 +177,7 @@ class _Visitor:
             handle = _MISSING  # keyword arguments the schema could not place: the operators it ran know them
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
-            self.visit_children(index, None, inside, _CLOSED)
+            self.visit_children(index, -1, inside, _CLOSED)
             self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
             return
         if handle is _MISSING:
