@@ -69,3 +69,52 @@ def test_calls_reported_once_inside_modules() -> None:
     flops = analysis(Twice(), (a, torch.randn(3, 2)))
     assert flops.unsupported_ops() == {"aten::linalg_solve": 2}
     assert flops.unsupported_ops("first") == {"aten::linalg_solve": 1}
+
+
+# --- overloads of one operator with as many arguments: addmm.out and addmm.dtype both take six ---------------
+def _addmm_out(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.addmm(c, a, b, beta=2, alpha=3, out=torch.empty(3, 5))
+
+
+def _baddbmm_out(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.baddbmm(c, a, b, beta=2, alpha=3, out=torch.empty(2, 3, 5))
+
+
+@pytest.mark.parametrize("convention", ["fvcore", "macs", "flops"])
+@pytest.mark.parametrize(("fn", "shapes", "macs"), [
+    (_addmm_out, [(5,), (3, 4), (4, 5)], 3 * 4 * 5),
+    (_baddbmm_out, [(5,), (2, 3, 4), (2, 4, 5)], 2 * 3 * 4 * 5),
+])
+def test_an_out_form_is_read_as_itself(convention: str, fn: Any, shapes: list[tuple[int, ...]], macs: int) -> None:
+    # the out= call places six arguments, as many as the out_dtype overload has: it was read as that one (beta
+    # taken for out_dtype, alpha for beta, the out tensor for alpha) and failed deep inside a formula
+    flops = analysis(Fn(fn), tuple(torch.randn(s) for s in shapes), convention)
+    outputs = macs // shapes[1][-1]
+    # flops: the products, the add, beta's and alpha's multiplies (beta = 2, alpha = 3)
+    expected = 2 * macs + 3 * outputs if convention == "flops" else macs
+    assert flops.total() == expected
+
+
+def test_an_out_form_does_not_read_what_it_writes_into() -> None:
+    from modelmeter.metrics.traffic import count_bytes
+
+    c, a, b = torch.randn(5), torch.randn(3, 4), torch.randn(4, 5)
+    trace = FlopCountAnalysis(Fn(_addmm_out), (c, a, b), execution="real").trace
+    # read: c, a, b; written: the (3, 5) result; 4 bytes each
+    assert count_bytes(trace).counts[""]["addmm"] == 4 * (5 + 12 + 20 + 15)
+
+
+@pytest.mark.parametrize(("x", "y", "dim"), [((3, 4), (3, 4), -1), ((2, 1, 4), (3, 4), -1), ((5, 3), (5, 1), 0)])
+def test_vecdot_is_a_product(x: tuple[int, ...], y: tuple[int, ...], dim: int) -> None:
+    # torch.linalg.vecdot runs as mul and sum, free under fvcore and macs: it counted 0 with nothing reported
+    def vecdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.vecdot(a, b, dim=dim)
+
+    def decomposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a * b).sum(dim)
+
+    inputs = (torch.randn(x), torch.randn(y))
+    pairs = torch.broadcast_shapes(x, y).numel()  # one multiply-add per element of the broadcast operands
+    assert analysis(Fn(vecdot), inputs, "macs").by_operator() == {"linalg_vecdot": pairs}
+    # flops: what the multiply and the sum it runs count as separate operators
+    assert analysis(Fn(vecdot), inputs, "flops").total() == analysis(Fn(decomposed), inputs, "flops").total()

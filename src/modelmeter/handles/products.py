@@ -82,6 +82,12 @@ def matmul_cost(self: Any, *, result: Any) -> tuple[int, int]:
     return numel(result) * shape_of(self)[-1], 0
 
 
+@by_name
+def vecdot_cost(x: Any, y: Any, dim: int = -1, *, result: Any) -> tuple[int, int]:
+    """``linalg_vecdot(x, y, dim)``: a dot product along ``dim`` (of the broadcast operands) per output element."""
+    return numel(result) * max(shape_of(x)[dim], shape_of(y)[dim]), 0
+
+
 @by_name(mat1=("batch1", "mat"))
 def addmm_cost(mat1: Any, beta: Any, alpha: Any, *, result: Any) -> tuple[int, int]:
     """``addmm``/``baddbmm``/``addmv``: ``beta·self + alpha·(mat1 @ mat2)``.
@@ -182,6 +188,7 @@ COSTS: dict[str, tuple[Formula[tuple[int, int]], str | None]] = {
     "aten::linear": (linear_cost, None),
     **{f"aten::{op}": (matmul_cost, None) for op in ("matmul", "mm", "bmm", "mv", "dot", "vdot", "_int_mm")},
     **{f"aten::{op}": (addmm_cost, None) for op in ("addmm", "baddbmm", "addmv")},
+    "aten::linalg_vecdot": (vecdot_cost, None),
     "aten::addbmm": (addbmm_cost, None),
     "aten::_grouped_mm": (grouped_mm_cost, None),
     "aten::_scaled_mm": (scaled_mm_cost, None),
