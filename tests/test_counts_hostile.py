@@ -118,3 +118,21 @@ def test_vecdot_is_a_product(x: tuple[int, ...], y: tuple[int, ...], dim: int) -
     assert analysis(Fn(vecdot), inputs, "macs").by_operator() == {"linalg_vecdot": pairs}
     # flops: what the multiply and the sum it runs count as separate operators
     assert analysis(Fn(vecdot), inputs, "flops").total() == analysis(Fn(decomposed), inputs, "flops").total()
+
+
+# --- an LSTM's backward pass: the fused kernel computes every gradient, the decomposition what autograd needs ----
+@pytest.mark.parametrize(("input_grad", "state_grad"), [(False, False), (True, True)])
+def test_lstm_backward_real_and_fake_by_hand(input_grad: bool, state_grad: bool) -> None:
+    steps, batch, i, h = 5, 3, 4, 6
+    torch.manual_seed(0)
+    lstm = nn.LSTM(i, h)
+    x = torch.randn(steps, batch, i, requires_grad=input_grad)
+    inputs: tuple[Any, ...] = (x,)
+    if state_grad:
+        inputs = (x, (torch.randn(1, batch, h, requires_grad=True), torch.randn(1, batch, h, requires_grad=True)))
+    rows = steps * batch
+    forward = rows * 4 * h * (i + h)
+    skipped = (0 if input_grad else rows * 4 * h * i) + (0 if state_grad else batch * 4 * h * h)
+    for execution, backward in (("real", 2 * forward), ("fake", 2 * forward - skipped)):
+        phases = analysis(lstm, inputs, "macs", backward=True, execution=execution).by_phase()
+        assert phases == {"forward": forward, "backward": backward}, execution
