@@ -155,3 +155,26 @@ def test_every_overload_is_told_apart_where_its_tensors_tell() -> None:
             assert [a.tensor for a in chosen.arguments] == [a.tensor for a in overload.arguments], (op, overload.name)
             checked += 1
     assert checked > 500
+
+
+def test_static_quantized_model_by_hand() -> None:
+    # quantized conv and linear counted, and the DeQuantStub's dequantize is element-wise, not unsupported
+    import torch.ao.quantization as quantization
+
+    class Quantized(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant, self.dequant = quantization.QuantStub(), quantization.DeQuantStub()
+            self.conv, self.linear = nn.Conv2d(2, 3, 3), nn.Linear(3 * 4 * 4, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.dequant(self.linear(self.conv(self.quant(x)).flatten(1)))
+
+    model = Quantized().eval()
+    model.qconfig = quantization.get_default_qconfig("fbgemm")
+    prepared = quantization.prepare(model)
+    prepared(torch.randn(2, 2, 6, 6))
+    x = torch.randn(2, 2, 6, 6)
+    flops = analysis(quantization.convert(prepared), (x,), "macs")
+    assert flops.by_operator() == {"conv": 2 * 3 * 2 * 9 * 16, "linear": 2 * 48 * 5}
+    assert not flops.unsupported_ops()

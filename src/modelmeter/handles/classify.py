@@ -52,6 +52,7 @@ FREE_OPS = frozenset({
 UNTAGGED_ELEMENTWISE_OPS = frozenset({
     "hardswish", "hardswish_", "prelu", "_prelu_kernel", "log_sigmoid", "log_sigmoid_forward", "glu",
     "floor_divide", "floor_divide_", "rrelu_with_noise", "rrelu_with_noise_", "polar",
+    "dequantize",  # (q - zero_point) * scale, per element: a quantized model's way back to floats
     # backward of element-wise activations
     "hardswish_backward", "hardsigmoid_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward",
     "mish_backward", "softplus_backward", "log_sigmoid_backward", "glu_backward", "_prelu_kernel_backward",
