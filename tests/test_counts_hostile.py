@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from model_helpers import Fn
@@ -178,3 +181,53 @@ def test_static_quantized_model_by_hand() -> None:
     flops = analysis(quantization.convert(prepared), (x,), "macs")
     assert flops.by_operator() == {"conv": 2 * 3 * 2 * 9 * 16, "linear": 2 * 48 * 5}
     assert not flops.unsupported_ops()
+
+
+# --- pooling windows clipped by padding and ceil_mode: torch's kernels read only the input -------------------
+@st.composite
+def pool_cases(draw: st.DrawFn) -> tuple[int, int, int, int, bool, int]:
+    kernel, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    size = draw(st.integers((kernel - 1) * dilation + 1, 12))
+    return size, kernel, draw(st.integers(1, 3)), draw(st.integers(0, kernel // 2)), draw(st.booleans()), dilation
+
+
+def _ones_read(x: torch.Tensor, out: torch.Tensor, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """Input elements the windows read, by torch: the windows of a ones tensor zero-padded far enough on the right
+    for ``out``'s size (a ceil_mode overhang), summed."""
+    needed = [(o - 1) * stride + (kernel - 1) * dilation + 1 for o in out.shape[-2:]]
+    extra = [max(0, n - (s + 2 * padding)) for n, s in zip(needed, x.shape[-2:], strict=True)]
+    padded = F.pad(torch.ones_like(x), (padding, padding + extra[1], padding, padding + extra[0]))
+    columns = F.unfold(padded, kernel, dilation=dilation, stride=stride)
+    assert columns.shape[-1] == out.shape[-2] * out.shape[-1]
+    return int(columns.sum())
+
+
+@settings(max_examples=12, deadline=None)
+@given(pool_cases())
+def test_max_pool_counts_the_elements_its_windows_read(case: tuple[int, int, int, int, bool, int]) -> None:
+    size, kernel, stride, padding, ceil_mode, dilation = case
+    x = torch.randn(1, 2, size, size + 1)
+
+    def pool(t: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(t, kernel, stride, padding, dilation, ceil_mode)
+
+    expected = _ones_read(x, pool(x), kernel, stride, padding, dilation)
+    assert analysis(Fn(pool), (x,), "flops").by_operator() == {"max_pool2d": expected}
+
+
+@settings(max_examples=12, deadline=None)
+@given(pool_cases())
+def test_avg_pool_counts_the_elements_its_windows_read(case: tuple[int, int, int, int, bool, int]) -> None:
+    size, kernel, stride, padding, ceil_mode, _ = case
+    x = torch.randn(1, 2, size, size + 1, requires_grad=True)
+
+    def pool(t: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(t, kernel, stride, padding, ceil_mode)
+
+    # torch's own count of the elements each window reads: a sum of ones, divided by 1, padding not included
+    read = int(F.avg_pool2d(torch.ones_like(x), kernel, stride, padding, ceil_mode, count_include_pad=False,
+                            divisor_override=1).sum())
+    outputs = pool(x).numel()
+    phases = analysis(Fn(pool), (x,), "flops", backward=True).by_phase_and_operator()
+    assert phases["forward"] == {"avg_pool2d": read + outputs}
+    assert phases["backward"] == {"avg_pool2d_backward": read + outputs}
