@@ -36,6 +36,7 @@ _MISSING: Any = object()
 class _Argument:
     name: str
     default: Any = _MISSING  # the schema's default, as the recorder places it; _MISSING when it has none
+    tensor: bool | None = None  # whether the schema's type is a tensor (``Tensor``, ``Tensor?``); None: unknown
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class _Overload:
     def writes_out(self) -> bool:
         """An ``.out`` form (it writes into an argument): chosen only when no other form fits."""
         return bool(self.written)
+
+    def fits(self, inputs: list[Any]) -> bool:
+        """True when every placed argument is a tensor exactly where the schema has one (None fits anywhere)."""
+        return all(value is None or argument.tensor is None or argument.tensor == hasattr(value, "shape")
+                   for value, argument in zip(inputs, self.arguments, strict=True))
 
     def index(self, names: tuple[str, ...]) -> int | None:
         """Position of the first of ``names`` among the arguments, or None."""
@@ -96,15 +102,19 @@ class BoundFormula(Generic[_T]):
         self.formula, self.op, self.overloads = formula, op, overloads
         self.__doc__ = formula.__doc__
         self.__name__ = formula.__name__
-        # per number of arguments: (position or -1, value when -1) of each parameter
-        self._layouts: dict[int, tuple[tuple[int, Any], ...]] = {}
+        # per number of arguments: (position or -1, value when -1) of each parameter; None where overloads of that
+        # many arguments differ in their tensors' places (``addmm.out`` and ``addmm.dtype``): per placed tensors
+        self._layouts: dict[int, tuple[tuple[int, Any], ...] | None] = {}
+        self._typed_layouts: dict[tuple[bool, ...], tuple[tuple[int, Any], ...]] = {}
         if overloads is not None:
             self._check(overloads)
 
     def __call__(self, inputs: list[Any], outputs: list[Any]) -> _T:
-        layout = self._layouts.get(len(inputs))
+        layout = self._layouts.get(len(inputs), _MISSING)
         if layout is None:
-            layout = self._layout(len(inputs))
+            layout = self._typed_layout(inputs)
+        elif layout is _MISSING:
+            layout = self._layout(inputs)
         values = [inputs[i] if i >= 0 else value for i, value in layout]
         wanted = {name: outputs if name == OUTPUTS else (outputs[0] if outputs else None)
                   for name in self.formula.wants}
@@ -117,14 +127,29 @@ class BoundFormula(Generic[_T]):
                 raise TypeError(f"{self.formula.__name__} reads argument {_spelled(parameter)}, which {self.op} "
                                 f"does not have (its arguments: {', '.join(known) or 'none'})")
 
-    def _layout(self, given: int) -> tuple[tuple[int, Any], ...]:
-        """Where each parameter is in a call that placed ``given`` arguments."""
-        layout: tuple[tuple[int, Any], ...] = ()
-        if self.formula.parameters:  # (a formula of the outputs only suits any operator, schema or not)
-            chosen = _overload_for(self._known_overloads(), given)
-            layout = tuple(self._place(parameter, chosen, given) for parameter in self.formula.parameters)
+    def _layout(self, inputs: list[Any]) -> tuple[tuple[int, Any], ...]:
+        """Where each parameter is in a call that placed ``inputs`` (remembered by their number, or by where they
+        hold tensors when overloads of that many arguments differ there)."""
+        given = len(inputs)
+        if self.formula.parameters and _ambiguous(self._known_overloads(), given):
+            self._layouts[given] = None
+            return self._typed_layout(inputs)
+        layout = self._placed(inputs)
         self._layouts[given] = layout
         return layout
+
+    def _typed_layout(self, inputs: list[Any]) -> tuple[tuple[int, Any], ...]:
+        tensors = tuple(hasattr(value, "shape") for value in inputs)
+        layout = self._typed_layouts.get(tensors)
+        if layout is None:
+            layout = self._typed_layouts[tensors] = self._placed(inputs)
+        return layout
+
+    def _placed(self, inputs: list[Any]) -> tuple[tuple[int, Any], ...]:
+        if not self.formula.parameters:  # (a formula of the outputs only suits any operator, schema or not)
+            return ()
+        chosen = _overload_for(self._known_overloads(), inputs)
+        return tuple(self._place(parameter, chosen, len(inputs)) for parameter in self.formula.parameters)
 
     def _place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
         """(position, None) of a parameter the call placed, else (-1, its default)."""
@@ -236,8 +261,11 @@ def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
 
 
 def _overload(name: str, schema: torch.FunctionSchema) -> _Overload:
-    arguments = tuple(_Argument(a.name, _plain(a.default_value) if a.has_default_value() else _MISSING)
-                      for a in schema.arguments)
+    import torch
+
+    tensor = torch.OptionalType(torch.TensorType.get())
+    arguments = tuple(_Argument(a.name, _plain(a.default_value) if a.has_default_value() else _MISSING,
+                                a.type.isSubtypeOf(tensor)) for a in schema.arguments)
     written = tuple(i for i, a in enumerate(schema.arguments)
                     if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
     return _Overload(name, arguments, written)
@@ -254,20 +282,39 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def out_arguments(op: str, given: int) -> tuple[int, ...]:
-    """Positions of the arguments that a call of ``op`` placing ``given`` arguments writes its results into (the
-    ``out=`` tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for."""
+def out_arguments(op: str, inputs: list[Any]) -> tuple[int, ...]:
+    """Positions of the arguments that a call of ``op`` placing ``inputs`` writes its results into (the ``out=``
+    tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for."""
     overloads = _overloads(op, None)
     if not overloads:
         return ()
-    return _overload_for(overloads, given).written
+    return _overload_for(overloads, inputs).written
 
 
-def _overload_for(overloads: tuple[_Overload, ...], given: int) -> _Overload:
-    """The overload a call with ``given`` arguments was placed by: the one with that many arguments (an ``.out``
-    form only when nothing else fits); for a call that placed another number (a user-level call that passed only
-    its positional arguments), the ``default`` overload, else the first."""
-    fits = sorted((o for o in overloads if len(o.arguments) == given), key=lambda o: o.writes_out)
+def out_arguments_vary(op: str, given: int) -> bool:
+    """True when calls of ``op`` placing ``given`` arguments may be of an ``.out`` form or not, told apart by
+    where they hold tensors (``addmm.out`` and ``addmm.dtype`` both have six arguments)."""
+    overloads = _overloads(op, None)
+    return overloads is not None and _ambiguous(overloads, given)
+
+
+def _count_fits(overloads: tuple[_Overload, ...], given: int) -> list[_Overload]:
+    """The overloads with ``given`` arguments, an ``.out`` form last."""
+    return sorted((o for o in overloads if len(o.arguments) == given), key=lambda o: o.writes_out)
+
+
+def _ambiguous(overloads: tuple[_Overload, ...], given: int) -> bool:
+    """True when overloads with ``given`` arguments name or type them differently: the call's tensors tell."""
+    fits = _count_fits(overloads, given)
+    return any((o.arguments, o.written) != (fits[0].arguments, fits[0].written) for o in fits[1:])
+
+
+def _overload_for(overloads: tuple[_Overload, ...], inputs: list[Any]) -> _Overload:
+    """The overload a call that placed ``inputs`` was placed by: the one with that many arguments (of several,
+    the first whose tensors are where the call's are; an ``.out`` form only when nothing else fits); for a call
+    that placed another number (a user-level call that passed only its positional arguments), the ``default``
+    overload, else the first."""
+    fits = _count_fits(overloads, len(inputs))
     if fits:
-        return fits[0]
+        return next((o for o in fits if o.fits(inputs)), fits[0])
     return next((o for o in overloads if o.name == "default"), overloads[0])

@@ -42,7 +42,7 @@ FREE_OPS = frozenset({
     "dropout_", "feature_alpha_dropout", "_fused_dropout",
     # scalars and metadata
     "_local_scalar_dense", "item", "size", "sym_size", "stride", "sym_stride", "numel", "sym_numel",
-    "_assert_async", "_assert_scalar", "_assert_tensor_metadata", "_functional_assert_async",
+    "_assert_async", "_assert_scalar", "_linalg_check_errors", "_assert_tensor_metadata", "_functional_assert_async",
     "is_nonzero", "is_same_size", "equal", "nonzero", "_has_compatible_shallow_copy_type",
     "_nested_tensor_from_mask_left_aligned", "resolve_conj", "resolve_neg", "conj", "_conj",
 })
@@ -52,6 +52,7 @@ FREE_OPS = frozenset({
 UNTAGGED_ELEMENTWISE_OPS = frozenset({
     "hardswish", "hardswish_", "prelu", "_prelu_kernel", "log_sigmoid", "log_sigmoid_forward", "glu",
     "floor_divide", "floor_divide_", "rrelu_with_noise", "rrelu_with_noise_", "polar",
+    "dequantize",  # (q - zero_point) * scale, per element: a quantized model's way back to floats
     # backward of element-wise activations
     "hardswish_backward", "hardsigmoid_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward",
     "mish_backward", "softplus_backward", "log_sigmoid_backward", "glu_backward", "_prelu_kernel_backward",

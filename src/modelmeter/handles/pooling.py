@@ -5,14 +5,15 @@ mode (antialiased too) and ``grid_sample``, forward and backward.
 with the accumulator rule of :mod:`.reductions` and of the matrix products (a dot product of length
 ``K`` is ``K`` multiply-adds, ``2K`` flops): every element entering a window costs one flop.
 
-- max pooling: ``K`` comparisons per output element; adaptive windows counted exactly;
-- average pooling: ``K`` adds and a divide, ``K + 1`` per output element; adaptive windows exactly;
+- max pooling: a comparison per input element a window reads (``K`` per output element, less where a window is
+  clipped by padding or ``ceil_mode``: torch's kernels read only the input); adaptive windows counted exactly;
+- average pooling: those adds and a divide per output element; adaptive windows exactly;
 - interpolation: ``T`` multiply-adds, ``2T`` per output element, with ``T = 2^d`` for (bi/tri)linear,
   ``4^d`` for bicubic and the exact number of taps of the antialiased filters (torch multiplies by every
   weight of the filter's support); nearest-neighbour modes copy (0); the per-index weights, shared by
   every channel, are not counted;
 - backward, as scatters of the output gradient (one add per element accumulated): max pooling ``1`` per
-  output-gradient element, average pooling ``K + 1`` (a divide, ``K`` adds; adaptive: exactly), nearest
+  output-gradient element, average pooling as its forward (a divide, and the adds of its clipped windows), nearest
   ``1``, interpolation ``2T`` (``T`` multiplies, ``T`` adds); ``grid_sample``: ``2T`` for the input
   gradient and ``2T`` for the grid gradient per output-gradient element.
 
@@ -29,36 +30,80 @@ from typing import Any
 
 from .base import Handle, prod, shape_of
 from .binding import Formula, bind_all, by_name
-from .common import Table, by_convention, float_numel, window
+from .common import Table, by_convention, float_numel, spatial, window
+
+
+def _covered(size_in: int, kernel: int, dilation: int, start: int) -> int:
+    """Input positions ``start + j·dilation`` (``0 <= j < kernel``) inside ``[0, size_in)``."""
+    first = max(0, -(start // dilation))
+    last = min(kernel - 1, (size_in - 1 - start) // dilation)
+    return max(0, last - first + 1)
+
+
+def _dimension_taps(size_in: int, size_out: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """Sum over the windows of one dimension of the input positions each reads: torch's pooling kernels clip every
+    window to the input, so padding and a ``ceil_mode`` window's overhang are not read. Windows wholly inside read
+    ``kernel``; only those at the two edges are counted one by one."""
+    left = min(size_out, -(-padding // stride))  # windows starting before the input
+    right = max(left, min(size_out, (size_in - 1 + padding - (kernel - 1) * dilation) // stride + 1))
+    edges = [*range(left), *range(right, size_out)]
+    return (right - left) * kernel + sum(_covered(size_in, kernel, dilation, o * stride - padding) for o in edges)
+
+
+def _window_taps(x: Any, out: Any, dims: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> int:
+    """Input elements read by all the windows of pooling ``x`` to ``out`` (batch and channels included)."""
+    kernel = spatial(kernel_size, dims)
+    strides = spatial(stride, dims) if stride else kernel  # (an empty stride is the kernel's)
+    pads, dilations = spatial(padding, dims), spatial(dilation, dims)
+    x_shape, out_shape = shape_of(x), shape_of(out)
+    taps = prod(_dimension_taps(*sizes) for sizes in zip(
+        x_shape[-dims:], out_shape[-dims:], kernel, strides, pads, dilations, strict=True))
+    return prod(out_shape[:-dims]) * taps
 
 
 def max_pool_counter(dims: int) -> Formula[int]:
-    """``max_pool{d}d(self, kernel_size, ...)``, ``fractional_max_pool{d}d(self, kernel_size, ...)``: ``K``
-    comparisons per output element."""
+    """``max_pool{d}d(self, kernel_size, stride, padding, dilation, ...)``: a comparison per input element each
+    window reads."""
 
     @by_name
-    def max_pool_flops(kernel_size: Any, *, result: Any) -> int:
-        return float_numel(result) * window(kernel_size, dims)
+    def max_pool_flops(self: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, *,
+                       result: Any) -> int:
+        return _window_taps(self, result, dims, kernel_size, stride, padding, dilation) if float_numel(result) else 0
 
     return max_pool_flops
 
 
-def avg_pool_counter(dims: int) -> Formula[int]:
-    """``avg_pool{d}d(self, kernel_size, ...)``: ``K`` adds and one divide per output element."""
+def fractional_max_pool_counter(dims: int) -> Formula[int]:
+    """``fractional_max_pool{d}d(self, kernel_size, ...)``: ``K`` comparisons per output element (its windows lie
+    inside the input)."""
 
     @by_name
-    def avg_pool_flops(kernel_size: Any, *, result: Any) -> int:
-        return float_numel(result) * (window(kernel_size, dims) + 1)
+    def fractional_max_pool_flops(kernel_size: Any, *, result: Any) -> int:
+        return float_numel(result) * window(kernel_size, dims)
+
+    return fractional_max_pool_flops
+
+
+def avg_pool_counter(dims: int) -> Formula[int]:
+    """``avg_pool{d}d(self, kernel_size, stride, padding, ...)``: an add per input element each window reads and
+    one divide per output element."""
+
+    @by_name
+    def avg_pool_flops(self: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, *, result: Any) -> int:
+        n_out = float_numel(result)
+        return _window_taps(self, result, dims, kernel_size, stride, padding, 1) + n_out if n_out else 0
 
     return avg_pool_flops
 
 
 def avg_pool_backward_counter(dims: int) -> Formula[int]:
-    """``avg_pool{d}d_backward(grad_output, self, kernel_size, ...)``: a divide and ``K`` adds per gradient element."""
+    """``avg_pool{d}d_backward(grad_output, self, kernel_size, stride, padding, ...)``: per gradient element a divide,
+    and an add per input element its window reads."""
 
     @by_name
-    def avg_pool_backward_flops(grad_output: Any, kernel_size: Any) -> int:
-        return float_numel(grad_output) * (window(kernel_size, dims) + 1)
+    def avg_pool_backward_flops(grad_output: Any, self: Any, kernel_size: Any, stride: Any, padding: Any) -> int:
+        n_out = float_numel(grad_output)
+        return _window_taps(self, grad_output, dims, kernel_size, stride, padding, 1) + n_out if n_out else 0
 
     return avg_pool_backward_flops
 
@@ -266,7 +311,7 @@ FLOPS: dict[str, Handle | None] = bind_all({
     "aten::mkldnn_max_pool3d": max_pool_counter(3),
     **{f"aten::max_pool{d}d_with_indices_backward": scatter_gradient_flops for d in (2, 3)},
     "aten::max_pool2d_backward": scatter_gradient_flops,
-    **{f"aten::fractional_max_pool{d}d": max_pool_counter(d) for d in (2, 3)},
+    **{f"aten::fractional_max_pool{d}d": fractional_max_pool_counter(d) for d in (2, 3)},
     **{f"aten::fractional_max_pool{d}d_backward": scatter_gradient_flops for d in (2, 3)},
     **{f"aten::avg_pool{d}d": avg_pool_counter(d) for d in _D},
     **{f"aten::avg_pool{d}d_backward": avg_pool_backward_counter(d) for d in (2, 3)},

@@ -82,6 +82,12 @@ def matmul_cost(self: Any, *, result: Any) -> tuple[int, int]:
     return numel(result) * shape_of(self)[-1], 0
 
 
+@by_name
+def vecdot_cost(x: Any, y: Any, dim: int = -1, *, result: Any) -> tuple[int, int]:
+    """``linalg_vecdot(x, y, dim)``: a dot product along ``dim`` (of the broadcast operands) per output element."""
+    return numel(result) * max(shape_of(x)[dim], shape_of(y)[dim]), 0
+
+
 @by_name(mat1=("batch1", "mat"))
 def addmm_cost(mat1: Any, beta: Any, alpha: Any, *, result: Any) -> tuple[int, int]:
     """``addmm``/``baddbmm``/``addmv``: ``beta·self + alpha·(mat1 @ mat2)``.
@@ -130,6 +136,13 @@ def scaled_grouped_mm_cost(self: Any, mat2: Any, bias: Any, *, result: Any) -> t
     return macs, _output_terms(result, True, get_shape(bias) is not None)
 
 
+@by_name(self="inp")
+def dequantized_mm_cost(self: Any, *, result: Any) -> tuple[int, int]:
+    """Products of a weight stored as 8- or 4-bit integers (``_weight_int8pack_mm``, ``_weight_int4pack_mm``,
+    ``_dyn_quant_matmul_4bit``): ``M·N·K``; the dequantising scale 1 per output element, as ``_scaled_mm``'s."""
+    return numel(result) * shape_of(self)[-1], numel(result)
+
+
 @by_name(x="X")
 def quantized_linear_cost(x: Any, *, result: Any) -> tuple[int, int]:
     """``quantized::linear(X, W_prepack, ...)`` and ``linear_dynamic``: in_features from ``X`` (the weight is packed).
@@ -173,12 +186,15 @@ COSTS: dict[str, tuple[Formula[tuple[int, int]], str | None]] = {
     **{op: (convolution_cost, "conv") for op in ("aten::convolution", "aten::_convolution")},
     "aten::convolution_backward": (convolution_backward_cost, None),
     "aten::linear": (linear_cost, None),
-    **{f"aten::{op}": (matmul_cost, None) for op in ("matmul", "mm", "bmm", "mv", "dot", "vdot")},
+    **{f"aten::{op}": (matmul_cost, None) for op in ("matmul", "mm", "bmm", "mv", "dot", "vdot", "_int_mm")},
     **{f"aten::{op}": (addmm_cost, None) for op in ("addmm", "baddbmm", "addmv")},
+    "aten::linalg_vecdot": (vecdot_cost, None),
     "aten::addbmm": (addbmm_cost, None),
     "aten::_grouped_mm": (grouped_mm_cost, None),
     "aten::_scaled_mm": (scaled_mm_cost, None),
     "aten::_scaled_grouped_mm": (scaled_grouped_mm_cost, None),
+    **{f"aten::{op}": (dequantized_mm_cost, None) for op in (
+        "_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu", "_dyn_quant_matmul_4bit")},
     **{f"quantized::{op}": (quantized_linear_cost, None) for op in ("linear", "linear_relu", "linear_dynamic")},
     **{f"quantized::conv{d}d{relu}": (quantized_conv_cost, "conv") for d in (1, 2, 3) for relu in ("", "_relu")},
 }

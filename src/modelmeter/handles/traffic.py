@@ -20,7 +20,7 @@ from typing import Any
 from ..engine.trace import TensorMeta
 from .attention import Attention, attention_sizes, check_attention_kernel, flex_attention_pairs
 from .base import Handle, backward_key, prod, shape_of
-from .binding import bind_all, by_name, out_arguments
+from .binding import bind_all, by_name, out_arguments, out_arguments_vary
 from .collectives import traffic as collective_traffic
 from .sizes import all_bytes, elements, itemsize, tensor_bytes
 
@@ -39,12 +39,17 @@ def kernel_rule(op: str) -> Handle:
     except that the tensors a call of an ``.out`` form writes into are not read, and that an in-place operator
     that returns nothing (``_foreach_mul_``) writes its first argument."""
     in_place = op.endswith("_") and not op.endswith("__")
-    out_forms: dict[int, tuple[int, ...]] = {}  # the out arguments, by the number of arguments a call placed
+    # the out arguments, by the number of arguments a call placed; None where that number does not tell (where the
+    # call placed tensors does: out_arguments_vary)
+    out_forms: dict[int, tuple[int, ...] | None] = {}
 
     def rule(inputs: list[Any], outputs: list[Any]) -> int:
-        written = out_forms.get(len(inputs))
+        given = len(inputs)
+        if given not in out_forms:
+            out_forms[given] = None if out_arguments_vary(op, given) else out_arguments(op, inputs)
+        written = out_forms[given]
         if written is None:
-            written = out_forms[len(inputs)] = out_arguments(op, len(inputs))
+            written = out_arguments(op, inputs)
         if written:
             read = all_bytes([value for i, value in enumerate(inputs) if i not in written])
             return read + all_bytes(outputs)

@@ -99,7 +99,7 @@ def count(trace: Trace, handles: HandleTable, ancestor_mode: AncestorMode = "own
         visitor = _Visitor(trace, handles, user or {}, ancestor_mode, elementwise, phases, fallback, units, tables)
         for root in visitor.children[-1]:
             if trace.events[root].phase in visitor.tally.by_phase:
-                visitor.visit(root, None, None, _OPEN)
+                visitor.visit(root, -1, None, _OPEN)
     # (a new Ancestors: the statistics keep no cache of the pass)
     return Statistics(visitor.tally.totals(), visitor.tally.by_phase, visitor.tally.dtypes, visitor.unsupported,
                       Ancestors(trace, ancestor_mode).uncalled)
@@ -126,6 +126,7 @@ class _Visitor:
         self.unsupported: dict[str, Counter[str]] = {}
         self.ancestors = Ancestors(trace, ancestor_mode)
         self.covered: set[int] = set()
+        self.reported: set[int] = set()  # the C-level calls reported (see :meth:`report_call`)
         self.classify = Classifier(trace.op_tags)  # torch's facts about the operators, as the run recorded them
         # Per operator, remembered for this pass (operators repeat event after event): its handle in each mode,
         # and its kind when it has none (see :meth:`kind`).
@@ -151,7 +152,9 @@ class _Visitor:
                 return found, True
         return (_MISSING if mode == _USER_ONLY else self.handles.get(op, _MISSING)), False
 
-    def visit(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
+    def visit(self, index: int, caller: int, into: Counter[str] | None, mode: int) -> None:
+        """Count event ``index`` and what it ran; ``caller``: the C-level call an unknown operator inside it is
+        reported as (its event index; -1: none)."""
         event = self.events[index]
         if event.origin >= 0 and event.phase == "backward" and self.covered_backward(index, into):
             return
@@ -168,18 +171,18 @@ class _Visitor:
                 handle = _MISSING  # a metric of kernels: Python code runs none of its own
         if handle is None:
             if not from_user and event.python and mode == _OPEN and self.user:
-                self.visit_children(index, user_op, into, _USER_ONLY)  # user handles of what it called
+                self.visit_children(index, caller, into, _USER_ONLY)  # user handles of what it called
             return
         if event.kwargs and handle is not _MISSING and not isinstance(handle, CountInside):
             handle = _MISSING  # keyword arguments the schema could not place: the operators it ran know them
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
-            self.visit_children(index, None, inside, _CLOSED)
+            self.visit_children(index, -1, inside, _CLOSED)
             self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
             return
         if handle is _MISSING:
             if event.level == "function":
-                self.look_into(index, user_op, into, mode)
+                self.look_into(index, caller, into, mode)
                 return
             if mode == _USER_ONLY:
                 return
@@ -195,8 +198,8 @@ class _Visitor:
                     return
                 if kind == _OTHER:  # unknown, unless it only did index or mask arithmetic (free)
                     if into is None and not _integer_only(event.outputs):
-                        if user_op is not None and not self.classify.is_free(user_op):
-                            self.report(event, user_op)
+                        if caller >= 0 and not self.classify.is_free(self.events[caller].op):
+                            self.report_call(caller)
                         else:
                             self.report(event, _fvcore_name(self, event))
                     return
@@ -259,22 +262,22 @@ class _Visitor:
                            _as_items(origin.op, whole(origin.inputs, origin.outputs)), into, whole_backward=True)
         return True
 
-    def look_into(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
+    def look_into(self, index: int, caller: int, into: Counter[str] | None, mode: int) -> None:
         """Count what a user-level call without a handle ran."""
         event = self.events[index]
         op = event.op
         function = op.startswith(PYTHON_OP)
         if event.python or function or op in CONVOLUTION_CALLS:  # calls fvcore does not record as themselves
-            self.visit_children(index, user_op, into, mode)
+            self.visit_children(index, caller, into, mode)
         elif mode != _USER_ONLY:  # (where only user handles count, a C-level call's operators are not theirs)
             known = self.kind(op) != _OTHER  # free or element-wise
-            self.visit_children(index, op, into, _CLOSED if known and mode == _OPEN else mode)
+            self.visit_children(index, index, into, _CLOSED if known and mode == _OPEN else mode)
         if function and into is None and mode != _USER_ONLY and self.opaque(index):
             self.report(event, op)
 
-    def visit_children(self, index: int, user_op: str | None, into: Counter[str] | None, mode: int) -> None:
+    def visit_children(self, index: int, caller: int, into: Counter[str] | None, mode: int) -> None:
         for child in self.children[index]:
-            self.visit(child, user_op, into, mode)
+            self.visit(child, caller, into, mode)
 
     def opaque(self, index: int) -> bool:
         """True for a call that returned tensors without running any operator that computes (a Function whose
@@ -289,6 +292,13 @@ class _Visitor:
                 return False
             pending.extend(self.children[inner])
         return True
+
+    def report_call(self, index: int) -> None:
+        """Report C-level call ``index`` under its own name, once however many unknown operators it ran (fvcore
+        counts the calls ``torch.jit`` records: ``torch.linalg.inv`` is one ``aten::linalg_inv``)."""
+        if index not in self.reported:
+            self.reported.add(index)
+            self.report(self.events[index], self.events[index].op)
 
     def report(self, event: OpEvent, name: str) -> None:
         for module in self.ancestors(event.scope):
