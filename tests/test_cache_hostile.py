@@ -164,3 +164,25 @@ def test_a_guard_never_takes_a_recording_shared_in_process(tmp_path: Path) -> No
     with pytest.raises(CostAssertionError, match="grew"):
         assert_cost(model, x, baseline, name="m")
     assert fresh(model, x) == 3 * 2 * 8 * 8
+
+
+class Gated(nn.Module):
+    """Runs its layer twice while a parameter is positive: ``.item()`` of a parameter needs real kernels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.gate = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.lin(x)) if self.gate.item() > 0 else self.lin(x)
+
+
+@pytest.mark.parametrize("execution", ["real", "auto"])
+def test_a_parameter_a_real_run_read_changed_behind_its_version_counter_is_recorded_anew(execution: str) -> None:
+    model, x = Gated(), torch.randn(2, 8)
+    assert analyze(model, x, execution=execution, quiet=True).flops.total() == 2 * 2 * 8 * 8
+    model.gate.data.fill_(-1)
+    again = analyze(model, x, execution=execution, quiet=True).flops.total()
+    SHARED.clear()
+    assert again == analyze(model, x, execution=execution, quiet=True).flops.total() == 2 * 8 * 8
