@@ -20,6 +20,7 @@ from typing import Any
 from ..engine.serialize import FORMAT_VERSION, trace_from_dict, trace_to_dict
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
+from ..engine.values import watch_given_reads
 from .fingerprint import Uncacheable, cache_key, package_digest, trace_key, watch_code
 from .store import DEFAULT_SIZE_LIMIT, SIZE_ENV, TraceCache, parse_size
 
@@ -83,8 +84,8 @@ def cached_trace(cache: TraceCache, spec: RunSpec,
     Never fails because of the cache: a model or inputs that cannot be fingerprinted, or a trace that cannot
     be stored, are recorded as without a cache (with a WARNING). Nothing is cached where the key cannot be
     sure (:class:`Uncacheable`, logged at INFO). A recorded trace is not stored when its run executed code of
-    the user's that the key does not cover, or ran real kernels under ``execution="auto"`` (values the key
-    does not cover may have steered it).
+    the user's that the key does not cover, ran real kernels under ``execution="auto"``, or read the values of
+    the inputs or buffers (values the key does not cover may have steered it).
     """
     try:
         key = cache_key(spec, cache.path)
@@ -96,18 +97,23 @@ def cached_trace(cache: TraceCache, spec: RunSpec,
                        type(exc).__name__, exc)
         return record(), False, None
     executed: dict[Any, bool] | None = None
+    read_values = False
 
     def watched_record() -> Trace:
-        nonlocal executed
-        with watch_code() as seen:
+        nonlocal executed, read_values
+        with watch_code() as seen, watch_given_reads() as read:
             trace = record()
-        executed = seen
+        executed, read_values = seen, bool(read)
         return trace
 
     def storable(trace: Trace) -> bool:
         if spec.execution == "auto" and trace.execution != "fake":
             logger.info("Not caching the trace: the fake run fell back to real kernels, whose run may depend on "
                         "values the cache key does not cover.")
+            return False
+        if read_values:
+            logger.info("Not caching the trace: the fake run read values of the inputs or buffers (an attention "
+                        "mask, .item() of a counter), which the cache key does not cover.")
             return False
         if executed is None:
             logger.info("Not caching the trace: another profiler is active, so the code the run executed "

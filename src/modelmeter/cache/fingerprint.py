@@ -24,8 +24,10 @@ Code is fingerprinted from the code objects that actually run (byte code, consta
 closures) rather than from ``inspect.getsource``, which reads the file on disk — it may have been edited
 since the class was imported, and classes made by ``exec`` have no file at all.
 
-Parameter and input *values* are not part of the key: a fake run never reads them. A run with real kernels
-(``execution="real"``) may, so for it the bytes of every tensor are hashed too (see :func:`trace_key`).
+Parameter and input *values* are not part of the key. A fake run never reads a parameter's; it may read a small
+input's, buffer's or tensor attribute's (an attention mask, a counter: ``engine/values.py``), and a trace whose run
+did is not stored (:func:`modelmeter.cache.cached_trace`). A run with real kernels (``execution="real"``) may read
+any, so for it the bytes of every tensor are hashed too (see :func:`trace_key`).
 
 Where the key cannot be sure — a function compiled from the user's own C extension, an object whose state
 Python cannot see — :class:`Uncacheable` is raised and nothing is cached. What static reading cannot see
@@ -291,7 +293,7 @@ def _with_nested(codes: set[types.CodeType]) -> frozenset[types.CodeType]:
     return frozenset(out)
 
 
-def _bytes_digest(tensors: list[torch.Tensor]) -> str | None:
+def bytes_digest(tensors: list[torch.Tensor]) -> str | None:
     """A sha256 of the bytes of ``tensors`` (meta tensors have none); None if one cannot be read."""
     h = hashlib.sha256()
     for t in tensors:
@@ -862,13 +864,13 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
     fp.add("user modules", fp.user_modules())
     constants = list(fp.constant_tensors.values())
-    constant_values = _bytes_digest(constants)
+    constant_values = bytes_digest(constants)
     if constant_values is None:
         raise Uncacheable("a tensor that the code refers to (a module-level constant, a default, a closure "
                           "variable) has values that cannot be read")
     fp.add("constant values", constant_values)
     if execution == "real":
-        values = _bytes_digest(fp.tensors)
+        values = bytes_digest(fp.tensors)
         if values is None:
             raise Uncacheable("a real run may depend on tensor values, and one tensor's values cannot be read")
         fp.add("values", values)

@@ -15,6 +15,9 @@ again could not give another trace:
 * the inputs: their structure, every tensor by identity, version counter and metadata, other values by value;
 * the run: execution, backward and loss function, grad and inference mode, autocast, default dtype and device,
   the attention backend switches (what the persistent cache's key covers, ``run_options``).
+* the values a run read: a recording whose run read tensor values (a real run, or a fake one that read an input's
+  or a buffer's) is kept with a digest of them and shared only while they are the same — a version counter misses
+  ``buffer.data.fill_(3)`` and writes through ``.numpy()``.
 
 Counting settings (handles, conventions, ancestor mode) are not part of it: they read the trace, not the run.
 An entry also holds where disk caches keep its trace (:attr:`Shared.kept`), so an analysis that shares it keeps
@@ -33,7 +36,8 @@ import threading
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +48,17 @@ from .._torch_compat import buffers_of, children_of, forward_hook_tables, parame
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from .fingerprint import NOT_CODE, CodeWalk, Uncacheable, library, object_state, own_attributes, run_options
+from ..engine.values import watch_given_reads
+from .fingerprint import (
+    NOT_CODE,
+    CodeWalk,
+    Uncacheable,
+    bytes_digest,
+    library,
+    object_state,
+    own_attributes,
+    run_options,
+)
 
 MAX_ENTRIES = 4
 _MAX_DEPTH = 12
@@ -361,6 +375,13 @@ class _Key:
 def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
     """The key of running ``spec`` now, and weak references to the objects it names by identity; None when the
     call cannot be keyed safely."""
+    state = _call_state(spec)
+    return None if state is None else (state[0], state[1])
+
+
+def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]] | None:
+    """:func:`call_state`, with the objects the key names (held: the caller digests their tensors' values where the
+    recording read values, :func:`_values_digest`)."""
     try:
         with no_gc():  # thousands of small tuples, none in a cycle
             state = _State(spec.model)
@@ -370,9 +391,22 @@ def call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]]] | None:
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
                    state.user_modules())  # last: what every piece of code walked above may look up
-            return _Key(key), state.alive
+            return _Key(key), state.alive, state._held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
+
+
+def _values_digest(spec: RunSpec, held: list[Any], real: bool) -> str | None:
+    """A digest of the values a recording may have read, for one whose run read values (a real run, or a fake one
+    that read an input's or a buffer's: an attention mask, ``.item()`` of a counter): the values of every tensor
+    its key names — but the model's parameters for a fake run, which never gives them values (engine/values.py).
+    A version counter misses some changes (``buffer.data.fill_(3)``, a write through ``.numpy()``); values do not.
+    None when one cannot be read."""
+    tensors = [obj for obj in held if isinstance(obj, torch.Tensor)]
+    if not real:
+        parameters = {id(p) for p in spec.model.parameters()}
+        tensors = [t for t in tensors if id(t) not in parameters]
+    return bytes_digest(tensors)
 
 
 @dataclass(frozen=True)
@@ -390,9 +424,10 @@ class SharedRecordings:
     """The last few traces recorded in this process, each under the state of the call that made it."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], Shared]] = OrderedDict()
+        self._entries: OrderedDict[_Key, tuple[list[weakref.ref[Any]], tuple[Shared, str | None, bool]]] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
+        self._aside = threading.local()  # .depth: how many set_aside() blocks this thread is in
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -401,6 +436,16 @@ class SharedRecordings:
         with self._lock:
             self._entries.clear()
 
+    @contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Analyses of this thread inside the block neither take nor keep a shared recording: a cost guard judges
+        the model as it runs now, also where the key cannot see a change (a data file, an environment variable)."""
+        self._aside.depth = getattr(self._aside, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._aside.depth -= 1
+
     def get_or_record(self, spec: RunSpec, record: Callable[[], Trace]) -> Trace:
         """The trace of ``spec``'s call in its state now (see :meth:`share`)."""
         return self.share(spec, record).trace
@@ -408,20 +453,29 @@ class SharedRecordings:
     def share(self, spec: RunSpec, record: Callable[[], Trace]) -> Shared:
         """The trace of ``spec``'s call in its state now: shared when one was recorded in that state, else
         ``record()``, kept under the state before it ran (a run puts the model back as it found it, and a call
-        in another state does not match)."""
-        before = call_state(spec)
+        in another state does not match). A recording whose run read values is kept with a digest of them, and
+        shared only while they are the same (:func:`_values_digest`)."""
+        if getattr(self._aside, "depth", 0):
+            return Shared(record(), recorded=True)
+        before = _call_state(spec)
         if before is None:
             return Shared(record(), recorded=True)
-        found = self._find(before[0])
-        if found is not None:
-            return Shared(found.trace, recorded=False, kept=found.kept)
-        shared = Shared(record(), recorded=True)
-        self._keep(before[0], before[1], shared)
+        key, alive, held = before
+        found = self._find(key)
+        if found is not None and (found[1] is None or found[1] == _values_digest(spec, held, found[2])):
+            return Shared(found[0].trace, recorded=False, kept=found[0].kept)
+        with watch_given_reads() as read:
+            shared = Shared(record(), recorded=True)
+        real = shared.trace.execution != "fake"
+        values = _values_digest(spec, held, real) if read or real else None
+        if values is not None or not (read or real):
+            self._keep(key, alive, (shared, values, real))
         return shared
 
-    def _find(self, key: _Key) -> Shared | None:
-        """The entry of ``key`` while every object its key names lives (else it is dropped: its identities may now
-        name other objects). Only that entry is looked at: another one with dead objects cannot match, and is
+    def _find(self, key: _Key) -> tuple[Shared, str | None, bool] | None:
+        """The entry of ``key`` — its recording, the digest of the values it read (None when it read none) and
+        whether its run was real — while every object its key names lives (else it is dropped: its identities may
+        now name other objects). Only that entry is looked at: another one with dead objects cannot match, and is
         dropped by the next :meth:`_keep`."""
         with self._lock:
             entry = self._entries.get(key)
@@ -433,10 +487,10 @@ class SharedRecordings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], shared: Shared) -> None:
+    def _keep(self, key: _Key, alive: list[weakref.ref[Any]], entry: tuple[Shared, str | None, bool]) -> None:
         with self._lock:
             self._drop_dead()  # (before the new entry, whose objects the caller holds)
-            self._entries[key] = (alive, shared)
+            self._entries[key] = (alive, entry)
             self._entries.move_to_end(key)
             while len(self._entries) > self._max:
                 self._entries.popitem(last=False)

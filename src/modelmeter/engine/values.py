@@ -21,6 +21,30 @@ from .._torch_compat import FakeTensor, OpOverload, disable_current_modes
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
 _VALUES = "_modelmeter_values"  # the attribute of a fake tensor that holds its values
+_GIVEN = "_modelmeter_given"  # marks a fake tensor whose values derive from the caller's (an input's, a buffer's)
+#: The lists of the :func:`watch_given_reads` blocks open, in every thread (a run may read values in threads it
+#: starts; a read in another analysis's thread marks this one too, which only costs a cache entry).
+_WATCHERS: dict[int, list[bool]] = {}  # id -> the list (lists compare by value)
+
+
+@contextmanager
+def watch_given_reads() -> Iterator[list[bool]]:
+    """A list that holds ``True`` once the run inside read (``.item()``, an attention mask's summary) values derived
+    from the caller's tensors — inputs, buffers, tensor attributes —, which may then have steered the trace: the
+    caches' keys cover their metadata, not their values. Blocks nest (the disk cache's in the shared one's)."""
+    read: list[bool] = []
+    _WATCHERS[id(read)] = read
+    try:
+        yield read
+    finally:
+        del _WATCHERS[id(read)]
+
+
+def _note_read(tensor: torch.Tensor) -> None:
+    if getattr(tensor, _GIVEN, False):
+        for read in list(_WATCHERS.values()):
+            if not read:
+                read.append(True)
 
 
 class Shadows:
@@ -56,7 +80,12 @@ class Shadows:
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         """The values of ``tensor`` when known."""
-        return getattr(tensor, _VALUES, None) if isinstance(tensor, torch.Tensor) else None
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        values = getattr(tensor, _VALUES, None)
+        if values is not None:
+            _note_read(tensor)
+        return values
 
     def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
                   result: Any, mutable: bool) -> None:
@@ -80,8 +109,11 @@ class Shadows:
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
             _forget(outputs)
             return
+        given = any(getattr(t, _GIVEN, False) for t in _each_tensor((args, kwargs)))
         for fake, real in zip(outputs, _tensors(values), strict=False):
             setattr(fake, _VALUES, real)
+            if given:
+                setattr(fake, _GIVEN, True)
 
     def item(self, tensor: torch.Tensor) -> Any:
         """``tensor.item()`` from its values, or None when they are unknown."""
@@ -101,6 +133,7 @@ def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     with disable_current_modes(), torch.no_grad():
         for fake, real in seeds:
             setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
+            setattr(fake, _GIVEN, True)
 
 
 def _each_tensor(value: Any) -> Iterator[torch.Tensor]:

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from ..analysis import analyze
+from ..cache.shared import SHARED
 from ..errors import ModelExitError
 from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record
 from .values import GuardFileError, check_tolerance
@@ -38,7 +39,9 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
     name = name or type(model).__name__
     try:
-        result = analyze(model, inputs, convention=convention, backward=backward, cache=False, quiet=True).result()
+        with SHARED.set_aside():  # the model as it runs now: no recording of this process's, no cache entry
+            result = analyze(model, inputs, convention=convention, backward=backward, cache=False,
+                             quiet=True).result()
     except (Exception, KeyboardInterrupt):
         raise
     except BaseException as exc:  # sys.exit() in forward(): the costs were not checked, which is a failure
