@@ -283,6 +283,40 @@ def test_uniform_module_prefix_is_stripped(tmp_path: pathlib.Path, caplog: pytes
     assert "  module.0.weight" in _ours(caplog)[-1]
 
 
+class HoldsModule(nn.Module):
+    """A plain model (no wrapper) whose child is called ``module``: its own keys start with ``module.``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+
+
+def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> OrderedDict[str, torch.Tensor]:
+    return OrderedDict((prefix + k, v) for k, v in state.items())
+
+
+def test_module_prefixes_are_stripped_only_down_to_the_models_own(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """fvcore strips one ``module.`` whatever the model's keys: a model whose child is named ``module`` lost every
+    weight on its own save/load round trip, and a state dict of a twice-wrapped model kept one prefix."""
+    source = HoldsModule()
+    with torch.no_grad():
+        source.module[1].running_mean.uniform_()
+    Checkpointer(source, str(tmp_path)).save("own")
+    plain = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    torch.save({"model": _prefixed(source.module.state_dict(), "module.module.")}, tmp_path / "twice.pth")
+    torch.save({"model": _prefixed(source.state_dict(), "module.")}, tmp_path / "wrapped_own.pth")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for name in ("own", "wrapped_own"):
+            target = HoldsModule()
+            Checkpointer(target).load(str(tmp_path / f"{name}.pth"))
+            assert _model_equal(source, target), name
+        Checkpointer(plain).load(str(tmp_path / "twice.pth"))
+    assert _ours(caplog) == []
+    assert _model_equal(source.module, plain)
+
+
 class WithInnerDP(nn.Module):
     def __init__(self) -> None:
         super().__init__()

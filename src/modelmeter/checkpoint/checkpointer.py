@@ -30,7 +30,7 @@ from ._keys import (
     filter_reused_missing_keys,
     get_missing_parameters_message,
     get_unexpected_parameters_message,
-    strip_prefix_if_present,
+    strip_wrapper_prefixes,
     unwrap_model,
     unwrap_state_dict,
 )
@@ -685,10 +685,9 @@ class Checkpointer:
         """
         checkpoint_state_dict = _model_state_dict(checkpoint, file)
         self._convert_ndarray_to_tensor(checkpoint_state_dict)
-        # Checkpoints written from a DataParallel / DDP model by other code carry a uniform "module." prefix.
-        strip_prefix_if_present(checkpoint_state_dict, "module.")
-
         model_state_dict = self.model.state_dict()
+        # Checkpoints written from a DataParallel / DDP model by other code carry a uniform "module." prefix.
+        strip_wrapper_prefixes(checkpoint_state_dict, model_state_dict)
         # Wrappers nested inside this model: map the unwrapped names the checkpoint uses to the model's names.
         clean = clean_key_map(self.model, model_state_dict)
         if clean:
