@@ -698,6 +698,23 @@ def test_save_refuses_names_that_are_not_a_plain_file_name(tmp_path: pathlib.Pat
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("fmt", ["pth", "safetensors"])
+def test_extra_data_may_not_overwrite_the_model_or_a_checkpointable(
+    tmp_path: pathlib.Path, sharded: bool, fmt: str
+) -> None:
+    """``save(name, model=...)`` used to replace the weights in the file (fvcore's ``data.update(kwargs)``): the
+    save succeeded and the model state was gone; an extra key named like a checkpointable replaced its state."""
+    model = nn.Linear(2, 2)
+    ckpt = Checkpointer(model, str(tmp_path), format=fmt, sharded=sharded, optimizer=torch.optim.SGD(model.parameters()))
+    ckpt.save("good", iteration=1)
+    for key in ("model", "optimizer", "__modelmeter_checkpoint__"):
+        with pytest.raises(ValueError, match=f"extra data {key!r} .* the checkpoint's own"):
+            ckpt.save("bad", **{key: "resnet50"})
+    assert "bad" not in " ".join(os.listdir(tmp_path))
+    assert ckpt.resume_or_load("") == {"iteration": 1}
+
+
 def test_names_checked_by_periodic_checkpointer(tmp_path: pathlib.Path) -> None:
     ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
     for prefix in ("../model", "", "a/b", ".x"):

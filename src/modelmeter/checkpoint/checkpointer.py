@@ -325,6 +325,7 @@ class Checkpointer:
         """
         _check_name(name)
         fmt = self._check_format(format if format is not None else self.format)
+        self._check_extra_keys(kwargs)
         if self._is_sharded():
             self._save_sharded(name, kwargs)
             return
@@ -334,6 +335,14 @@ class Checkpointer:
         finally:
             if self.save_dir:
                 _barrier()
+
+    def _check_extra_keys(self, kwargs: dict[str, Any]) -> None:
+        """Extra data stored next to the model may not take the place of what the checkpointer stores itself."""
+        for key in kwargs:
+            if key in ("model", _MARKER) or key in self.checkpointables:
+                raise ValueError(
+                    f"save(): extra data {key!r} would replace the checkpoint's own {key!r} entry; use another name"
+                )
 
     def _save_plain(self, name: str, fmt: str, kwargs: dict[str, Any]) -> None:
         basename = f"{name}.pth"
