@@ -715,6 +715,43 @@ def test_extra_data_may_not_overwrite_the_model_or_a_checkpointable(
     assert ckpt.resume_or_load("") == {"iteration": 1}
 
 
+@pytest.mark.parametrize(
+    ("name", "fmt", "sharded"),
+    [("a" * 251, "pth", False), ("b" * 243, "safetensors", False), ("\U0001f600" * 62, "pth", False),
+     ("c" * 255, "pth", True)],
+    ids=["pth", "safetensors", "emoji", "sharded"],
+)
+def test_longest_names_save_and_load(tmp_path: pathlib.Path, name: str, fmt: str, sharded: bool) -> None:
+    """A name whose checkpoint file (or directory) fits in 255 bytes saves: the hidden temporary names are
+    shortened to fit (they were ~30 bytes longer and failed with "File name too long")."""
+    model = nn.Linear(2, 2)
+    Checkpointer(model, str(tmp_path), format=fmt, sharded=sharded).save(name, iteration=2)
+    target = nn.Linear(2, 2)
+    assert Checkpointer(target, str(tmp_path), sharded=sharded).resume_or_load("") == {"iteration": 2}
+    assert _state_equal(target.state_dict(), model.state_dict())
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_retention_of_the_longest_names(tmp_path: pathlib.Path) -> None:
+    """Deleting an old ``<name>.pth`` also tries ``<name>.safetensors``, which is too long a name to exist: that
+    must not raise ENAMETOOLONG out of ``step``."""
+    periodic = PeriodicCheckpointer(Checkpointer(nn.Linear(2, 2), str(tmp_path)), 1, max_to_keep=1, file_prefix="p" * 240)
+    for iteration in range(3):
+        periodic.step(iteration)
+    assert sorted(os.listdir(tmp_path)) == ["last_checkpoint", "p" * 240 + "_0000002.pth"]
+
+
+def test_names_that_are_no_valid_unicode_are_refused_before_writing(tmp_path: pathlib.Path) -> None:
+    """A lone surrogate (os.listdir's escape for undecodable bytes) wrote the .pth, then failed with a bare
+    UnicodeEncodeError writing last_checkpoint, leaving a checkpoint that last_checkpoint did not name."""
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        ckpt.save("model\udcff")
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        PeriodicCheckpointer(ckpt, period=1, file_prefix="\ud800")
+    assert os.listdir(tmp_path) == []
+
+
 def test_names_checked_by_periodic_checkpointer(tmp_path: pathlib.Path) -> None:
     ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
     for prefix in ("../model", "", "a/b", ".x"):

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import state_dict_metadata
-from ..io.atomic import atomic_write, fsync_dir, remove_stale_temp_files
+from ..io.atomic import atomic_write, fsync_dir, hidden_name, remove_stale_temp_files
 from ._keys import (
     clean_key_map,
     filter_reused_missing_keys,
@@ -110,6 +110,8 @@ def _name_problem(name: str) -> str | None:
         return "starts or ends with whitespace"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return "contains a control character (NUL, newline, ...)"
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return "is not valid Unicode (a lone surrogate, e.g. undecodable bytes from os.listdir)"
     if name in (".", ".."):
         return "is a relative path"
     if "/" in name or "\\" in name or os.path.isabs(name):
@@ -173,16 +175,21 @@ def _writing(path: str) -> Iterator[None]:
         raise _write_error(path, exc) from exc
 
 
+def _remove_if_present(path: str) -> None:
+    """Remove a file that may not exist (nor could: ``<name>.safetensors`` is longer than a valid ``<name>.pth``)."""
+    if os.path.lexists(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def _remove_checkpoint(path: str) -> None:
     """Delete one checkpoint: a ``<name>/`` directory, or ``<name>.pth`` and its ``<name>.safetensors``."""
     if os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    _remove_if_present(path)
     if path.endswith(".pth"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path[: -len(".pth")] + ".safetensors")
+        _remove_if_present(path[: -len(".pth")] + ".safetensors")
 
 
 def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[str, Any]]:
@@ -373,9 +380,7 @@ class Checkpointer:
                 self._write_pair(weights_file, safetensors_bytes(tensors, save_id), save_file, data)
             else:
                 atomic_write(save_file, lambda f: torch.save(data, f))
-                # A stale weights file from an earlier save of the same name in the other format.
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(weights_file)
+                _remove_if_present(weights_file)  # from an earlier save of the same name in the other format
             self.tag_last_checkpoint(basename)
         remove_stale_temp_files(self.save_dir)
 
@@ -402,7 +407,7 @@ class Checkpointer:
             return
         _, rank, _ = _dist_state()
         final = os.path.join(self.save_dir, name)
-        partial = os.path.join(self.save_dir, f".{name}.partial")
+        partial = os.path.join(self.save_dir, hidden_name(name, ".partial"))
         if rank == 0:
             with _writing(final):
                 os.makedirs(self.save_dir, exist_ok=True)
@@ -434,7 +439,7 @@ class Checkpointer:
     def _replace_dir(src: str, dst: str) -> None:
         old = None
         if os.path.exists(dst):
-            old = f"{os.path.join(os.path.dirname(dst), '.' + os.path.basename(dst))}.old-{uuid.uuid4().hex[:8]}"
+            old = os.path.join(os.path.dirname(dst), hidden_name(os.path.basename(dst), f".old-{uuid.uuid4().hex[:8]}"))
             os.replace(dst, old)
         os.replace(src, dst)
         fsync_dir(os.path.dirname(dst))
