@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -730,3 +731,19 @@ def test_load_from_http_url(http_dir: tuple[pathlib.Path, str]) -> None:
     with pytest.raises(CheckpointError, match="could not be downloaded") as info:
         Checkpointer(target).load(f"{base}/absent.pth")
     assert f"{base}/absent.pth" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["model 50%41", "run#2", "what?", "\u00fcber"])
+def test_safetensors_checkpoint_from_a_url_whose_name_needs_quoting(
+    http_dir: tuple[pathlib.Path, str], name: str
+) -> None:
+    """The weights file's name was appended to the URL unquoted: '%41' was decoded to 'A', '#' and '?' cut the
+    name off, so the weights of such a checkpoint were "not found" (over http:// and file://)."""
+    served, base = http_dir
+    model = helpers.TinyNet()
+    Checkpointer(model, str(served)).save(name, format="safetensors", iteration=6)
+    quoted = urllib.parse.quote(f"{name}.pth")
+    for url in (f"{base}/{quoted}", (served / f"{name}.pth").as_uri()):
+        target = helpers.TinyNet()
+        assert Checkpointer(target).load(url) == {"iteration": 6}, url
+        assert _model_equal(target, model)

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import urllib.parse
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -648,7 +649,7 @@ class Checkpointer:
         if info is not None:
             weights_name, save_id, model_extra = _safetensors_marker(info, local)
             if _is_url(path):
-                weights_local = self._local_path(path.rsplit("/", 1)[0] + "/" + weights_name)
+                weights_local = self._local_path(urllib.parse.urljoin(path, urllib.parse.quote(weights_name)))
             else:
                 weights_local = os.path.join(os.path.dirname(local), weights_name)
             model_state: dict[str, Any] = OrderedDict(load_safetensors(weights_local, save_id))
