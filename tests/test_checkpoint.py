@@ -108,6 +108,10 @@ def test_add_checkpointable_errors() -> None:
         ckpt.add_checkpointable("optimizer", torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1))
     with pytest.raises(TypeError, match="add_checkpointable needs an object with 'state_dict\\(\\)' method."):
         ckpt.add_checkpointable("x", object())
+    # "model" is the model's own entry: an EMA copy registered under that name replaced the weights in every save
+    for key in ("model", "__modelmeter_checkpoint__"):
+        with pytest.raises(KeyError, match=f"Key {key} is the checkpoint's own entry"):
+            ckpt.add_checkpointable(key, nn.Linear(1, 1))
 
 
 def test_periodic_checkpointer_fvcore_example(tmp_path: pathlib.Path) -> None:

@@ -55,6 +55,7 @@ _MARKER = "__modelmeter_checkpoint__"
 _SHARDED_EXTRA = "extra.pth"
 _DCP_METADATA = ".metadata"
 _FORMATS = ("pth", "safetensors")
+_OWN_ENTRIES = ("model", _MARKER)  # keys of a checkpoint file that no checkpointable or extra data may take
 
 
 class _IncompatibleKeys(NamedTuple):
@@ -318,6 +319,8 @@ class Checkpointer:
         """Register another object to save and load under ``key``."""
         if key in self.checkpointables:
             raise KeyError(f"Key {key} already used in the Checkpointer")
+        if key in _OWN_ENTRIES:
+            raise KeyError(f"Key {key} is the checkpoint's own entry (the model state); register it under another name")
         if not hasattr(checkpointable, "state_dict"):
             raise TypeError("add_checkpointable needs an object with 'state_dict()' method.")
         self.checkpointables[key] = checkpointable
@@ -347,7 +350,7 @@ class Checkpointer:
     def _check_extra_keys(self, kwargs: dict[str, Any]) -> None:
         """Extra data stored next to the model may not take the place of what the checkpointer stores itself."""
         for key in kwargs:
-            if key in ("model", _MARKER) or key in self.checkpointables:
+            if key in _OWN_ENTRIES or key in self.checkpointables:
                 raise ValueError(
                     f"save(): extra data {key!r} would replace the checkpoint's own {key!r} entry; use another name"
                 )
