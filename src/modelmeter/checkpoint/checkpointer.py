@@ -40,6 +40,7 @@ from ._storage import (
     first_line,
     is_inside,
     load_safetensors,
+    refused_import,
     safetensors_bytes,
     torch_load,
     unsafe_error,
@@ -312,6 +313,7 @@ class Checkpointer:
         self.sharded = sharded
         self.safe_globals = list(safe_globals)
         self._load_weights_only = weights_only
+        self._said_unloadable: set[str] = set()
 
     # --- registration ---------------------------------------------------------------------------------------------
 
@@ -387,6 +389,22 @@ class Checkpointer:
                 _remove_if_present(weights_file)  # from an earlier save of the same name in the other format
             self.tag_last_checkpoint(basename)
         remove_stale_temp_files(self.save_dir)
+        self._check_loadable(save_file, kwargs)
+
+    def _check_loadable(self, file: str, extra: dict[str, Any]) -> None:
+        """Warn (once per kind of object) when this checkpointer's weights-only loading will refuse ``file``: then
+        resuming fails, and it is better to learn that at the first save than at the restart."""
+        if not self.weights_only:
+            return
+        detail = refused_import(file, self.safe_globals)
+        if detail is None or detail in self._said_unloadable:
+            return
+        self._said_unloadable.add(detail)
+        self.logger.warning(
+            f"Saved {file}, but this Checkpointer will refuse to load it: {detail} (weights_only=True). Store plain "
+            f"data in the extra state ({', '.join(map(repr, extra)) or 'none'}; e.g. str(path), vars(namespace)) "
+            "or the checkpointables, or pass Checkpointer(..., safe_globals=[...]) with the classes it needs."
+        )
 
     @staticmethod
     def _write_pair(weights_file: str, blob: bytes, save_file: str, data: dict[str, Any]) -> None:
@@ -433,6 +451,7 @@ class Checkpointer:
                     atomic_write(os.path.join(partial, _SHARDED_EXTRA), lambda f: torch.save(data, f))
                     self._replace_dir(partial, final)
                     self.tag_last_checkpoint(name)
+                    self._check_loadable(os.path.join(final, _SHARDED_EXTRA), kwargs)
             done = True
         finally:
             _barrier()
