@@ -594,6 +594,31 @@ def test_resume_is_bit_identical_and_training_continues_identically(tmp_path: pa
     assert all(torch.equal(a, b) for a, b in zip(first + second, uninterrupted, strict=True))
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_optimizer_with_state_for_some_parameters_only(tmp_path: pathlib.Path, sharded: bool) -> None:
+    """A frozen or unused parameter has no optimizer state. A sharded checkpoint of such an optimizer could not be
+    loaded into a fresh one ("Missing key in checkpoint state_dict: ...momentum_buffer"); the oracle is torch's
+    own ``optimizer.load_state_dict`` of the saved state."""
+
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2), nn.BatchNorm1d(2))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    model, opt = make()
+    model[0].weight.requires_grad_(False)  # frozen
+    model[1](torch.randn(4, 3)).sum().backward()  # model[0] and the BatchNorm get no gradient either
+    opt.step()
+    Checkpointer(model, str(tmp_path), sharded=sharded, optimizer=opt).save("partial", iteration=1)
+    _, expected = make()
+    expected.load_state_dict(opt.state_dict())
+
+    target, target_opt = make()
+    assert Checkpointer(target, str(tmp_path), optimizer=target_opt).resume_or_load("") == {"iteration": 1}
+    _assert_same(target_opt.state_dict(), expected.state_dict(), "optimizer")
+    _assert_same(target.state_dict(), model.state_dict(), "model")
+
+
 # --- safetensors --------------------------------------------------------------------------------------------------
 
 
