@@ -536,6 +536,18 @@ def test_extra_state_refused_by_the_module_is_a_checkpoint_error(tmp_path: pathl
     assert info.value.reason == "incompatible" and info.value.path == str(tmp_path / "extra.pth")
 
 
+def test_loading_into_a_model_on_the_meta_device_is_an_error(tmp_path: pathlib.Path) -> None:
+    """Copying into a meta tensor is a no-op: the load 'succeeded' and the model still held no weights (torch only
+    emitted a UserWarning). It is an incompatible checkpoint for that model, raised before anything is copied."""
+    Checkpointer(helpers.TinyNet(), str(tmp_path)).save("real")
+    with torch.device("meta"):
+        model = helpers.TinyNet()
+    with pytest.raises(CheckpointError, match=r"fc1\.weight.* meta device.*to_empty") as info:
+        Checkpointer(model).load(str(tmp_path / "real.pth"))
+    assert info.value.reason == "incompatible"
+    assert all(t.is_meta for t in model.state_dict().values())
+
+
 def test_mis_shaped_tensors_are_skipped_with_fvcores_warning_not_a_crash(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:

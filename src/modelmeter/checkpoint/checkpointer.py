@@ -266,8 +266,13 @@ def _tensor_kind(t: torch.Tensor) -> str:
 def _tensor_kind_mismatch(model_tensor: torch.Tensor, saved: torch.Tensor) -> str | None:
     """Why ``saved`` cannot be copied into ``model_tensor`` whatever its shape (sparse, quantized, nested, meta)."""
     want, got = _tensor_kind(model_tensor), _tensor_kind(saved)
-    if want == got or (want.startswith("meta") and got == "strided"):
+    if want == got:
         return None
+    if model_tensor.is_meta:
+        return (
+            "would be copied into a tensor on the meta device, which holds no data (the copy does nothing); "
+            "materialize the model first, e.g. model.to_empty(device='cpu')"
+        )
     return f"is a {got} tensor where the model holds a {want} one"
 
 
