@@ -102,6 +102,19 @@ def test_save_layout_last_checkpoint_and_load_rest(tmp_path: pathlib.Path, caplo
     assert not (tmp_path / "off").exists() and not os.path.exists("nothing.pth")
 
 
+def test_paths_may_be_path_objects(tmp_path: pathlib.Path) -> None:
+    """fvcore's loader takes any path its PathManager takes (``os.fspath``); ``load(pathlib.Path)`` raised a bare
+    AttributeError ('PosixPath' object has no attribute 'startswith')."""
+    model = nn.Linear(2, 2)
+    Checkpointer(model, tmp_path, sharded=False).save("plain", iteration=1)
+    Checkpointer(model, tmp_path, sharded=True).save("sharded", iteration=2)
+    for name, iteration in (("plain.pth", 1), ("sharded", 2)):
+        target = nn.Linear(2, 2)
+        assert Checkpointer(target).load(tmp_path / name) == {"iteration": iteration}
+        assert _model_equal(target, model)
+        assert Checkpointer(target).resume_or_load(tmp_path / name, resume=False) == {"iteration": iteration}
+
+
 def test_add_checkpointable_errors() -> None:
     ckpt = Checkpointer(nn.Linear(1, 1), optimizer=torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1))
     with pytest.raises(KeyError, match="Key optimizer already used in the Checkpointer"):

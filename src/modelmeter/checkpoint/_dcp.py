@@ -163,7 +163,7 @@ def read_tensor_shapes(directory: str, weights_only: bool) -> dict[str, tuple[in
 
 def _dot_prefixes(keys: Iterable[str]) -> set[str]:
     """Every key and each of its leading dotted parts: ``"a.b.c"`` gives ``"a"``, ``"a.b"``, ``"a.b.c"``."""
-    prefixes = set()
+    prefixes: set[str] = set()
     for key in keys:
         parts = key.split(".")
         prefixes.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))

@@ -297,7 +297,7 @@ class Checkpointer:
     def __init__(
         self,
         model: nn.Module,
-        save_dir: str = "",
+        save_dir: str | os.PathLike[str] = "",
         *,
         save_to_disk: bool = True,
         weights_only: bool = True,
@@ -311,7 +311,7 @@ class Checkpointer:
         for key, obj in checkpointables.items():
             self.add_checkpointable(key, obj)
         self.logger = logger
-        self.save_dir = save_dir
+        self.save_dir = os.fspath(save_dir)
         self.save_to_disk = save_to_disk
         self.weights_only = weights_only
         self.format = self._check_format(format)
@@ -540,7 +540,7 @@ class Checkpointer:
 
     # --- loading --------------------------------------------------------------------------------------------------
 
-    def resume_or_load(self, path: str, *, resume: bool = True) -> dict[str, Any]:
+    def resume_or_load(self, path: str | os.PathLike[str], *, resume: bool = True) -> dict[str, Any]:
         """Resume from ``last_checkpoint`` (model and every checkpointable) if ``resume`` and there is one;
         otherwise load only the model from ``path``.
 
@@ -593,13 +593,18 @@ class Checkpointer:
         return [p for _, p in sorted(found, reverse=True)]
 
     def load(
-        self, path: str, checkpointables: list[str] | None = None, *, weights_only: bool | None = None
+        self,
+        path: str | os.PathLike[str],
+        checkpointables: list[str] | None = None,
+        *,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load the model and the given checkpointables (all if ``None``) from ``path``.
 
         ``path`` may be a ``.pth`` / ``.safetensors`` file, a sharded checkpoint directory, or an ``http(s)://``
         URL (downloaded once into the cache). Returns what was not consumed (e.g. ``{"iteration": 5}``).
         """
+        path = os.fspath(path)
         if not path:
             self.logger.info("No checkpoint found. Initializing model from scratch")
             return {}
