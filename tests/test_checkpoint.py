@@ -677,6 +677,28 @@ def test_safetensors_format(tmp_path: pathlib.Path) -> None:
         Checkpointer(model, format="npz")
 
 
+def test_safetensors_format_with_tensors_safetensors_cannot_hold(tmp_path: pathlib.Path) -> None:
+    """safetensors stores dense tensors only: a sparse or quantized buffer made save() fail with a bare
+    NotImplementedError from deep inside. Such tensors go to the .pth beside the weights, like non-tensor state."""
+    model = nn.Linear(2, 2)
+    model.register_buffer("mask", torch.eye(2).to_sparse())
+    model.register_buffer("codes", torch.quantize_per_tensor(torch.arange(4.0), 0.5, 0, torch.qint8))
+    Checkpointer(model, str(tmp_path), format="safetensors").save("odd", iteration=1)
+    from safetensors.torch import load_file
+
+    assert sorted(load_file(tmp_path / "odd.safetensors")) == ["bias", "weight"]
+    target = nn.Linear(2, 2)
+    target.register_buffer("mask", torch.zeros(2, 2).to_sparse())
+    target.register_buffer("codes", torch.quantize_per_tensor(torch.zeros(4), 0.5, 0, torch.qint8))
+    assert Checkpointer(target).load(str(tmp_path / "odd.pth")) == {"iteration": 1}
+    loaded = target.state_dict()
+    for key, value in model.state_dict().items():
+        if value.is_sparse:
+            assert torch.equal(loaded[key].to_dense(), value.to_dense()), key
+        else:
+            assert torch.equal(loaded[key], value), key
+
+
 # --- distributed --------------------------------------------------------------------------------------------------
 
 

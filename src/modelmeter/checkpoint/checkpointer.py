@@ -209,6 +209,14 @@ def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[
     )
 
 
+def _safetensors_can_hold(value: object) -> bool:
+    """A dense tensor with data: what a safetensors file stores (sparse, quantized, nested and meta tensors go to
+    the ``.pth`` with the non-tensor model state)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    return value.layout == torch.strided and not (value.is_quantized or value.is_nested or value.is_meta)
+
+
 def _numeric_array(value: object) -> bool:
     """A numpy array or scalar that converts to a tensor (numbers or booleans; not strings or objects)."""
     np = sys.modules.get("numpy")
@@ -371,8 +379,8 @@ class Checkpointer:
         tensors: dict[str, torch.Tensor] = {}
         save_id = uuid.uuid4().hex
         if fmt == "safetensors":
-            tensors = {k: v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
-            others = {k: v for k, v in model_state.items() if not isinstance(v, torch.Tensor)}
+            tensors = {k: v for k, v in model_state.items() if _safetensors_can_hold(v)}
+            others = {k: v for k, v in model_state.items() if k not in tensors}
             data[_MARKER] = {
                 "format": "safetensors",
                 "weights": os.path.basename(weights_file),
