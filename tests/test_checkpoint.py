@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -101,12 +102,29 @@ def test_save_layout_last_checkpoint_and_load_rest(tmp_path: pathlib.Path, caplo
     assert not (tmp_path / "off").exists() and not os.path.exists("nothing.pth")
 
 
+def test_paths_may_be_path_objects(tmp_path: pathlib.Path) -> None:
+    """fvcore's loader takes any path its PathManager takes (``os.fspath``); ``load(pathlib.Path)`` raised a bare
+    AttributeError ('PosixPath' object has no attribute 'startswith')."""
+    model = nn.Linear(2, 2)
+    Checkpointer(model, tmp_path, sharded=False).save("plain", iteration=1)
+    Checkpointer(model, tmp_path, sharded=True).save("sharded", iteration=2)
+    for name, iteration in (("plain.pth", 1), ("sharded", 2)):
+        target = nn.Linear(2, 2)
+        assert Checkpointer(target).load(tmp_path / name) == {"iteration": iteration}
+        assert _model_equal(target, model)
+        assert Checkpointer(target).resume_or_load(tmp_path / name, resume=False) == {"iteration": iteration}
+
+
 def test_add_checkpointable_errors() -> None:
     ckpt = Checkpointer(nn.Linear(1, 1), optimizer=torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1))
     with pytest.raises(KeyError, match="Key optimizer already used in the Checkpointer"):
         ckpt.add_checkpointable("optimizer", torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1))
     with pytest.raises(TypeError, match="add_checkpointable needs an object with 'state_dict\\(\\)' method."):
         ckpt.add_checkpointable("x", object())
+    # "model" is the model's own entry: an EMA copy registered under that name replaced the weights in every save
+    for key in ("model", "__modelmeter_checkpoint__"):
+        with pytest.raises(KeyError, match=f"Key {key} is the checkpoint's own entry"):
+            ckpt.add_checkpointable(key, nn.Linear(1, 1))
 
 
 def test_periodic_checkpointer_fvcore_example(tmp_path: pathlib.Path) -> None:
@@ -281,6 +299,40 @@ def test_uniform_module_prefix_is_stripped(tmp_path: pathlib.Path, caplog: pytes
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         Checkpointer(nn.Sequential(nn.Linear(2, 3))).load(str(tmp_path / "mixed.pth"))
     assert "  module.0.weight" in _ours(caplog)[-1]
+
+
+class HoldsModule(nn.Module):
+    """A plain model (no wrapper) whose child is called ``module``: its own keys start with ``module.``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+
+
+def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> OrderedDict[str, torch.Tensor]:
+    return OrderedDict((prefix + k, v) for k, v in state.items())
+
+
+def test_module_prefixes_are_stripped_only_down_to_the_models_own(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """fvcore strips one ``module.`` whatever the model's keys: a model whose child is named ``module`` lost every
+    weight on its own save/load round trip, and a state dict of a twice-wrapped model kept one prefix."""
+    source = HoldsModule()
+    with torch.no_grad():
+        source.module[1].running_mean.uniform_()
+    Checkpointer(source, str(tmp_path)).save("own")
+    plain = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    torch.save({"model": _prefixed(source.module.state_dict(), "module.module.")}, tmp_path / "twice.pth")
+    torch.save({"model": _prefixed(source.state_dict(), "module.")}, tmp_path / "wrapped_own.pth")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for name in ("own", "wrapped_own"):
+            target = HoldsModule()
+            Checkpointer(target).load(str(tmp_path / f"{name}.pth"))
+            assert _model_equal(source, target), name
+        Checkpointer(plain).load(str(tmp_path / "twice.pth"))
+    assert _ours(caplog) == []
+    assert _model_equal(source.module, plain)
 
 
 class WithInnerDP(nn.Module):
@@ -555,6 +607,31 @@ def test_resume_is_bit_identical_and_training_continues_identically(tmp_path: pa
     assert all(torch.equal(a, b) for a, b in zip(first + second, uninterrupted, strict=True))
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_optimizer_with_state_for_some_parameters_only(tmp_path: pathlib.Path, sharded: bool) -> None:
+    """A frozen or unused parameter has no optimizer state. A sharded checkpoint of such an optimizer could not be
+    loaded into a fresh one ("Missing key in checkpoint state_dict: ...momentum_buffer"); the oracle is torch's
+    own ``optimizer.load_state_dict`` of the saved state."""
+
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2), nn.BatchNorm1d(2))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    model, opt = make()
+    model[0].weight.requires_grad_(False)  # frozen
+    model[1](torch.randn(4, 3)).sum().backward()  # model[0] and the BatchNorm get no gradient either
+    opt.step()
+    Checkpointer(model, str(tmp_path), sharded=sharded, optimizer=opt).save("partial", iteration=1)
+    _, expected = make()
+    expected.load_state_dict(opt.state_dict())
+
+    target, target_opt = make()
+    assert Checkpointer(target, str(tmp_path), optimizer=target_opt).resume_or_load("") == {"iteration": 1}
+    _assert_same(target_opt.state_dict(), expected.state_dict(), "optimizer")
+    _assert_same(target.state_dict(), model.state_dict(), "model")
+
+
 # --- safetensors --------------------------------------------------------------------------------------------------
 
 
@@ -598,6 +675,28 @@ def test_safetensors_format(tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / "mix.safetensors").exists()
     with pytest.raises(ValueError, match="Unknown checkpoint format"):
         Checkpointer(model, format="npz")
+
+
+def test_safetensors_format_with_tensors_safetensors_cannot_hold(tmp_path: pathlib.Path) -> None:
+    """safetensors stores dense tensors only: a sparse or quantized buffer made save() fail with a bare
+    NotImplementedError from deep inside. Such tensors go to the .pth beside the weights, like non-tensor state."""
+    model = nn.Linear(2, 2)
+    model.register_buffer("mask", torch.eye(2).to_sparse())
+    model.register_buffer("codes", torch.quantize_per_tensor(torch.arange(4.0), 0.5, 0, torch.qint8))
+    Checkpointer(model, str(tmp_path), format="safetensors").save("odd", iteration=1)
+    from safetensors.torch import load_file
+
+    assert sorted(load_file(tmp_path / "odd.safetensors")) == ["bias", "weight"]
+    target = nn.Linear(2, 2)
+    target.register_buffer("mask", torch.zeros(2, 2).to_sparse())
+    target.register_buffer("codes", torch.quantize_per_tensor(torch.zeros(4), 0.5, 0, torch.qint8))
+    assert Checkpointer(target).load(str(tmp_path / "odd.pth")) == {"iteration": 1}
+    loaded = target.state_dict()
+    for key, value in model.state_dict().items():
+        if value.is_sparse:
+            assert torch.equal(loaded[key].to_dense(), value.to_dense()), key
+        else:
+            assert torch.equal(loaded[key], value), key
 
 
 # --- distributed --------------------------------------------------------------------------------------------------
@@ -696,3 +795,19 @@ def test_load_from_http_url(http_dir: tuple[pathlib.Path, str]) -> None:
     with pytest.raises(CheckpointError, match="could not be downloaded") as info:
         Checkpointer(target).load(f"{base}/absent.pth")
     assert f"{base}/absent.pth" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["model 50%41", "run#2", "what?", "\u00fcber"])
+def test_safetensors_checkpoint_from_a_url_whose_name_needs_quoting(
+    http_dir: tuple[pathlib.Path, str], name: str
+) -> None:
+    """The weights file's name was appended to the URL unquoted: '%41' was decoded to 'A', '#' and '?' cut the
+    name off, so the weights of such a checkpoint were "not found" (over http:// and file://)."""
+    served, base = http_dir
+    model = helpers.TinyNet()
+    Checkpointer(model, str(served)).save(name, format="safetensors", iteration=6)
+    quoted = urllib.parse.quote(f"{name}.pth")
+    for url in (f"{base}/{quoted}", (served / f"{name}.pth").as_uri()):
+        target = helpers.TinyNet()
+        assert Checkpointer(target).load(url) == {"iteration": 6}, url
+        assert _model_equal(target, model)

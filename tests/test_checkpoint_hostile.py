@@ -536,6 +536,18 @@ def test_extra_state_refused_by_the_module_is_a_checkpoint_error(tmp_path: pathl
     assert info.value.reason == "incompatible" and info.value.path == str(tmp_path / "extra.pth")
 
 
+def test_loading_into_a_model_on_the_meta_device_is_an_error(tmp_path: pathlib.Path) -> None:
+    """Copying into a meta tensor is a no-op: the load 'succeeded' and the model still held no weights (torch only
+    emitted a UserWarning). It is an incompatible checkpoint for that model, raised before anything is copied."""
+    Checkpointer(helpers.TinyNet(), str(tmp_path)).save("real")
+    with torch.device("meta"):
+        model = helpers.TinyNet()
+    with pytest.raises(CheckpointError, match=r"fc1\.weight.* meta device.*to_empty") as info:
+        Checkpointer(model).load(str(tmp_path / "real.pth"))
+    assert info.value.reason == "incompatible"
+    assert all(t.is_meta for t in model.state_dict().values())
+
+
 def test_mis_shaped_tensors_are_skipped_with_fvcores_warning_not_a_crash(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -696,6 +708,133 @@ def test_save_refuses_names_that_are_not_a_plain_file_name(tmp_path: pathlib.Pat
     with pytest.raises(ValueError, match=r"^last_checkpoint entry"):
         ckpt.tag_last_checkpoint(name + ".pth" if name.strip() else name)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("fmt", ["pth", "safetensors"])
+def test_extra_data_may_not_overwrite_the_model_or_a_checkpointable(
+    tmp_path: pathlib.Path, sharded: bool, fmt: str
+) -> None:
+    """``save(name, model=...)`` used to replace the weights in the file (fvcore's ``data.update(kwargs)``): the
+    save succeeded and the model state was gone; an extra key named like a checkpointable replaced its state."""
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters())
+    ckpt = Checkpointer(model, str(tmp_path), format=fmt, sharded=sharded, optimizer=optimizer)
+    ckpt.save("good", iteration=1)
+    for key in ("model", "optimizer", "__modelmeter_checkpoint__"):
+        with pytest.raises(ValueError, match=f"extra data {key!r} .* the checkpoint's own"):
+            ckpt.save("bad", **{key: "resnet50"})
+    assert "bad" not in " ".join(os.listdir(tmp_path))
+    assert ckpt.resume_or_load("") == {"iteration": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "sharded"),
+    [
+        ("a" * 251, "pth", False),
+        ("b" * 243, "safetensors", False),
+        ("\U0001f600" * 62, "pth", False),
+        ("c" * 255, "pth", True),
+    ],
+    ids=["pth", "safetensors", "emoji", "sharded"],
+)
+def test_longest_names_save_and_load(tmp_path: pathlib.Path, name: str, fmt: str, sharded: bool) -> None:
+    """A name whose checkpoint file (or directory) fits in 255 bytes saves: the hidden temporary names are
+    shortened to fit (they were ~30 bytes longer and failed with "File name too long")."""
+    model = nn.Linear(2, 2)
+    Checkpointer(model, str(tmp_path), format=fmt, sharded=sharded).save(name, iteration=2)
+    target = nn.Linear(2, 2)
+    assert Checkpointer(target, str(tmp_path), sharded=sharded).resume_or_load("") == {"iteration": 2}
+    assert _state_equal(target.state_dict(), model.state_dict())
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_retention_of_the_longest_names(tmp_path: pathlib.Path) -> None:
+    """Deleting an old ``<name>.pth`` also tries ``<name>.safetensors``, which is too long a name to exist: that
+    must not raise ENAMETOOLONG out of ``step``."""
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    periodic = PeriodicCheckpointer(ckpt, 1, max_to_keep=1, file_prefix="p" * 240)
+    for iteration in range(3):
+        periodic.step(iteration)
+    assert sorted(os.listdir(tmp_path)) == ["last_checkpoint", "p" * 240 + "_0000002.pth"]
+
+
+def test_names_that_are_no_valid_unicode_are_refused_before_writing(tmp_path: pathlib.Path) -> None:
+    """A lone surrogate (os.listdir's escape for undecodable bytes) wrote the .pth, then failed with a bare
+    UnicodeEncodeError writing last_checkpoint, leaving a checkpoint that last_checkpoint did not name."""
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        ckpt.save("model\udcff")
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        PeriodicCheckpointer(ckpt, period=1, file_prefix="\ud800")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_saving_what_the_checkpointer_cannot_load_back_warns(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, sharded: bool
+) -> None:
+    """``save(..., args=argparse.Namespace(...))`` or a ``pathlib.Path`` wrote a checkpoint that the same
+    Checkpointer then refused (weights_only) when resuming, found out only at the restart; now the save says so."""
+    import argparse
+
+    model = nn.Linear(2, 2)
+    ckpt = Checkpointer(model, str(tmp_path), sharded=sharded)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        ckpt.save("plain", iteration=1, rng=np.random.get_state(), counts={"a": {1, 2}})
+        assert [r.getMessage() for r in caplog.records] == []
+        ckpt.save("args", args=argparse.Namespace(lr=0.1), iteration=2)
+        ckpt.save("args2", args=argparse.Namespace(lr=0.2), iteration=3)  # said once per checkpointer
+    (message,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "argparse.Namespace" in message and "safe_globals" in message and "args" in message
+    with pytest.raises(CheckpointError) as info:
+        ckpt.resume_or_load("")
+    assert info.value.reason == "unsafe"  # what the warning announced
+    caplog.clear()
+    trusting = Checkpointer(model, str(tmp_path), sharded=sharded, safe_globals=[argparse.Namespace])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trusting.save("args3", args=argparse.Namespace(lr=0.3))
+        assert trusting.resume_or_load("")["args"].lr == 0.3
+        Checkpointer(model, str(tmp_path), sharded=sharded, weights_only=False).save("args4", args=argparse.Namespace())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_quick_save_check_agrees_with_the_exact_scan(tmp_path: pathlib.Path) -> None:
+    """The check after a save searches the pickle bytes for imports before disassembling them; it must say what
+    the pickletools scan says (equality with the un-optimised path) and what loading then does."""
+    import argparse
+
+    from modelmeter.checkpoint._storage import _scan_checkpoint, refused_import, safe_globals
+
+    extras: list[Any] = [
+        1,
+        "c\nx\n",
+        "cos\nsystem\n",
+        {1, 2},
+        np.random.get_state(),
+        torch.Size([2]),
+        range(3),
+        slice(1),
+        argparse.Namespace(a=1),
+        pathlib.Path("x"),
+        _Reduce(pathlib.Path.touch, pathlib.Path(tmp_path / "never")),
+        frozenset([1]),
+        OrderedDict(a=torch.zeros(2)),
+        torch.zeros(2).to_sparse(),
+    ]
+    path = tmp_path / "x.pth"
+    for extra in extras:
+        torch.save({"model": nn.Linear(2, 2).state_dict(), "extra": extra}, path)
+        with safe_globals():
+            exact, _ = _scan_checkpoint(str(path))
+        assert refused_import(str(path)) == exact, extra
+        try:
+            Checkpointer(nn.Linear(2, 2)).load(str(path))
+        except CheckpointError as exc:
+            assert exc.reason == "unsafe" and exact is not None, extra
+        else:
+            assert exact is None, extra
+    assert not (tmp_path / "never").exists()
 
 
 def test_names_checked_by_periodic_checkpointer(tmp_path: pathlib.Path) -> None:

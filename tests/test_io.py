@@ -391,6 +391,26 @@ def test_copy_and_overwrite(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.txt", "src.txt"]  # no temporary files left
 
 
+LONGEST_NAMES = ["a" * 255, "\U0001f600" * 62 + ".bin", "\u00fc" * 127 + "x"]  # 255, 252 and 255 bytes
+
+
+@pytest.mark.parametrize("name", LONGEST_NAMES, ids=["ascii", "emoji", "latin"])
+def test_atomic_writes_and_copies_take_every_name_the_file_system_takes(tmp_path: Path, name: str) -> None:
+    """The temporary file beside the target must fit the file system's name limit whenever the target does
+    (it added ~30 bytes to the name, so every name over ~225 bytes failed with ENAMETOOLONG)."""
+    from modelmeter.io.atomic import atomic_write
+
+    target = tmp_path / name
+    atomic_write(str(target), lambda f: f.write(b"new"))
+    assert target.read_bytes() == b"new"
+    (tmp_path / "src").write_bytes(b"copied")
+    os.remove(target)
+    assert PathManager.copy(tmp_path / "src", target)
+    assert PathManager.copy(tmp_path / "src", target, overwrite=True)
+    assert target.read_bytes() == b"copied"
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "src"])  # no temporary file left
+
+
 # --------------------------------------------------------------------------------------------- file:// URLs
 
 

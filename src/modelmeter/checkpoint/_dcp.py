@@ -14,7 +14,7 @@ import io
 import os
 import pickle
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -161,6 +161,34 @@ def read_tensor_shapes(directory: str, weights_only: bool) -> dict[str, tuple[in
     return shapes
 
 
+def _dot_prefixes(keys: Iterable[str]) -> set[str]:
+    """Every key and each of its leading dotted parts: ``"a.b.c"`` gives ``"a"``, ``"a.b"``, ``"a.b.c"``."""
+    prefixes: set[str] = set()
+    for key in keys:
+        parts = key.split(".")
+        prefixes.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return prefixes
+
+
+def _saved_entries_only(request: dict[str, Any], name: str, saved_keys: Iterable[str]) -> dict[str, Any]:
+    """An optimizer state dict to load into, without the per-parameter entries the checkpoint does not hold.
+
+    A parameter that had no state when the checkpoint was saved (frozen, or never given a gradient) has no keys
+    in it, and DCP refuses to load a requested key it lacks; ``optimizer.load_state_dict`` leaves such a
+    parameter without state, and so does this.
+    """
+    state = request.get("state")
+    if not isinstance(state, dict):
+        return request
+    saved = _dot_prefixes(saved_keys)
+    kept: dict[str, Any] = {}
+    for fqn, entries in state.items():
+        present = {k: v for k, v in entries.items() if f"{name}.state.{fqn}.{k}" in saved}
+        if present:
+            kept[fqn] = present
+    return {**request, "state": kept}
+
+
 def load_sharded(
     directory: str,
     model: nn.Module,
@@ -199,7 +227,7 @@ def load_sharded(
             raise CheckpointError(
                 f"Checkpoint {directory} holds no state for optimizer {key!r}", directory, "incompatible"
             )
-        state[name] = get_optimizer_state_dict(model, optimizer)
+        state[name] = _saved_entries_only(get_optimizer_state_dict(model, optimizer), name, shapes)
     reader = _SafeReader(directory, weights_only)
     planner = _SafePlanner(directory) if weights_only else _default_planner.DefaultLoadPlanner()
     try:
@@ -217,8 +245,9 @@ def load_sharded(
         ) from exc
     try:
         set_model_state_dict(model, state[_MODEL], options=StateDictOptions(strict=False))
+        lenient = StateDictOptions(strict=False)  # parameters without saved state stay without, as load_state_dict
         for key, optimizer in optimizers.items():
-            set_optimizer_state_dict(model, optimizer, state[_OPTIM_PREFIX + key])
+            set_optimizer_state_dict(model, optimizer, state[_OPTIM_PREFIX + key], options=lenient)
     except Exception as exc:
         raise CheckpointError(
             f"Sharded checkpoint {directory} was read but does not fit the model or optimizer "

@@ -18,6 +18,7 @@ __all__ = [
     "get_unexpected_parameters_message",
     "named_modules_with_dup",
     "strip_prefix_if_present",
+    "strip_wrapper_prefixes",
     "unwrap_model",
     "unwrap_state_dict",
 ]
@@ -79,6 +80,26 @@ def strip_prefix_if_present(state_dict: dict[str, Any], prefix: str) -> None:
             metadata[""] = metadata.pop(key)
         elif key.startswith(prefix):
             metadata[key[len(prefix) :]] = metadata.pop(key)
+
+
+def _prefix_depth(keys: Iterable[str], prefix: str) -> int:
+    """How many times ``prefix`` repeats at the start of every (non-empty) key; 0 for no keys."""
+    names = [k for k in keys if k]
+    depth = 0
+    while names and all(k.startswith(prefix * (depth + 1)) for k in names):
+        depth += 1
+    return depth
+
+
+def strip_wrapper_prefixes(state_dict: dict[str, Any], model_keys: Iterable[str], prefix: str = "module.") -> None:
+    """Remove the uniform ``prefix`` segments that wrappers (DataParallel / DDP, any number) added, in place.
+
+    Only those beyond the model's own: a model whose child is called ``module`` keeps its ``module.`` keys
+    (fvcore strips one ``prefix`` regardless, so such a model could not load its own checkpoint).
+    """
+    extra = _prefix_depth(state_dict, prefix) - _prefix_depth(model_keys, prefix)
+    for _ in range(extra):
+        strip_prefix_if_present(state_dict, prefix)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

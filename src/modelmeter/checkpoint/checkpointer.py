@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import urllib.parse
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,13 +25,13 @@ import torch
 from torch import nn
 
 from .._torch_compat import state_dict_metadata
-from ..io.atomic import atomic_write, fsync_dir, remove_stale_temp_files
+from ..io.atomic import atomic_write, fsync_dir, hidden_name, remove_stale_temp_files
 from ._keys import (
     clean_key_map,
     filter_reused_missing_keys,
     get_missing_parameters_message,
     get_unexpected_parameters_message,
-    strip_prefix_if_present,
+    strip_wrapper_prefixes,
     unwrap_model,
     unwrap_state_dict,
 )
@@ -39,6 +40,7 @@ from ._storage import (
     first_line,
     is_inside,
     load_safetensors,
+    refused_import,
     safetensors_bytes,
     torch_load,
     unsafe_error,
@@ -54,6 +56,7 @@ _MARKER = "__modelmeter_checkpoint__"
 _SHARDED_EXTRA = "extra.pth"
 _DCP_METADATA = ".metadata"
 _FORMATS = ("pth", "safetensors")
+_OWN_ENTRIES = ("model", _MARKER)  # keys of a checkpoint file that no checkpointable or extra data may take
 
 
 class _IncompatibleKeys(NamedTuple):
@@ -110,6 +113,8 @@ def _name_problem(name: str) -> str | None:
         return "starts or ends with whitespace"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return "contains a control character (NUL, newline, ...)"
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return "is not valid Unicode (a lone surrogate, e.g. undecodable bytes from os.listdir)"
     if name in (".", ".."):
         return "is a relative path"
     if "/" in name or "\\" in name or os.path.isabs(name):
@@ -173,16 +178,21 @@ def _writing(path: str) -> Iterator[None]:
         raise _write_error(path, exc) from exc
 
 
+def _remove_if_present(path: str) -> None:
+    """Remove a file that may not exist (nor could: ``<name>.safetensors`` is longer than a valid ``<name>.pth``)."""
+    if os.path.lexists(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def _remove_checkpoint(path: str) -> None:
     """Delete one checkpoint: a ``<name>/`` directory, or ``<name>.pth`` and its ``<name>.safetensors``."""
     if os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    _remove_if_present(path)
     if path.endswith(".pth"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path[: -len(".pth")] + ".safetensors")
+        _remove_if_present(path[: -len(".pth")] + ".safetensors")
 
 
 def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[str, Any]]:
@@ -197,6 +207,14 @@ def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[
         file,
         "corrupt",
     )
+
+
+def _safetensors_can_hold(value: object) -> bool:
+    """A dense tensor with data: what a safetensors file stores (sparse, quantized, nested and meta tensors go to
+    the ``.pth`` with the non-tensor model state)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    return value.layout == torch.strided and not (value.is_quantized or value.is_nested or value.is_meta)
 
 
 def _numeric_array(value: object) -> bool:
@@ -256,8 +274,13 @@ def _tensor_kind(t: torch.Tensor) -> str:
 def _tensor_kind_mismatch(model_tensor: torch.Tensor, saved: torch.Tensor) -> str | None:
     """Why ``saved`` cannot be copied into ``model_tensor`` whatever its shape (sparse, quantized, nested, meta)."""
     want, got = _tensor_kind(model_tensor), _tensor_kind(saved)
-    if want == got or (want.startswith("meta") and got == "strided"):
+    if want == got:
         return None
+    if model_tensor.is_meta:
+        return (
+            "would be copied into a tensor on the meta device, which holds no data (the copy does nothing); "
+            "materialize the model first, e.g. model.to_empty(device='cpu')"
+        )
     return f"is a {got} tensor where the model holds a {want} one"
 
 
@@ -282,7 +305,7 @@ class Checkpointer:
     def __init__(
         self,
         model: nn.Module,
-        save_dir: str = "",
+        save_dir: str | os.PathLike[str] = "",
         *,
         save_to_disk: bool = True,
         weights_only: bool = True,
@@ -296,13 +319,14 @@ class Checkpointer:
         for key, obj in checkpointables.items():
             self.add_checkpointable(key, obj)
         self.logger = logger
-        self.save_dir = save_dir
+        self.save_dir = os.fspath(save_dir)
         self.save_to_disk = save_to_disk
         self.weights_only = weights_only
         self.format = self._check_format(format)
         self.sharded = sharded
         self.safe_globals = list(safe_globals)
         self._load_weights_only = weights_only
+        self._said_unloadable: set[str] = set()
 
     # --- registration ---------------------------------------------------------------------------------------------
 
@@ -310,6 +334,8 @@ class Checkpointer:
         """Register another object to save and load under ``key``."""
         if key in self.checkpointables:
             raise KeyError(f"Key {key} already used in the Checkpointer")
+        if key in _OWN_ENTRIES:
+            raise KeyError(f"Key {key} is the checkpoint's own entry (the model state); register it under another name")
         if not hasattr(checkpointable, "state_dict"):
             raise TypeError("add_checkpointable needs an object with 'state_dict()' method.")
         self.checkpointables[key] = checkpointable
@@ -325,6 +351,7 @@ class Checkpointer:
         """
         _check_name(name)
         fmt = self._check_format(format if format is not None else self.format)
+        self._check_extra_keys(kwargs)
         if self._is_sharded():
             self._save_sharded(name, kwargs)
             return
@@ -335,6 +362,14 @@ class Checkpointer:
             if self.save_dir:
                 _barrier()
 
+    def _check_extra_keys(self, kwargs: dict[str, Any]) -> None:
+        """Extra data stored next to the model may not take the place of what the checkpointer stores itself."""
+        for key in kwargs:
+            if key in _OWN_ENTRIES or key in self.checkpointables:
+                raise ValueError(
+                    f"save(): extra data {key!r} would replace the checkpoint's own {key!r} entry; use another name"
+                )
+
     def _save_plain(self, name: str, fmt: str, kwargs: dict[str, Any]) -> None:
         basename = f"{name}.pth"
         save_file = os.path.join(self.save_dir, basename)
@@ -344,8 +379,8 @@ class Checkpointer:
         tensors: dict[str, torch.Tensor] = {}
         save_id = uuid.uuid4().hex
         if fmt == "safetensors":
-            tensors = {k: v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
-            others = {k: v for k, v in model_state.items() if not isinstance(v, torch.Tensor)}
+            tensors = {k: v for k, v in model_state.items() if _safetensors_can_hold(v)}
+            others = {k: v for k, v in model_state.items() if k not in tensors}
             data[_MARKER] = {
                 "format": "safetensors",
                 "weights": os.path.basename(weights_file),
@@ -364,11 +399,25 @@ class Checkpointer:
                 self._write_pair(weights_file, safetensors_bytes(tensors, save_id), save_file, data)
             else:
                 atomic_write(save_file, lambda f: torch.save(data, f))
-                # A stale weights file from an earlier save of the same name in the other format.
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(weights_file)
+                _remove_if_present(weights_file)  # from an earlier save of the same name in the other format
             self.tag_last_checkpoint(basename)
         remove_stale_temp_files(self.save_dir)
+        self._check_loadable(save_file, kwargs)
+
+    def _check_loadable(self, file: str, extra: dict[str, Any]) -> None:
+        """Warn (once per kind of object) when this checkpointer's weights-only loading will refuse ``file``: then
+        resuming fails, and it is better to learn that at the first save than at the restart."""
+        if not self.weights_only:
+            return
+        detail = refused_import(file, self.safe_globals)
+        if detail is None or detail in self._said_unloadable:
+            return
+        self._said_unloadable.add(detail)
+        self.logger.warning(
+            f"Saved {file}, but this Checkpointer will refuse to load it: {detail} (weights_only=True). Store plain "
+            f"data in the extra state ({', '.join(map(repr, extra)) or 'none'}; e.g. str(path), vars(namespace)) "
+            "or the checkpointables, or pass Checkpointer(..., safe_globals=[...]) with the classes it needs."
+        )
 
     @staticmethod
     def _write_pair(weights_file: str, blob: bytes, save_file: str, data: dict[str, Any]) -> None:
@@ -393,7 +442,7 @@ class Checkpointer:
             return
         _, rank, _ = _dist_state()
         final = os.path.join(self.save_dir, name)
-        partial = os.path.join(self.save_dir, f".{name}.partial")
+        partial = os.path.join(self.save_dir, hidden_name(name, ".partial"))
         if rank == 0:
             with _writing(final):
                 os.makedirs(self.save_dir, exist_ok=True)
@@ -415,6 +464,7 @@ class Checkpointer:
                     atomic_write(os.path.join(partial, _SHARDED_EXTRA), lambda f: torch.save(data, f))
                     self._replace_dir(partial, final)
                     self.tag_last_checkpoint(name)
+                    self._check_loadable(os.path.join(final, _SHARDED_EXTRA), kwargs)
             done = True
         finally:
             _barrier()
@@ -425,7 +475,7 @@ class Checkpointer:
     def _replace_dir(src: str, dst: str) -> None:
         old = None
         if os.path.exists(dst):
-            old = f"{os.path.join(os.path.dirname(dst), '.' + os.path.basename(dst))}.old-{uuid.uuid4().hex[:8]}"
+            old = os.path.join(os.path.dirname(dst), hidden_name(os.path.basename(dst), f".old-{uuid.uuid4().hex[:8]}"))
             os.replace(dst, old)
         os.replace(src, dst)
         fsync_dir(os.path.dirname(dst))
@@ -498,7 +548,7 @@ class Checkpointer:
 
     # --- loading --------------------------------------------------------------------------------------------------
 
-    def resume_or_load(self, path: str, *, resume: bool = True) -> dict[str, Any]:
+    def resume_or_load(self, path: str | os.PathLike[str], *, resume: bool = True) -> dict[str, Any]:
         """Resume from ``last_checkpoint`` (model and every checkpointable) if ``resume`` and there is one;
         otherwise load only the model from ``path``.
 
@@ -551,13 +601,18 @@ class Checkpointer:
         return [p for _, p in sorted(found, reverse=True)]
 
     def load(
-        self, path: str, checkpointables: list[str] | None = None, *, weights_only: bool | None = None
+        self,
+        path: str | os.PathLike[str],
+        checkpointables: list[str] | None = None,
+        *,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load the model and the given checkpointables (all if ``None``) from ``path``.
 
         ``path`` may be a ``.pth`` / ``.safetensors`` file, a sharded checkpoint directory, or an ``http(s)://``
         URL (downloaded once into the cache). Returns what was not consumed (e.g. ``{"iteration": 5}``).
         """
+        path = os.fspath(path)
         if not path:
             self.logger.info("No checkpoint found. Initializing model from scratch")
             return {}
@@ -634,7 +689,7 @@ class Checkpointer:
         if info is not None:
             weights_name, save_id, model_extra = _safetensors_marker(info, local)
             if _is_url(path):
-                weights_local = self._local_path(path.rsplit("/", 1)[0] + "/" + weights_name)
+                weights_local = self._local_path(urllib.parse.urljoin(path, urllib.parse.quote(weights_name)))
             else:
                 weights_local = os.path.join(os.path.dirname(local), weights_name)
             model_state: dict[str, Any] = OrderedDict(load_safetensors(weights_local, save_id))
@@ -685,10 +740,9 @@ class Checkpointer:
         """
         checkpoint_state_dict = _model_state_dict(checkpoint, file)
         self._convert_ndarray_to_tensor(checkpoint_state_dict)
-        # Checkpoints written from a DataParallel / DDP model by other code carry a uniform "module." prefix.
-        strip_prefix_if_present(checkpoint_state_dict, "module.")
-
         model_state_dict = self.model.state_dict()
+        # Checkpoints written from a DataParallel / DDP model by other code carry a uniform "module." prefix.
+        strip_wrapper_prefixes(checkpoint_state_dict, model_state_dict)
         # Wrappers nested inside this model: map the unwrapped names the checkpoint uses to the model's names.
         clean = clean_key_map(self.model, model_state_dict)
         if clean:

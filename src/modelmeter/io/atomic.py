@@ -6,15 +6,25 @@ Shared by the download cache, the trace cache and the checkpointer.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import socket
 import uuid
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["atomic_write", "fsync_dir", "is_temp_file", "owner_gone", "owner_tag", "remove_stale_temp_files"]
+__all__ = [
+    "atomic_write",
+    "fsync_dir",
+    "hidden_name",
+    "is_temp_file",
+    "owner_gone",
+    "owner_tag",
+    "remove_stale_temp_files",
+]
 
 _TMP_SUFFIX = ".tmp"
+_NAME_MAX = 255  # bytes in one file name on the usual file systems (ext4, xfs, btrfs, APFS, tmpfs)
 
 
 def _host() -> str:
@@ -32,9 +42,23 @@ def owner_gone(tag: str) -> bool:
     return host == _host() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
 
 
+def hidden_name(base: str, suffix: str) -> str:
+    """``.<base><suffix>``, a hidden name beside ``base`` that fits in 255 bytes whenever ``base`` does.
+
+    A ``base`` too long for that is cut (on a character boundary) and ends in a hash of the whole of it, so
+    that two long names that differ only at their ends still get different hidden names.
+    """
+    raw = os.fsencode(base)
+    budget = _NAME_MAX - 1 - len(os.fsencode(suffix))
+    if len(raw) <= budget:
+        return f".{base}{suffix}"
+    digest = "~" + hashlib.sha256(raw).hexdigest()[:8]
+    return "." + raw[: budget - len(digest)].decode("utf-8", "ignore") + digest + suffix
+
+
 def _temp_path(path: str) -> str:
     directory, base = os.path.split(path)
-    return os.path.join(directory, f".{base}.{owner_tag()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
+    return os.path.join(directory, hidden_name(base, f".{owner_tag()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}"))
 
 
 def fsync_dir(directory: str) -> None:

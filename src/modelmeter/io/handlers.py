@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import shutil
 import urllib.parse
 import urllib.request
-from contextlib import suppress
 from typing import IO, Any, ClassVar
+
+from .atomic import atomic_write
 
 __all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType"]
 
@@ -84,22 +84,19 @@ class PathHandler:
 
 
 def atomic_copy(src: str, dst: str, overwrite: bool) -> None:
-    """Copy file ``src`` to ``dst`` through a temporary file beside ``dst`` and ``os.replace``."""
+    """Copy file ``src`` (contents and mode) to ``dst`` with :func:`atomic_write`: a reader of ``dst`` sees the old
+    file or the complete copy."""
     if os.path.isdir(dst):
         raise IsADirectoryError(errno.EISDIR, "Copy destination is a directory", dst)
     if not overwrite and os.path.lexists(dst):
         raise FileExistsError(errno.EEXIST, "Copy destination exists (pass overwrite=True to replace it)", dst)
-    directory, name = os.path.split(os.path.abspath(dst))
-    tmp = os.path.join(directory, f".{name[:64]}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(src, "rb") as fin, open(tmp, "xb") as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
-        shutil.copymode(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
+
+    def write(out: IO[bytes]) -> None:
+        shutil.copyfileobj(source, out, 1 << 20)
+        shutil.copymode(src, out.name)
+
+    with open(src, "rb") as source:
+        atomic_write(os.path.abspath(dst), write)
 
 
 class NativePathHandler(PathHandler):
