@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from memory_oracle import inference, measure_peak, resident_bytes, training_step, warm_up
 from modelmeter import MemoryAnalysis, analyze
 from modelmeter.engine.serialize import dumps, loads
-from modelmeter.metrics.memory import OPTIMIZERS, optimizer_spec
+from modelmeter.metrics.memory import OPTIMIZERS, optimizer_bytes, optimizer_spec
 
 F32 = 4
 
@@ -185,6 +185,26 @@ def test_optimizer_arguments() -> None:
     with pytest.raises(ValueError, match="pass optimizer="):
         MemoryAnalysis(model, x, training=True, foreach=True)
     assert optimizer_spec("AdamW", foreach=True).foreach and set(OPTIMIZERS) == {"sgd", "momentum", "adam", "adamw"}
+
+
+TORCH_OPTIMIZERS = {"momentum": lambda params, foreach: torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=foreach),
+                    "adam": lambda params, foreach: torch.optim.Adam(params, foreach=foreach),
+                    "adamw": lambda params, foreach: torch.optim.AdamW(params, foreach=foreach)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("name", list(TORCH_OPTIMIZERS))
+def test_the_steps_temporaries_in_other_dtypes_are_the_allocators(name: str, foreach: bool, dtype: torch.dtype) -> None:
+    """A Python-number operand becomes a float64 0-d tensor and a copy in the state's dtype (none for float64):
+    12 bytes only for float32 (tests/test_memory_oracle.py measures those)."""
+    model, x = mlp().to(dtype), torch.randn(3, 4, dtype=dtype)
+    mem = MemoryAnalysis(model, x, training=True, optimizer=name, foreach=foreach)
+    optimizer = TORCH_OPTIMIZERS[name](model.parameters(), foreach)
+    model(x).sum().backward()
+    optimizer.step()  # the first step makes the state
+    model(x).sum().backward()
+    assert optimizer_bytes(mem.trace, mem.optimizer)[1] == measure_peak(optimizer.step).peak_delta
 
 
 # --- one trace ----------------------------------------------------------------------------------------------
