@@ -187,6 +187,26 @@ def test_optimizer_arguments() -> None:
     assert optimizer_spec("AdamW", foreach=True).foreach and set(OPTIMIZERS) == {"sgd", "momentum", "adam", "adamw"}
 
 
+def test_a_truthy_flag_or_a_negative_count_is_refused_not_taken() -> None:
+    """``training="no"`` ran (and recorded) a backward pass, ``foreach="no"`` modelled the multi-tensor step and a
+    spec with ``states=-1`` predicted less memory than no optimizer at all."""
+    from modelmeter.metrics.memory import OptimizerSpec
+
+    model, x = mlp(), torch.randn(3, 4)
+    with pytest.raises(TypeError, match="training must be True or False, got 'no'"):
+        MemoryAnalysis(model, x, training="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="backward must be True or False, got 'no'"):
+        analyze(model, x, backward="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="foreach must be True or False, got 'no'"):
+        MemoryAnalysis(model, x, training=True, optimizer="adam", foreach="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="states must be a whole number >= 0, got -1"):
+        OptimizerSpec("mine", states=-1)
+    with pytest.raises(ValueError, match="shards must be a whole number of ranks"):
+        OptimizerSpec("mine", states=1, shards=0)
+    assert MemoryAnalysis(model, x, training=True, optimizer=OptimizerSpec("mine", states=3)).peak_info().by_kind[
+        "optimizer_state"] == 3 * param_bytes(model)
+
+
 TORCH_OPTIMIZERS = {"momentum": lambda params, foreach: torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=foreach),
                     "adam": lambda params, foreach: torch.optim.Adam(params, foreach=foreach),
                     "adamw": lambda params, foreach: torch.optim.AdamW(params, foreach=foreach)}

@@ -54,6 +54,17 @@ class OptimizerSpec:
     master_weights: bool = False
     shards: int = 1
 
+    def __post_init__(self) -> None:
+        for name in ("states", "scalars", "temporaries", "carried", "foreach_temporaries", "overhead"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"OptimizerSpec {name} must be a whole number >= 0, got {value!r}")
+        for name in ("foreach", "master_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"OptimizerSpec {name} must be True or False, got {getattr(self, name)!r}")
+        if type(self.shards) is not int or self.shards < 1:
+            raise ValueError(f"shards must be a whole number of ranks, at least 1; got {self.shards!r}")
+
 
 # torch.optim's SGD and Adam(W) in their default settings (no weight decay for Adam, no amsgrad, no nesterov),
 # as measured against the CPU allocator with torch 2.14 (tests/test_memory.py): the loop Adam holds sqrt(v)
@@ -89,8 +100,6 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (8-bit types for 8-bit optimizer "
                              f"states); got {state_dtype!r}")
-    if shards is not None and (type(shards) is not int or shards < 1):
-        raise ValueError(f"shards must be a whole number of ranks, at least 1; got {shards!r}")
     return replace(spec, foreach=spec.foreach if foreach is None else foreach,
                    state_dtype=state_dtype or spec.state_dtype,
                    master_weights=spec.master_weights if master_weights is None else master_weights,
