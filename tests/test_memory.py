@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from memory_oracle import inference, measure_peak, resident_bytes, training_step, warm_up
 from modelmeter import MemoryAnalysis, analyze
 from modelmeter.engine.serialize import dumps, loads
-from modelmeter.metrics.memory import OPTIMIZERS, optimizer_spec
+from modelmeter.metrics.memory import OPTIMIZERS, optimizer_bytes, optimizer_spec
 
 F32 = 4
 
@@ -185,6 +185,46 @@ def test_optimizer_arguments() -> None:
     with pytest.raises(ValueError, match="pass optimizer="):
         MemoryAnalysis(model, x, training=True, foreach=True)
     assert optimizer_spec("AdamW", foreach=True).foreach and set(OPTIMIZERS) == {"sgd", "momentum", "adam", "adamw"}
+
+
+def test_a_truthy_flag_or_a_negative_count_is_refused_not_taken() -> None:
+    """``training="no"`` ran (and recorded) a backward pass, ``foreach="no"`` modelled the multi-tensor step and a
+    spec with ``states=-1`` predicted less memory than no optimizer at all."""
+    from modelmeter.metrics.memory import OptimizerSpec
+
+    model, x = mlp(), torch.randn(3, 4)
+    with pytest.raises(TypeError, match="training must be True or False, got 'no'"):
+        MemoryAnalysis(model, x, training="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="backward must be True or False, got 'no'"):
+        analyze(model, x, backward="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="foreach must be True or False, got 'no'"):
+        MemoryAnalysis(model, x, training=True, optimizer="adam", foreach="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="states must be a whole number >= 0, got -1"):
+        OptimizerSpec("mine", states=-1)
+    with pytest.raises(ValueError, match="shards must be a whole number of ranks"):
+        OptimizerSpec("mine", states=1, shards=0)
+    assert MemoryAnalysis(model, x, training=True, optimizer=OptimizerSpec("mine", states=3)).peak_info().by_kind[
+        "optimizer_state"] == 3 * param_bytes(model)
+
+
+TORCH_OPTIMIZERS = {"momentum": lambda params, foreach: torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=foreach),
+                    "adam": lambda params, foreach: torch.optim.Adam(params, foreach=foreach),
+                    "adamw": lambda params, foreach: torch.optim.AdamW(params, foreach=foreach)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("name", list(TORCH_OPTIMIZERS))
+def test_the_steps_temporaries_in_other_dtypes_are_the_allocators(name: str, foreach: bool, dtype: torch.dtype) -> None:
+    """A Python-number operand becomes a float64 0-d tensor and a copy in the state's dtype (none for float64):
+    12 bytes only for float32 (tests/test_memory_oracle.py measures those)."""
+    model, x = mlp().to(dtype), torch.randn(3, 4, dtype=dtype)
+    mem = MemoryAnalysis(model, x, training=True, optimizer=name, foreach=foreach)
+    optimizer = TORCH_OPTIMIZERS[name](model.parameters(), foreach)
+    model(x).sum().backward()
+    optimizer.step()  # the first step makes the state
+    model(x).sum().backward()
+    assert optimizer_bytes(mem.trace, mem.optimizer)[1] == measure_peak(optimizer.step).peak_delta
 
 
 # --- one trace ----------------------------------------------------------------------------------------------

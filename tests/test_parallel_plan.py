@@ -74,6 +74,9 @@ def test_the_world_is_the_product_of_the_dimensions_and_a_rank_has_coordinates_i
     ("fsdp=8,rank=8", "rank=8"),
     ("fsdp=8,mp=int8", "int8"),
     ("tp=2,mp=bf16", "param_dtype"),
+    ("fsdp=2,param_dtype=fp17", "param_dtype='fp17'"),  # the option's name, not the part, before the value
+    ("fsdp=99999999999999999999", "at most 4194304"),  # a world no device mesh can hold: refused, not a TypeError
+    ("dp=4096,fsdp=2048", "8388608 ranks"),  # nor an out-of-memory kill
 ])
 def test_a_bad_plan_is_refused_naming_the_part_that_is_wrong(text: str, named: str) -> None:
     with pytest.raises(ParallelPlanError, match=named.replace("(", r"\(")):

@@ -324,6 +324,30 @@ def test_head_counts_tp_does_not_divide_are_refused(mesh: DeviceMesh, family: st
         apply_tensor_parallel(model, mesh)
 
 
+@pytest.mark.parametrize("mesh", [3], indirect=True)
+def test_an_intermediate_size_tp_does_not_divide_is_refused_naming_the_row_parallel_linear(mesh: DeviceMesh) -> None:
+    """DTensor rebuilds a row-parallel Linear's input from equal shards: 176 features over 3 ranks (and 64 over 3 in a
+    plain MLP stack, and under a plan of the user's with a wildcard) would fail deep inside torch's sharding
+    propagation; head counts that 3 does not divide are not the problem here (no attention is sharded)."""
+    with torch.device("meta"):
+        stack = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+        wide = nn.Sequential(nn.Linear(16, 66), nn.ReLU(), nn.Linear(66, 16))
+    with pytest.raises(ParallelPlanError, match=r"module '2' \(Linear, 64 input features\) is row-parallel over tp=3"):
+        apply_tensor_parallel(stack, mesh)
+    user_plan = {"0": ColwiseParallel(), "[2]": RowwiseParallel()}
+    with pytest.raises(ParallelPlanError, match=r"module '2' .* tp=3 ranks, which do not divide 64"):
+        apply_tensor_parallel(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16)).to("meta"), mesh,
+                              user_plan)
+    apply_tensor_parallel(wide, mesh)  # 66 features: 22 on each rank
+    assert wide[2].weight.to_local().shape == (16, 22)
+    with torch.device("meta"):
+        llama = Llama(LlamaConfig(VOCAB, H, 175, LAYERS, 4, 2, 128))
+    with pytest.raises(ParallelPlanError, match=r"'model\.layers\.0\.mlp\.down_proj' \(Linear, 175 input"):
+        apply_tensor_parallel(llama, mesh, {"model.layers.*.mlp.gate_proj": ColwiseParallel(),
+                                            "model.layers.*.mlp.up_proj": ColwiseParallel(),
+                                            "model.layers.*.mlp.down_proj": RowwiseParallel()})
+
+
 def test_gpt2s_fused_qkv_is_refused_by_name() -> None:
     transformers = pytest.importorskip("transformers")
     with torch.device("meta"):

@@ -316,3 +316,27 @@ def test_a_diff_of_times_on_two_devices_says_so(capsys: pytest.CaptureFixture[st
 def test_fit_with_a_device_is_refused_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
     _, err = cli(capsys, "resnet18", "--fit", "1GiB", "--device", "h100", code=2)  # ran, and printed no time
     one_line(err, "--fit", "drop --device")
+
+
+def test_a_saved_fsdp_trace_is_timed_by_a_process_that_never_ran_fsdp(tmp_path: Path) -> None:
+    """FSDP2's copy operators (``fsdp::all_gather_copy_in`` ...) are registered when torch.distributed.fsdp is first
+    imported; a trace loaded from the cache or a file into a fresh process named them before they existed, and the
+    bytes formulas, which read arguments by name, raised a TypeError."""
+    import subprocess
+    import sys
+
+    from modelmeter.engine.serialize import dumps
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    trace = analyze(model, torch.randn(2, 8), backward=True, parallel="fsdp=2", quiet=True).trace
+    assert any(event.op.startswith("fsdp::") for event in trace.events)
+    (tmp_path / "trace.bin").write_bytes(dumps(trace))
+    code = ("import sys; from pathlib import Path; from modelmeter.engine.serialize import loads; "
+            "from modelmeter import result_from_trace; "
+            "trace = loads(Path(sys.argv[1]).read_bytes()); assert 'torch.distributed.fsdp' not in sys.modules; "
+            "print(result_from_trace(trace, device='h100').roofline['bytes'])")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "trace.bin")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = analyze(model, torch.randn(2, 8), backward=True, parallel="fsdp=2", quiet=True, device="h100")
+    assert int(done.stdout.split()[-1]) == expected.roofline.summary["bytes"]

@@ -68,6 +68,8 @@ class MemoryAnalysis(MetricView):
                  trace: Trace | None = None, cache: CacheSetting = None,
                  cache_dir: str | os.PathLike[str] | None = None,
                  parallel: str | ParallelPlan | None = None) -> None:
+        if not isinstance(training, bool):
+            raise TypeError(f"training must be True or False, got {training!r}")
         spec = memory_optimizer(training, optimizer, state_dtype, foreach)
         if trace is not None and trace.backward != training:
             raise ValueError(f"the given trace {'has' if trace.backward else 'has no'} backward pass, but "

@@ -44,6 +44,8 @@ class RunSpec:
         keyword arguments or :class:`modelmeter.Args`), checked before anything runs: inputs that do not fit
         ``model.forward``, numpy arrays, a ``loss_fn`` without ``backward`` are rejected with a clear error;
         ``parallel`` may be a plan's text (``"fsdp=8,tp=2"``), parsed here."""
+        if not isinstance(backward, bool):  # a truthy "no" would run, and record, a backward pass
+            raise TypeError(f"backward must be True or False, got {backward!r}")
         args, kwargs = split_inputs(inputs)
         check_inputs(model, args, kwargs)
         if loss_fn is not None and not backward:

@@ -18,6 +18,7 @@ and ``outputs`` (all of them, flattened).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -252,6 +253,9 @@ def _read_schemas(op: str) -> tuple[_Overload, ...] | None:
     from .._torch_compat import schema_of
 
     namespace, _, name = op.partition("::")
+    if namespace == "fsdp":  # registered by importing FSDP2, which a trace loaded from the cache may not have done
+        with contextlib.suppress(ImportError):  # (a build without torch.distributed has none)
+            import torch.distributed.fsdp
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
         schemas = [(overload_, schema_of(getattr(packet, overload_))) for overload_ in packet.overloads()]

@@ -30,7 +30,9 @@ class OptimizerSpec:
     ``temporaries`` parameter-sized tensors for parameter ``i`` while ``carried`` of parameter ``i - 1`` are
     still bound to a loop variable; the multi-tensor ``foreach`` implementation (the CUDA default) holds
     ``foreach_temporaries`` copies of every parameter at once; ``overhead``: bytes of the 0-d tensors a
-    Python-number operand becomes. ``state_dtype``: the dtype of the states when not the parameter's.
+    Python-number operand becomes with float32 state (a float64 tensor and its float32 copy, 12 bytes; the copy
+    takes the state's dtype, and float64 state needs none). ``state_dtype``: the dtype of the states when not the
+    parameter's.
 
     Mixed precision and sharding: ``master_weights`` keeps a copy of every parameter in the state dtype besides
     the states (low-precision parameters with float32 master weights, ZeRO's 2 + 2 + 12 bytes per parameter with
@@ -51,6 +53,17 @@ class OptimizerSpec:
     state_dtype: str | None = None
     master_weights: bool = False
     shards: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("states", "scalars", "temporaries", "carried", "foreach_temporaries", "overhead"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"OptimizerSpec {name} must be a whole number >= 0, got {value!r}")
+        for name in ("foreach", "master_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"OptimizerSpec {name} must be True or False, got {getattr(self, name)!r}")
+        if type(self.shards) is not int or self.shards < 1:
+            raise ValueError(f"shards must be a whole number of ranks, at least 1; got {self.shards!r}")
 
 
 # torch.optim's SGD and Adam(W) in their default settings (no weight decay for Adam, no amsgrad, no nesterov),
@@ -87,8 +100,6 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (8-bit types for 8-bit optimizer "
                              f"states); got {state_dtype!r}")
-    if shards is not None and (type(shards) is not int or shards < 1):
-        raise ValueError(f"shards must be a whole number of ranks, at least 1; got {shards!r}")
     return replace(spec, foreach=spec.foreach if foreach is None else foreach,
                    state_dtype=state_dtype or spec.state_dtype,
                    master_weights=spec.master_weights if master_weights is None else master_weights,
@@ -153,12 +164,23 @@ def optimizer_bytes(trace: Trace, spec: OptimizerSpec) -> tuple[int, int]:
     state = sum((spec.states + spec.master_weights) * size + spec.scalars for size in sizes)
     if not sizes:
         return state, 0
+    overheads = [scalar_overhead(spec, spec.state_dtype or g.dtype) for g in trace.gradients]
     if spec.foreach:
-        held = spec.foreach_temporaries * sum(sizes)
-    else:
-        previous = [0, *sizes[:-1]]
-        held = max(spec.temporaries * size + spec.carried * prior for size, prior in zip(sizes, previous, strict=True))
-    return state, held + spec.overhead
+        return state, spec.foreach_temporaries * sum(sizes) + max(overheads)
+    previous = [0, *sizes[:-1]]
+    held = (spec.temporaries * size + spec.carried * prior + overhead
+            for size, prior, overhead in zip(sizes, previous, overheads, strict=True))
+    return state, max(held)
+
+
+def scalar_overhead(spec: OptimizerSpec, dtype: str) -> int:
+    """Bytes of the 0-d tensors a Python-number operand becomes while the step updates state of ``dtype``:
+    ``spec.overhead`` counts a float64 tensor and its float32 copy; the copy is made in ``dtype``, and none is made
+    for float64 (measured against the CPU allocator for float64, float32, bfloat16 and float16 parameters)."""
+    if not spec.overhead:
+        return 0
+    copy = 0 if dtype == "float64" else itemsize(dtype)
+    return spec.overhead - itemsize(_FULL_PRECISION) + copy
 
 
 class MemoryModel:

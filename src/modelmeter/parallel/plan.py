@@ -34,6 +34,10 @@ DIMS: tuple[str, ...] = ("pp", "dp", "fsdp", "tp")
 DTYPES = ("float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _ZERO_STAGES = (1, 2, 3)
+#: The most ranks a plan may have: torch's device mesh and process groups hold every rank (about 0.7 KB of memory and
+#: 50 µs each to set up), so a world of 2**22 ranks takes some 3 GB and 3 minutes, and much larger ones cannot be
+#: simulated (c10d's group size is a 32-bit integer).
+MAX_WORLD_SIZE = 2**22
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -66,6 +70,9 @@ class ParallelPlan:
     def __post_init__(self) -> None:
         for name in (*DIMS, "micro_batches"):
             _check_positive(name, getattr(self, name))
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ParallelPlanError(f"{self.world_size} ranks (the product of the dimensions): at most "
+                                    f"{MAX_WORLD_SIZE} can be simulated, as torch's device mesh holds every rank")
         if type(self.rank) is not int or not 0 <= self.rank < self.world_size:
             raise ParallelPlanError(f"rank={self.rank!r}: a rank of the plan's {self.world_size} ranks "
                                     f"(0 to {self.world_size - 1}) is simulated")
@@ -232,8 +239,8 @@ _PARSERS = {
     "rank": lambda part, value: {"rank": _integer(part, value)},
     "sequence_parallel": _flag,
     "mp": _mixed_precision,
-    "param_dtype": lambda part, value: {"param_dtype": _dtype(part, value)},
-    "reduce_dtype": lambda part, value: {"reduce_dtype": _dtype(part, value)},
+    "param_dtype": lambda part, value: {"param_dtype": _dtype("param_dtype", value)},
+    "reduce_dtype": lambda part, value: {"reduce_dtype": _dtype("reduce_dtype", value)},
 }
 _ALIASES = {"sp": "sequence_parallel", "mb": "micro_batches"}
 _TARGETS = {"mp": ("param_dtype", "reduce_dtype")}  # the fields a shorthand sets

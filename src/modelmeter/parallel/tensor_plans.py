@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from typing import Any, Literal
 
 from torch import nn
@@ -122,7 +123,8 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
     PyTorch's tensor-parallel tutorial and torchtitan adjust ``n_heads`` — since a rank's q projection makes only
     its share of the heads. Hugging Face attention reads the count from the shapes (``view(..., -1, head_dim)``)
     and needs nothing. Head counts (query and key/value) that the mesh's size does not divide raise
-    :class:`~modelmeter.errors.ParallelPlanError` naming the module. (Attention blocks are those whose query
+    :class:`~modelmeter.errors.ParallelPlanError` naming the module, and so do the input features of a row-parallel
+    Linear fed by shards (an MLP's intermediate size). (Attention blocks are those whose query
     projection the plan names exactly, with ``ColwiseParallel``; a wildcard entry of a plan of your own is not
     followed.)
 
@@ -136,6 +138,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
                  if _sharded_attention(name, module, chosen)]
     for name, module in attention:
         _check_heads(name, module, ranks)
+    _check_row_inputs(model, chosen, ranks)
     for _, module in attention:
         for attribute in _head_attributes(module):
             setattr(module, attribute, getattr(module, attribute) // ranks)
@@ -279,6 +282,30 @@ def _check_heads(name: str, module: nn.Module, ranks: int) -> None:
             raise ParallelPlanError(
                 f"attention module {name!r} has {count} {what} heads, which tp={ranks} does not divide: each rank "
                 f"computes whole heads; choose a tp that divides {count}")
+
+
+def _check_row_inputs(model: nn.Module, plan: Mapping[str, Any], ranks: int) -> None:
+    """Raise unless ``ranks`` divides the input features of every Linear the plan makes row-parallel with its input
+    in shards of the last dimension (``RowwiseParallel``'s default, fed by a column-parallel projection's local
+    output): DTensor rebuilds that input from equal local shards, so an uneven split would give it a global width
+    the weight does not have — and torch fails deep inside its sharding propagation."""
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or module.in_features % ranks == 0:
+            continue
+        for key, style in plan.items():
+            if isinstance(style, RowwiseParallel) and isinstance(style.input_layouts[0], Shard) and _matches(name, key):
+                raise ParallelPlanError(
+                    f"module {name!r} (Linear, {module.in_features} input features) is row-parallel over tp={ranks} "
+                    f"ranks, which do not divide {module.in_features}: its input arrives in equal shards of the "
+                    f"features (the column-parallel projection before it splits them); choose a tp that divides "
+                    f"{module.in_features}")
+
+
+def _matches(name: str, key: str) -> bool:
+    """Whether plan key ``key`` names module ``name``, as ``parallelize_module`` matches it: atom by atom with
+    ``fnmatch`` (``""`` is the model itself)."""
+    names, keys = name.split(".") if name else [], key.split(".") if key else []
+    return len(names) == len(keys) and all(fnmatch(n, k) for n, k in zip(names, keys, strict=True))
 
 
 def _head_counts(module: nn.Module) -> dict[str, int]:
