@@ -76,6 +76,27 @@ def test_views_and_in_place_allocate_nothing() -> None:
     assert mem.peak() == 64 + 64
 
 
+class _Two(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.contiguous() * b
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake"])
+def test_inputs_that_share_a_storage_are_counted_once_at_its_size(execution: str) -> None:
+    # a storage is counted once, as the allocator holds it: one tensor passed twice, two views of one base (the
+    # whole base, 16 x 16 floats, though each view addresses half of it)
+    x, base = torch.randn(8, 8), torch.randn(16, 16)
+    for inputs, held in [((x, x), [8 * 8 * F32]), ((base[:8], base[8:]), [16 * 16 * F32]),
+                         ((base[:, :8], base[:, 8:]), [16 * 16 * F32]), ((x, x.t()), [8 * 8 * F32]),
+                         ((x, x.clone()), [8 * 8 * F32] * 2)]:
+        mem = MemoryAnalysis(_Two(), inputs, execution=execution)
+        assert [s.nbytes for s in mem.trace.storages if s.kind == "input"] == held
+    # a view keeps its strides: a column slice is not contiguous, and contiguous() copies it as it would
+    copied = MemoryAnalysis(_Two(), (base[:, :8], base[:, 8:]), execution=execution)
+    rows = MemoryAnalysis(_Two(), (base[:8], base[8:]), execution=execution)
+    assert copied.peak() == rows.peak() + 16 * 8 * F32
+
+
 def test_saved_for_backward_by_hand() -> None:
     model, x = mlp(), torch.randn(3, 4)
     mem = MemoryAnalysis(model, x, training=True)

@@ -238,7 +238,7 @@ class _Run:
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
-                        args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
+                        args, kwargs = _meta_inputs((args, kwargs), shadows)
                         if model_on_meta:
                             stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                         else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
@@ -398,7 +398,15 @@ def _input_stand_ins(tree: Any, leaf_of: Callable[[torch.Tensor], torch.Tensor])
     an in-place operation of the model on it behaves as on the caller's tensor (allowed on a non-leaf, refused on a
     leaf that requires grad), and leaves the caller's tensor as it was."""
 
+    made: dict[int, torch.Tensor] = {}  # id(input) -> its stand-in: a tensor passed twice is one tensor twice
+
     def convert(t: torch.Tensor) -> torch.Tensor:
+        stand_in = made.get(id(t))
+        if stand_in is None:
+            stand_in = made[id(t)] = stand_in_of(t)
+        return stand_in
+
+    def stand_in_of(t: torch.Tensor) -> torch.Tensor:
         leaf = leaf_of(t)
         if t.is_leaf:
             return leaf
@@ -421,14 +429,47 @@ def _real_inputs(tree: Any) -> Any:
 
 
 def _meta_inputs(tree: Any, shadows: Shadows) -> Any:
-    """Inputs on the meta device (the values of small ones kept as shadows), leaves or not as the originals."""
+    """Inputs on the meta device (the values of small ones kept as shadows), leaves or not as the originals, those
+    that share a storage on one stand-in of it (:class:`_InputStorages`)."""
+    storages = _InputStorages()
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
         if t.is_meta:
             return t.clone() if t.is_inference() else _detached(t)
-        return t.detach().to(_META).requires_grad_(t.requires_grad)
+        meta = storages.meta(t)
+        if meta is None:
+            meta = t.detach().to(_META)
+        return meta.requires_grad_(t.requires_grad)
 
     return _seeded(_input_stand_ins(tree, leaf_of), tree, shadows)
+
+
+class _InputStorages:
+    """Meta stand-ins of the inputs' storages, one per storage, as large as it: inputs that share a storage (views
+    of one base, a tensor and its transpose) share its stand-in, which the run counts once at its size, and views
+    keep their strides and offsets (a ``contiguous()`` copies as it would)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[torch.device, int], torch.UntypedStorage] = {}
+
+    def meta(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """A meta tensor as ``tensor`` (shape, strides, offset, dtype) on the stand-in of its storage, a leaf that
+        does not require grad; None for a tensor without a plain storage of its own to stand in for."""
+        if tensor.layout != torch.strided or type(tensor) not in (torch.Tensor, nn.Parameter) or tensor.is_quantized:
+            return None
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+        if storage.nbytes() == 0 or storage.device.type == "meta":  # (no address to tell storages apart by)
+            return None
+        key = (storage.device, storage.data_ptr())
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=_META).untyped_storage()
+        with unset_fake_temporarily():
+            return torch.empty(0, dtype=tensor.dtype, device=_META).set_(made, tensor.storage_offset(),
+                                                                           tensor.shape, tensor.stride())
 
 
 def _seeded(stand_ins: Any, originals: Any, shadows: Shadows) -> Any:
@@ -446,24 +487,30 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
     ``device`` when given; else meta inputs of a real model, and any input of a meta model, move to its device."""
     state = parts.state()
     target = _META if model_on_meta else (state[0].device if state else None)
+    storages = _InputStorages()
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
         if device is not None:
-            return fake_like(mode, t, device)
-        return fake_like(mode, t, target if (model_on_meta or t.is_meta) and target is not None else t.device)
+            return fake_like(mode, t, device, storages)
+        return fake_like(mode, t, target if (model_on_meta or t.is_meta) and target is not None else t.device,
+                         storages)
 
-    fake_args = _seeded(_input_stand_ins(args, leaf_of), args, shadows)
-    return fake_args, _seeded(_input_stand_ins(kwargs, leaf_of), kwargs, shadows)
+    fake_args, fake_kwargs = _seeded(_input_stand_ins((args, kwargs), leaf_of), (args, kwargs), shadows)
+    return fake_args, fake_kwargs
 
 
-def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device | None = None,
+              storages: _InputStorages | None = None) -> torch.Tensor:
     """A FakeTensor with ``tensor``'s shape, strides and dtype (on ``device``, its own by default), a leaf that
-    requires grad as ``tensor`` does. Made from a meta tensor: ten times faster than converting ``tensor``, which
-    matters for models with many parameters; other layouts and tensor subclasses are converted."""
+    requires grad as ``tensor`` does; on the stand-in of its storage in ``storages`` when given. Made from a meta
+    tensor: ten times faster than converting ``tensor``, which matters for models with many parameters; other
+    layouts and tensor subclasses are converted."""
     if tensor.layout != torch.strided or type(tensor) not in (torch.Tensor, nn.Parameter) or tensor.is_quantized:
         return mode.from_tensor(tensor, static_shapes=True)
-    with unset_fake_temporarily():
-        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=_META)
+    meta = None if storages is None else storages.meta(tensor)
+    if meta is None:
+        with unset_fake_temporarily():
+            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=_META)
     fake = fake_from_meta(mode, meta, device or tensor.device)
     return fake.requires_grad_(True) if tensor.requires_grad else fake
 
