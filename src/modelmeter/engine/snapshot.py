@@ -16,7 +16,8 @@ nearly always all empty, are checked together in one call, and flags and sizes a
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from operator import is_, itemgetter
 from typing import Any
 
@@ -141,6 +142,25 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+
+
+@contextmanager
+def kept_random_states() -> Iterator[None]:
+    """Put torch's random number generators back as they were when the block began, also when it raises.
+
+    A run draws from them as the model's ``forward`` does (dropout in training mode under real kernels,
+    ``torch.randn`` on the CPU under any execution): without this, the caller's next random numbers after an
+    analysis would differ from those it would have drawn. The CPU generator always; the CUDA ones only where CUDA
+    was started (a run without it cannot have drawn from them, and starting it here would cost seconds).
+    """
+    cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 # Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).

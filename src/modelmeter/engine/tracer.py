@@ -46,7 +46,7 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import ModelSnapshot
+from .snapshot import ModelSnapshot, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows
@@ -71,7 +71,7 @@ def record_trace(spec: RunSpec) -> Trace:
     if spec.execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
-    with no_gc(), unseen_global_shape_runs():
+    with no_gc(), unseen_global_shape_runs(), kept_random_states():
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
                        spec.loss_fn)
 
@@ -206,7 +206,10 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _on_cpu(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace)."""
+    """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace), run
+    outside CPU autocast (which casts CPU tensors and FakeTensors on the CPU, never meta ones)."""
+    if torch.is_autocast_enabled("cpu"):
+        return False
     tensors = [*parts.state(), *tensors_in((args, kwargs))]
     return all(t.is_cpu and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
                and not t.is_quantized for t in tensors)

@@ -1,0 +1,83 @@
+"""Analysing a model leaves the process as it found it, beyond the model's own tables (test_model_unchanged.py):
+the random number generators a model's ``forward`` draws from (dropout, ``torch.randn``), and the caller's modes
+(autocast, the default dtype, grad mode) change no number.
+
+Oracles: torch's own generator state compared before and after (and the next random numbers drawn); for modes,
+the numbers of the same analysis outside the mode, and of real kernels against the fake run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from modelmeter import FlopCountAnalysis, analyze
+
+EXECUTIONS = [("auto", False), ("fake", False), ("real", False), ("auto", True), ("fake", True), ("real", True)]
+
+
+class DrawsRandomNumbers(nn.Module):
+    """Dropout in training mode, and noise drawn on the CPU's default generator whatever the input's device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x)) + torch.randn(4).to(x.device)
+
+
+@pytest.mark.parametrize(("execution", "backward"), EXECUTIONS)
+def test_the_random_number_generator_is_left_where_it_was(execution: str, backward: bool) -> None:
+    model, x = DrawsRandomNumbers().train(), torch.randn(3, 4)
+    torch.manual_seed(7)
+    expected = torch.rand(5)  # what the caller's next draw gives had nothing run in between
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    FlopCountAnalysis(model, x, execution=execution, backward=backward).total()  # type: ignore[arg-type]
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(torch.rand(5), expected)
+
+
+def test_the_generator_is_put_back_when_the_model_raises() -> None:
+    class DrawsThenRaises(DrawsRandomNumbers):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            super().forward(x)
+            raise RuntimeError("broken after drawing")
+
+    model, x = DrawsThenRaises().train(), torch.randn(3, 4)
+    before = torch.get_rng_state()
+    with pytest.raises(Exception, match="broken after drawing"):
+        FlopCountAnalysis(model, x, execution="real").total()
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# --- the caller's autocast: every execution runs what real kernels run -----------------------------------------------
+def _mixed_numbers(model: nn.Module, x: torch.Tensor, execution: str, backward: bool) -> dict[str, Any]:
+    a = analyze(model, x, execution=execution, backward=backward, memory=True, quiet=True)  # type: ignore[arg-type]
+    assert a.memory is not None
+    return {"flops": a.flops.by_module_and_operator(), "phases": a.flops.by_phase(),
+            "activations": a.activations.by_module_and_operator(), "dtypes": a.memory.by_dtype(),
+            "peak": a.memory.peak(), "saved": a.memory.saved_for_backward()}
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_the_callers_cpu_autocast_every_execution_counts_what_real_kernels_run(dtype: torch.dtype,
+                                                                                    backward: bool) -> None:
+    """The default run of a CPU model used meta stand-ins, which autocast does not cast: its products ran in
+    float32 while real kernels ran them in ``dtype`` (other activation bytes, another peak)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 10), nn.GELU())
+    x = torch.randn(2, 3, 8, 8)
+    plain = _mixed_numbers(model, x, "auto", backward)
+    with torch.autocast("cpu", dtype=dtype):
+        real = _mixed_numbers(model, x, "real", backward)
+        assert real["dtypes"][str(dtype).removeprefix("torch.")] > 0  # the oracle: torch's autocast cast them
+        assert real["flops"] == plain["flops"] and real["dtypes"] != plain["dtypes"]
+        for execution in ("auto", "fake"):
+            assert _mixed_numbers(model, x, execution, backward) == real, execution
