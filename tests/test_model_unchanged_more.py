@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from modelmeter import FlopCountAnalysis, analyze
 
@@ -81,3 +82,26 @@ def test_under_the_callers_cpu_autocast_every_execution_counts_what_real_kernels
         assert real["flops"] == plain["flops"] and real["dtypes"] != plain["dtypes"]
         for execution in ("auto", "fake"):
             assert _mixed_numbers(model, x, execution, backward) == real, execution
+
+
+# --- lazy modules: their parameters are the model's to initialise --------------------------------------------------
+@pytest.mark.parametrize(("execution", "backward"), EXECUTIONS)
+@pytest.mark.parametrize("options", [{}, {"cache": True}, {"parallel": "dp=2"}], ids=["plain", "cache", "parallel"])
+def test_a_lazy_module_not_yet_called_is_refused_clearly_and_left_lazy(execution: str, backward: bool,
+                                                                       options: dict[str, Any],
+                                                                       tmp_path: Any) -> None:
+    """A lazy module infers its parameters' shapes on its first call, changing their class and the module's: an
+    analysis must not be that call. It raised torch's ``Attempted to use an uninitialized parameter in <method
+    'is_inference'...>`` from deep inside the cache's walk; now a ValueError that says what to do."""
+    if options.get("cache"):
+        options = {"cache_dir": tmp_path}
+    model, x = nn.Sequential(nn.Linear(5, 5), nn.LazyLinear(4), nn.ReLU(), nn.LazyBatchNorm1d()), torch.randn(3, 5)
+    weight = model[1].weight
+    with pytest.raises(ValueError, match=r"not initialised yet \(1\.weight, 1\.bias, 3\.weight.*call the model once"):
+        analyze(model, x, execution=execution, backward=backward, quiet=True, **options)  # type: ignore[arg-type]
+    assert type(model[1]) is nn.LazyLinear and model[1].weight is weight and is_lazy(weight)
+    if execution == "real" and "parallel" in options:
+        return  # a plan's ranks run on FakeTensors only
+    model(x)  # initialised by the user: analysed as any model
+    flops = analyze(model, x, execution=execution, backward=backward, quiet=True, **options).flops  # type: ignore[arg-type]
+    assert flops.by_module()["1"] == (3 if backward else 1) * 3 * 5 * 4  # backward: input and weight gradients

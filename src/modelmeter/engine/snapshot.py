@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from itertools import chain
 from operator import is_, itemgetter
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .._torch_compat import MODULE_TABLES
 
@@ -142,6 +144,22 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+
+
+def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
+    """Raise a ValueError that names the parameters and buffers of ``model`` a lazy module has not initialised yet
+    (from ``failure``, torch's refusal to use one); return when there are none.
+
+    A lazy module infers their shapes on its first call, which changes their class and the module's: that call is
+    the user's to make, never an analysis's. Looked for only once something failed, so a plain analysis pays
+    nothing for it.
+    """
+    tensors = chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))
+    names = [name for name, tensor in tensors if is_lazy(tensor)]
+    if names:
+        raise ValueError(f"the model has parameters or buffers that are not initialised yet ({', '.join(names)}): a "
+                         "lazy module infers their shapes on its first call, which would change the model; call the "
+                         "model once on a sample input before analysing it") from failure
 
 
 @contextmanager
