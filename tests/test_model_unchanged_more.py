@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from modelmeter import FlopCountAnalysis, analyze
+from modelmeter import Args, FlopCountAnalysis, analyze
 
 EXECUTIONS = [("auto", False), ("fake", False), ("real", False), ("auto", True), ("fake", True), ("real", True)]
 
@@ -105,3 +105,68 @@ def test_a_lazy_module_not_yet_called_is_refused_clearly_and_left_lazy(execution
     model(x)  # initialised by the user: analysed as any model
     flops = analyze(model, x, execution=execution, backward=backward, quiet=True, **options).flops  # type: ignore[arg-type]
     assert flops.by_module()["1"] == (3 if backward else 1) * 3 * 5 * 4  # backward: input and weight gradients
+
+
+# --- the caller's inputs: a model that updates them in place updates copies -----------------------------------------
+class UpdatesItsInputs(nn.Module):
+    """Updates its input, a view of it passed beside it and a tensor in a dict in place (and makes that one require
+    grad); ``needs_values``: then selects by value (``nonzero``), so ``auto`` falls back to real kernels."""
+
+    def __init__(self, needs_values: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.needs_values = needs_values
+
+    def forward(self, x: torch.Tensor, row: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        x.mul_(2)
+        row.add_(1)
+        state["count"].add_(1)
+        state["count"].requires_grad_(True)
+        y = self.fc(x) + row
+        return y[(y > 0).nonzero()[:, 0]] if self.needs_values else y
+
+
+@pytest.mark.parametrize(("execution", "backward"), EXECUTIONS)
+@pytest.mark.parametrize("needs_values", [False, True], ids=["any", "needs_values"])
+def test_inputs_updated_in_place_by_the_model_keep_their_values(execution: str, backward: bool,
+                                                                needs_values: bool) -> None:
+    """Real kernels ran on the caller's own input tensors, so ``x.mul_(2)`` in ``forward`` doubled the caller's
+    ``x`` (and ``auto`` falls back to them for a model that needs values)."""
+    if needs_values and execution == "fake":
+        pytest.skip("a model that needs values has no fake run")
+    x = torch.randn(3, 4)
+    state = {"count": torch.zeros(())}
+    inputs = Args(x, x[0], {"count": state["count"]})
+    expected = x.clone()
+    flops = FlopCountAnalysis(UpdatesItsInputs(needs_values), inputs, execution=execution,  # type: ignore[arg-type]
+                              backward=backward)
+    assert flops.by_module()["fc"] == (2 if backward else 1) * 3 * 16
+    assert torch.equal(x, expected) and state["count"].item() == 0 and not state["count"].requires_grad
+    assert (flops.trace.execution == "real") is (execution == "real" or needs_values)
+
+
+class UpdatesWhatItKeeps(nn.Module):
+    """Accumulates into a tensor it keeps in a list and into one in a dict (no buffer: no stand-in for them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.totals = [torch.zeros(4)]
+        self.stats = {"seen": torch.zeros(())}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        with torch.no_grad():
+            self.totals[0].add_(y.sum(0))
+            self.stats["seen"].add_(1)
+        return y
+
+
+@pytest.mark.parametrize(("execution", "backward"), EXECUTIONS)
+def test_tensors_the_model_keeps_in_lists_and_dicts_keep_their_values(execution: str, backward: bool) -> None:
+    model = UpdatesWhatItKeeps()
+    kept = [model.totals[0], model.stats["seen"]]
+    FlopCountAnalysis(model, torch.randn(3, 4), execution=execution, backward=backward).total()  # type: ignore[arg-type]
+    assert model.totals[0] is kept[0] and model.stats["seen"] is kept[1]
+    assert not model.totals[0].any() and model.stats["seen"].item() == 0
+

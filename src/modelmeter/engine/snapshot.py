@@ -57,6 +57,8 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
+        # No run swaps the tensors kept in containers for stand-ins: their values are kept instead
+        self.values = KeptValues(self._tensors)
 
     def _module(self, module: nn.Module) -> None:
         attributes = module.__dict__
@@ -144,6 +146,49 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+        self.values.restore()
+
+
+class KeptValues:
+    """The values of some tensors, put back where a run updated them in place.
+
+    For the tensors no stand-in replaces during a run: those a model keeps in lists and dicts (a CPU operation on
+    them runs for real even in a fake run, ``self.totals[0].add_(1)``), and the caller's inputs under real kernels
+    (passed as they are: their identity and aliasing are the model's to see, as in a plain call). Each storage is
+    copied once, when this is made; :meth:`restore` copies it back only where a tensor on it was updated (its
+    version counter moved), and puts back a changed ``requires_grad`` of a leaf. Tensors without a storage of
+    their own kind (meta, FakeTensor or other subclasses, sparse, quantized, inference tensors) are left out.
+    """
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        self.tensors = [(t, t._version, t.requires_grad) for t in {id(t): t for t in tensors}.values()
+                        if _has_values(t)]
+        self.copies: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+        for tensor, _, _ in self.tensors:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in self.copies:
+                self.copies[storage.data_ptr()] = storage, storage.clone()
+
+    def __enter__(self) -> KeptValues:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        updated = {t.untyped_storage().data_ptr() for t, version, _ in self.tensors if t._version != version}
+        for key in updated & self.copies.keys():  # a storage the model swapped in (``set_``) is not the caller's
+            storage, values = self.copies[key]
+            if storage.nbytes() == values.nbytes():  # not resized (``resize_``)
+                storage.copy_(values)  # the tensors' version counters are not moved back: a later restore copies again
+        for tensor, _, requires_grad in self.tensors:
+            if tensor.is_leaf and tensor.requires_grad != requires_grad:
+                tensor.requires_grad_(requires_grad)
+
+
+def _has_values(tensor: torch.Tensor) -> bool:
+    return (type(tensor) in (torch.Tensor, nn.Parameter) and tensor.layout == torch.strided and not tensor.is_meta
+            and not tensor.is_quantized and not tensor.is_inference())
 
 
 def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:

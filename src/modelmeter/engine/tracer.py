@@ -46,7 +46,7 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import ModelSnapshot, kept_random_states
+from .snapshot import KeptValues, ModelSnapshot, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows
@@ -255,6 +255,7 @@ class _Run:
                         stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
+                    stack.enter_context(KeptValues(tensors_in((args, kwargs))))
                     args, kwargs = _real_inputs(args), _real_inputs(kwargs)
                     stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                 stack.enter_context(_ModuleHooks(recorder))
