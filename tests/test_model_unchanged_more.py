@@ -170,3 +170,39 @@ def test_tensors_the_model_keeps_in_lists_and_dicts_keep_their_values(execution:
     assert model.totals[0] is kept[0] and model.stats["seen"] is kept[1]
     assert not model.totals[0].any() and model.stats["seen"].item() == 0
 
+
+# --- parameters under real kernels: not copied, so copied when written -----------------------------------------------
+class ClampsItsWeights(nn.Module):
+    """Renormalises its embedding rows in place (``nn.Embedding(max_norm=...)``, a standard layer), clamps a weight
+    in place and scales another through ``.data``; ``needs_values``: then selects by value, so ``auto`` falls back
+    to real kernels."""
+
+    def __init__(self, needs_values: bool = False) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4, max_norm=0.5)
+        self.fc = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+        self.needs_values = needs_values
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.fc.weight.clamp_(-0.1, 0.1)
+        self.head.weight.data.mul_(2)
+        y = self.head(self.fc(self.embedding(ids)))
+        return y[(y > 0).nonzero()[:, 0]] if self.needs_values else y
+
+
+@pytest.mark.parametrize(("execution", "backward"), EXECUTIONS)
+@pytest.mark.parametrize("needs_values", [False, True], ids=["any", "needs_values"])
+def test_parameters_updated_in_place_under_real_kernels_keep_their_values(execution: str, backward: bool,
+                                                                         needs_values: bool) -> None:
+    if needs_values and execution == "fake":
+        pytest.skip("a model that needs values has no fake run")
+    torch.manual_seed(0)
+    model = ClampsItsWeights(needs_values)
+    weights = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    ids = torch.randint(0, 10, (3, 5))
+    flops = FlopCountAnalysis(model, ids, execution=execution, backward=backward)  # type: ignore[arg-type]
+    assert flops.by_module()["fc"] == (3 if backward else 1) * 15 * 16  # backward: input and weight gradients
+    for name, (parameter, values) in weights.items():
+        assert dict(model.named_parameters())[name] is parameter and torch.equal(parameter, values), name

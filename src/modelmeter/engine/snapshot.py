@@ -150,24 +150,25 @@ class ModelSnapshot:
 
 
 class KeptValues:
-    """The values of some tensors, put back where a run updated them in place.
+    """The values of some tensors, put back after a run that updated them in place.
 
-    For the tensors no stand-in replaces during a run: those a model keeps in lists and dicts (a CPU operation on
-    them runs for real even in a fake run, ``self.totals[0].add_(1)``), and the caller's inputs under real kernels
-    (passed as they are: their identity and aliasing are the model's to see, as in a plain call). Each storage is
-    copied once, when this is made; :meth:`restore` copies it back only where a tensor on it was updated (its
-    version counter moved), and puts back a changed ``requires_grad`` of a leaf. Tensors without a storage of
-    their own kind (meta, FakeTensor or other subclasses, sparse, quantized, inference tensors) are left out.
+    For the tensors a run does not swap for stand-ins: those a model keeps in lists and dicts (a CPU operation on
+    them runs for real even in a fake run, ``self.totals[0].add_(1)``), and under real kernels the caller's inputs
+    and the model's parameters (passed as they are: their identity and aliasing are the model's to see, as in a
+    plain call). Each storage is copied when this is made or, ``when_written``, only when :meth:`written` is told
+    an operator is about to write it (parameters: copying them all would double a model's memory). :meth:`restore`
+    copies the copies back (also a write through ``.data``, which moves no version counter), gives back a tensor's
+    own data where ``.data`` was replaced, and a leaf's ``requires_grad``. Tensors without a storage of their own
+    kind (meta, FakeTensor or other subclasses, sparse, quantized, inference tensors) are left out.
     """
 
-    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
-        self.tensors = [(t, t._version, t.requires_grad) for t in {id(t): t for t in tensors}.values()
-                        if _has_values(t)]
+    def __init__(self, tensors: Iterable[torch.Tensor], *, when_written: bool = False) -> None:
+        kept = [t for t in {id(t): t for t in tensors}.values() if _has_values(t)]
+        self.tensors = [(t, t.detach(), t.requires_grad) for t in kept]  # a detached alias: its data as it is now
+        self.storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in kept}
         self.copies: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
-        for tensor, _, _ in self.tensors:
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in self.copies:
-                self.copies[storage.data_ptr()] = storage, storage.clone()
+        if not when_written:
+            self.written(kept)
 
     def __enter__(self) -> KeptValues:
         return self
@@ -175,15 +176,33 @@ class KeptValues:
     def __exit__(self, *_: object) -> None:
         self.restore()
 
+    def written(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Copy the storages of ``tensors`` that are kept here and not copied yet (before an operator writes
+        them)."""
+        for tensor in tensors:
+            if tensor.layout != torch.strided:
+                continue
+            key = tensor.untyped_storage().data_ptr()
+            if key in self.storages and key not in self.copies:
+                storage = self.storages[key]
+                self.copies[key] = storage, storage.clone()
+
     def restore(self) -> None:
-        updated = {t.untyped_storage().data_ptr() for t, version, _ in self.tensors if t._version != version}
-        for key in updated & self.copies.keys():  # a storage the model swapped in (``set_``) is not the caller's
-            storage, values = self.copies[key]
+        for storage, values in self.copies.values():
             if storage.nbytes() == values.nbytes():  # not resized (``resize_``)
-                storage.copy_(values)  # the tensors' version counters are not moved back: a later restore copies again
-        for tensor, _, requires_grad in self.tensors:
+                storage.copy_(values)
+        for tensor, data, requires_grad in self.tensors:
+            if not _same_view(tensor, data):  # ``.data`` replaced
+                tensor.data = data
             if tensor.is_leaf and tensor.requires_grad != requires_grad:
                 tensor.requires_grad_(requires_grad)
+
+
+def _same_view(tensor: torch.Tensor, data: torch.Tensor) -> bool:
+    """Whether ``tensor`` still views ``data``'s storage as ``data`` does."""
+    return bool(tensor.untyped_storage().data_ptr() == data.untyped_storage().data_ptr()
+                and tensor.dtype == data.dtype and tensor.shape == data.shape and tensor.stride() == data.stride()
+                and tensor.storage_offset() == data.storage_offset())
 
 
 def _has_values(tensor: torch.Tensor) -> bool:

@@ -256,6 +256,8 @@ class _Run:
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
                     stack.enter_context(KeptValues(tensors_in((args, kwargs))))
+                    # the parameters run as they are: each copied only if an operator writes it (Embedding's max_norm)
+                    recorder.before_write = stack.enter_context(KeptValues(parts.parameters, when_written=True)).written
                     args, kwargs = _real_inputs(args), _real_inputs(kwargs)
                     stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                 stack.enter_context(_ModuleHooks(recorder))
