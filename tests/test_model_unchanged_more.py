@@ -206,3 +206,27 @@ def test_parameters_updated_in_place_under_real_kernels_keep_their_values(execut
     assert flops.by_module()["fc"] == (3 if backward else 1) * 15 * 16  # backward: input and weight gradients
     for name, (parameter, values) in weights.items():
         assert dict(model.named_parameters())[name] is parameter and torch.equal(parameter, values), name
+
+
+# --- one tensor passed several times: one stand-in -------------------------------------------------------------------
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_self_attention_on_one_tensor_counts_as_real_kernels_do_in_every_execution(backward: bool) -> None:
+    """``mha(x, x, x)``: each occurrence of ``x`` got a stand-in of its own in a fake run, so the input was counted
+    three times and ``query is key`` (MultiheadAttention's packed projection) was false; real kernels see one
+    tensor. The oracle is the real run."""
+    torch.manual_seed(0)
+    model, x = nn.MultiheadAttention(16, 2, batch_first=True), torch.randn(2, 8, 16)
+    inputs = Args(x, x, x, need_weights=False)
+
+    def numbers(execution: str) -> dict[str, Any]:
+        a = analyze(model, inputs, execution=execution, backward=backward, memory=True,  # type: ignore[arg-type]
+                    quiet=True)
+        assert a.memory is not None
+        return {"flops": a.flops.by_module_and_operator(), "activations": a.activations.by_module_and_operator(),
+                "peak": a.memory.peak_info().by_kind, "saved": a.memory.saved_for_backward(),
+                "timeline": [point.live for point in a.memory.timeline()]}
+
+    real = numbers("real")
+    assert real["peak"]["input"] == x.numel() * 4
+    for execution in ("auto", "fake"):
+        assert numbers(execution) == real, execution

@@ -241,7 +241,7 @@ class _Run:
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
-                        args, kwargs = _meta_inputs(args, shadows), _meta_inputs(kwargs, shadows)
+                        args, kwargs = _meta_inputs((args, kwargs), shadows)
                         if model_on_meta:
                             stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                         else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
@@ -258,7 +258,7 @@ class _Run:
                     stack.enter_context(KeptValues(tensors_in((args, kwargs))))
                     # the parameters run as they are: each copied only if an operator writes it (Embedding's max_norm)
                     recorder.before_write = stack.enter_context(KeptValues(parts.parameters, when_written=True)).written
-                    args, kwargs = _real_inputs(args), _real_inputs(kwargs)
+                    args, kwargs = _real_inputs((args, kwargs))
                     stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                 stack.enter_context(_ModuleHooks(recorder))
                 stack.enter_context(warnings.catch_warnings())
@@ -402,16 +402,25 @@ def _input_stand_ins(tree: Any, leaf_of: Callable[[torch.Tensor], torch.Tensor])
     caller's graph: the model's gradient work starts at its inputs, and a backward pass must not run into, or
     accumulate gradients in, the caller's graph). An input that is no leaf stays none — a copy of that leaf — so
     an in-place operation of the model on it behaves as on the caller's tensor (allowed on a non-leaf, refused on a
-    leaf that requires grad), and leaves the caller's tensor as it was."""
+    leaf that requires grad), and leaves the caller's tensor as it was. A tensor passed several times (``mha(x, x,
+    x)``) has one stand-in, as real kernels see one tensor: one input's memory, and ``query is key`` holds."""
+    made: dict[int, torch.Tensor] = {}
 
     def convert(t: torch.Tensor) -> torch.Tensor:
-        leaf = leaf_of(t)
-        if t.is_leaf:
-            return leaf
-        with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
-            return leaf.clone()
+        stand_in = made.get(id(t))
+        if stand_in is None:
+            stand_in = made[id(t)] = _stand_in(t, leaf_of)
+        return stand_in
 
     return map_tensors(convert, tree)
+
+
+def _stand_in(t: torch.Tensor, leaf_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    leaf = leaf_of(t)
+    if t.is_leaf:
+        return leaf
+    with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
+        return leaf.clone()
 
 
 def _detached(t: torch.Tensor) -> torch.Tensor:
@@ -458,8 +467,8 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
             return fake_like(mode, t, device)
         return fake_like(mode, t, target if (model_on_meta or t.is_meta) and target is not None else t.device)
 
-    fake_args = _seeded(_input_stand_ins(args, leaf_of), args, shadows)
-    return fake_args, _seeded(_input_stand_ins(kwargs, leaf_of), kwargs, shadows)
+    fake_args, fake_kwargs = _seeded(_input_stand_ins((args, kwargs), leaf_of), (args, kwargs), shadows)
+    return fake_args, fake_kwargs
 
 
 def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
