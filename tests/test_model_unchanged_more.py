@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from modelmeter import Args, FlopCountAnalysis, analyze
+from modelmeter.engine.snapshot import ModelSnapshot
 
 EXECUTIONS = [("auto", False), ("fake", False), ("real", False), ("auto", True), ("fake", True), ("real", True)]
 
@@ -230,3 +231,13 @@ def test_self_attention_on_one_tensor_counts_as_real_kernels_do_in_every_executi
     assert real["peak"]["input"] == x.numel() * 4
     for execution in ("auto", "fake"):
         assert numbers(execution) == real, execution
+
+
+def test_a_list_of_the_models_own_parameters_is_not_copied() -> None:
+    """Tensors kept in containers are copied before a run; the model's own parameters and buffers listed there
+    (``self.every = list(self.parameters())``) are not: that would be a second copy of the model every analysis."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    model.every = [*model.parameters(), *model.buffers()]  # type: ignore[assignment]
+    model.extra = [torch.zeros(3)]  # type: ignore[assignment]
+    snapshot = ModelSnapshot(list(model.modules()))
+    assert [values.nbytes() for _, values in snapshot.values.copies.values()] == [3 * 4]

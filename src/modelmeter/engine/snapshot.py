@@ -57,8 +57,11 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
-        # No run swaps the tensors kept in containers for stand-ins: their values are kept instead
-        self.values = KeptValues(self._tensors)
+        # No run swaps the tensors kept in containers for stand-ins: their values are kept instead. Not those that
+        # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
+        # every analysis would double the model's memory, and real kernels copy a parameter when it is written
+        swapped = {id(t) for t in held}
+        self.values = KeptValues(t for t in self._tensors if id(t) not in swapped)
 
     def _module(self, module: nn.Module) -> None:
         attributes = module.__dict__
