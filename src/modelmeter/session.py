@@ -27,6 +27,7 @@ from .cache.shared import SHARED, Shared
 from .devices import DEVICES, Device, device_from_dict, device_to_dict, get_device
 from .engine.gc_pause import no_gc, paused
 from .engine.serialize import to_data
+from .engine.snapshot import refuse_uninitialised
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Trace
 from .engine.tracer import record_trace
@@ -149,7 +150,11 @@ class Session:
             trace, self._from_cache, self._stored = cached_trace(store, self.spec, record)
             return trace
 
-        shared = SHARED.share(self.spec, load_or_record)
+        try:
+            shared = SHARED.share(self.spec, load_or_record)
+        except ValueError as exc:  # torch refuses to touch an uninitialised parameter; say which and why
+            refuse_uninitialised(self.spec.model, exc)
+            raise
         if store is not None:
             self._stored = self._kept_in(store, shared)
         return shared.trace

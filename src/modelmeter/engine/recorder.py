@@ -134,6 +134,8 @@ class Recorder:
         self.storages = StorageTracker(lambda: len(self.trace.events))
         self.modules_loaded = len(sys.modules)
         self.memo: CallMemo | None = None  # repeated calls replayed (engine/replay.py): set for a forward on meta
+        # told the tensors an operator is about to write (real kernels: the parameters a run must put back)
+        self.before_write: Callable[[list[torch.Tensor]], None] | None = None
         self.unreplayable = 0  # operators run whose record is not their arguments' metadata alone (replay.py)
         self.imports = 0  # operators that imported modules
 
@@ -535,6 +537,8 @@ class DispatchRecorder(EagerDispatchMode):
             elif func is _GROUPED_MM and args[0].dtype == torch.float32 and _without_values(args[0]):
                 result = _grouped_mm_in_float32(func, args, kwargs)
             else:
+                if operator.mutable and rec.before_write is not None:
+                    rec.before_write(_written_arguments(operator.schema, args, kwargs))
                 result = _kernel(operator, func, args, kwargs)
             if len(sys.modules) != rec.modules_loaded:
                 rec.after_import()
@@ -606,11 +610,17 @@ def _operator(func: OpOverload) -> _Operator:
 def _written(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
              ) -> list[torch.Tensor]:
     """The tensors an operator wrote: the arguments its schema marks as written (``Tensor(a!)``), and its outputs."""
-    written = [_tensors(result)]
+    return [*_tensors(result), *_written_arguments(schema, args, kwargs)]
+
+
+def _written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> list[torch.Tensor]:
+    """The arguments an operator's schema marks as written (``Tensor(a!)``)."""
+    written = []
     for i, argument in enumerate(schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
-            written.append(_tensors(args[i] if i < len(args) else kwargs.get(argument.name)))
-    return [tensor for tensors in written for tensor in tensors]
+            written += _tensors(args[i] if i < len(args) else kwargs.get(argument.name))
+    return written
 
 
 _OPERATORS: dict[Any, _Operator] = {}

@@ -16,12 +16,15 @@ nearly always all empty, are checked together in one call, and flags and sizes a
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import chain
 from operator import is_, itemgetter
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .._torch_compat import MODULE_TABLES
 
@@ -54,6 +57,11 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
+        # No run swaps the tensors kept in containers for stand-ins: their values are kept instead. Not those that
+        # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
+        # every analysis would double the model's memory, and real kernels copy a parameter when it is written
+        swapped = {id(t) for t in held}
+        self.values = KeptValues(t for t in self._tensors if id(t) not in swapped)
 
     def _module(self, module: nn.Module) -> None:
         attributes = module.__dict__
@@ -141,6 +149,103 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+        self.values.restore()
+
+
+class KeptValues:
+    """The values of some tensors, put back after a run that updated them in place.
+
+    For the tensors a run does not swap for stand-ins: those a model keeps in lists and dicts (a CPU operation on
+    them runs for real even in a fake run, ``self.totals[0].add_(1)``), and under real kernels the caller's inputs
+    and the model's parameters (passed as they are: their identity and aliasing are the model's to see, as in a
+    plain call). Each storage is copied when this is made or, ``when_written``, only when :meth:`written` is told
+    an operator is about to write it (parameters: copying them all would double a model's memory). :meth:`restore`
+    copies the copies back (also a write through ``.data``, which moves no version counter), gives back a tensor's
+    own data where ``.data`` was replaced, and a leaf's ``requires_grad``. Tensors without a storage of their own
+    kind (meta, FakeTensor or other subclasses, sparse, quantized, inference tensors) are left out.
+    """
+
+    def __init__(self, tensors: Iterable[torch.Tensor], *, when_written: bool = False) -> None:
+        kept = [t for t in {id(t): t for t in tensors}.values() if _has_values(t)]
+        self.tensors = [(t, t.detach(), t.requires_grad) for t in kept]  # a detached alias: its data as it is now
+        self.storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in kept}
+        self.copies: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+        if not when_written:
+            self.written(kept)
+
+    def __enter__(self) -> KeptValues:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.restore()
+
+    def written(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Copy the storages of ``tensors`` that are kept here and not copied yet (before an operator writes
+        them)."""
+        for tensor in tensors:
+            if tensor.layout != torch.strided:
+                continue
+            key = tensor.untyped_storage().data_ptr()
+            if key in self.storages and key not in self.copies:
+                storage = self.storages[key]
+                self.copies[key] = storage, storage.clone()
+
+    def restore(self) -> None:
+        for storage, values in self.copies.values():
+            if storage.nbytes() == values.nbytes():  # not resized (``resize_``)
+                storage.copy_(values)
+        for tensor, data, requires_grad in self.tensors:
+            if not _same_view(tensor, data):  # ``.data`` replaced
+                tensor.data = data
+            if tensor.is_leaf and tensor.requires_grad != requires_grad:
+                tensor.requires_grad_(requires_grad)
+
+
+def _same_view(tensor: torch.Tensor, data: torch.Tensor) -> bool:
+    """Whether ``tensor`` still views ``data``'s storage as ``data`` does."""
+    return bool(tensor.untyped_storage().data_ptr() == data.untyped_storage().data_ptr()
+                and tensor.dtype == data.dtype and tensor.shape == data.shape and tensor.stride() == data.stride()
+                and tensor.storage_offset() == data.storage_offset())
+
+
+def _has_values(tensor: torch.Tensor) -> bool:
+    return (type(tensor) in (torch.Tensor, nn.Parameter) and tensor.layout == torch.strided and not tensor.is_meta
+            and not tensor.is_quantized and not tensor.is_inference())
+
+
+def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
+    """Raise a ValueError that names the parameters and buffers of ``model`` a lazy module has not initialised yet
+    (from ``failure``, torch's refusal to use one); return when there are none.
+
+    A lazy module infers their shapes on its first call, which changes their class and the module's: that call is
+    the user's to make, never an analysis's. Looked for only once something failed, so a plain analysis pays
+    nothing for it.
+    """
+    tensors = chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))
+    names = [name for name, tensor in tensors if is_lazy(tensor)]
+    if names:
+        raise ValueError(f"the model has parameters or buffers that are not initialised yet ({', '.join(names)}): a "
+                         "lazy module infers their shapes on its first call, which would change the model; call the "
+                         "model once on a sample input before analysing it") from failure
+
+
+@contextmanager
+def kept_random_states() -> Iterator[None]:
+    """Put torch's random number generators back as they were when the block began, also when it raises.
+
+    A run draws from them as the model's ``forward`` does (dropout in training mode under real kernels,
+    ``torch.randn`` on the CPU under any execution): without this, the caller's next random numbers after an
+    analysis would differ from those it would have drawn. The CPU generator always; the CUDA ones only where CUDA
+    was started (a run without it cannot have drawn from them, and starting it here would cost seconds).
+    """
+    cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 # Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).

@@ -46,7 +46,7 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import ModelSnapshot
+from .snapshot import KeptValues, ModelSnapshot, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows
@@ -71,7 +71,7 @@ def record_trace(spec: RunSpec) -> Trace:
     if spec.execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
-    with no_gc(), unseen_global_shape_runs():
+    with no_gc(), unseen_global_shape_runs(), kept_random_states():
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
                        spec.loss_fn)
 
@@ -206,7 +206,10 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _on_cpu(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace)."""
+    """True for a model whose state and inputs are plain dense CPU tensors (what a meta stand-in can replace), run
+    outside CPU autocast (which casts CPU tensors and FakeTensors on the CPU, never meta ones)."""
+    if torch.is_autocast_enabled("cpu"):
+        return False
     tensors = [*parts.state(), *tensors_in((args, kwargs))]
     return all(t.is_cpu and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
                and not t.is_quantized for t in tensors)
@@ -252,7 +255,10 @@ class _Run:
                         stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
-                    args, kwargs = _real_inputs(args), _real_inputs(kwargs)
+                    stack.enter_context(KeptValues(tensors_in((args, kwargs))))
+                    # the parameters run as they are: each copied only if an operator writes it (Embedding's max_norm)
+                    recorder.before_write = stack.enter_context(KeptValues(parts.parameters, when_written=True)).written
+                    args, kwargs = _real_inputs((args, kwargs))
                     stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                 stack.enter_context(_ModuleHooks(recorder))
                 stack.enter_context(warnings.catch_warnings())
@@ -396,24 +402,25 @@ def _input_stand_ins(tree: Any, leaf_of: Callable[[torch.Tensor], torch.Tensor])
     caller's graph: the model's gradient work starts at its inputs, and a backward pass must not run into, or
     accumulate gradients in, the caller's graph). An input that is no leaf stays none — a copy of that leaf — so
     an in-place operation of the model on it behaves as on the caller's tensor (allowed on a non-leaf, refused on a
-    leaf that requires grad), and leaves the caller's tensor as it was."""
-
-    made: dict[int, torch.Tensor] = {}  # id(input) -> its stand-in: a tensor passed twice is one tensor twice
+    leaf that requires grad), and leaves the caller's tensor as it was. A tensor passed several times (``mha(x, x,
+    x)``) has one stand-in, as real kernels see one tensor: one input's memory, and ``query is key`` holds."""
+    made: dict[int, torch.Tensor] = {}
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         stand_in = made.get(id(t))
         if stand_in is None:
-            stand_in = made[id(t)] = stand_in_of(t)
+            stand_in = made[id(t)] = _stand_in(t, leaf_of)
         return stand_in
 
-    def stand_in_of(t: torch.Tensor) -> torch.Tensor:
-        leaf = leaf_of(t)
-        if t.is_leaf:
-            return leaf
-        with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
-            return leaf.clone()
-
     return map_tensors(convert, tree)
+
+
+def _stand_in(t: torch.Tensor, leaf_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    leaf = leaf_of(t)
+    if t.is_leaf:
+        return leaf
+    with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
+        return leaf.clone()
 
 
 def _detached(t: torch.Tensor) -> torch.Tensor:
