@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..reports.format import format_bytes, format_rate, format_time, titled_table
-from ..reports.fvcore_tables import format_size
-from ..reports.render import format_bound
+from ..reports.columns import UnitKind, format_bound, unit_column
+from ..reports.format import format_rate, titled_table
 from .errors import ModelSpecError
 from .job import Job, model_code, worker_row
 from .models import load_model
@@ -58,14 +57,13 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
     base = rows[0]["flops"]
     for row in rows:
         row["flops_ratio"] = row["flops"] / base if base else math.nan
-    # (table header, key, table cell); a memory run adds its peak
-    columns: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("#params", "params", format_size), ("flops", "flops", format_size),
-        ("activations", "activations", format_size)]
+    # (table header, key, how its cells are written: a unit kind, one unit per column, or a cell per value)
+    columns: list[tuple[str, str, UnitKind | Callable[[Any], str]]] = [
+        ("#params", "params", "count"), ("flops", "flops", "count"), ("activations", "activations", "count")]
     if job.memory:
-        columns.append(("peak memory", "peak_memory", format_bytes))
+        columns.append(("peak memory", "peak_memory", "bytes"))
     if job.device is not None:
-        columns += [("time", "time", format_time), (f"{rows[0]['unit']}/s", "throughput", _rate),
+        columns += [("time", "time", "time"), (f"{rows[0]['unit']}/s", "throughput", _rate),
                     ("flops/byte", "intensity", lambda n: f"{n:.3g}"), ("bound", "compute_bound", format_bound)]
     columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
@@ -80,7 +78,8 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
                   for v, r in zip(values, rows, strict=True)]
         return "\n".join(lines)
     header = [label, *(title for title, _, _ in columns)]
-    table = [[str(v), *(cell(r[key]) for _, key, cell in columns)] for v, r in zip(values, rows, strict=True)]
+    cells = [_cells(key, [r[key] for r in rows], how) for _, key, how in columns]
+    table = [[str(v), *row] for v, row in zip(values, zip(*cells, strict=True), strict=True)]
     run = f"{rows[0]['execution']} run" + (f", one rank under {job.parallel}" if job.parallel else "")
     lines = titled_table(header, table, fmt, f"{job.model}: sweep of {label} ({run})")
     growth = [_growth("flops", label, values, [r["flops"] for r in rows])]
@@ -91,6 +90,14 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
     if any(growth):
         lines += ["", *filter(None, growth)]
     return "\n".join(lines)
+
+
+def _cells(key: str, amounts: list[Any], how: UnitKind | Callable[[Any], str]) -> list[str]:
+    """A column's cells: amounts of a unit kind in the one unit of the largest (as the module table prints them:
+    rows of a sweep are compared down the column), any other value by its own function."""
+    if callable(how):
+        return [how(amount) for amount in amounts]
+    return unit_column(key, key, amounts, how).cells
 
 
 def _rate(per_second: float | None) -> str:
