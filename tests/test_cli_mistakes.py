@@ -93,6 +93,13 @@ BIG = str(10**30)
     (["num_clases=3"], ["unknown resnet18 argument 'num_clases'", "did you mean num_classes?"]),
     (["=3"], ["expected key=value, got '=3'"]),
     (["--state-dtype", "float16"], ["--state-dtype describes the optimizer's step"]),
+    # an option that qualifies one not given would be ignored; two that name different runs contradict
+    (["--tolerance", "5%"], ["--tolerance sets the growth --check-baseline FILE allows", "drop --tolerance"]),
+    (["--name", "mine"], ["--name sets the name the cost guard (--budget, --save-baseline, --check-baseline)"]),
+    (["--jobs", "2"], ["--jobs sets the worker processes of --sweep"]),
+    (["--jobs", "2", "--check-baseline", "b.json"], ["--jobs sets the worker processes of --sweep"]),
+    (["--real", "--execution", "fake"], ["--real and --execution fake contradict each other"]),
+    (["--execution", "auto", "--real", "--parallel", "dp=2"], ["simulates its ranks on fake tensors"]),
 ])
 def test_option_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], no_run: None, argv: list[str],
                                                  words: list[str]) -> None:

@@ -230,8 +230,8 @@ def _input_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
-    run.add_argument("--real", dest="execution", action="store_const", const="real", default="auto",
-                     help="run real kernels (models are built on cpu instead of meta)")
+    run.add_argument("--real", action="store_true",
+                     help="run real kernels (models are built on cpu instead of meta; --execution real)")
     run.add_argument("--execution", choices=("auto", "fake", "real"), default="auto",
                      help="fake tensors (auto: fake, real kernels only if the model needs values) or real kernels")
     run.add_argument("--convention", choices=CONVENTIONS, default="fvcore",
@@ -268,7 +268,7 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
                             "MODEL, check every model FILE holds (in parallel)")
     guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
                        help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
-    guard.add_argument("--name", metavar="NAME", help="the baseline entry's name (default: MODEL and key=value)")
+    guard.add_argument("--name", metavar="NAME", help="the name of the baseline entry and of the --budget report (default: MODEL and key=value)")
 
 
 def duration(text: str) -> float:
