@@ -256,6 +256,11 @@ def models(tmp_path: Path) -> Path:
     ("missing.py:build", [], 2, ["no such file: ", "missing.py"]),
     ("my_models.py:biuld", [], 2, ["has no factory 'biuld'; did you mean build?"]),
     ("my_models.py:", [], 2, ["expected path/file.py:factory"]),
+    ("my_models.py", [], 2, ["my_models.py is a file: name the function that returns the model",
+                             "my_models.py:FACTORY; it defines: build, tokens, not_a_module, raises, "]),
+    ("bad_import.py", [], 2, ["bad_import.py:FACTORY; it defines: build"]),  # read, not imported
+    ("broken_syntax.py", [], 2, ["broken_syntax.py is a file: name the function", "broken_syntax.py:FACTORY"]),
+    ("missing.py", [], 2, ["no such file: ", "missing.py"]),
     ("my_models.py:build", ["x=1"], 2, ["my_models.py:build argument 'x'", "no key=value arguments"]),
     ("my_models.py:raises", ["deph=1"], 2, ["unknown", "argument 'deph'; did you mean depth?"]),
     ("my_models.py:build", [], 2, ["has no default input: give its shape with --input"]),
