@@ -100,12 +100,25 @@ BIG = str(10**30)
     (["--jobs", "2", "--check-baseline", "b.json"], ["--jobs sets the worker processes of --sweep"]),
     (["--real", "--execution", "fake"], ["--real and --execution fake contradict each other"]),
     (["--execution", "auto", "--real", "--parallel", "dp=2"], ["simulates its ranks on fake tensors"]),
+    # a layout option where no report shows it
+    (["--columns", "flops", "--format", "csv"], ["--columns chooses the columns of --format table or markdown"]),
+    (["--columns", "flops", "--format", "tree"], ["tree gives every metric"]),
+    (["--shapes", "--format", "csv"], ["--shapes adds the output shapes to --format table, markdown and tree"]),
+    (["--shapes", "--sweep", "batch=1,2"], ["--shapes chooses the module table's columns: --sweep prints one row"]),
+    (["--columns", "flops", "--fit", "1GiB"], ["--fit prints one row per run"]),
 ])
 def test_option_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], no_run: None, argv: list[str],
                                                  words: list[str]) -> None:
     err = one_line_error(capsys, ["resnet18", *argv], 2)
     for word in words:
         assert word in err
+
+
+def test_a_saved_traces_report_refuses_a_layout_it_cannot_show(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    err = one_line_error(capsys, ["report", str(tmp_path / "none.mmtrace"), "--columns", "flops", "--format",
+                                  "json"], 2)
+    assert "--columns chooses the columns of --format table or markdown; json gives every metric" in err
 
 
 @pytest.mark.parametrize(("argv", "words"), [

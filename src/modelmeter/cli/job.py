@@ -23,6 +23,7 @@ from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
 from .errors import ModelSpecError, one_line
 from .models import LoadedModel, load_model
 from .options import FIT_DEVICE, OPTIMIZERS
+from .output import check_layout
 
 if TYPE_CHECKING:
     from ..analysis import Analysis
@@ -99,6 +100,8 @@ def job_from_args(args: argparse.Namespace) -> Job:
                              "/ --save-trace per run")
     _check_memory_options(args)
     _check_loose_options(args)
+    runs = [flag for flag, given in (("--sweep", args.sweep), ("--fit", args.fit is not None)) if given]
+    check_layout(args, runs[0] if runs else None)
     execution = _execution(args)
     device = _device_options(args)
     _check_fit_device(args, device)

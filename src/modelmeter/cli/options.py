@@ -268,7 +268,9 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
                             "MODEL, check every model FILE holds (in parallel)")
     guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
                        help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
-    guard.add_argument("--name", metavar="NAME", help="the name of the baseline entry and of the --budget report (default: MODEL and key=value)")
+    guard.add_argument("--name", metavar="NAME",
+                       help="the name of the baseline entry and of the --budget report (default: MODEL and "
+                            "key=value)")
 
 
 def duration(text: str) -> float:
