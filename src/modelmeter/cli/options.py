@@ -154,7 +154,9 @@ def build_parser(usage: str | None = None, commands: str = "") -> argparse.Argum
                "path/file.py:factory or package.module:factory (factory() returns a module or a (model, inputs) "
                "pair). key=value arguments override the transformers config or go to the builder. Traces are "
                "cached on disk (`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit "
-               "status: 0 success, 2 usage error, 1 the model failed to build or run, 130 interrupted.",
+               "status: 0 success, 2 usage error (or inputs the model cannot take), 1 the model failed to build or "
+               "run, a cost is over --budget or grew over --check-baseline, or batch 1 does not fit --fit SIZE; 130 "
+               "interrupted.",
         parents=[analysis_options()],
     )
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
