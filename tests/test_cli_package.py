@@ -74,6 +74,19 @@ def test_the_list_is_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
         assert row["description"] == entry.description
 
 
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_list_fits_the_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                    width: int) -> None:
+    from modelmeter.zoo import ZOO
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    lines = run(capsys, "list")[0].splitlines()
+    assert max(map(len, lines)) <= width
+    column = lines[1].index(ZOO[lines[1].split()[0]].description[:5])  # where the descriptions start
+    rows = " ".join(line[column:] if line[:column].strip() == "" else "\n" + line[column:] for line in lines[1:lines.index("")])
+    assert [" ".join(row.split()) for row in rows.split("\n") if row.strip()] == [e.description for e in ZOO.values()]
+
+
 # --- subcommands ---------------------------------------------------------------------------------------------
 def test_the_help_names_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     out, _ = run(capsys, "--help")
