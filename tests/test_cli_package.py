@@ -83,7 +83,8 @@ def test_the_list_fits_the_terminal(capsys: pytest.CaptureFixture[str], monkeypa
     lines = run(capsys, "list")[0].splitlines()
     assert max(map(len, lines)) <= width
     column = lines[1].index(ZOO[lines[1].split()[0]].description[:5])  # where the descriptions start
-    rows = " ".join(line[column:] if line[:column].strip() == "" else "\n" + line[column:] for line in lines[1:lines.index("")])
+    table = lines[1:lines.index("")]
+    rows = " ".join(line[column:] if line[:column].strip() == "" else "\n" + line[column:] for line in table)
     assert [" ".join(row.split()) for row in rows.split("\n") if row.strip()] == [e.description for e in ZOO.values()]
 
 
