@@ -503,3 +503,21 @@ def test_sweep_and_fit_tables_print_one_unit_per_column(capsys: pytest.CaptureFi
     fits = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", str(limit))
     assert len({format_bytes(t["peak"])[-3:] for t in fits["tried"]}) == 2
     assert len(_suffixes([row[1] for row in table])) == 1 and len(table) == len(fits["tried"]), out
+
+
+def test_a_sweep_table_fits_the_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,2", "--memory", "--jobs", "1"]
+    wide, _ = run(capsys, *argv, "--wide")
+    assert wide.splitlines()[1].split() == ["batch", "#params", "flops", "activations", "peak", "memory", "flops",
+                                            "ratio"]
+    monkeypatch.setenv("COLUMNS", "32")
+    out, _ = run(capsys, *argv)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 32, out
+    assert lines[:2] == ["gpt2_tiny: sweep of batch (fake", "  run)"]
+    assert lines[2].split() == ["batch", "flops", "peak", "memory"]  # the flops and the peak stay
+    assert [line.split() for line in lines[3:5]] == [line.split()[:1] + line.split()[2:3] + line.split()[4:5]
+                                                     for line in wide.splitlines()[2:4]]
+    note = " ".join(" ".join(lines[5:]).split())
+    assert note.startswith("Left out to fit 32 characters: #params, activations, flops ratio (all columns: --wide)")
+    assert "flops grow 2.00x from batch 1 to 2, about batch^1.00" in note
