@@ -7,7 +7,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from ..reports.format import aligned_table
+from ..reports.format import Align, aligned_table
 from ..reports.fvcore_tables import format_size
 from ..reports.render import format_change, format_metric
 from ..reports.result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS
@@ -136,7 +136,9 @@ def render_diff(differences: list[Difference], limit: int | None = None, width: 
         index = rows[0].index(name)
         rows = [row[:index] + row[index + 1:] for row in rows]
         dropped.append(name)
-    lines = aligned_table(rows, ["left", "left", *["right"] * (len(rows[0]) - 2)])
+    right: list[Align] = ["right"] * (len(rows[0]) - 2)
+    aligns: list[Align] = ["left", "left", *right]
+    lines = aligned_table(rows, aligns)
     more = len(differences) - len(rows) + 1
     notes = [f"... and {more} more"] * (more > 0)
     if dropped:
