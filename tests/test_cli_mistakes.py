@@ -92,6 +92,8 @@ BIG = str(10**30)
     (["width=3"], ["unknown resnet18 argument 'width'", "it takes num_classes"]),
     (["num_clases=3"], ["unknown resnet18 argument 'num_clases'", "did you mean num_classes?"]),
     (["=3"], ["expected key=value, got '=3'"]),
+    (["batch=4"], ["resnet18 takes no argument 'batch': the inputs the command makes are sized by --batch N"]),
+    (["resolution=64"], ["sized by --resolution N"]),
     (["--state-dtype", "float16"], ["--state-dtype describes the optimizer's step"]),
     # an option that qualifies one not given would be ignored; two that name different runs contradict
     (["--tolerance", "5%"], ["--tolerance sets the growth --check-baseline FILE allows", "drop --tolerance"]),
@@ -127,6 +129,7 @@ def test_a_saved_traces_report_refuses_a_layout_it_cannot_show(capsys: pytest.Ca
     (["gpt2_tiny", "--seq-len", str(2**62)], ["an input of 1x4611686018427387904 int64", "more bytes than a tensor"]),
     (["gpt2_tiny", "--resolution", "64"], ["--resolution applies to image models"]),
     (["gpt2_tiny", "n_layr=2"], ["unknown gpt2_tiny argument 'n_layr'"]),
+    (["gpt2_tiny", "seq_len=32"], ["gpt2_tiny takes no argument 'seq_len'", "sized by --seq-len N"]),
     (["cache", "wipe"], ["usage: modelmeter cache info|clear"]),
     (["cahce", "info"], ["unknown model or command 'cahce'; did you mean `modelmeter cache`?"]),
     (["lsit"], ["unknown model or command 'lsit'; did you mean `modelmeter list`?"]),

@@ -297,6 +297,11 @@ def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: to
         return builder(**kwargs)
 
 
+# key=value words that name the size of the inputs the command makes, and the option that sets it
+_INPUT_OPTIONS = {"batch": "--batch", "batch_size": "--batch", "seq_len": "--seq-len", "seq_length": "--seq-len",
+                  "resolution": "--resolution", "image_size": "--resolution"}
+
+
 def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: str) -> None:
     """A ``key=value`` that ``builder`` does not take is a usage error naming the key (with the keys it does
     take), found before anything is built; builders that take ``**kwargs`` are left to say it themselves."""
@@ -308,6 +313,10 @@ def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: s
         return
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
+        option = _INPUT_OPTIONS.get(key)
+        if key not in accepted and option:  # an input's size, written as a builder's argument
+            raise ModelSpecError(f"{what} takes no argument {key!r}: the inputs the command makes are sized by "
+                                 f"{option} N")
         if key not in accepted:
             raise _unknown(f"{what} argument", key, accepted,
                            f"it takes {', '.join(accepted)}" if accepted else "it takes no key=value arguments")
