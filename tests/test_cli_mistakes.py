@@ -130,6 +130,7 @@ def test_a_saved_traces_report_refuses_a_layout_it_cannot_show(capsys: pytest.Ca
     (["gpt2_tiny", "--resolution", "64"], ["--resolution applies to image models"]),
     (["gpt2_tiny", "n_layr=2"], ["unknown gpt2_tiny argument 'n_layr'"]),
     (["gpt2_tiny", "seq_len=32"], ["gpt2_tiny takes no argument 'seq_len'", "sized by --seq-len N"]),
+    (["gpt2_tiny", "list"], ["'list' is a command, not a model's argument: give it first (`modelmeter list ...`)"]),
     (["cache", "wipe"], ["usage: modelmeter cache info|clear"]),
     (["cahce", "info"], ["unknown model or command 'cahce'; did you mean `modelmeter cache`?"]),
     (["lsit"], ["unknown model or command 'lsit'; did you mean `modelmeter list`?"]),
