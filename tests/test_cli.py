@@ -391,14 +391,15 @@ def test_a_memory_budget_turns_the_memory_analysis_on(capsys: pytest.CaptureFixt
 
 
 def test_sweep_with_memory_has_a_peak_column(capsys: pytest.CaptureFixture[str]) -> None:
-    from modelmeter.reports.render import format_bytes
+    from modelmeter.guard import parse_quantity
 
     argv = ["gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,3", "--memory", "--jobs", "1"]
     peaks = [library_memory("gpt2_tiny", batch=b).peak() for b in (1, 3)]
     out, _ = run(capsys, *argv)
     lines = out.splitlines()
     assert lines[1].split() == ["batch", "#params", "flops", "activations", "peak", "memory", "flops", "ratio"]
-    assert [line.split()[4] for line in lines[2:4]] == [format_bytes(p) for p in peaks]
+    shown = [parse_quantity(line.split()[4]) for line in lines[2:4]]  # in the unit of the larger, four figures
+    assert all(abs(value - peak) <= peaks[1] / 1000 for value, peak in zip(shown, peaks, strict=True))
     assert f"peak memory grows {peaks[1] / peaks[0]:.2f}x from batch 1 to 3" in out
     rows = list(csv.DictReader(io.StringIO(run(capsys, *argv, "--format", "csv")[0])))
     assert [int(r["peak_memory"]) for r in rows] == peaks and rows[1]["flops_ratio"] == "3"
@@ -478,3 +479,45 @@ def test_fit_stops_at_its_cap(capsys: pytest.CaptureFixture[str], monkeypatch: p
     assert data["step"] == "inference"
     out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", "1TiB")
     assert out.splitlines()[-1].endswith("the search stops at batch 4, larger ones were not tried")
+
+
+# --- one unit down each column of the command's run tables ------------------------------------------------
+def _suffixes(cells: list[str]) -> set[str]:
+    """The units of a column's cells (``0.05GiB`` -> ``GiB``, ``11.69M`` -> ``M``); a zero has none."""
+    return {re.sub(r"^[<\d.,-]+", "", cell) for cell in cells if cell != "0"}
+
+
+def test_sweep_and_fit_tables_print_one_unit_per_column(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.reports.render import format_bytes
+
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,4096", "--memory", "--jobs", "1")
+    rows = [line.split() for line in out.splitlines()[2:4]]
+    data = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,4096", "--memory", "--jobs", "1")
+    peaks = [row["peak_memory"] for row in data["rows"]]
+    assert len({format_bytes(p)[-3:] for p in peaks}) == 2  # each on its own would take its own unit
+    for column in (1, 2, 3, 4):  # #params, flops, activations, peak memory
+        assert len(_suffixes([row[column] for row in rows])) == 1, out
+    limit = 3 * data["rows"][0]["peak_memory"] // 2 + (1 << 20)  # from KiB-sized peaks to MiB-sized ones
+    out, _ = run(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", str(limit))
+    table = [line.split() for line in out.splitlines()[2:] if line and line[0].isdigit()]
+    fits = run_json(capsys, "gpt2_tiny", "--seq-len", "16", "--fit", str(limit))
+    assert len({format_bytes(t["peak"])[-3:] for t in fits["tried"]}) == 2
+    assert len(_suffixes([row[1] for row in table])) == 1 and len(table) == len(fits["tried"]), out
+
+
+def test_a_sweep_table_fits_the_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpt2_tiny", "--seq-len", "16", "--sweep", "batch=1,2", "--memory", "--jobs", "1"]
+    wide, _ = run(capsys, *argv, "--wide")
+    assert wide.splitlines()[1].split() == ["batch", "#params", "flops", "activations", "peak", "memory", "flops",
+                                            "ratio"]
+    monkeypatch.setenv("COLUMNS", "32")
+    out, _ = run(capsys, *argv)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 32, out
+    assert lines[:2] == ["gpt2_tiny: sweep of batch (fake", "  run)"]
+    assert lines[2].split() == ["batch", "flops", "peak", "memory"]  # the flops and the peak stay
+    assert [line.split() for line in lines[3:5]] == [line.split()[:1] + line.split()[2:3] + line.split()[4:5]
+                                                     for line in wide.splitlines()[2:4]]
+    note = " ".join(" ".join(lines[5:]).split())
+    assert note.startswith("Left out to fit 32 characters: #params, activations, flops ratio (all columns: --wide)")
+    assert "flops grow 2.00x from batch 1 to 2, about batch^1.00" in note

@@ -92,7 +92,22 @@ BIG = str(10**30)
     (["width=3"], ["unknown resnet18 argument 'width'", "it takes num_classes"]),
     (["num_clases=3"], ["unknown resnet18 argument 'num_clases'", "did you mean num_classes?"]),
     (["=3"], ["expected key=value, got '=3'"]),
+    (["batch=4"], ["resnet18 takes no argument 'batch': the inputs the command makes are sized by --batch N"]),
+    (["resolution=64"], ["sized by --resolution N"]),
     (["--state-dtype", "float16"], ["--state-dtype describes the optimizer's step"]),
+    # an option that qualifies one not given would be ignored; two that name different runs contradict
+    (["--tolerance", "5%"], ["--tolerance sets the growth --check-baseline FILE allows", "drop --tolerance"]),
+    (["--name", "mine"], ["--name sets the name the cost guard (--budget, --save-baseline, --check-baseline)"]),
+    (["--jobs", "2"], ["--jobs sets the worker processes of --sweep"]),
+    (["--jobs", "2", "--check-baseline", "b.json"], ["--jobs sets the worker processes of --sweep"]),
+    (["--real", "--execution", "fake"], ["--real and --execution fake contradict each other"]),
+    (["--execution", "auto", "--real", "--parallel", "dp=2"], ["simulates its ranks on fake tensors"]),
+    # a layout option where no report shows it
+    (["--columns", "flops", "--format", "csv"], ["--columns chooses the columns of --format table or markdown"]),
+    (["--columns", "flops", "--format", "tree"], ["tree gives every metric"]),
+    (["--shapes", "--format", "csv"], ["--shapes adds the output shapes to --format table, markdown and tree"]),
+    (["--shapes", "--sweep", "batch=1,2"], ["--shapes chooses the module table's columns: --sweep prints one row"]),
+    (["--columns", "flops", "--fit", "1GiB"], ["--fit prints one row per run"]),
 ])
 def test_option_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], no_run: None, argv: list[str],
                                                  words: list[str]) -> None:
@@ -101,12 +116,21 @@ def test_option_mistakes_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[s
         assert word in err
 
 
+def test_a_saved_traces_report_refuses_a_layout_it_cannot_show(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    err = one_line_error(capsys, ["report", str(tmp_path / "none.mmtrace"), "--columns", "flops", "--format",
+                                  "json"], 2)
+    assert "--columns chooses the columns of --format table or markdown; json gives every metric" in err
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["resnet5"], ["unknown model 'resnet5'; did you mean resnet50"]),
     (["gpt2_tiny", "--seq-len", BIG], ["argument --seq-len", "too large"]),
     (["gpt2_tiny", "--seq-len", str(2**62)], ["an input of 1x4611686018427387904 int64", "more bytes than a tensor"]),
     (["gpt2_tiny", "--resolution", "64"], ["--resolution applies to image models"]),
     (["gpt2_tiny", "n_layr=2"], ["unknown gpt2_tiny argument 'n_layr'"]),
+    (["gpt2_tiny", "seq_len=32"], ["gpt2_tiny takes no argument 'seq_len'", "sized by --seq-len N"]),
+    (["gpt2_tiny", "list"], ["'list' is a command, not a model's argument: give it first (`modelmeter list ...`)"]),
     (["cache", "wipe"], ["usage: modelmeter cache info|clear"]),
     (["cahce", "info"], ["unknown model or command 'cahce'; did you mean `modelmeter cache`?"]),
     (["lsit"], ["unknown model or command 'lsit'; did you mean `modelmeter list`?"]),
@@ -249,6 +273,11 @@ def models(tmp_path: Path) -> Path:
     ("missing.py:build", [], 2, ["no such file: ", "missing.py"]),
     ("my_models.py:biuld", [], 2, ["has no factory 'biuld'; did you mean build?"]),
     ("my_models.py:", [], 2, ["expected path/file.py:factory"]),
+    ("my_models.py", [], 2, ["my_models.py is a file: name the function that returns the model",
+                             "my_models.py:FACTORY; it defines: build, tokens, not_a_module, raises, "]),
+    ("bad_import.py", [], 2, ["bad_import.py:FACTORY; it defines: build"]),  # read, not imported
+    ("broken_syntax.py", [], 2, ["broken_syntax.py is a file: name the function", "broken_syntax.py:FACTORY"]),
+    ("missing.py", [], 2, ["no such file: ", "missing.py"]),
     ("my_models.py:build", ["x=1"], 2, ["my_models.py:build argument 'x'", "no key=value arguments"]),
     ("my_models.py:raises", ["deph=1"], 2, ["unknown", "argument 'deph'; did you mean depth?"]),
     ("my_models.py:build", [], 2, ["has no default input: give its shape with --input"]),

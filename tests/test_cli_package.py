@@ -74,6 +74,38 @@ def test_the_list_is_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
         assert row["description"] == entry.description
 
 
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_list_fits_the_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                    width: int) -> None:
+    from modelmeter.zoo import ZOO
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    lines = run(capsys, "list")[0].splitlines()
+    assert max(map(len, lines)) <= width
+    column = lines[1].index(ZOO[lines[1].split()[0]].description[:5])  # where the descriptions start
+    table = lines[1:lines.index("")]
+    rows = " ".join(line[column:] if line[:column].strip() == "" else "\n" + line[column:] for line in table)
+    assert [" ".join(row.split()) for row in rows.split("\n") if row.strip()] == [e.description for e in ZOO.values()]
+
+
+def test_the_devices_table_fits_the_terminal(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelmeter.devices import list_devices
+
+    monkeypatch.setenv("COLUMNS", "200")
+    full = run(capsys, "devices")[0].splitlines()
+    assert full[1].split() == ["name", "device", "memory", "bandwidth", "bf16", "fp16", "fp32", "tf32", "fp8", "ridge"]
+    monkeypatch.setenv("COLUMNS", "60")
+    lines = run(capsys, "devices")[0].splitlines()
+    assert max(map(len, lines)) <= 60
+    header = next(line.split() for line in lines if line.startswith("name "))
+    assert header == ["name", "memory", "bandwidth", "bf16", "fp16", "fp32", "ridge"]  # the label, fp8, tf32 left out
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in {d.name for d in list_devices()}]
+    assert [row[0] for row in rows] == [d.name for d in list_devices()]
+    assert [row[-1] for row in rows] == [line.split()[-1] for line in full[3:3 + len(rows)]]  # the same ridge
+    assert "left out to fit 60 characters: device, fp8, tf32" in " ".join(lines)
+
+
 # --- subcommands ---------------------------------------------------------------------------------------------
 def test_the_help_names_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     out, _ = run(capsys, "--help")

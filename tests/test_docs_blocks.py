@@ -146,6 +146,25 @@ def test_every_page_is_checked_and_marks_are_rare() -> None:
     assert marks == sum(block.mark is not None for block in all_blocks), "a mark that is not right before a block"
 
 
+# A line of a block that is a command: a shell prompt, or a command the pages document (a usage synopsis, whose
+# options are in brackets, is none)
+_SHELL_LINE = re.compile(r"^(?:\$ |(?:\S*/)?(?:modelmeter|python3?|pip|pytest)(?:\s|$)(?!.*\[--))")
+
+
+def commands_not_run(block: Block) -> list[str]:
+    """The command lines of a block that is neither run (``python``, ``bash``) nor marked ``not run``: a command
+    written in an output or untagged block escapes the check that it runs as written."""
+    if block.language in RUN:
+        return []
+    return [line for line in block.text.splitlines() if _SHELL_LINE.match(line)]
+
+
+def test_every_command_of_a_page_is_in_a_block_that_runs_or_says_why_not() -> None:
+    hidden = [f"{block.where()}: {line}" for page in PAGES for block in blocks(page)
+              for line in commands_not_run(block)]
+    assert hidden == [], "write each command in a bash block (marked <!-- not run: why --> where it cannot run)"
+
+
 def test_the_block_reader_finds_marks_commands_and_exit_statuses(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     page = tmp_path / "page.md"
@@ -162,3 +181,6 @@ def test_the_block_reader_finds_marks_commands_and_exit_statuses(tmp_path: Path,
                       capsys)
     with pytest.raises(AssertionError, match="not a modelmeter or pytest command"):
         run_command_block(Block(page, 1, "bash", "pip install modelmeter\n", None), capsys)
+    output = "$ modelmeter resnet18\nresnet18 on input ...\npython bench.py --repeat 3\nmodelmeter list [--format F]\n"
+    assert commands_not_run(Block(page, 1, "", output, None)) == ["$ modelmeter resnet18", "python bench.py --repeat 3"]
+    assert commands_not_run(Block(page, 1, "bash", output, None)) == []

@@ -33,6 +33,7 @@ from modelmeter.guard import (
     load_costs,
     parse_budget,
     parse_quantity,
+    render_diff,
 )
 from modelmeter.guard.specs import check_spec
 from modelmeter.guard.values import MAX_FILE_BYTES, GuardFileError
@@ -195,6 +196,26 @@ def test_command_check_all_fails_when_one_model_grew(capsys: pytest.CaptureFixtu
     Path("m.py").write_text(MODEL_FILE.replace("range(int(extra))", "range(int(extra) + 1)"))
     out, _ = cli(capsys, "--check-baseline", "costs.json", "--tolerance", "1%", "--jobs", "1", code=1)
     assert "m.py:build: over its baseline (tolerance 1.00%)" in out and "module '2'" in out
+
+
+@pytest.mark.parametrize("width", [40, 45, 52, 200])
+def test_a_diff_fits_the_width_leaving_out_the_exact_change_first(tmp_path: Path, width: int) -> None:
+    x = torch.randn(2, 16)
+    for name, model in (("a", mlp()), ("b", mlp(extra=2))):
+        (tmp_path / f"{name}.json").write_text(analyze(model, x, quiet=True).result().to_json())
+    differences = diff(load_costs(tmp_path / "a.json"), load_costs(tmp_path / "b.json"))
+    full = render_diff(differences).splitlines()
+    lines = render_diff(differences, width=width).splitlines()
+    if max(map(len, full)) <= width:
+        assert lines == full
+        return
+    header = lines[0].split()
+    assert header[:2] == ["module", "metric"] and header[-2:] in (["after", "%"], ["change", "%"])
+    assert "change" not in header  # the exact change goes first, then the value before
+    assert max(map(len, lines)) <= max(width, len(lines[1]))  # a narrow width keeps module, metric, after, %
+    assert " ".join(lines[-2:]).startswith(f"(left out to fit {width} characters: change")
+    rows = [line.split() for line in lines[1:len(differences) + 1]]
+    assert [row[-1] for row in rows] == [line.split()[-1] for line in full[1:len(differences) + 1]]
 
 
 @pytest.mark.usefixtures("model_dir")

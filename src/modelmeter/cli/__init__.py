@@ -11,7 +11,8 @@ skip, ``--cache-dir`` to choose where; ``modelmeter cache info`` / ``modelmeter 
 A.json B.json`` compares two saved analyses. Each subcommand is a module of this package (:mod:`.commands`).
 
 Exit status: 0 success, 2 usage error (bad option, shape, path or model name, found before the model runs; or
-inputs a layer of the model cannot take, found when it fails there), 1 the model failed to build or run, 130
+inputs a layer of the model cannot take, found when it fails there), 1 the model failed to build or run (or a
+cost guard failed: over --budget, grown over --check-baseline; or batch 1 does not fit --fit SIZE), 130
 interrupted (Ctrl-C). Each error is one line on stderr. Inputs the
 command makes are meta tensors (no memory) unless ``--real``.
 """

@@ -4,18 +4,24 @@ Imports no torch."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import textwrap
 from typing import Any
 
 from ..devices import Device, DeviceError, device_to_dict, list_devices, load_devices
+from ..reports.columns import Column, fit
 from ..reports.format import Align, aligned_table, markdown_table
 from .errors import ModelSpecError
 from .options import subcommand_parser
-from .output import add_output_options, emit
+from .output import add_output_options, emit, report_width
 
 SUMMARY = "lists the accelerators a roofline can run on, with their datasheet peaks"
 HEADER = ["name", "device", "memory", "bandwidth", "bf16", "fp16", "fp32", "tf32", "fp8", "ridge"]
 ALIGNS: list[Align] = ["left", "left", "right", "right", "right", "right", "right", "right", "right", "right"]
+# The columns a narrow terminal leaves out first: the long label, the rarer peaks, then the others
+_DROP_ORDER = {"device": 0, "fp8": 1, "tf32": 2, "fp16": 3, "ridge": 4, "fp32": 5, "bandwidth": 6, "memory": 7,
+               "bf16": 8}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,11 +54,25 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "markdown":
             lines = [*markdown_table(HEADER, rows), "", *notes]
         else:
-            lines = ["accelerators (dense peaks in TFLOP/s, without sparsity; ridge in FLOPs/byte at bf16):",
-                     *aligned_table([HEADER, *rows], ALIGNS, rule=True), "", *notes]
+            lines = _table(rows, notes, report_width(args.output))
         text = "\n".join(lines)
     emit(text, args.output)
     return 0
+
+
+def _table(rows: list[list[str]], notes: list[str], width: int) -> list[str]:
+    """The terminal table fitted to ``width``: the label, then the rarer peaks, left out first (said under it),
+    the title and notes wrapped."""
+    columns = [Column(key, key, key, align, list(cells))
+               for key, align, cells in zip(HEADER, ALIGNS, zip(*rows, strict=True), strict=True)]
+    shown, _, dropped = fit(columns, width, rank=lambda key: _DROP_ORDER[key])
+    table = aligned_table([[c.header for c in shown], *zip(*(c.cells for c in shown), strict=True)],
+                          [c.align for c in shown], rule=True)
+    if dropped:
+        notes = [f"left out to fit {width} characters: {', '.join(dropped)} (--format json has every field)", *notes]
+    title = "accelerators (dense peaks in TFLOP/s, without sparsity; ridge in FLOPs/byte at bf16):"
+    wrap = functools.partial(textwrap.wrap, width=width, subsequent_indent="  ", break_on_hyphens=False)
+    return [*wrap(title), *table, "", *(part for note in notes for part in wrap(note))]
 
 
 def _row(device: Device, mine: bool) -> list[str]:

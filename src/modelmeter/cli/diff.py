@@ -10,7 +10,7 @@ import sys
 from ..errors import ModelMeterError
 from .errors import ModelSpecError
 from .options import subcommand_parser
-from .output import add_output_options, emit
+from .output import add_output_options, emit, report_width
 
 SUMMARY = "compares two saved analyses or baselines, module by module"
 
@@ -42,6 +42,6 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps([{"module": d.module, "metric": d.metric, "before": d.before, "after": d.after,
                             "change": d.change} for d in differences], indent=2)
     else:
-        text = render_diff(differences)
+        text = render_diff(differences, width=report_width(args.output))
     emit(text, args.output)
     return 0

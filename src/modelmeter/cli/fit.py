@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelMeterError
+from ..reports.columns import unit_column
 from ..reports.format import format_bytes, titled_table
 from .errors import ModelSpecError
 from .job import Job, analyse
@@ -117,7 +118,9 @@ def _fit_report(job: Job, limit: int, step: str, peaks: dict[int, int], largest:
     what = "batch" if job.parallel is None else "micro-batch"
     if fmt == "csv":
         return "\n".join([f"{what},peak,fits", *(f"{b},{peaks[b]},{peaks[b] <= limit}" for b in tried)])
-    table = [[str(b), format_bytes(peaks[b]), "yes" if peaks[b] <= limit else "no"] for b in tried]
+    # one unit down the column, as the module table's: the rows are compared with each other and the limit
+    shown = unit_column("peak", "peak", [peaks[b] for b in tried], "bytes").cells
+    table = [[str(b), cell, "yes" if peaks[b] <= limit else "no"] for b, cell in zip(tried, shown, strict=True)]
     title = f"{job.model}: the largest batch in {format_bytes(limit)} ({step})"
     if job.parallel is not None:
         title = (f"{job.model}: the largest micro-batch per rank in {format_bytes(limit)} under {job.parallel} "

@@ -105,6 +105,7 @@ def check_all(args: argparse.Namespace) -> int:
     an entry may run is checked for every entry before any model is built (modelmeter.guard.specs)."""
     ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
     ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
+    ignored += ["--real"] * args.real
     ignored += ["--attention-kernel"] * (args.attention_kernel != "fused")
     ignored += ["--format"] * (args.format != "table")  # the reports are text
     if ignored:

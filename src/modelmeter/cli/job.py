@@ -23,6 +23,7 @@ from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
 from .errors import ModelSpecError, one_line
 from .models import LoadedModel, load_model
 from .options import FIT_DEVICE, OPTIMIZERS
+from .output import check_layout
 
 if TYPE_CHECKING:
     from ..analysis import Analysis
@@ -98,9 +99,13 @@ def job_from_args(args: argparse.Namespace) -> Job:
         raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
                              "/ --save-trace per run")
     _check_memory_options(args)
+    _check_loose_options(args)
+    runs = [flag for flag, given in (("--sweep", args.sweep), ("--fit", args.fit is not None)) if given]
+    check_layout(args, runs[0] if runs else None)
+    execution = _execution(args)
     device = _device_options(args)
     _check_fit_device(args, device)
-    if args.parallel is not None and args.execution == "real":
+    if args.parallel is not None and execution == "real":
         raise ModelSpecError(f"--parallel {args.parallel} simulates its ranks on fake tensors (a fake process "
                              "group sends nothing): drop --real / --execution real")
     # under a plan, --fit answers the micro-batch of a training step: the plan's sharding is of the training state
@@ -110,11 +115,31 @@ def job_from_args(args: argparse.Namespace) -> Job:
     # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
     guarded = bool(args.budget or args.save_baseline or args.check_baseline)
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
-               dtype=getattr(torch, args.dtype) if args.dtype else None, execution=args.execution,
+               dtype=getattr(torch, args.dtype) if args.dtype else None, execution=execution,
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
                attention_kernel=args.attention_kernel,
                cache=args.cache and not guarded, cache_dir=args.cache_dir, memory=memory, optimizer=args.optimizer,
                state_dtype=args.state_dtype, foreach=args.foreach, device=device, parallel=args.parallel, **given)
+
+
+def _execution(args: argparse.Namespace) -> Execution:
+    """``--execution``, or ``real`` for ``--real``: both, naming different runs, contradict each other."""
+    if args.real and args.execution not in ("auto", "real"):
+        raise ModelSpecError(f"--real and --execution {args.execution} contradict each other: keep one")
+    execution: Execution = "real" if args.real else args.execution
+    return execution
+
+
+def _check_loose_options(args: argparse.Namespace) -> None:
+    """Options that qualify another one that is not given: each would be ignored, silently."""
+    for flag, given, needed, what in (
+            ("--tolerance", args.tolerance != 0, args.check_baseline, "the growth --check-baseline FILE allows"),
+            ("--name", args.name is not None, args.budget or args.save_baseline or args.check_baseline,
+             "the name the cost guard (--budget, --save-baseline, --check-baseline) reports and saves"),
+            ("--jobs", args.jobs is not None, args.sweep,
+             "the worker processes of --sweep (or of --check-baseline FILE without a MODEL)")):
+        if given and not needed:
+            raise ModelSpecError(f"{flag} sets {what}: add that option, or drop {flag}")
 
 
 def _check_fit_device(args: argparse.Namespace, device: DeviceOptions | None) -> None:

@@ -252,6 +252,8 @@ def load_model(spec: str, overrides: Sequence[str] = (), *, device: str | torch.
     elif sep:
         target, _, factory = spec.rpartition(":")
         loaded = _load_factory(target, factory, parse_overrides(items), factory_check)
+    elif spec.endswith(".py"):
+        raise ModelSpecError(_file_without_factory(spec))
     else:
         loaded = _load_zoo(spec, parse_overrides(items), torch.device(device), resolution)
     loaded.model.eval()
@@ -295,6 +297,11 @@ def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: to
         return builder(**kwargs)
 
 
+# key=value words that name the size of the inputs the command makes, and the option that sets it
+_INPUT_OPTIONS = {"batch": "--batch", "batch_size": "--batch", "seq_len": "--seq-len", "seq_length": "--seq-len",
+                  "resolution": "--resolution", "image_size": "--resolution"}
+
+
 def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: str) -> None:
     """A ``key=value`` that ``builder`` does not take is a usage error naming the key (with the keys it does
     take), found before anything is built; builders that take ``**kwargs`` are left to say it themselves."""
@@ -306,6 +313,10 @@ def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: s
         return
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
+        option = _INPUT_OPTIONS.get(key)
+        if key not in accepted and option:  # an input's size, written as a builder's argument
+            raise ModelSpecError(f"{what} takes no argument {key!r}: the inputs the command makes are sized by "
+                                 f"{option} N")
         if key not in accepted:
             raise _unknown(f"{what} argument", key, accepted,
                            f"it takes {', '.join(accepted)}" if accepted else "it takes no key=value arguments")
@@ -431,6 +442,21 @@ def _is_decoder_only(config: Any) -> bool:
     model_type = getattr(config, "model_type", "")
     return (model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
             and not getattr(config, "is_encoder_decoder", False))
+
+
+def _file_without_factory(path: str) -> str:
+    """What to write for a model file named without its factory: ``FILE.py:NAME``, with the functions the file
+    defines (read, not imported: its code does not run for a mistake)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"no such file: {path}"
+    try:
+        tree = ast.parse(file.read_bytes())
+    except (SyntaxError, ValueError, OSError):
+        tree = ast.Module(body=[], type_ignores=[])
+    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
+    defines = f"; it defines: {', '.join(names)}" if names else ""
+    return f"{path} is a file: name the function that returns the model, {path}:FACTORY{defines}"
 
 
 def _load_factory(target: str, factory: str, kwargs: dict[str, Any],

@@ -154,7 +154,9 @@ def build_parser(usage: str | None = None, commands: str = "") -> argparse.Argum
                "path/file.py:factory or package.module:factory (factory() returns a module or a (model, inputs) "
                "pair). key=value arguments override the transformers config or go to the builder. Traces are "
                "cached on disk (`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit "
-               "status: 0 success, 2 usage error, 1 the model failed to build or run, 130 interrupted.",
+               "status: 0 success, 2 usage error (or inputs the model cannot take), 1 the model failed to build or "
+               "run, a cost is over --budget or grew over --check-baseline, or batch 1 does not fit --fit SIZE; 130 "
+               "interrupted.",
         parents=[analysis_options()],
     )
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
@@ -230,8 +232,8 @@ def _input_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
-    run.add_argument("--real", dest="execution", action="store_const", const="real", default="auto",
-                     help="run real kernels (models are built on cpu instead of meta)")
+    run.add_argument("--real", action="store_true",
+                     help="run real kernels (models are built on cpu instead of meta; --execution real)")
     run.add_argument("--execution", choices=("auto", "fake", "real"), default="auto",
                      help="fake tensors (auto: fake, real kernels only if the model needs values) or real kernels")
     run.add_argument("--convention", choices=CONVENTIONS, default="fvcore",
@@ -268,7 +270,9 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
                             "MODEL, check every model FILE holds (in parallel)")
     guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
                        help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
-    guard.add_argument("--name", metavar="NAME", help="the baseline entry's name (default: MODEL and key=value)")
+    guard.add_argument("--name", metavar="NAME",
+                       help="the name of the baseline entry and of the --budget report (default: MODEL and "
+                            "key=value)")
 
 
 def duration(text: str) -> float:

@@ -155,6 +155,21 @@ def report_width(output: str | None) -> int:
     return width if width > 0 else DEFAULT_WIDTH
 
 
+def check_layout(args: argparse.Namespace, runs: str | None = None) -> None:
+    """``--columns`` and ``--shapes`` where no report shows them (``runs``: the option, --sweep or --fit, whose
+    report is one row per run): a usage error rather than an option silently ignored."""
+    chosen = args.columns not in (None, ("all",))
+    given = [flag for flag, on in (("--columns", chosen), ("--shapes", args.shapes)) if on]
+    if given and runs:
+        raise ModelSpecError(f"{given[0]} chooses the module table's columns: {runs} prints one row per run")
+    if chosen and args.format not in ("table", "markdown"):
+        raise ModelSpecError(f"--columns chooses the columns of --format table or markdown; {args.format} gives every "
+                             "metric")
+    if args.shapes and args.format == "csv":
+        raise ModelSpecError("--shapes adds the output shapes to --format table, markdown and tree; csv has none "
+                             "(--format json has each module's output_shapes)")
+
+
 def render_report(result: Result, args: argparse.Namespace, header: str) -> str:
     """The report of ``result`` as the options ask (``--format``, ``--depth``, ``--columns``/``--wide``,
     ``--shapes``), fitted to :func:`report_width` (chosen columns are all shown, only the notes are wrapped; every

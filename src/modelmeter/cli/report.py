@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import ModelSpecError
 from .options import ATTENTION_KERNELS, CONVENTIONS, FORMATS, depth, layout_options, subcommand_parser, time_options
-from .output import emit, header_line, read_result, render_report, write_html_report
+from .output import check_layout, emit, header_line, read_result, render_report, write_html_report
 
 SUMMARY = "renders a saved trace (--save-trace FILE) without the model"
 
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_layout(args)
     if args.compare and not args.html:
         raise ModelSpecError("--compare shows the difference in the HTML report: add --html FILE")
     from ..reports.saved import SavedTraceError, read_saved_trace

@@ -19,6 +19,10 @@ def run_analysis(args: argparse.Namespace) -> int:
     if args.model is None and args.check_baseline:
         return check_all(args)
     _check_command_typo(args.model)
+    misplaced = [word for word in args.overrides if word in COMMANDS]
+    if misplaced:  # `modelmeter resnet18 list`: read as a key=value, the error would be about its missing `=`
+        raise ModelSpecError(f"{misplaced[0]!r} is a command, not a model's argument: give it first "
+                             f"(`modelmeter {misplaced[0]} ...`)")
     job = job_from_args(args)
     if args.fit is not None:
         return run_fit(args, job)

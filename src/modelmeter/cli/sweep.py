@@ -7,17 +7,17 @@ import json
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..reports.format import format_bytes, format_rate, format_time, titled_table
-from ..reports.fvcore_tables import format_size
-from ..reports.render import format_bound
+from ..reports.columns import Column, UnitKind, fit, format_bound, unit_column
+from ..reports.format import format_rate, titled_table
 from .errors import ModelSpecError
 from .job import Job, model_code, worker_row
 from .models import load_model
-from .output import emit
+from .output import emit, report_width
 from .parallel import in_parallel
 
 
@@ -39,8 +39,15 @@ def run_sweep(args: argparse.Namespace, job: Job) -> int:
         value, row = failed[0]
         print(f"modelmeter: {axis.replace('_', '-')}={value}: {row['error']}", file=sys.stderr)
         return int(row["code"])
-    emit(_sweep_report(job, axis, values, [rows[v] for v in values], args.format), args.output)
+    width = None if args.columns == ("all",) else report_width(args.output)
+    emit(_sweep_report(job, axis, values, [rows[v] for v in values], args.format, width), args.output)
     return 0
+
+
+# The sweep table's columns in the order a narrow terminal leaves them out: the parameters (the same in every row
+# but under a resolution a model is built for), the ratios, then the others; the flops last
+_SWEEP_DROP_ORDER = {"params": 0, "intensity": 1, "compute_bound": 2, "activations": 3, "flops_ratio": 4,
+                     "throughput": 5, "time": 6, "peak_memory": 7, "flops": 8}
 
 
 def sweep_point(job: Job) -> dict[str, Any]:
@@ -53,19 +60,19 @@ def sweep_point(job: Job) -> dict[str, Any]:
         "compute_bound": result.total("compute_bound")})
 
 
-def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str) -> str:
+def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, Any]], fmt: str,
+                  width: int | None = None) -> str:
     label = axis.replace("_", "-")
     base = rows[0]["flops"]
     for row in rows:
         row["flops_ratio"] = row["flops"] / base if base else math.nan
-    # (table header, key, table cell); a memory run adds its peak
-    columns: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("#params", "params", format_size), ("flops", "flops", format_size),
-        ("activations", "activations", format_size)]
+    # (table header, key, how its cells are written: a unit kind, one unit per column, or a cell per value)
+    columns: list[tuple[str, str, UnitKind | Callable[[Any], str]]] = [
+        ("#params", "params", "count"), ("flops", "flops", "count"), ("activations", "activations", "count")]
     if job.memory:
-        columns.append(("peak memory", "peak_memory", format_bytes))
+        columns.append(("peak memory", "peak_memory", "bytes"))
     if job.device is not None:
-        columns += [("time", "time", format_time), (f"{rows[0]['unit']}/s", "throughput", _rate),
+        columns += [("time", "time", "time"), (f"{rows[0]['unit']}/s", "throughput", _rate),
                     ("flops/byte", "intensity", lambda n: f"{n:.3g}"), ("bound", "compute_bound", format_bound)]
     columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
@@ -79,18 +86,41 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
                                       for _, key, _ in columns)])
                   for v, r in zip(values, rows, strict=True)]
         return "\n".join(lines)
-    header = [label, *(title for title, _, _ in columns)]
-    table = [[str(v), *(cell(r[key]) for _, key, cell in columns)] for v, r in zip(values, rows, strict=True)]
+    shown = [Column(label, label, label, "left", [str(v) for v in values]),
+             *(Column(key, title, title, "right", _cells(key, [r[key] for r in rows], how))
+               for title, key, how in columns)]
+    dropped: list[str] = []
+    if fmt == "table" and width is not None:  # as the module table: the least telling columns go first
+        shown, _, dropped = fit(shown, width, rank=lambda key: _SWEEP_DROP_ORDER[key])
+    table = [list(row) for row in zip(*(column.cells for column in shown), strict=True)]
     run = f"{rows[0]['execution']} run" + (f", one rank under {job.parallel}" if job.parallel else "")
-    lines = titled_table(header, table, fmt, f"{job.model}: sweep of {label} ({run})")
+    lines = titled_table([column.header for column in shown], table, fmt, f"{job.model}: sweep of {label} ({run})")
+    notes = [f"Left out to fit {width} characters: {', '.join(title for title, key, _ in columns if key in dropped)} "
+             "(all columns: --wide)"] if dropped else []
     growth = [_growth("flops", label, values, [r["flops"] for r in rows])]
     if job.memory:
         growth.append(_growth("peak memory", label, values, [r["peak_memory"] for r in rows]))
     if job.device is not None:
         growth.append(_turn(label, values, [r["compute_bound"] for r in rows]))
     if any(growth):
-        lines += ["", *filter(None, growth)]
+        notes += ["", *filter(None, growth)]
+    lines += notes
+    if fmt == "table" and width is not None:  # the title and the notes wrapped to the width too
+        lines = [*_wrapped(lines[:1], width), *lines[1:len(table) + 2], *_wrapped(lines[len(table) + 2:], width)]
     return "\n".join(lines)
+
+
+def _cells(key: str, amounts: list[Any], how: UnitKind | Callable[[Any], str]) -> list[str]:
+    """A column's cells: amounts of a unit kind in the one unit of the largest (as the module table prints them:
+    rows of a sweep are compared down the column), any other value by its own function."""
+    if callable(how):
+        return [how(amount) for amount in amounts]
+    return unit_column(key, key, amounts, how).cells
+
+
+def _wrapped(lines: list[str], width: int) -> list[str]:
+    return [part for line in lines
+            for part in textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False) or [""]]
 
 
 def _rate(per_second: float | None) -> str:

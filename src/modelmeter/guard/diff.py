@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from ..reports.format import aligned_table
+from ..reports.format import Align, aligned_table
 from ..reports.fvcore_tables import format_size
 from ..reports.render import format_change, format_metric
 from ..reports.result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS
@@ -117,11 +118,30 @@ def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[
     return out
 
 
-def render_diff(differences: list[Difference], limit: int | None = None) -> str:
-    """A table of ``differences`` (the first ``limit``), or a line saying there are none."""
+# The diff's columns, and those a narrow table leaves out first: the exact change, then the value before
+_DIFF_COLUMNS = ("module", "metric", "before", "after", "change", "%")
+_DIFF_DROPPED = ("change", "before")
+
+
+def render_diff(differences: list[Difference], limit: int | None = None, width: int | None = None) -> str:
+    """A table of ``differences`` (the first ``limit``), or a line saying there are none; with ``width``, the
+    exact change and then the value before are left out (said under it) while it is wider."""
     if not differences:
         return "no differences"
-    rows = [["module", "metric", "before", "after", "change", "%"], *(d.row() for d in differences[:limit])]
-    lines = aligned_table(rows, ["left", "left", "right", "right", "right", "right"])
+    rows = [list(_DIFF_COLUMNS), *(d.row() for d in differences[:limit])]
+    dropped: list[str] = []
+    for name in _DIFF_DROPPED:
+        if width is None or max(map(len, aligned_table(rows, ["left"] * len(rows[0])))) <= width:
+            break
+        index = rows[0].index(name)
+        rows = [row[:index] + row[index + 1:] for row in rows]
+        dropped.append(name)
+    right: list[Align] = ["right"] * (len(rows[0]) - 2)
+    aligns: list[Align] = ["left", "left", *right]
+    lines = aligned_table(rows, aligns)
     more = len(differences) - len(rows) + 1
-    return "\n".join(lines + ([f"... and {more} more"] if more > 0 else []))
+    notes = [f"... and {more} more"] * (more > 0)
+    if dropped:
+        left_out = f"(left out to fit {width} characters: {', '.join(dropped)}; --format json has every value)"
+        notes += textwrap.wrap(left_out, width or len(left_out), subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join(lines + notes)

@@ -156,13 +156,14 @@ def shorten(header: str) -> str:
 
 # One unit per column ---------------------------------------------------------------------------------
 Unit = tuple[float, str]
+UnitKind = Literal["count", "bytes", "time"]
 _COUNT_UNITS: tuple[tuple[float, float, str], ...] = (
     (1e14, 1e15, "P"), (1e11, 1e12, "T"), (1e8, 1e9, "G"), (1e5, 1e6, "M"), (1e2, 1e3, "K"))
 _BYTE_UNITS: tuple[Unit, ...] = ((2.0 ** 40, "TiB"), (2.0 ** 30, "GiB"), (2.0 ** 20, "MiB"), (2.0 ** 10, "KiB"))
 _TIME_UNITS: tuple[Unit, ...] = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 
-def unit_column(key: str, header: str, values: Sequence[float | None], kind: Literal["count", "bytes", "time"],
+def unit_column(key: str, header: str, values: Sequence[float | None], kind: UnitKind,
                 short: str | None = None) -> Column:
     """A right-aligned column of ``values`` in one unit of ``kind`` (that of the largest value), as the module
     table's metric columns are printed; ``"-"`` for a value that is None (not known for that row)."""
