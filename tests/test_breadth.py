@@ -1,0 +1,94 @@
+"""Patterns from real third-party models that the zoo probes found uncounted or miscounted, reproduced small.
+
+Oracles: torch's own kernels (a decomposition's values equal the fused operator's before its count is used),
+and composition (a fused operator's ``flops`` count equals that of its decomposition run as separate element-wise
+operators and reductions, counted by the rules of docs/handles.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from modelmeter import FlopCountAnalysis
+
+
+class Fn(nn.Module):
+    """A module that calls ``fn`` on its arguments."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def flops(fn: Callable[..., Any], *inputs: torch.Tensor, convention: str = "flops") -> FlopCountAnalysis:
+    analysis = FlopCountAnalysis(Fn(fn), inputs, convention=convention)
+    return analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+
+
+def _other_dims(v: torch.Tensor, dim: int) -> list[int]:
+    return [d for d in range(v.dim()) if d != dim % v.dim()]
+
+
+def _weight_norm(v: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
+    return v * (g / torch.linalg.vector_norm(v, dim=_other_dims(v, dim), keepdim=True))
+
+
+def _weight_norm_grad(grad_w: torch.Tensor, v: torch.Tensor, g: torch.Tensor, norm: torch.Tensor,
+                      dim: int) -> tuple[torch.Tensor, ...]:
+    """Both gradients from the saved norms, as ``_weight_norm_interface_backward`` computes them."""
+    a = (grad_w * v).sum(_other_dims(v, dim), keepdim=True)
+    return (g / norm) * (grad_w - v * (a / (norm * norm))), a / norm
+
+
+# --- weight normalisation (wav2vec2's positional convolution, HiFi-GAN, WaveNet) ------------------------
+@pytest.mark.parametrize("dim", [0, 2])
+def test_fused_weight_norm_counts_its_decomposition(dim: int) -> None:
+    # dim 0 and the last run the fused _weight_norm_interface, which had no handle: reported unsupported, 0 FLOPs
+    v = torch.randn(6, 4, 3)
+    g = torch.linalg.vector_norm(v, dim=_other_dims(v, dim), keepdim=True) * 2
+    torch.testing.assert_close(torch._weight_norm(v, g, dim), _weight_norm(v, g, dim))
+    fused = flops(lambda v, g: torch._weight_norm(v, g, dim), v, g)
+    decomposed = flops(lambda v, g: _weight_norm(v, g, dim), v, g)
+    assert fused.unsupported_ops() == Counter() == decomposed.unsupported_ops()
+    assert fused.total() == decomposed.total() == 3 * v.numel() + 2 * g.numel()
+
+
+def test_weight_norm_middle_dimension_runs_the_same_decomposition() -> None:
+    # dim 1 of a 3-D weight is decomposed by torch itself (norm, div, mul): the handle's count agrees with it
+    v = torch.randn(6, 4, 3)
+    g = torch.randn(1, 4, 1)
+    counted = flops(lambda v, g: torch._weight_norm(v, g, 1), v, g)
+    assert counted.unsupported_ops() == Counter()
+    assert counted.total() == 3 * v.numel() + 2 * g.numel()
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_backward_counts_its_gradient_formula(dim: int) -> None:
+    v, grad_w = torch.randn(6, 4, 3), torch.randn(6, 4, 3)
+    g = torch.randn(*[v.shape[d] if d == dim else 1 for d in range(3)])
+    vg, gg = v.clone().requires_grad_(), g.clone().requires_grad_()
+    expected = torch.autograd.grad(torch._weight_norm(vg, gg, dim), (vg, gg), grad_w)
+    norms = torch.linalg.vector_norm(v, dim=_other_dims(v, dim), keepdim=True)
+    for got, want in zip(_weight_norm_grad(grad_w, v, g, norms, dim), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    fused = flops(lambda *t: torch.ops.aten._weight_norm_interface_backward(*t, dim), grad_w, v, g, norms)
+    decomposed = flops(lambda *t: _weight_norm_grad(*t, dim), grad_w, v, g, norms)
+    assert fused.unsupported_ops() == Counter()
+    assert fused.total() == decomposed.total() == 5 * v.numel() + 4 * g.numel()
+
+
+@pytest.mark.parametrize("convention", ["fvcore", "macs"])
+def test_weight_norm_is_known_and_free_in_the_other_conventions(convention: str) -> None:
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 4, 3, padding=1), dim=2)
+    analysis = FlopCountAnalysis(conv, torch.randn(1, 4, 8), convention=convention, backward=True)
+    assert analysis.unsupported_ops() == Counter()
+    assert analysis.total() == 2 * 4 * 4 * 3 * 8  # the convolution forward, its input and weight gradients
