@@ -92,3 +92,34 @@ def test_weight_norm_is_known_and_free_in_the_other_conventions(convention: str)
     analysis = FlopCountAnalysis(conv, torch.randn(1, 4, 8), convention=convention, backward=True)
     assert analysis.unsupported_ops() == Counter()
     assert analysis.total() == 2 * 4 * 4 * 3 * 8  # the convolution forward, its input and weight gradients
+
+
+# --- nn.Unfold / nn.Fold (ConvBERT's span-based convolution, timm's and diffusion models' patch tricks) -------
+@pytest.mark.parametrize(("kernel", "dilation", "padding", "stride"), [
+    ((3, 3), 1, 0, 1), ((3, 2), 1, 1, 1), ((2, 3), (2, 1), (1, 2), (2, 1)), ((4, 4), 1, 0, 4)])
+def test_fold_counts_the_adds_that_land_and_unfold_is_free(kernel: Any, dilation: Any, padding: Any,
+                                                          stride: Any) -> None:
+    # im2col/col2im had no entry in any convention: nn.Unfold and nn.Fold were reported unsupported
+    x = torch.randn(2, 3, 9, 8)
+    options = {"kernel_size": kernel, "dilation": dilation, "padding": padding, "stride": stride}
+    columns = nn.functional.unfold(x, **options)
+    # oracle: folding ones counts, at every output position, the block elements added there
+    landing = int(nn.functional.fold(torch.ones_like(columns), (9, 8), **options).sum().item())
+    unfold = flops(lambda t: nn.functional.unfold(t, **options), x)
+    fold = flops(lambda t: nn.functional.fold(t, (9, 8), **options), columns)
+    assert unfold.unsupported_ops() == Counter() == fold.unsupported_ops()
+    assert unfold.total() == 0
+    assert fold.total() == landing
+    for convention in ("fvcore", "macs"):
+        assert flops(lambda t: nn.functional.fold(t, (9, 8), **options), columns, convention=convention).total() == 0
+
+
+def test_unfold_backward_is_the_fold_of_its_gradient() -> None:
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    model = Fn(lambda t: nn.functional.unfold(t, 3, padding=1))
+    analysis = FlopCountAnalysis(model, (x,), convention="flops", backward=True)
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    columns = nn.functional.unfold(x.detach(), 3, padding=1)
+    landing = int(nn.functional.fold(torch.ones_like(columns), (6, 6), 3, padding=1).sum().item())
+    assert analysis.unsupported_ops() == Counter()
+    assert analysis.by_operator()["col2im"] == landing
