@@ -123,3 +123,18 @@ def test_unfold_backward_is_the_fold_of_its_gradient() -> None:
     landing = int(nn.functional.fold(torch.ones_like(columns), (6, 6), 3, padding=1).sum().item())
     assert analysis.unsupported_ops() == Counter()
     assert analysis.by_operator()["col2im"] == landing
+
+
+# --- what a researcher may bring that cannot be analysed: told so, not a stack trace from the cache ----------
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit.script is deprecated
+@pytest.mark.parametrize("make", [torch.jit.script, lambda m: torch.jit.trace(m, torch.randn(2, 4))],
+                         ids=["script", "trace"])
+def test_torchscript_module_is_refused_by_name(make: Callable[[nn.Module], nn.Module]) -> None:
+    # was AttributeError "'_CachedForward' object has no attribute '__getattr__'" from the in-process cache key
+    import modelmeter
+
+    model = make(nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval())
+    with pytest.raises(TypeError, match="TorchScript module .* pass the nn.Module it was made from"):
+        modelmeter.analyze(model, torch.randn(2, 4), quiet=True)
+    with pytest.raises(TypeError, match="TorchScript"):
+        FlopCountAnalysis(model, torch.randn(2, 4)).total()
