@@ -138,3 +138,34 @@ def test_torchscript_module_is_refused_by_name(make: Callable[[nn.Module], nn.Mo
         modelmeter.analyze(model, torch.randn(2, 4), quiet=True)
     with pytest.raises(TypeError, match="TorchScript"):
         FlopCountAnalysis(model, torch.randn(2, 4)).total()
+
+
+# --- attention with a learned additive mask (T5's relative position bias) on the meta device ---------------
+class LearnedBiasAttention(nn.Module):
+    """Self-attention whose float mask is a parameter, as T5 passes its position bias to SDPA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.bias = nn.Parameter(torch.zeros(1, 2, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x).view(1, 8, 2, 8).transpose(1, 2)
+        return nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_meta_run_takes_the_math_path_for_a_mask_that_requires_grad(backward: bool) -> None:
+    # the CPU runs the math path when the mask requires a gradient (its fused kernel has none); the meta run chose
+    # the fused kernel and failed the training step ("not differentiable with respect to argument 'attn_mask'")
+    import modelmeter
+
+    def ops(device: str) -> list[tuple[str, str]]:
+        with torch.device(device):
+            model, x = LearnedBiasAttention(), torch.randn(1, 8, 16)
+        analysis = modelmeter.analyze(model, x, backward=backward, quiet=True, execution="fake")
+        return [(e.op, e.phase) for e in analysis.trace.events if e.level == "dispatch"]
+
+    on_cpu = ops("cpu")
+    assert ("aten::_scaled_dot_product_flash_attention_for_cpu", "forward") not in on_cpu
+    assert ops("meta") == on_cpu
