@@ -169,3 +169,30 @@ def test_meta_run_takes_the_math_path_for_a_mask_that_requires_grad(backward: bo
     on_cpu = ops("cpu")
     assert ("aten::_scaled_dot_product_flash_attention_for_cpu", "forward") not in on_cpu
     assert ops("meta") == on_cpu
+
+
+# --- a meta model that reads its own values (Encodec's padding from tensor buffers) ---------------------------
+class PaddingFromBuffer(nn.Module):
+    """Pads by an amount kept in a tensor buffer, as HF's Encodec computes its convolutions' padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pad", torch.tensor(3), persistent=False)
+        self.conv = nn.Conv1d(1, 1, 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(nn.functional.pad(x, (0, int(self.pad) * 2 - 6)))
+
+
+def test_failure_after_a_guessed_meta_value_names_the_guess() -> None:
+    # the error was torch's alone ("Kernel size can't be greater than actual input size"), hiding its cause: the run
+    # had read the meta buffer's value as 1
+    import modelmeter
+
+    cpu = modelmeter.analyze(PaddingFromBuffer(), torch.randn(1, 1, 7), quiet=True)
+    assert cpu.flops.total() == 7  # on the CPU the buffer's value is read: no padding, one output
+    with torch.device("meta"):
+        model = PaddingFromBuffer()
+    with pytest.raises(modelmeter.ModelRunError, match=r"before it, .* meta tensor read with \.item\(\) assumed to be 1"
+                       r".* build it on the CPU"):
+        modelmeter.analyze(model, torch.randn(1, 1, 7, device="meta"), quiet=True)
