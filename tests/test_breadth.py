@@ -15,18 +15,8 @@ import pytest
 import torch
 from torch import nn
 
+from model_helpers import Fn
 from modelmeter import FlopCountAnalysis
-
-
-class Fn(nn.Module):
-    """A module that calls ``fn`` on its arguments."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def flops(fn: Callable[..., Any], *inputs: torch.Tensor, convention: str = "flops") -> FlopCountAnalysis:
