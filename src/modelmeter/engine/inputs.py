@@ -52,6 +52,9 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """Reject what cannot be traced, naming the argument, before the model runs."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):  # its modules are C++ objects: nothing to attribute counts to
+        raise TypeError(f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
+                        "torch.jit.trace), which cannot be analysed: pass the nn.Module it was made from")
     for path, leaf in _leaves(args, kwargs):
         module = type(leaf).__module__
         if module == "numpy" or module.startswith("numpy."):

@@ -55,8 +55,11 @@ def fused_on_meta(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor | None:
     """The output of the fused kernel a CPU run would choose for these meta tensors, or None when the CPU too
     would run the math path (dropout, a strided last dimension, head sizes that differ between query, key and
-    value, flash attention switched off: the conditions of torch's CPU kernel choice)."""
+    value, a mask that requires a gradient — even under ``no_grad`` —, flash attention switched off: the conditions
+    of torch's CPU kernel choice)."""
     tensors = (query, key, value)
+    if attn_mask is not None and attn_mask.requires_grad:  # T5's learned position bias: the fused kernel has no
+        return None  # mask gradient, so the CPU runs the math path
     if not (all(t.is_meta and t.dtype in _FLOATS and t.dim() in (3, 4) and t.stride(-1) == 1 for t in tensors)
             and dropout_p == 0.0 and torch.backends.cuda.flash_sdp_enabled()
             and query.dtype == key.dtype == value.dtype and query.dim() == key.dim() == value.dim()

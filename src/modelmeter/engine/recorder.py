@@ -129,6 +129,7 @@ class Recorder:
         self.failed_event = -1  # the index of the user-level call that failed (-1: none did)
         self._failed_level: str | None = None
         self.placeholders = False
+        self.guessed_values: list[str] = []  # values of meta tensors the run read and assumed (placeholders), in order
         self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
         self._noted_masks = False
         self.storages = StorageTracker(lambda: len(self.trace.events))
@@ -671,16 +672,19 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _scalar_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
     tensor = args[0]
     value: Any = True if tensor.dtype == torch.bool else (1 if not tensor.is_floating_point() else 1.0)
-    rec.trace.assumptions.append(
-        f"{_where(rec)}: value of a {tensor.dtype} meta tensor read with .item() assumed to be {value!r}")
+    _guessed(rec, f"{_where(rec)}: value of a {tensor.dtype} meta tensor read with .item() assumed to be {value!r}")
     return value
 
 
 def _nonzero_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
     tensor = args[0]
-    rec.trace.assumptions.append(
-        f"{_where(rec)}: every element of a meta tensor of shape {tuple(tensor.shape)} assumed non-zero")
+    _guessed(rec, f"{_where(rec)}: every element of a meta tensor of shape {tuple(tensor.shape)} assumed non-zero")
     return torch.empty((tensor.numel(), tensor.dim()), dtype=torch.long, device=tensor.device)
+
+
+def _guessed(rec: Recorder, text: str) -> None:
+    rec.trace.assumptions.append(text)
+    rec.guessed_values.append(text)
 
 
 def _where(rec: Recorder) -> str:

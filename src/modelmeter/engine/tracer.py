@@ -672,6 +672,9 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     at = f" at operator {op}" if op else ""
     hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
         if isinstance(exc, _NEEDS_VALUES) else ""
+    if recorder.guessed_values:  # a meta model's own values were read: the failure may follow from the guess
+        hint += (f" (before it, {recorder.guessed_values[0]}: a model on the meta device cannot read the values of "
+                 "its own tensors; build it on the CPU for a run that reads them)")
     cuda = cuda_failure(exc)
     if cuda is not None:
         return ModelRunError(f"the model failed in {where}{at}: {cuda}", module, op)

@@ -25,7 +25,7 @@ FREE_OPS = frozenset({
     "repeat_interleave", "tril", "triu", "tril_", "triu_", "masked_select", "take", "where",
     "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "_unsafe_index", "narrow_copy", "diag_embed",
     "index_fill", "index_copy", "masked_scatter", "as_strided_scatter", "complex", "detach_copy", "alias_copy",
-    "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
+    "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "im2col",
     *(f"{kind}_pad{d}d" for kind in ("reflection", "replication") for d in (1, 2, 3)),
     # backward of data movement: the gradient is copied into place
     "select_backward", "slice_backward", "diagonal_backward", "unfold_backward", "masked_scatter_backward",

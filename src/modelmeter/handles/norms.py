@@ -151,6 +151,22 @@ def rms_norm_backward_flops(input: Any, normalized_shape: Any, weight: Any, outp
     return total + 2 * n * (grad_weight and affine)
 
 
+@by_name
+def weight_norm_flops(v: Any, g: Any) -> int:
+    """``_weight_norm_interface(v, g, dim)``, ``w = v · g / ‖v‖`` (a norm per slice of ``dim``): the norm ``2n + rows``,
+    ``g / ‖v‖`` ``rows``, the scale ``n``: **``3n + 2·rows``** (``rows = numel(g)``), what its CPU decomposition
+    (``norm``, ``div``, ``mul``, taken when ``dim`` is neither the first nor the last) counts."""
+    return 3 * float_numel(v) + 2 * float_numel(g)
+
+
+@by_name
+def weight_norm_backward_flops(saved_v: Any, saved_g: Any) -> int:
+    """``_weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim)``, both gradients: ``a =
+    sum(grad_w · v)`` ``2n``; ``grad_g = a / ‖v‖`` ``rows``; ``grad_v = (g / ‖v‖) · (grad_w - v · a / ‖v‖²)``
+    ``3n + 3·rows``: **``5n + 4·rows``**."""
+    return 5 * float_numel(saved_v) + 4 * float_numel(saved_g)
+
+
 # --- fvcore's estimates, per element of the normalised tensor ------------------------------------
 @by_name(training=("train", "update"))
 def fvcore_norm(input: Any, weight: Any, training: Any = True) -> int:
@@ -186,6 +202,8 @@ FLOPS: dict[str, Handle | None] = bind_all({
     "aten::native_group_norm_backward": group_norm_backward_flops,
     "aten::_fused_rms_norm": rms_norm_flops,
     "aten::_fused_rms_norm_backward": rms_norm_backward_flops,
+    "aten::_weight_norm_interface": weight_norm_flops,
+    "aten::_weight_norm_interface_backward": weight_norm_backward_flops,
 })
 
 FVCORE: dict[str, Handle] = bind_all({

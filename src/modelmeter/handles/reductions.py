@@ -18,7 +18,8 @@ one flop** (accumulate or compare), every element-wise step costs one flop per e
   ``log_softmax`` ``g - exp(y) · sum(g)``: ``4n`` each;
 - cumulative ``cumsum``/``cumprod``/``cummax``: ``n``; ``logcumsumexp``: exp, cumsum, log: ``3n``;
 - accumulating scatters (``index_add``, ``scatter_add``, ``index_put(accumulate=True)``): one add per
-  source element.
+  source element; ``col2im`` (``nn.Fold``, and the backward of ``nn.Unfold``'s ``im2col``, a free gather): one add
+  per block element that lands inside the output (not in its padding).
 
 Sorting and selection (``sort``, ``topk``, ``median``, ...) and counting (``histc``, ``bincount``) are
 free in every convention: their comparison counts depend on the algorithm. All of these cost 0 under
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import Handle, get_shape, numel
+from .base import Handle, get_shape, numel, prod, shape_of
 from .binding import Formula, bind_all, by_name
 from .common import Table, by_convention, first_tensor, float_numel, is_floating
 
@@ -102,6 +103,27 @@ def index_put_flops(values: Any, accumulate: Any) -> int:
     return float_numel(values) if accumulate and is_floating(values) else 0
 
 
+@by_name
+def col2im_flops(self: Any, output_size: Any, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> int:
+    """``col2im(self, output_size, kernel_size, dilation, padding, stride)`` (``F.fold``): sums overlapping blocks
+    into the output, one add per block element that lands inside it (those landing in the padding are dropped)."""
+    shape = shape_of(self)
+    if not float_numel(self):
+        return 0
+    per_plane = 1
+    for size, k, d, p, st in zip(output_size, kernel_size, dilation, padding, stride, strict=True):
+        per_plane *= _landing_taps(int(size), int(k), int(d), int(p), int(st))
+    blocks_per_column = prod(int(k) for k in kernel_size)
+    planes = prod(shape[:-2]) * (shape[-2] // blocks_per_column)
+    return planes * per_plane
+
+
+def _landing_taps(size: int, kernel: int, dilation: int, padding: int, stride: int) -> int:
+    """Along one dimension: the (block, kernel offset) pairs whose position falls inside ``[0, size)``."""
+    blocks = (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    return sum(1 for b in range(blocks) for k in range(kernel) if 0 <= b * stride - padding + k * dilation < size)
+
+
 _PLAIN = ("sum", "nansum", "prod", "amax", "amin", "argmax", "argmin")
 _SELECTION = ("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "histc", "bincount")
 
@@ -126,6 +148,7 @@ FLOPS: dict[str, Handle | None] = bind_all({
                                                     "index_reduce_")},
     **{f"aten::{op}": index_put_flops for op in ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put")},
     **{f"aten::{op}": None for op in _SELECTION},
+    "aten::col2im": col2im_flops,
 })
 
 
