@@ -237,3 +237,23 @@ def test_an_operator_that_counted_zero_is_left_out_of_every_phase() -> None:
     assert all(ops == {} for ops in flops.by_phase_and_operator().values())
     assert flops.by_module_and_operator(phase="forward") == {name: Counter() for name in ("", "fc1", "act", "fc2")}
     assert flops.total() == 0 and type(flops.total()) is int
+
+
+# Inputs --------------------------------------------------------------------------------------------------
+class TakesDict(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(10, 4)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.fc(batch["pixels"])
+
+
+def test_a_dict_meant_as_the_one_argument_is_answered_with_the_way_to_pass_it() -> None:
+    # fvcore calls model(d) with a dict of inputs; here a dict holds keyword arguments, and the error says what
+    # gives fvcore's call
+    model, batch = TakesDict(), {"pixels": torch.randn(2, 10)}
+    expected = fvcore_nn.FlopCountAnalysis(model, batch).total()
+    with pytest.raises(TypeError, match=r"give it in a tuple: \(inputs,\)"):
+        modelmeter.FlopCountAnalysis(model, batch).total()
+    same(expected, modelmeter.FlopCountAnalysis(model, (batch,)).total())
