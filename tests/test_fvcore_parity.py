@@ -257,3 +257,33 @@ def test_a_dict_meant_as_the_one_argument_is_answered_with_the_way_to_pass_it() 
     with pytest.raises(TypeError, match=r"give it in a tuple: \(inputs,\)"):
         modelmeter.FlopCountAnalysis(model, batch).total()
     same(expected, modelmeter.FlopCountAnalysis(model, (batch,)).total())
+
+
+# fvcore's own handles ------------------------------------------------------------------------------------
+class Upsampled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(64, 8)
+        self.up = nn.Upsample(scale_factor=2, mode="bicubic")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(self.up(self.conv(x)))
+        return torch.bmm(self.fc(y.flatten(2)), y.flatten(2)[..., :8].transpose(1, 2)) @ torch.ones(4, 3)
+
+
+def test_fvcore_tensor_handles_run_unchanged() -> None:
+    # handles written against torch._C.Value (fvcore's own helpers read shapes with get_shape: isCompleteTensor,
+    # type().sizes()) are set as they are and count what fvcore counts with them
+    handles = fvcore_nn.jit_handles
+    model, x = Upsampled(), (torch.randn(2, 3, 4, 4),)
+    chosen = {
+        "aten::upsample_bicubic2d": handles.elementwise_flop_counter(0, 1),
+        "aten::sigmoid": handles.elementwise_flop_counter(1, 0),
+        "aten::_convolution": handles.generic_activation_jit("conv"),
+        "aten::linear": handles.linear_flop_jit,
+        "aten::bmm": handles.bmm_flop_jit,
+        "aten::matmul": handles.matmul_flop_jit,
+    }
+    theirs, ours = analyses(model, x, "owner", **chosen)
+    same(theirs.by_module_and_operator(), ours.by_module_and_operator())
+    assert set(ours.by_operator()) == {"upsample_bicubic2d", "sigmoid", "conv", "linear", "bmm", "matmul"}
