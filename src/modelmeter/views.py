@@ -32,6 +32,13 @@ F = TypeVar("F", bound="FlopCountAnalysis")
 _NONE: Counter[str] = Counter()  # what a module without counts has (read only, never handed out)
 
 
+def _counted(ops: Mapping[str, Any]) -> Counter[str]:
+    """A copy of one module's counts by operator without the operators that counted 0 (a handle's 0 for an empty
+    batch, say): fvcore adds the counts up with ``Counter`` addition, which keeps no zero, so its results never
+    name an operator that counted nothing, and a total of only such operators is the integer 0."""
+    return Counter({op: value for op, value in ops.items() if value != 0})
+
+
 class MetricView(ABC):
     """What a view of one metric over a session answers: counts by module, operator and dtype, the modules
     that never ran, and the session's model, trace and assumptions. Subclasses give :meth:`statistics`."""
@@ -52,11 +59,11 @@ class MetricView(ABC):
     def total(self, module_name: str = "") -> int:
         """The count of ``module_name`` (the whole model by default)."""
         stats = self.statistics()
-        return sum(stats.counts.get(self.canonical_module_name(module_name), _NONE).values())
+        return sum(_counted(stats.counts.get(self.canonical_module_name(module_name), _NONE)).values())
 
     def by_operator(self, module_name: str = "") -> Counter[str]:
         """Counts of one module by operator (a copy)."""
-        return Counter(self.statistics().counts.get(self.canonical_module_name(module_name), _NONE))
+        return _counted(self.statistics().counts.get(self.canonical_module_name(module_name), _NONE))
 
     def by_module_and_operator(self, phase: str | None = None) -> dict[str, Counter[str]]:
         """Counts by canonical module name, then by operator (copies); of one phase only when ``phase`` is
@@ -65,7 +72,7 @@ class MetricView(ABC):
         if phase is not None and phase not in PHASES:
             raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
         table = stats.counts if phase is None else stats.by_phase.get(phase, {})
-        return {name: Counter(table.get(name, _NONE)) for name in self.trace.module_table().canonical}
+        return {name: _counted(table.get(name, _NONE)) for name in self.trace.module_table().canonical}
 
     def phases(self) -> list[str]:
         """The phases this analysis counts that the recorded run has events of, in run order."""
@@ -74,7 +81,8 @@ class MetricView(ABC):
     def by_module(self) -> Counter[str]:
         """Total count of every canonical module name, in model order."""
         counts = self.statistics().counts
-        return Counter({name: sum(counts.get(name, _NONE).values()) for name in self.trace.module_table().canonical})
+        return Counter({name: sum(_counted(counts.get(name, _NONE)).values())
+                        for name in self.trace.module_table().canonical})
 
     def by_dtype(self, module_name: str = "") -> Counter[str]:
         """The count of ``module_name`` by the dtype the work was done in (``"float32"``, ``"bfloat16"``, ...;
@@ -213,7 +221,7 @@ class ModelAnalysis(MetricView):
         """Counts of one module by phase, then by operator (copies)."""
         stats = self.statistics()
         module = self.canonical_module_name(module_name)
-        return {phase: Counter(table.get(module, Counter())) for phase, table in stats.by_phase.items()}
+        return {phase: _counted(table.get(module, _NONE)) for phase, table in stats.by_phase.items()}
 
     def unsupported_ops(self, module_name: str = "") -> Counter[str]:
         """Operators no handle counted, with how often each ran inside ``module_name``."""

@@ -68,7 +68,9 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     try:
         signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}") from None
+        # fvcore passes a dict of inputs as the one positional argument; here it is keyword arguments
+        hint = "" if args or not kwargs else "; to pass a dict as the one argument, give it in a tuple: (inputs,)"
+        raise TypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}{hint}") from None
 
 
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:

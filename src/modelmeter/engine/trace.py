@@ -58,6 +58,20 @@ class TensorMeta:
         """``torch.Tensor.size`` look-alike, so fvcore-style handles port unchanged."""
         return self.shape if dim is None else self.shape[dim]
 
+    # fvcore's handles read a tensor argument as a torch._C.Value: ``value.isCompleteTensor()``, then
+    # ``value.type().sizes()`` (fvcore.nn.jit_handles.get_shape); these let such handles run unchanged.
+    def isCompleteTensor(self) -> bool:
+        """``torch._C.Value.isCompleteTensor`` look-alike: the shape is always known."""
+        return True
+
+    def type(self) -> TensorMeta:
+        """``torch._C.Value.type`` look-alike: an object whose ``sizes()`` is the shape."""
+        return self
+
+    def sizes(self) -> list[int]:
+        """``torch._C.TensorType.sizes`` look-alike: the shape as a list."""
+        return list(self.shape)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
