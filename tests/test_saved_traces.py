@@ -82,6 +82,54 @@ def test_a_damaged_file_is_one_clear_error_naming_it(tmp_path: Path, change: obj
     assert "run.mmtrace" in str(info.value)
 
 
+def _first_row(data: dict) -> dict:  # type: ignore[type-arg]
+    return data["result"]["modules"][0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(version=True), "format version True"),
+    (lambda d: d.update(version=1.0), "format version 1.0"),
+    (lambda d: d["settings"].update(memory="yes"), "the setting memory is a str"),
+    (lambda d: d["settings"].update(name=123), "the setting name is a int"),
+    (lambda d: d["settings"].update(convention="bogus"), "the setting convention is 'bogus', not one of"),
+    (lambda d: d["settings"].update(attention_kernel=None), "the setting attention_kernel is a NoneType"),
+    (lambda d: d["settings"].update(efficiency=-1), "the time on a device without a device"),
+    (lambda d: _first_row(d)["metrics"].update(flops=float("nan")), "NaN is not a value a saved trace holds"),
+    (lambda d: _first_row(d)["metrics"].update(flops=float("inf")), "Infinity is not a value"),
+    (lambda d: _first_row(d)["metrics"].update(flops=-5), "module '' of its result: flops is -5, not a number"),
+    (lambda d: _first_row(d)["metrics"].update(flops="1.2G"), "flops is '1.2G', not a number"),
+    (lambda d: _first_row(d)["metrics"].update(flops=True), "flops is True, not a number"),
+    (lambda d: _first_row(d)["metrics"].update(flops=10**400), "not a number from 0 to 1e\\+30"),
+    (lambda d: _first_row(d).update(params=-1), "params is -1"),
+    (lambda d: _first_row(d).update(called="no"), "called is a str"),
+    (lambda d: _first_row(d).pop("by_operator"), "a module row of its result has other fields"),
+    (lambda d: _first_row(d)["by_operator"].update(flops={"aten::mm": -1.0}), "by_operator 'flops': aten::mm"),
+    (lambda d: _first_row(d).update(output_shapes={"2x4": 0}), "output_shapes holds a count"),
+    (lambda d: d["result"].update(schema_version=True), "its result's schema_version is True"),
+    (lambda d: d["result"].update(extra=1), r"its result has other fields \(missing: \[\], unknown: \['extra'\]\)"),
+    (lambda d: d["result"].update(metrics=[1]), "its result's metrics are not names"),
+    (lambda d: d["result"].update(modules={}), "its result's modules is a dict"),
+])
+def test_a_file_edited_by_hand_is_refused_not_rendered(tmp_path: Path, change: object, message: str) -> None:
+    """Settings and the saved result are what a report prints as they are: a wrong type, a NaN, a negative or
+    absurd cost is a SavedTraceError naming the file, never a traceback in a recount or a number printed."""
+    path, _ = saved(tmp_path)
+    _rewrite(path, change)
+    with pytest.raises(SavedTraceError, match=message) as info:
+        read_saved_trace(path)
+    assert "run.mmtrace" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000,
+                                  '{"format":"modelmeter-saved-trace","version":1,"x":' + "{\"a\":" * 50_000 + "1"
+                                  + "}" * 50_001])
+def test_deeply_nested_json_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "deep.mmtrace"
+    path.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(SavedTraceError, match="nested too deeply"):
+        read_saved_trace(path)
+
+
 def test_truncated_and_foreign_files(tmp_path: Path) -> None:
     path, _ = saved(tmp_path)
     data = path.read_bytes()

@@ -26,8 +26,9 @@ from ..engine.gc_pause import no_gc
 from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
 from ..engine.trace import Trace
 from ..errors import ModelMeterError
+from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from ..io.atomic import atomic_write
-from .result import Result
+from .result import SCHEMA_VERSION, ModuleRow, Result
 
 FORMAT = "modelmeter-saved-trace"
 FORMAT_VERSION = 1
@@ -37,6 +38,25 @@ SETTINGS: dict[str, Any] = {"name": None, "convention": "fvcore", "dense_attenti
                             "attention_kernel": "fused", "memory": False, "optimizer": None,
                             "state_dtype": None, "foreach": None, "device": None, "efficiency": 1.0,
                             "launch_overhead": 0.0, "tf32": False, "measured_time": None}
+MAX_COST = 1e30  # no model's cost comes near this (the guard's limit): a larger one is a damaged file
+# The types a file's settings may have (a device and an optimizer of the user's are saved as their fields).
+_NUMBER = (int, float)
+_SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str, type(None)), "convention": (str,), "dense_attention": (bool,), "attention_kernel": (str,),
+    "memory": (bool,), "optimizer": (str, dict, type(None)), "state_dtype": (str, type(None)),
+    "foreach": (bool, type(None)), "device": (str, dict, type(None)), "efficiency": _NUMBER,
+    "launch_overhead": _NUMBER, "tf32": (bool,), "measured_time": (*_NUMBER, type(None))}
+# The settings of the time on a device, with their values when there is none.
+_TIME_SETTINGS = {name: SETTINGS[name] for name in ("efficiency", "launch_overhead", "tf32", "measured_time")}
+# The settings that hold one of a few names.
+_SETTING_NAMES = {"convention": CONVENTIONS, "attention_kernel": ATTENTION_KERNELS}
+# The fields of a saved result and of its module rows, with their types.
+_RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (str,), "inputs": (list,), "metrics": (list,), "modules": (list,), "convention": (str,),
+    "execution": (str,), "device": (str,), "unsupported": (dict,), "assumptions": (list,), "dtypes": (dict,),
+    "memory": (dict,), "roofline": (dict,), "parallel": (dict, type(None)), "schema_version": (int,)}
+_ROW_TYPES: dict[str, type] = {"name": str, "type": str, "params": int, "metrics": dict, "by_operator": dict,
+                               "called": bool, "output_shapes": dict}
 
 
 class SavedTraceError(ModelMeterError, ValueError):
@@ -93,18 +113,22 @@ def read_saved_trace(path: str | os.PathLike[str]) -> SavedTrace:
     try:
         with no_gc():
             return _parse(raw)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # the result's rows are read as given
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
         raise SavedTraceError(f"{where} is not a readable saved trace ({SUFFIX}): {exc}") from None
+    except RecursionError:  # JSON nested deeper than Python's parser recurses: no file this module writes
+        raise SavedTraceError(f"{where} is not a readable saved trace ({SUFFIX}): its JSON is nested too deeply") \
+            from None
 
 
 def _parse(raw: bytes) -> SavedTrace:
     if raw[:2] != b"\x1f\x8b":
         raise ValueError("not gzip data (a saved trace is written by --save-trace or save_trace())")
-    data = json.loads(gunzip(raw))
+    data = json.loads(gunzip(raw), parse_constant=_refuse_constant)
     if type(data) is not dict or data.get("format") != FORMAT:
         raise ValueError(f"its format is not {FORMAT!r}")
-    if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"format version {data.get('version')!r}; this modelmeter reads {FORMAT_VERSION}")
+    version = data.get("version")
+    if type(version) is not int or version != FORMAT_VERSION:  # not True, not 1.0
+        raise ValueError(f"format version {version!r:.40}; this modelmeter reads {FORMAT_VERSION}")
     settings, saved_by = data.get("settings"), data.get("saved_by")
     if type(settings) is not dict or type(saved_by) is not dict \
             or not all(type(k) is str and type(v) is str for k, v in saved_by.items()):
@@ -112,5 +136,70 @@ def _parse(raw: bytes) -> SavedTrace:
     result = data.get("result")
     if type(result) is not dict:
         raise ValueError("it holds no result")
-    return SavedTrace(trace=trace_from_dict(data.get("trace")), result=Result.from_dict(result),
-                      settings=check_settings(settings), saved_by=saved_by)
+    return SavedTrace(trace=trace_from_dict(data.get("trace")), result=_result(result),
+                      settings=_file_settings(settings), saved_by=saved_by)
+
+
+def _refuse_constant(name: str) -> Any:
+    """JSON's NaN and Infinity, which Python's parser reads but no saved trace holds (the trace tags a
+    non-finite float, the result has none)."""
+    raise ValueError(f"{name} is not a value a saved trace holds")
+
+
+def _file_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A file's settings, completed and checked: each of its type, a convention or kernel of the known ones (so
+    a setting edited by hand is refused here, not taken as true or met as a traceback in a recount)."""
+    settings = check_settings(settings)
+    for name, kinds in _SETTING_TYPES.items():
+        value = settings[name]
+        if type(value) not in kinds:
+            raise ValueError(f"the setting {name} is a {type(value).__name__}: {value!r:.40}")
+    for name, known in _SETTING_NAMES.items():
+        if settings[name] not in known:
+            raise ValueError(f"the setting {name} is {settings[name]!r:.40}, not one of {', '.join(known)}")
+    time = {name: settings[name] for name in _TIME_SETTINGS}
+    if settings["device"] is None and time != _TIME_SETTINGS:  # what save_trace writes without a device
+        raise ValueError(f"the settings of the time on a device without a device: {time}")
+    return settings
+
+
+def _result(data: dict[str, Any]) -> Result:
+    """The saved result, its fields and rows of their types and every cost a finite number >= 0: a report
+    renders it as it is, so a damaged one is refused here rather than printed."""
+    if data.get("schema_version") != SCHEMA_VERSION or type(data.get("schema_version")) is not int:
+        raise ValueError(f"its result's schema_version is {data.get('schema_version')!r:.40}; this modelmeter "
+                         f"reads {SCHEMA_VERSION}")
+    if data.keys() != _RESULT_TYPES.keys():
+        missing, extra = sorted(_RESULT_TYPES.keys() - data.keys()), sorted(data.keys() - _RESULT_TYPES.keys())
+        raise ValueError(f"its result has other fields (missing: {missing}, unknown: {extra})")
+    for name, kinds in _RESULT_TYPES.items():
+        if type(data[name]) not in kinds:
+            raise ValueError(f"its result's {name} is a {type(data[name]).__name__}")
+    if not all(type(metric) is str for metric in data["metrics"]):
+        raise ValueError("its result's metrics are not names")
+    return Result(**{**data, "modules": [_row(row) for row in data["modules"]]})
+
+
+def _row(row: Any) -> ModuleRow:
+    """A module row of a saved result, checked as :func:`_result` says."""
+    if type(row) is not dict or row.keys() != _ROW_TYPES.keys():
+        raise ValueError(f"a module row of its result has other fields: {row!r:.80}")
+    for name, kind in _ROW_TYPES.items():
+        if type(row[name]) is not kind:
+            raise ValueError(f"module {row['name']!r:.80} of its result: {name} is a {type(row[name]).__name__}")
+    where = f"module {row['name']!r:.80} of its result"
+    _costs({"params": row["params"], **row["metrics"]}, where)
+    for operator, values in row["by_operator"].items():
+        if type(values) is not dict:
+            raise ValueError(f"{where}: by_operator {operator!r:.80} is not an object")
+        _costs(values, f"{where}, by_operator {operator!r:.80}")
+    if not all(type(n) is int and n > 0 for n in row["output_shapes"].values()):
+        raise ValueError(f"{where}: output_shapes holds a count that is not a positive integer")
+    return ModuleRow(**row)
+
+
+def _costs(values: dict[str, Any], where: str) -> None:
+    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`."""
+    for name, value in values.items():
+        if type(value) not in _NUMBER or not 0 <= value <= MAX_COST:  # NaN fails both comparisons
+            raise ValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")
