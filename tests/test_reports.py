@@ -656,3 +656,35 @@ def test_exports() -> None:
         assert name in modelmeter.__all__
         assert getattr(modelmeter, name) is getattr(modelmeter.fvcore_api, name)
     assert "build_result" in modelmeter.__all__ and modelmeter.build_result is modelmeter.analysis.build_result
+
+
+def _named_result(name: str, type_name: str = "Linear") -> Result:
+    """A result of one child module named ``name`` (as a model or an edited file can name it)."""
+    metrics = ["flops"]
+    rows = [ModuleRow("", "Net", 20, {"flops": 32}), ModuleRow(name, type_name, 20, {"flops": 32})]
+    return Result(model="Net", inputs=[], metrics=metrics, modules=rows, unsupported={"aten::x\x1b[2J": 1})
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "tree"])
+def test_control_characters_in_names_cannot_break_a_table_or_drive_the_terminal(fmt: str) -> None:
+    """A newline or an escape sequence in a module's, a class's or an operator's name is printed as its escape:
+    each row stays one line, and the terminal is sent no escape character."""
+    text = render(_named_result("a\nb\x1b[31m", "Lin\rear"), fmt)
+    assert "\x1b" not in text and "\r" not in text
+    assert "a\\nb\\x1b[31m" in text and "Lin\\rear" in text
+    assert len(text.splitlines()) == len(render(_named_result("ab", "Linear"), fmt).splitlines())
+    if fmt != "tree":
+        assert "aten::x\\x1b[2J" in text
+
+
+def test_a_pipe_in_a_name_ends_no_markdown_cell() -> None:
+    lines = render(_named_result("a|b"), "markdown").splitlines()
+    assert "a\\|b" in lines[3]
+    assert lines[3].replace("\\|", "").count("|") == lines[0].count("|")
+
+
+def test_names_are_kept_exactly_in_json_and_csv() -> None:
+    """The data formats keep a name as it is (JSON escapes it, CSV quotes it)."""
+    result = _named_result("a\nb|c\x1b")
+    assert json.loads(render(result, "json"))["modules"][1]["name"] == "a\nb|c\x1b"
+    assert list(csv.reader(io.StringIO(render(result, "csv"))))[2][0] == "a\nb|c\x1b"

@@ -66,6 +66,14 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable written as its escape (``\\n``, ``\\x1b``): a name
+    from a model or a file cannot break a table's lines or send the terminal an escape sequence."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def aligned_table(rows: Sequence[Sequence[str]], aligns: Sequence[Align], rule: bool = False) -> list[str]:
     """The lines of a terminal table: columns two spaces apart, each padded to its widest cell on the side
     ``aligns`` says, no trailing spaces; ``rule``: a line of dashes under the first row (the header)."""
