@@ -392,6 +392,13 @@ def _drop(*path: str) -> Callable[[Data], None]:
     return change
 
 
+def _drop_metric(metric: str) -> Callable[[Data], None]:
+    def change(data: Data) -> None:
+        for values in data["models"]["m.py:build"]["modules"].values():
+            del values[metric]
+    return change
+
+
 ENTRY = ["models", "m.py:build"]
 FLOPS = [*ENTRY, "modules", "", "flops"]
 BROKEN_BASELINES: list[tuple[str, Callable[[Data], None] | str, str]] = [
@@ -418,6 +425,16 @@ BROKEN_BASELINES: list[tuple[str, Callable[[Data], None] | str, str]] = [
     ("top-level list", _set(["models"], None), "models must be an object, got null"),
     ("escape in a name", _set([*ENTRY, "modules", "\x1b[2J"], {}), "a module's name is not a printable name"),
     ("schema", _set(["schema_version"], 99), "has baseline schema 99; this modelmeter reads 1"),
+    ("schema true", _set(["schema_version"], True), "has baseline schema True; this modelmeter reads 1"),
+    # an edited entry whose costs would never be compared: a silent pass before
+    ("no model row", _drop(*ENTRY, "modules", ""), "the entry 'm.py:build' has no module '' (the model's totals)"),
+    ("no modules at all", _set([*ENTRY, "modules"], {}), "has no module '' (the model's totals)"),
+    ("a metric dropped", _drop_metric("flops"), "the entry 'm.py:build': the model (module '') lacks flops"),
+    ("params dropped", _drop_metric("params"), "the model (module '') lacks params"),
+    ("a metric of one module", _set([*ENTRY, "modules", "0", "bogus"], 5),
+     "module '0' has other metrics than the model (bogus)"),
+    ("a metric missing in one module", _drop(*ENTRY, "modules", "0", "activations"),
+     "module '0' has other metrics than the model (activations)"),
     ("not JSON", "{", "is not valid JSON: Expecting property name"),
     ("deep nesting", "[" * 200_000, "is nested too deeply"),
     ("not UTF-8", "\udcff", "is not a text file (not UTF-8)"),
