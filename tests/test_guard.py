@@ -156,6 +156,28 @@ def test_diff_of_two_saved_analyses(tmp_path: Path) -> None:
     assert diff(load_costs(tmp_path / "a.json"), load_costs(tmp_path / "a.json")) == []
 
 
+def test_a_diff_of_unrelated_analyses_says_what_it_cannot_compare(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """FLOPs of another convention, and a metric only one file holds (a time without a device is no time of
+    0s), are said in notes; such a metric gets no row."""
+    x = torch.randn(2, 16)
+    files = {"fvcore": analyze(mlp(), x, quiet=True), "macs": analyze(mlp(), x, convention="macs", quiet=True),
+             "h100": analyze(mlp(), x, device="h100", quiet=True)}
+    for name, analysis in files.items():
+        (tmp_path / f"{name}.json").write_text(analysis.result().to_json())
+    path = {name: str(tmp_path / f"{name}.json") for name in files}
+    assert main(["diff", path["fvcore"], path["macs"]]) == 0
+    out, err = capsys.readouterr()
+    assert "note: the FLOPs are counted in different conventions (fvcore before, macs after)" in err
+    assert main(["diff", path["fvcore"], path["h100"]]) == 0
+    out, err = capsys.readouterr()
+    assert "note: not compared, only the after file has them: bytes, time" in err
+    assert out.strip() == "no differences"  # the same model: no row of a time "from 0s"
+    assert {d.metric for d in diff(load_costs(path["h100"]), load_costs(path["fvcore"]))} == set()
+    assert main(["diff", path["fvcore"], path["fvcore"]]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
 # --- the command ------------------------------------------------------------------------------------------
 def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[str, str]:
     status = main([*argv, "--no-cache", "--depth", "0"])
