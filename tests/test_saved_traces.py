@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from torch import nn
 
 from modelmeter import OptimizerSpec, Result, analyze, load_trace, save_trace
 from modelmeter.engine.serialize import FORMAT_VERSION
+from modelmeter.engine.trace import TensorMeta
 from modelmeter.guard import load_costs
 from modelmeter.guard.values import GuardFileError
 from modelmeter.reports.saved import SavedTrace, SavedTraceError, read_saved_trace, write_saved_trace
@@ -118,6 +121,44 @@ def test_a_file_edited_by_hand_is_refused_not_rendered(tmp_path: Path, change: o
     with pytest.raises(SavedTraceError, match=message) as info:
         read_saved_trace(path)
     assert "run.mmtrace" in str(info.value)
+
+
+def _metas(field: str, value: object) -> Callable[[dict], None]:  # type: ignore[type-arg]
+    """A change of the saved trace setting ``field`` of the first dimension of every TensorMeta's shape (or the
+    whole field) to ``value``."""
+    index = [f.name for f in dataclasses.fields(TensorMeta)].index(field)
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if list(node) == ["$m"]:
+                meta = node["$m"]
+                if field == "shape" and meta[index]["$t"]:
+                    meta[index]["$t"][0] = value
+                elif field != "shape":
+                    meta[index] = value
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    return lambda data: walk(data["trace"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_metas("shape", -5), "a TensorMeta shape must be a tuple of sizes"),
+    (_metas("shape", 1 << 63), "a TensorMeta shape must be a tuple of sizes"),
+    (_metas("dtype", 7), "a TensorMeta dtype and device must be names"),
+    (_metas("device", None), "a TensorMeta dtype and device must be names"),
+    (_metas("attended", -1), "a TensorMeta attended must be a count of elements or null"),
+])
+def test_a_tensor_of_an_impossible_shape_or_type_is_refused(tmp_path: Path, change: object, message: str) -> None:
+    """A negative or over-int64 size was recounted into a number, a dtype that is not a name was a traceback in a
+    recount: each is a damaged file."""
+    path, _ = saved(tmp_path)
+    _rewrite(path, change)
+    with pytest.raises(SavedTraceError, match=message):
+        read_saved_trace(path)
 
 
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000,
