@@ -688,3 +688,33 @@ def test_names_are_kept_exactly_in_json_and_csv() -> None:
     result = _named_result("a\nb|c\x1b")
     assert json.loads(render(result, "json"))["modules"][1]["name"] == "a\nb|c\x1b"
     assert list(csv.reader(io.StringIO(render(result, "csv"))))[2][0] == "a\nb|c\x1b"
+
+
+@pytest.mark.parametrize(("text", "error", "message"), [
+    ('{"flops": NaN}', ValueError, "NaN is not a value a result holds"),
+    ("[" * 100_000 + "]" * 100_000, ValueError, "nested too deeply"),
+    ("[]", ValueError, "a result is a JSON object, got list"),
+    ('{"schema_version": true}', ValueError, "unsupported result schema_version True"),
+])
+def test_from_json_refuses_what_no_result_holds(text: str, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        Result.from_json(text)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d["modules"][1]["metrics"].update(flops="12"), "module 'a' of the result: flops is '12', not a number"),
+    (lambda d: d["modules"][1]["metrics"].update(flops=-1), "flops is -1, not a number from 0 to 1e\\+30"),
+    (lambda d: d["modules"][1]["by_operator"].update(flops={"aten::mm": 1e31}), "by_operator 'flops': aten::mm is"),
+    (lambda d: d["modules"][1].update(params=1.5), "params is a float, not a int"),
+    (lambda d: d["modules"][1].update(colour=1), "module 'a' of the result has unknown fields: 'colour'"),
+    (lambda d: d["modules"].reverse(), "the result's first module row must be the model's"),
+    (lambda d: d.update(unsupported=[]), "the result: unsupported is a list, not a dict"),
+])
+def test_from_dict_refuses_a_result_edited_by_hand(change: Callable[[dict[str, Any]], None], message: str) -> None:
+    """What it reads is rendered as it is: a cost that is no number, or negative, was a traceback in a renderer
+    (or printed); now it is one ValueError naming the module."""
+    data = _named_result("a").to_dict()
+    assert Result.from_dict(json.loads(json.dumps(data))) == _named_result("a")  # the round trip it must keep
+    change(data)
+    with pytest.raises((ValueError, TypeError), match=message):  # TypeError for an unknown field, as documented
+        Result.from_dict(data)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..engine.gc_pause import no_gc
@@ -28,7 +28,7 @@ from ..engine.trace import Trace
 from ..errors import ModelMeterError
 from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from ..io.atomic import atomic_write
-from .result import SCHEMA_VERSION, ModuleRow, Result
+from .result import Result
 
 FORMAT = "modelmeter-saved-trace"
 FORMAT_VERSION = 1
@@ -38,7 +38,6 @@ SETTINGS: dict[str, Any] = {"name": None, "convention": "fvcore", "dense_attenti
                             "attention_kernel": "fused", "memory": False, "optimizer": None,
                             "state_dtype": None, "foreach": None, "device": None, "efficiency": 1.0,
                             "launch_overhead": 0.0, "tf32": False, "measured_time": None}
-MAX_COST = 1e30  # no model's cost comes near this (the guard's limit): a larger one is a damaged file
 # The types a file's settings may have (a device and an optimizer of the user's are saved as their fields).
 _NUMBER = (int, float)
 _SETTING_TYPES: dict[str, tuple[type, ...]] = {
@@ -50,13 +49,6 @@ _SETTING_TYPES: dict[str, tuple[type, ...]] = {
 _TIME_SETTINGS = {name: SETTINGS[name] for name in ("efficiency", "launch_overhead", "tf32", "measured_time")}
 # The settings that hold one of a few names.
 _SETTING_NAMES = {"convention": CONVENTIONS, "attention_kernel": ATTENTION_KERNELS}
-# The fields of a saved result and of its module rows, with their types.
-_RESULT_TYPES: dict[str, tuple[type, ...]] = {
-    "model": (str,), "inputs": (list,), "metrics": (list,), "modules": (list,), "convention": (str,),
-    "execution": (str,), "device": (str,), "unsupported": (dict,), "assumptions": (list,), "dtypes": (dict,),
-    "memory": (dict,), "roofline": (dict,), "parallel": (dict, type(None)), "schema_version": (int,)}
-_ROW_TYPES: dict[str, type] = {"name": str, "type": str, "params": int, "metrics": dict, "by_operator": dict,
-                               "called": bool, "output_shapes": dict}
 
 
 class SavedTraceError(ModelMeterError, ValueError):
@@ -164,42 +156,8 @@ def _file_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _result(data: dict[str, Any]) -> Result:
-    """The saved result, its fields and rows of their types and every cost a finite number >= 0: a report
-    renders it as it is, so a damaged one is refused here rather than printed."""
-    if data.get("schema_version") != SCHEMA_VERSION or type(data.get("schema_version")) is not int:
-        raise ValueError(f"its result's schema_version is {data.get('schema_version')!r:.40}; this modelmeter "
-                         f"reads {SCHEMA_VERSION}")
-    if data.keys() != _RESULT_TYPES.keys():
-        missing, extra = sorted(_RESULT_TYPES.keys() - data.keys()), sorted(data.keys() - _RESULT_TYPES.keys())
-        raise ValueError(f"its result has other fields (missing: {missing}, unknown: {extra})")
-    for name, kinds in _RESULT_TYPES.items():
-        if type(data[name]) not in kinds:
-            raise ValueError(f"its result's {name} is a {type(data[name]).__name__}")
-    if not all(type(metric) is str for metric in data["metrics"]):
-        raise ValueError("its result's metrics are not names")
-    return Result(**{**data, "modules": [_row(row) for row in data["modules"]]})
-
-
-def _row(row: Any) -> ModuleRow:
-    """A module row of a saved result, checked as :func:`_result` says."""
-    if type(row) is not dict or row.keys() != _ROW_TYPES.keys():
-        raise ValueError(f"a module row of its result has other fields: {row!r:.80}")
-    for name, kind in _ROW_TYPES.items():
-        if type(row[name]) is not kind:
-            raise ValueError(f"module {row['name']!r:.80} of its result: {name} is a {type(row[name]).__name__}")
-    where = f"module {row['name']!r:.80} of its result"
-    _costs({"params": row["params"], **row["metrics"]}, where)
-    for operator, values in row["by_operator"].items():
-        if type(values) is not dict:
-            raise ValueError(f"{where}: by_operator {operator!r:.80} is not an object")
-        _costs(values, f"{where}, by_operator {operator!r:.80}")
-    if not all(type(n) is int and n > 0 for n in row["output_shapes"].values()):
-        raise ValueError(f"{where}: output_shapes holds a count that is not a positive integer")
-    return ModuleRow(**row)
-
-
-def _costs(values: dict[str, Any], where: str) -> None:
-    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`."""
-    for name, value in values.items():
-        if type(value) not in _NUMBER or not 0 <= value <= MAX_COST:  # NaN fails both comparisons
-            raise ValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")
+    """The saved result, every field present (a report prints it as it is: checked by :meth:`Result.from_dict`)."""
+    missing = sorted({f.name for f in fields(Result)} - data.keys())
+    if missing:
+        raise ValueError(f"its result lacks {', '.join(missing)}")
+    return Result.from_dict(data)
