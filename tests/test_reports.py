@@ -24,6 +24,7 @@ from modelmeter import (
     parameter_count_table,
 )
 from modelmeter.reports import FORMATS, ModuleRow, Result, format_size, fvcore_tables, render
+from modelmeter.reports.format import text_width
 from opaque_ops import blur
 
 render_module = importlib.import_module("modelmeter.reports.render")  # the package attribute is the function
@@ -718,3 +719,12 @@ def test_from_dict_refuses_a_result_edited_by_hand(change: Callable[[dict[str, A
     change(data)
     with pytest.raises((ValueError, TypeError), match=message):  # TypeError for an unknown field, as documented
         Result.from_dict(data)
+
+
+def test_wide_and_combining_characters_keep_the_table_aligned() -> None:
+    """A name of wide characters (CJK, emoji: two terminal columns each) or with combining accents (none) is
+    padded by the columns it takes, so the columns after it stay aligned."""
+    for name in ("模型😀", "e\u0301te\u0301", "ab"):
+        lines = render(_named_result(name), "table").splitlines()
+        ends = {text_width(line[:line.index("Linear" if "Linear" in line else "Net")]) for line in lines[2:4]}
+        assert len(ends) == 1, lines
