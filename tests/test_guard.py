@@ -156,6 +156,28 @@ def test_diff_of_two_saved_analyses(tmp_path: Path) -> None:
     assert diff(load_costs(tmp_path / "a.json"), load_costs(tmp_path / "a.json")) == []
 
 
+def test_a_diff_of_unrelated_analyses_says_what_it_cannot_compare(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """FLOPs of another convention, and a metric only one file holds (a time without a device is no time of
+    0s), are said in notes; such a metric gets no row."""
+    x = torch.randn(2, 16)
+    files = {"fvcore": analyze(mlp(), x, quiet=True), "macs": analyze(mlp(), x, convention="macs", quiet=True),
+             "h100": analyze(mlp(), x, device="h100", quiet=True)}
+    for name, analysis in files.items():
+        (tmp_path / f"{name}.json").write_text(analysis.result().to_json())
+    path = {name: str(tmp_path / f"{name}.json") for name in files}
+    assert main(["diff", path["fvcore"], path["macs"]]) == 0
+    out, err = capsys.readouterr()
+    assert "note: the FLOPs are counted in different conventions (fvcore before, macs after)" in err
+    assert main(["diff", path["fvcore"], path["h100"]]) == 0
+    out, err = capsys.readouterr()
+    assert "note: not compared, only the after file has them: bytes, time" in err
+    assert out.strip() == "no differences"  # the same model: no row of a time "from 0s"
+    assert {d.metric for d in diff(load_costs(path["h100"]), load_costs(path["fvcore"]))} == set()
+    assert main(["diff", path["fvcore"], path["fvcore"]]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
 # --- the command ------------------------------------------------------------------------------------------
 def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[str, str]:
     status = main([*argv, "--no-cache", "--depth", "0"])
@@ -392,6 +414,13 @@ def _drop(*path: str) -> Callable[[Data], None]:
     return change
 
 
+def _drop_metric(metric: str) -> Callable[[Data], None]:
+    def change(data: Data) -> None:
+        for values in data["models"]["m.py:build"]["modules"].values():
+            del values[metric]
+    return change
+
+
 ENTRY = ["models", "m.py:build"]
 FLOPS = [*ENTRY, "modules", "", "flops"]
 BROKEN_BASELINES: list[tuple[str, Callable[[Data], None] | str, str]] = [
@@ -418,6 +447,16 @@ BROKEN_BASELINES: list[tuple[str, Callable[[Data], None] | str, str]] = [
     ("top-level list", _set(["models"], None), "models must be an object, got null"),
     ("escape in a name", _set([*ENTRY, "modules", "\x1b[2J"], {}), "a module's name is not a printable name"),
     ("schema", _set(["schema_version"], 99), "has baseline schema 99; this modelmeter reads 1"),
+    ("schema true", _set(["schema_version"], True), "has baseline schema True; this modelmeter reads 1"),
+    # an edited entry whose costs would never be compared: a silent pass before
+    ("no model row", _drop(*ENTRY, "modules", ""), "the entry 'm.py:build' has no module '' (the model's totals)"),
+    ("no modules at all", _set([*ENTRY, "modules"], {}), "has no module '' (the model's totals)"),
+    ("a metric dropped", _drop_metric("flops"), "the entry 'm.py:build': the model (module '') lacks flops"),
+    ("params dropped", _drop_metric("params"), "the model (module '') lacks params"),
+    ("a metric of one module", _set([*ENTRY, "modules", "0", "bogus"], 5),
+     "module '0' has other metrics than the model (bogus)"),
+    ("a metric missing in one module", _drop(*ENTRY, "modules", "0", "activations"),
+     "module '0' has other metrics than the model (activations)"),
     ("not JSON", "{", "is not valid JSON: Expecting property name"),
     ("deep nesting", "[" * 200_000, "is nested too deeply"),
     ("not UTF-8", "\udcff", "is not a text file (not UTF-8)"),

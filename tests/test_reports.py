@@ -24,6 +24,7 @@ from modelmeter import (
     parameter_count_table,
 )
 from modelmeter.reports import FORMATS, ModuleRow, Result, format_size, fvcore_tables, render
+from modelmeter.reports.format import text_width
 from opaque_ops import blur
 
 render_module = importlib.import_module("modelmeter.reports.render")  # the package attribute is the function
@@ -656,3 +657,74 @@ def test_exports() -> None:
         assert name in modelmeter.__all__
         assert getattr(modelmeter, name) is getattr(modelmeter.fvcore_api, name)
     assert "build_result" in modelmeter.__all__ and modelmeter.build_result is modelmeter.analysis.build_result
+
+
+def _named_result(name: str, type_name: str = "Linear") -> Result:
+    """A result of one child module named ``name`` (as a model or an edited file can name it)."""
+    metrics = ["flops"]
+    rows = [ModuleRow("", "Net", 20, {"flops": 32}), ModuleRow(name, type_name, 20, {"flops": 32})]
+    return Result(model="Net", inputs=[], metrics=metrics, modules=rows, unsupported={"aten::x\x1b[2J": 1})
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "tree"])
+def test_control_characters_in_names_cannot_break_a_table_or_drive_the_terminal(fmt: str) -> None:
+    """A newline or an escape sequence in a module's, a class's or an operator's name is printed as its escape:
+    each row stays one line, and the terminal is sent no escape character."""
+    text = render(_named_result("a\nb\x1b[31m", "Lin\rear"), fmt)
+    assert "\x1b" not in text and "\r" not in text
+    assert "a\\nb\\x1b[31m" in text and "Lin\\rear" in text
+    assert len(text.splitlines()) == len(render(_named_result("ab", "Linear"), fmt).splitlines())
+    if fmt != "tree":
+        assert "aten::x\\x1b[2J" in text
+
+
+def test_a_pipe_in_a_name_ends_no_markdown_cell() -> None:
+    lines = render(_named_result("a|b"), "markdown").splitlines()
+    assert "a\\|b" in lines[3]
+    assert lines[3].replace("\\|", "").count("|") == lines[0].count("|")
+
+
+def test_names_are_kept_exactly_in_json_and_csv() -> None:
+    """The data formats keep a name as it is (JSON escapes it, CSV quotes it)."""
+    result = _named_result("a\nb|c\x1b")
+    assert json.loads(render(result, "json"))["modules"][1]["name"] == "a\nb|c\x1b"
+    assert list(csv.reader(io.StringIO(render(result, "csv"))))[2][0] == "a\nb|c\x1b"
+
+
+@pytest.mark.parametrize(("text", "error", "message"), [
+    ('{"flops": NaN}', ValueError, "NaN is not a value a result holds"),
+    ("[" * 100_000 + "]" * 100_000, ValueError, "nested too deeply"),
+    ("[]", ValueError, "a result is a JSON object, got list"),
+    ('{"schema_version": true}', ValueError, "unsupported result schema_version True"),
+])
+def test_from_json_refuses_what_no_result_holds(text: str, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        Result.from_json(text)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d["modules"][1]["metrics"].update(flops="12"), "module 'a' of the result: flops is '12', not a number"),
+    (lambda d: d["modules"][1]["metrics"].update(flops=-1), "flops is -1, not a number from 0 to 1e\\+30"),
+    (lambda d: d["modules"][1]["by_operator"].update(flops={"aten::mm": 1e31}), "by_operator 'flops': aten::mm is"),
+    (lambda d: d["modules"][1].update(params=1.5), "params is a float, not a int"),
+    (lambda d: d["modules"][1].update(colour=1), "module 'a' of the result has unknown fields: 'colour'"),
+    (lambda d: d["modules"].reverse(), "the result's first module row must be the model's"),
+    (lambda d: d.update(unsupported=[]), "the result: unsupported is a list, not a dict"),
+])
+def test_from_dict_refuses_a_result_edited_by_hand(change: Callable[[dict[str, Any]], None], message: str) -> None:
+    """What it reads is rendered as it is: a cost that is no number, or negative, was a traceback in a renderer
+    (or printed); now it is one ValueError naming the module."""
+    data = _named_result("a").to_dict()
+    assert Result.from_dict(json.loads(json.dumps(data))) == _named_result("a")  # the round trip it must keep
+    change(data)
+    with pytest.raises((ValueError, TypeError), match=message):  # TypeError for an unknown field, as documented
+        Result.from_dict(data)
+
+
+def test_wide_and_combining_characters_keep_the_table_aligned() -> None:
+    """A name of wide characters (CJK, emoji: two terminal columns each) or with combining accents (none) is
+    padded by the columns it takes, so the columns after it stay aligned."""
+    for name in ("模型😀", "e\u0301te\u0301", "ab"):
+        lines = render(_named_result(name), "table").splitlines()
+        ends = {text_width(line[:line.index("Linear" if "Linear" in line else "Net")]) for line in lines[2:4]}
+        assert len(ends) == 1, lines

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from torch import nn
 
 from modelmeter import OptimizerSpec, Result, analyze, load_trace, save_trace
 from modelmeter.engine.serialize import FORMAT_VERSION
+from modelmeter.engine.trace import TensorMeta
 from modelmeter.guard import load_costs
 from modelmeter.guard.values import GuardFileError
 from modelmeter.reports.saved import SavedTrace, SavedTraceError, read_saved_trace, write_saved_trace
@@ -80,6 +83,93 @@ def test_a_damaged_file_is_one_clear_error_naming_it(tmp_path: Path, change: obj
     with pytest.raises(SavedTraceError, match=message) as info:
         read_saved_trace(path)
     assert "run.mmtrace" in str(info.value)
+
+
+def _first_row(data: dict) -> dict:  # type: ignore[type-arg]
+    return data["result"]["modules"][0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(version=True), "format version True"),
+    (lambda d: d.update(version=1.0), "format version 1.0"),
+    (lambda d: d["settings"].update(memory="yes"), "the setting memory is a str"),
+    (lambda d: d["settings"].update(name=123), "the setting name is a int"),
+    (lambda d: d["settings"].update(convention="bogus"), "the setting convention is 'bogus', not one of"),
+    (lambda d: d["settings"].update(attention_kernel=None), "the setting attention_kernel is a NoneType"),
+    (lambda d: d["settings"].update(efficiency=-1), "the time on a device without a device"),
+    (lambda d: _first_row(d)["metrics"].update(flops=float("nan")), "NaN is not a value a saved trace holds"),
+    (lambda d: _first_row(d)["metrics"].update(flops=float("inf")), "Infinity is not a value"),
+    (lambda d: _first_row(d)["metrics"].update(flops=-5), "module '' of the result: flops is -5, not a number"),
+    (lambda d: _first_row(d)["metrics"].update(flops="1.2G"), "flops is '1.2G', not a number"),
+    (lambda d: _first_row(d)["metrics"].update(flops=True), "flops is True, not a number"),
+    (lambda d: _first_row(d)["metrics"].update(flops=10**400), "not a number from 0 to 1e\\+30"),
+    (lambda d: _first_row(d).update(params=-1), "params is -1"),
+    (lambda d: _first_row(d).update(called="no"), "called is a str, not a bool"),
+    (lambda d: d["result"].pop("dtypes"), "its result lacks dtypes"),
+    (lambda d: _first_row(d)["by_operator"].update(flops={"aten::mm": -1.0}), "by_operator 'flops': aten::mm"),
+    (lambda d: _first_row(d).update(output_shapes={"2x4": 0}), "output_shapes holds a count"),
+    (lambda d: d["result"].update(schema_version=True), "unsupported result schema_version True"),
+    (lambda d: d["result"].update(extra=1), "the result has unknown fields: 'extra'"),
+    (lambda d: d["result"].update(metrics=[1]), "the result's metrics are not names"),
+    (lambda d: d["result"].update(modules={}), "the result: modules is a dict, not a list"),
+    (lambda d: d["result"].update(modules=[]), "the result's first module row must be the model's"),
+])
+def test_a_file_edited_by_hand_is_refused_not_rendered(tmp_path: Path, change: object, message: str) -> None:
+    """Settings and the saved result are what a report prints as they are: a wrong type, a NaN, a negative or
+    absurd cost is a SavedTraceError naming the file, never a traceback in a recount or a number printed."""
+    path, _ = saved(tmp_path)
+    _rewrite(path, change)
+    with pytest.raises(SavedTraceError, match=message) as info:
+        read_saved_trace(path)
+    assert "run.mmtrace" in str(info.value)
+
+
+def _metas(field: str, value: object) -> Callable[[dict], None]:  # type: ignore[type-arg]
+    """A change of the saved trace setting ``field`` of the first dimension of every TensorMeta's shape (or the
+    whole field) to ``value``."""
+    index = [f.name for f in dataclasses.fields(TensorMeta)].index(field)
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if list(node) == ["$m"]:
+                meta = node["$m"]
+                if field == "shape" and meta[index]["$t"]:
+                    meta[index]["$t"][0] = value
+                elif field != "shape":
+                    meta[index] = value
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    return lambda data: walk(data["trace"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_metas("shape", -5), "a TensorMeta shape must be a tuple of sizes"),
+    (_metas("shape", 1 << 63), "a TensorMeta shape must be a tuple of sizes"),
+    (_metas("dtype", 7), "a TensorMeta dtype and device must be names"),
+    (_metas("device", None), "a TensorMeta dtype and device must be names"),
+    (_metas("attended", -1), "a TensorMeta attended must be a count of elements or null"),
+])
+def test_a_tensor_of_an_impossible_shape_or_type_is_refused(tmp_path: Path, change: object, message: str) -> None:
+    """A negative or over-int64 size was recounted into a number, a dtype that is not a name was a traceback in a
+    recount: each is a damaged file."""
+    path, _ = saved(tmp_path)
+    _rewrite(path, change)
+    with pytest.raises(SavedTraceError, match=message):
+        read_saved_trace(path)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000,
+                                  '{"format":"modelmeter-saved-trace","version":1,"x":' + "{\"a\":" * 50_000 + "1"
+                                  + "}" * 50_001])
+def test_deeply_nested_json_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "deep.mmtrace"
+    path.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(SavedTraceError, match="nested too deeply"):
+        read_saved_trace(path)
 
 
 def test_truncated_and_foreign_files(tmp_path: Path) -> None:

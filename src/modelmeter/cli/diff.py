@@ -28,16 +28,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..guard import diff, load_costs, render_diff
-    from ..guard.diff import device_of
+    from ..guard.diff import diff_notes
 
     try:
-        differences = diff(load_costs(args.before), load_costs(args.after))
-        devices = device_of(args.before), device_of(args.after)
+        before, after = load_costs(args.before), load_costs(args.after)
+        notes = diff_notes(args.before, args.after, before, after)
     except ModelMeterError as exc:
         raise ModelSpecError(str(exc)) from None
-    if None not in devices and devices[0] != devices[1]:  # a time on another device is no change of the model
-        print(f"modelmeter: note: the times are predicted on different devices ({devices[0]} before, {devices[1]} "
-              "after): their changes compare the devices, not the models", file=sys.stderr)
+    differences = diff(before, after)
+    for note in notes:
+        print(f"modelmeter: note: {note}", file=sys.stderr)
     if args.format == "json":
         text = json.dumps([{"module": d.module, "metric": d.metric, "before": d.before, "after": d.after,
                             "change": d.change} for d in differences], indent=2)

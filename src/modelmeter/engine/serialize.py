@@ -66,6 +66,7 @@ _STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device":
 _EVENT_NAMES = {"level": frozenset(("function", "dispatch")), "phase": frozenset(PHASES)}
 _STORAGE_NAMES = {"kind": frozenset(STORAGE_KINDS)}
 _COLUMNAR = ("events", "storages")  # the Trace fields written as columns
+_MAX_SIZE = (1 << 63) - 1  # torch's sizes and counts are int64: a larger or negative one is a damaged entry
 _TYPECODES = ("b", "h", "i", "q")  # the array types a column's numbers are packed in, narrowest first
 
 
@@ -234,11 +235,15 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
                 return found
         meta = dict(zip(_META_FIELDS, items, strict=True))
         shape = meta.get("shape")
-        if type(shape) is not tuple or not all(type(s) is int for s in shape):
-            raise ValueError(f"a TensorMeta shape must be a tuple of integers, got {shape!r:.80}")
-        footprint = meta.get("footprint")
-        if footprint is not None and (type(footprint) is not int or footprint < 0):
-            raise ValueError(f"a TensorMeta footprint must be a count of elements or null, got {footprint!r:.80}")
+        if type(shape) is not tuple or not all(type(s) is int and 0 <= s <= _MAX_SIZE for s in shape):
+            raise ValueError(f"a TensorMeta shape must be a tuple of sizes (integers from 0 to 2**63 - 1), got "
+                             f"{shape!r:.80}")
+        if type(meta.get("dtype")) is not str or type(meta.get("device")) is not str:
+            raise ValueError(f"a TensorMeta dtype and device must be names, got {items!r:.80}")
+        for name in ("attended", "footprint"):
+            count = meta.get(name)
+            if count is not None and (type(count) is not int or not 0 <= count <= _MAX_SIZE):
+                raise ValueError(f"a TensorMeta {name} must be a count of elements or null, got {count!r:.80}")
         made = TensorMeta(**meta)
         if metas is not None:
             metas[memo_key] = made

@@ -180,6 +180,7 @@ def _show(value: Any) -> str:
 
 
 _REQUIRED = ("model", "inputs", "convention", "backward", "modules")
+_ALWAYS = ("params", "flops", "activations")  # the costs of every entry, whatever its options
 _FIELDS = {f.name for f in fields(Entry)}
 
 
@@ -213,8 +214,24 @@ def _parse_entry(data: Any, what: str) -> Entry:
             _check_costs(module, metrics, what)
         except (TypeError, ValueError) as exc:
             raise GuardFileError(str(exc)) from None
+    _check_metrics(modules, what)
     return Entry(_field(data, "model", str, what), inputs, _field(data, "convention", str, what),
                  _field(data, "backward", bool, what), modules, spec, roofline)
+
+
+def _check_metrics(modules: dict[str, dict[str, Any]], what: str) -> None:
+    """An entry holds the model (module ``""``) and the same metrics for every module, among them those every
+    run has: a metric or a model's totals missing from an edited file would never be compared (a silent pass)."""
+    if "" not in modules:
+        raise GuardFileError(f"{what} has no module '' (the model's totals)")
+    metrics = set(modules[""])
+    missing = [metric for metric in _ALWAYS if metric not in metrics]
+    if missing:
+        raise GuardFileError(f"{what}: the model (module '') lacks {', '.join(missing)}")
+    for module, values in modules.items():
+        if set(values) != metrics:
+            differ = sorted(set(values) ^ metrics)
+            raise GuardFileError(f"{what}: module {module!r} has other metrics than the model ({', '.join(differ)})")
 
 
 def _check_costs(module: str, metrics: dict[str, Any], what: str) -> None:
@@ -271,7 +288,7 @@ class BaselineFile:
         where = repr(os.fspath(path))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise GuardFileError(f"{where} is not a modelmeter baseline")
-        if data.get("schema_version") != SCHEMA_VERSION:
+        if type(data.get("schema_version")) is not int or data.get("schema_version") != SCHEMA_VERSION:
             raise GuardFileError(f"{where} has baseline schema {data.get('schema_version')!r}; this modelmeter "
                                  f"reads {SCHEMA_VERSION}")
         models = _field(data, "models", dict, where)

@@ -45,20 +45,55 @@ def load_costs(path: str | os.PathLike[str]) -> Costs:
                          f"trace (--save-trace) nor a baseline")
 
 
-def device_of(path: str | os.PathLike[str]) -> str | None:
-    """The device a saved analysis predicted its time on (a result's or saved trace's ``roofline``, a baseline's
-    entries' when they share one); None without one. Read after :func:`load_costs` has checked the file."""
+def _run_of(path: str | os.PathLike[str]) -> tuple[str | None, str | None]:
+    """The convention and the device a saved analysis counted with (a result's or saved trace's, a baseline's
+    entries' when they share one); each None where it has none, or several. Read after :func:`load_costs` has
+    checked the file."""
+    convention: Any
+    summary: Any
     if is_saved_trace(path):
-        summary: Any = read_saved_trace(path).result.roofline
+        result = read_saved_trace(path).result
+        convention, summary = result.convention, result.roofline
     else:
         data = read_json(path)
         if isinstance(data, dict) and data.get("format") == BASELINE_FORMAT:
-            devices = {entry.roofline.get("device") for entry in BaselineFile.from_data(data, path).entries.values()}
-            return devices.pop() if len(devices) == 1 else None
+            entries = BaselineFile.from_data(data, path).entries.values()
+            return (_one({entry.convention for entry in entries}),
+                    _one({entry.roofline.get("device") for entry in entries}))
+        convention = data.get("convention") if isinstance(data, dict) else None
         summary = data.get("roofline") if isinstance(data, dict) else None
     device = summary.get("device") if isinstance(summary, dict) else None
     name = device.get("name") if isinstance(device, dict) else None
-    return name if isinstance(name, str) else None
+    return (convention if isinstance(convention, str) else None), (name if isinstance(name, str) else None)
+
+
+def _one(values: set[Any]) -> str | None:
+    """The value all of ``values`` share, if it is a string."""
+    value = values.pop() if len(values) == 1 else None
+    return value if isinstance(value, str) else None
+
+
+def diff_notes(before_path: str | os.PathLike[str], after_path: str | os.PathLike[str], before: Costs,
+               after: Costs) -> list[str]:
+    """What a reader of :func:`diff`'s table must know: FLOPs of different conventions or times on different
+    devices (their changes compare those, not the models), metrics only one side holds (not compared)."""
+    notes = []
+    runs = zip(_run_of(before_path), _run_of(after_path), strict=True)  # (conventions, devices): each file read once
+    for (what, meaning), (first, second) in zip(
+            (("the FLOPs are counted in different conventions", "the conventions"),
+             ("the times are predicted on different devices", "the devices")), runs, strict=True):
+        if None not in (first, second) and first != second:
+            notes.append(f"{what} ({first} before, {second} after): their changes compare {meaning}, not the models")
+    for side, mine, other in (("before", before, after), ("after", after, before)):
+        only = sorted(_held(mine) - _held(other))
+        if only:
+            notes.append(f"not compared, only the {side} file has them: {', '.join(only)}")
+    return notes
+
+
+def _held(costs: Costs) -> set[str]:
+    """The metrics any module of ``costs`` holds."""
+    return {metric for values in costs.values() for metric in values}
 
 
 def _result_costs(rows: Any, where: str) -> Costs:
@@ -104,11 +139,13 @@ class Difference:
 
 def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[Difference]:
     """Every (module, metric) whose value differs, largest absolute change first; a module only one side has
-    counts from 0."""
+    counts from 0. A metric only one side holds is not compared (its absence is no 0: a run without a device has
+    no time; :func:`diff_notes` names it)."""
     out = []
+    shared = _held(before) & _held(after)
     for module in [*before, *(m for m in after if m not in before)]:
         old, new = before.get(module, {}), after.get(module, {})
-        for metric in sorted(set(old) | set(new)):
+        for metric in sorted((set(old) | set(new)) & shared):
             if metrics and metric not in metrics:
                 continue
             a, b = old.get(metric, 0), new.get(metric, 0)

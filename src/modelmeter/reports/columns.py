@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .format import Align, format_bytes, format_time
+from .format import Align, format_bytes, format_time, printable
 from .fvcore_tables import format_size
 from .result import BYTE_METRICS, MEMORY_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
 
@@ -103,13 +103,13 @@ def chosen_keys(result: Result, columns: Sequence[str], shapes: bool) -> list[st
 
 def build_columns(result: Result, rows: list[ModuleRow], keys: Sequence[str]) -> list[Column]:
     """The module column then one :class:`Column` per key, for ``rows``."""
-    names = ["  " * row.depth + (row.name or "model") for row in rows]
+    names = ["  " * row.depth + printable(row.name or "model") for row in rows]
     return [Column("module", "module", "module", "left", names), *(_column(result, rows, key) for key in keys)]
 
 
 def _column(result: Result, rows: list[ModuleRow], key: str) -> Column:
     if key == "type":
-        return _text_column(key, "type", [row.type for row in rows])
+        return _text_column(key, "type", [printable(row.type) for row in rows])
     if key == "shapes":
         return _text_column(key, "output shapes", [shapes_cell(row) for row in rows])
     if key == "params":

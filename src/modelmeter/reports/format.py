@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Literal
 
@@ -66,13 +67,38 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable written as its escape (``\\n``, ``\\x1b``): a name
+    from a model or a file cannot break a table's lines or send the terminal an escape sequence."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def text_width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: 2 for a wide character (CJK, most emoji), 0 for a combining one."""
+    if text.isascii():
+        return len(text)
+    return sum(map(_char_width, text))
+
+
+def _char_width(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+
+def _padded(cell: str, width: int, align: Align) -> str:
+    fill = " " * (width - text_width(cell))
+    return cell + fill if align == "left" else fill + cell
+
+
 def aligned_table(rows: Sequence[Sequence[str]], aligns: Sequence[Align], rule: bool = False) -> list[str]:
     """The lines of a terminal table: columns two spaces apart, each padded to its widest cell on the side
     ``aligns`` says, no trailing spaces; ``rule``: a line of dashes under the first row (the header)."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(aligns))]
-    lines = ["  ".join(cell.ljust(width) if align == "left" else cell.rjust(width)
-                       for cell, width, align in zip(row, widths, aligns, strict=True)).rstrip()
-             for row in rows]
+    widths = [max(text_width(row[i]) for row in rows) for i in range(len(aligns))]
+    lines = ["  ".join(_padded(cell, width, align) for cell, width, align in zip(row, widths, aligns, strict=True))
+             .rstrip() for row in rows]
     if rule:
         lines.insert(1, "  ".join("-" * width for width in widths))
     return lines

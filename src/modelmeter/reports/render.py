@@ -25,7 +25,7 @@ from .columns import (
     ratio_cell,
     shapes_cell,
 )
-from .format import aligned_table, format_bytes, format_rate, format_time
+from .format import aligned_table, format_bytes, format_rate, format_time, printable
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from .ranks import rank_table
 from .result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
@@ -137,7 +137,7 @@ def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -
                          f"memory of {device['label']} ({device['memory'] / 1e9:.3g} GB = "
                          f"{format_bytes(device['memory'])}): the run does not fit on one such device as it is")
     lines += [f"Assumption: {text}" for text in result.assumptions]
-    return lines
+    return [printable(line) for line in lines]  # an operator's name or an assumption read from a file
 
 
 def memory_note(memory: dict[str, Any]) -> str:
@@ -203,6 +203,7 @@ def _markdown(result: Result, layout: _Layout) -> str:
     rows = _shown(result, layout.depth)
     columns, _, _ = _summary(result, rows, replace(layout, width=None))
     headers, aligns, cells = _grid(columns, short=False)
+    cells = [[cell.replace("|", "\\|") for cell in row] for row in cells]  # a "|" in a name ends no cell
     text = pipe_table(headers, cells, aligns)
     footer = _footer(result, rows, code=lambda s: f"`{s}`")
     return text + "\n\n" + "\n".join(f"- {note}" for note in footer) if footer else text
@@ -256,8 +257,9 @@ def _tree(result: Result, layout: _Layout) -> str:
             if layout.shapes:
                 stats.append(f"output: {shapes_cell(row)}")
             lines.append(", ".join(stats))
-        children = [(child.name.rsplit(".", 1)[-1], block(child, metrics)) for child in kids.get(row.name, [])]
-        return annotated_repr(row.type, lines, children)
+        children = [(printable(child.name.rsplit(".", 1)[-1]), block(child, metrics))
+                    for child in kids.get(row.name, [])]
+        return annotated_repr(printable(row.type), lines, children)
 
     metrics = [metric for metric in result.metrics if metric not in PHASE_COLUMNS]
     notes = [UNCALLED_NOTE] if any(not row.called for row in _shown(result, layout.depth)) else []

@@ -19,13 +19,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..engine.gc_pause import no_gc
 from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
 from ..engine.trace import Trace
 from ..errors import ModelMeterError
+from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from ..io.atomic import atomic_write
 from .result import Result
 
@@ -37,6 +38,17 @@ SETTINGS: dict[str, Any] = {"name": None, "convention": "fvcore", "dense_attenti
                             "attention_kernel": "fused", "memory": False, "optimizer": None,
                             "state_dtype": None, "foreach": None, "device": None, "efficiency": 1.0,
                             "launch_overhead": 0.0, "tf32": False, "measured_time": None}
+# The types a file's settings may have (a device and an optimizer of the user's are saved as their fields).
+_NUMBER = (int, float)
+_SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str, type(None)), "convention": (str,), "dense_attention": (bool,), "attention_kernel": (str,),
+    "memory": (bool,), "optimizer": (str, dict, type(None)), "state_dtype": (str, type(None)),
+    "foreach": (bool, type(None)), "device": (str, dict, type(None)), "efficiency": _NUMBER,
+    "launch_overhead": _NUMBER, "tf32": (bool,), "measured_time": (*_NUMBER, type(None))}
+# The settings of the time on a device, with their values when there is none.
+_TIME_SETTINGS = {name: SETTINGS[name] for name in ("efficiency", "launch_overhead", "tf32", "measured_time")}
+# The settings that hold one of a few names.
+_SETTING_NAMES = {"convention": CONVENTIONS, "attention_kernel": ATTENTION_KERNELS}
 
 
 class SavedTraceError(ModelMeterError, ValueError):
@@ -93,18 +105,22 @@ def read_saved_trace(path: str | os.PathLike[str]) -> SavedTrace:
     try:
         with no_gc():
             return _parse(raw)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # the result's rows are read as given
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
         raise SavedTraceError(f"{where} is not a readable saved trace ({SUFFIX}): {exc}") from None
+    except RecursionError:  # JSON nested deeper than Python's parser recurses: no file this module writes
+        raise SavedTraceError(f"{where} is not a readable saved trace ({SUFFIX}): its JSON is nested too deeply") \
+            from None
 
 
 def _parse(raw: bytes) -> SavedTrace:
     if raw[:2] != b"\x1f\x8b":
         raise ValueError("not gzip data (a saved trace is written by --save-trace or save_trace())")
-    data = json.loads(gunzip(raw))
+    data = json.loads(gunzip(raw), parse_constant=_refuse_constant)
     if type(data) is not dict or data.get("format") != FORMAT:
         raise ValueError(f"its format is not {FORMAT!r}")
-    if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"format version {data.get('version')!r}; this modelmeter reads {FORMAT_VERSION}")
+    version = data.get("version")
+    if type(version) is not int or version != FORMAT_VERSION:  # not True, not 1.0
+        raise ValueError(f"format version {version!r:.40}; this modelmeter reads {FORMAT_VERSION}")
     settings, saved_by = data.get("settings"), data.get("saved_by")
     if type(settings) is not dict or type(saved_by) is not dict \
             or not all(type(k) is str and type(v) is str for k, v in saved_by.items()):
@@ -112,5 +128,36 @@ def _parse(raw: bytes) -> SavedTrace:
     result = data.get("result")
     if type(result) is not dict:
         raise ValueError("it holds no result")
-    return SavedTrace(trace=trace_from_dict(data.get("trace")), result=Result.from_dict(result),
-                      settings=check_settings(settings), saved_by=saved_by)
+    return SavedTrace(trace=trace_from_dict(data.get("trace")), result=_result(result),
+                      settings=_file_settings(settings), saved_by=saved_by)
+
+
+def _refuse_constant(name: str) -> Any:
+    """JSON's NaN and Infinity, which Python's parser reads but no saved trace holds (the trace tags a
+    non-finite float, the result has none)."""
+    raise ValueError(f"{name} is not a value a saved trace holds")
+
+
+def _file_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A file's settings, completed and checked: each of its type, a convention or kernel of the known ones (so
+    a setting edited by hand is refused here, not taken as true or met as a traceback in a recount)."""
+    settings = check_settings(settings)
+    for name, kinds in _SETTING_TYPES.items():
+        value = settings[name]
+        if type(value) not in kinds:
+            raise ValueError(f"the setting {name} is a {type(value).__name__}: {value!r:.40}")
+    for name, known in _SETTING_NAMES.items():
+        if settings[name] not in known:
+            raise ValueError(f"the setting {name} is {settings[name]!r:.40}, not one of {', '.join(known)}")
+    time = {name: settings[name] for name in _TIME_SETTINGS}
+    if settings["device"] is None and time != _TIME_SETTINGS:  # what save_trace writes without a device
+        raise ValueError(f"the settings of the time on a device without a device: {time}")
+    return settings
+
+
+def _result(data: dict[str, Any]) -> Result:
+    """The saved result, every field present (a report prints it as it is: checked by :meth:`Result.from_dict`)."""
+    missing = sorted({f.name for f in fields(Result)} - data.keys())
+    if missing:
+        raise ValueError(f"its result lacks {', '.join(missing)}")
+    return Result.from_dict(data)
