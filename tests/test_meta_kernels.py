@@ -46,19 +46,24 @@ def test_batch_norm_matches_the_meta_kernel(shape: tuple[int, ...], dtype: torch
                 (shape, dtype, layout, training, affine, tracked)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_batch_norm_standing_for_cpu_matches_the_cpu_kernel(dtype: torch.dtype) -> None:
-    for training, layout in itertools.product((False, True), (torch.contiguous_format, torch.channels_last)):
+@pytest.mark.parametrize(("dtype", "parameters"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                   (torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
+def test_batch_norm_standing_for_cpu_matches_the_cpu_kernel(dtype: torch.dtype, parameters: torch.dtype) -> None:
+    # a half input with float32 statistics and weights runs the CPU's mixed-type kernel: float32 statistics
+    for training, layout, affine in itertools.product((False, True), (torch.contiguous_format, torch.channels_last),
+                                                      (False, True)):
         x = torch.randn(2, 3, 4, 5, dtype=dtype).contiguous(memory_format=layout)
-        stats = [torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)]
-        expected = BATCH_NORM(x, None, None, *stats, training, 0.1, 1e-5)
-        args = (x.to("meta"), None, None, *(s.to("meta") for s in stats), training, 0.1, 1e-5)
+        stats = [torch.zeros(3, dtype=parameters), torch.ones(3, dtype=parameters)]
+        weights = [torch.ones(3, dtype=parameters), torch.zeros(3, dtype=parameters)] if affine else [None, None]
+        expected = BATCH_NORM(x, *weights, *stats, training, 0.1, 1e-5)
+        args = (x.to("meta"), *(None if w is None else w.to("meta") for w in weights),
+                *(s.to("meta") for s in stats), training, 0.1, 1e-5)
         fast = fast_meta_kernel(BATCH_NORM, args)
         assert fast is not None
         with meta_stands_for("cpu"):
             got = fast(*args)
         for e, g in zip(expected, got, strict=True):
-            assert (e.shape, e.stride(), e.dtype) == (g.shape, g.stride(), g.dtype), (training, layout)
+            assert (e.shape, e.stride(), e.dtype) == (g.shape, g.stride(), g.dtype), (training, layout, affine)
 
 
 def test_batch_norm_keeps_the_slow_path_where_not_verified() -> None:
@@ -112,6 +117,9 @@ def _cases() -> list[tuple[str, object, tuple[object, ...], dict[str, object]]]:
         cases += [(f"mean image {dtype}", aten.mean.dim, (image, [-1, -2], True), {}),
                   (f"mean to float64 {dtype}", aten.mean.dim, (x, [1]), {"dtype": torch.float64})]
         w, b = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+        if dtype != torch.float32:  # float32 weights: the CPU's mixed-type kernel, float32 statistics
+            cases.append((f"layer_norm float32 weights {dtype}", aten.native_layer_norm.default,
+                          (x, [8], w.float(), b.float(), 1e-5), {}))
         for label, t in (("contiguous", x), ("transposed", x.transpose(0, 1))):
             cases += [(f"layer_norm {label} {dtype}", aten.native_layer_norm.default, (t, [8], w, b, 1e-5), {}),
                       (f"layer_norm 2d {label} {dtype}", aten.native_layer_norm.default, (t, list(t.shape[1:]), None,

@@ -678,6 +678,15 @@ def test_control_characters_in_names_cannot_break_a_table_or_drive_the_terminal(
         assert "aten::x\\x1b[2J" in text
 
 
+def test_the_header_line_prints_a_models_name_escaped() -> None:
+    from modelmeter.cli.output import header_line
+
+    result = _named_result("ab")
+    result.model = "Net\x1b[2J\n"
+    line = header_line(result, backward=False)
+    assert "\x1b" not in line and "\n" not in line and line.startswith("Net\\x1b[2J\\n on input")
+
+
 def test_a_pipe_in_a_name_ends_no_markdown_cell() -> None:
     lines = render(_named_result("a|b"), "markdown").splitlines()
     assert "a\\|b" in lines[3]

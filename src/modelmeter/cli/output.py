@@ -195,7 +195,7 @@ def header_line(result: Result, *, backward: bool, source: str = "", seconds: fl
     from, e.g. ``", from the cache"``; ``parallel``: the plan whose rank it was), what was counted, the seconds it
     took and the peak memory."""
     from ..parallel.plan import ParallelPlan
-    from ..reports.format import format_bytes
+    from ..reports.format import format_bytes, printable
 
     inputs = ", ".join(f"{'x'.join(map(str, i['shape'])) or 'scalar'} {i['dtype']}" for i in result.inputs)
     passes = "forward + backward" if backward else "forward"
@@ -208,5 +208,5 @@ def header_line(result: Result, *, backward: bool, source: str = "", seconds: fl
     if parallel is not None:
         plan = ParallelPlan.parse(parallel)
         on += f", rank {plan.rank} of {plan.world_size:,} under {parallel}"
-    return (f"{result.model} on input {inputs} ({result.execution} run{on}{source}, {passes}, "
+    return (f"{printable(result.model)} on input {inputs} ({result.execution} run{on}{source}, {passes}, "
             f"{result.convention} convention{timing}{peak})")

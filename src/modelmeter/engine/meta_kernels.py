@@ -80,27 +80,33 @@ def fused_on_meta(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 # --- direct meta kernels ---------------------------------------------------------------------------------------
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Normalisation statistics: in the input's dtype on the CPU, in the computation dtype on meta."""
-    if recorded_device() == "cpu" or dtype not in (torch.float16, torch.bfloat16):
+def _stats_dtype(dtype: torch.dtype, parameters: tuple[object, ...]) -> torch.dtype:
+    """Normalisation statistics of a half-precision input: in the computation dtype (float32) on meta; on the CPU in
+    the input's dtype, or in float32 where the ``parameters`` (weight, bias, running statistics) are float32 — the
+    CPU's mixed-type kernels, which a half model with float32 norms runs (a model autocast by hand)."""
+    if dtype not in (torch.float16, torch.bfloat16):
         return dtype
-    return torch.float32
+    if recorded_device() != "cpu":
+        return torch.float32
+    if any(isinstance(p, torch.Tensor) and p.dtype == torch.float32 for p in parameters):
+        return torch.float32
+    return dtype
 
 
 def _batch_norm(input: torch.Tensor, weight: object, bias: object, running_mean: object, running_var: object,
                 training: bool, *_: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # the CPU kernel keeps no statistics in eval mode; the meta kernel returns them always
     channels = input.shape[1] if training or recorded_device() != "cpu" else 0
-    stats = _stats_dtype(input.dtype)
+    stats = _stats_dtype(input.dtype, (weight, bias, running_mean, running_var))
     return (_like(input), torch.empty((channels,), dtype=stats, device=input.device),
             torch.empty((channels,), dtype=stats, device=input.device))
 
 
-def _layer_norm(input: torch.Tensor, normalized_shape: list[int], *_: object
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layer_norm(input: torch.Tensor, normalized_shape: list[int], weight: object = None, bias: object = None,
+                *_: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     axis = input.dim() - len(normalized_shape)
     stats_shape = (*input.shape[:axis], *([1] * len(normalized_shape)))
-    stats = _stats_dtype(input.dtype)
+    stats = _stats_dtype(input.dtype, (weight, bias))
     return (torch.empty(input.shape, dtype=input.dtype, device=input.device),
             torch.empty(stats_shape, dtype=stats, device=input.device),
             torch.empty(stats_shape, dtype=stats, device=input.device))
