@@ -39,6 +39,11 @@ def _counted(ops: Mapping[str, Any]) -> Counter[str]:
     return Counter({op: value for op, value in ops.items() if value != 0})
 
 
+def _total(ops: Mapping[str, Any]) -> Any:
+    """The sum of one module's counts as fvcore adds them: an operator that counted 0 (or 0.0) adds nothing."""
+    return sum(value for value in ops.values() if value != 0)
+
+
 class MetricView(ABC):
     """What a view of one metric over a session answers: counts by module, operator and dtype, the modules
     that never ran, and the session's model, trace and assumptions. Subclasses give :meth:`statistics`."""
@@ -59,7 +64,7 @@ class MetricView(ABC):
     def total(self, module_name: str = "") -> int:
         """The count of ``module_name`` (the whole model by default)."""
         stats = self.statistics()
-        return sum(_counted(stats.counts.get(self.canonical_module_name(module_name), _NONE)).values())
+        return _total(stats.counts.get(self.canonical_module_name(module_name), _NONE))
 
     def by_operator(self, module_name: str = "") -> Counter[str]:
         """Counts of one module by operator (a copy)."""
@@ -81,8 +86,7 @@ class MetricView(ABC):
     def by_module(self) -> Counter[str]:
         """Total count of every canonical module name, in model order."""
         counts = self.statistics().counts
-        return Counter({name: sum(_counted(counts.get(name, _NONE)).values())
-                        for name in self.trace.module_table().canonical})
+        return Counter({name: _total(counts.get(name, _NONE)) for name in self.trace.module_table().canonical})
 
     def by_dtype(self, module_name: str = "") -> Counter[str]:
         """The count of ``module_name`` by the dtype the work was done in (``"float32"``, ``"bfloat16"``, ...;

@@ -97,6 +97,11 @@ class _State(CodeWalk):
         self._layouts: dict[type, _Layout] = {}  # a module class -> the layout of the last instance's __dict__
 
     @property
+    def held(self) -> list[Any]:
+        """Every object the key names by identity (held by the walk)."""
+        return self._held
+
+    @property
     def alive(self) -> list[weakref.ref[Any]]:
         """Weak references to every object the key names by identity."""
         return list(self._refs.values())
@@ -391,7 +396,7 @@ def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]]
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
                    state.user_modules())  # last: what every piece of code walked above may look up
-            return _Key(key), state.alive, state._held
+            return _Key(key), state.alive, state.held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
 
