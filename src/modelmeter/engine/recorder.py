@@ -46,7 +46,7 @@ from .recurrent import RECURRENT_CALLS, Target, emulate
 from .replay import CallMemo, replayable
 from .storages import StorageTracker
 from .trace import Level, OpEvent, Phase, Trace
-from .values import Shadows
+from .values import Shadows, written_arguments
 
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
 _NODE_TAG = "modelmeter.origin"  # autograd node metadata: (scope, user-level call or -1) of the call that made it
@@ -539,7 +539,7 @@ class DispatchRecorder(EagerDispatchMode):
                 result = _grouped_mm_in_float32(func, args, kwargs)
             else:
                 if operator.mutable and rec.before_write is not None:
-                    rec.before_write(_written_arguments(operator.schema, args, kwargs))
+                    rec.before_write(written_arguments(operator.schema, args, kwargs))
                 result = _kernel(operator, func, args, kwargs)
             if len(sys.modules) != rec.modules_loaded:
                 rec.after_import()
@@ -611,17 +611,7 @@ def _operator(func: OpOverload) -> _Operator:
 def _written(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
              ) -> list[torch.Tensor]:
     """The tensors an operator wrote: the arguments its schema marks as written (``Tensor(a!)``), and its outputs."""
-    return [*_tensors(result), *_written_arguments(schema, args, kwargs)]
-
-
-def _written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
-                       ) -> list[torch.Tensor]:
-    """The arguments an operator's schema marks as written (``Tensor(a!)``)."""
-    written = []
-    for i, argument in enumerate(schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            written += _tensors(args[i] if i < len(args) else kwargs.get(argument.name))
-    return written
+    return [*_tensors(result), *written_arguments(schema, args, kwargs)]
 
 
 _OPERATORS: dict[Any, _Operator] = {}

@@ -36,11 +36,15 @@ class ModelSnapshot:
     """The contents of every table reachable from ``modules``, their classes, and the ``requires_grad`` and
     ``.grad`` of every leaf tensor there; :meth:`restore` puts them back (after each run, also one that raised).
 
+    ``objects``: objects the run is given besides its tensors (an input's key-value cache): each one's attribute
+    dictionary is a table too, and so are those of the objects reachable from it (of any class), with the values
+    of the tensors there — a forward that appends to a cache it is passed must leave it as it was.
+
     Found on the way: where each parameter, buffer and plain tensor attribute of a module is held (what a run
     swaps for a stand-in).
     """
 
-    def __init__(self, modules: list[nn.Module]) -> None:
+    def __init__(self, modules: list[nn.Module], objects: Iterable[Any] = ()) -> None:
         self.dicts: list[tuple[dict[Any, Any], dict[Any, Any]]] = []  # (a dict, its entries as they were)
         self.sequences: list[tuple[list[Any] | deque[Any], list[Any]]] = []  # lists and deques
         self.sets: list[tuple[set[Any], set[Any]]] = []
@@ -54,6 +58,7 @@ class ModelSnapshot:
         self._seen = {id(module) for module in modules}
         for module in modules:
             self._module(module)
+        self._walk(objects, into_objects=True)
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
@@ -87,9 +92,9 @@ class ModelSnapshot:
                                 if isinstance(attributes[name], torch.Tensor)]
             self._walk([attributes[name] for name in added])
 
-    def _walk(self, values: Iterable[Any]) -> None:
+    def _walk(self, values: Iterable[Any], into_objects: bool = False) -> None:
         """Remember every table, every module kept outside the submodules, and every tensor among ``values`` and
-        inside them."""
+        inside them; ``into_objects``: the attribute dictionaries of objects of other classes too."""
         pending = list(values)
         seen = self._seen
         while pending:
@@ -119,6 +124,8 @@ class ModelSnapshot:
                 pending += value
             elif isinstance(value, (tuple, frozenset)):  # cannot change, but may hold what can
                 pending += value
+            elif into_objects and not isinstance(value, type) and isinstance(getattr(value, "__dict__", None), dict):
+                pending.append(value.__dict__)
 
     def restore(self) -> None:
         """Put back every entry, class and tensor flag as it was when the snapshot was taken."""

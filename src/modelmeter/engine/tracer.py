@@ -32,6 +32,7 @@ from .._torch_compat import (
     no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
+    pytree,
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
@@ -80,7 +81,7 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
             execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    parts = _Parts(names)
+    parts = _Parts(names, _objects_in((args, kwargs)))
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
@@ -177,9 +178,9 @@ class _Parts:
     stand-ins. ``pristine`` is everything the modules hold, as found (one walk finds the tensors too): each run
     puts it back."""
 
-    def __init__(self, names: ModuleNames) -> None:
+    def __init__(self, names: ModuleNames, objects: list[Any]) -> None:
         self.modules = list(names.modules.values())
-        self.pristine = ModelSnapshot(self.modules)
+        self.pristine = ModelSnapshot(self.modules, objects)
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
         self.wrappers: list[_Transparent] = []
@@ -198,6 +199,16 @@ class _Parts:
         """``tensors`` as the running model holds them: their stand-ins where they have one."""
         stand_ins = self.stand_ins
         return [stand_ins.get(id(t), t) for t in tensors]
+
+
+def _objects_in(inputs: Any) -> list[Any]:
+    """The inputs that are neither tensors nor the containers that hold them nor plain values (a key-value cache):
+    the run may change them, and :class:`ModelSnapshot` puts them back."""
+    return [leaf for leaf in pytree.tree_leaves(inputs)
+            if not isinstance(leaf, (torch.Tensor, *_PLAIN_INPUTS)) and hasattr(leaf, "__dict__")]
+
+
+_PLAIN_INPUTS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
 
 
 def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:

@@ -83,8 +83,12 @@ class Shadows:
         if not isinstance(tensor, torch.Tensor):
             return None
         values = getattr(tensor, _VALUES, None)
-        if values is not None:
-            _note_read(tensor)
+        if values is None:
+            return None
+        if _overwritten(values):
+            _forget([tensor])
+            return None
+        _note_read(tensor)
         return values
 
     def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -95,19 +99,21 @@ class Shadows:
         if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not mutable:
             return  # the common case, decided at once: the first operand (an activation, a weight) has no values
         outputs = _tensors(result)
-        if not outputs:
+        if not outputs and not mutable:
             return
         # stops at the first tensor without values: most operators read an activation or a parameter first
-        if not all(hasattr(t, _VALUES) for t in _each_tensor((args, kwargs))) \
-                or any(t.numel() > LIMIT for t in outputs):
-            if mutable:  # an in-place update by unknown values: the old values are wrong now
-                _forget(outputs)
+        if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs):
+            if mutable:  # an in-place update by unknown values: the old values are wrong now, in every view of them
+                _invalidate([*outputs, *written_arguments(func._schema, args, kwargs)])
             return
         try:
             with disable_current_modes(), torch.no_grad():
                 values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
-            _forget(outputs)
+            if mutable:
+                _invalidate([*outputs, *written_arguments(func._schema, args, kwargs)])
+            else:
+                _forget(outputs)
             return
         given = any(getattr(t, _GIVEN, False) for t in _each_tensor((args, kwargs)))
         for fake, real in zip(outputs, _tensors(values), strict=False):
@@ -122,8 +128,19 @@ class Shadows:
 
 
 def has_values(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s values are known (it has a shadow)."""
-    return hasattr(tensor, _VALUES)
+    """Whether ``tensor``'s values are known (it has a shadow, not overwritten by unknown values since)."""
+    values = getattr(tensor, _VALUES, None)
+    return values is not None and not _overwritten(values)
+
+
+def written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
+                      ) -> list[torch.Tensor]:
+    """The arguments an operator's schema marks as written (``Tensor(a!)``)."""
+    written = []
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written += _tensors(args[i] if i < len(args) else kwargs.get(argument.name))
+    return written
 
 
 def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -155,6 +172,22 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _forget(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.__dict__.pop(_VALUES, None)
+
+
+def _invalidate(written: list[torch.Tensor]) -> None:
+    """Forget the values of tensors written with unknown values, and of every view of them: the shadows of views
+    share their base's real storage (real kernels made them), which is emptied, so any shadow on it reads as
+    overwritten (:func:`_overwritten`) — a mask changed through a slice must not keep the values it had."""
+    for t in written:
+        values = t.__dict__.pop(_VALUES, None)
+        if values is not None:
+            values.untyped_storage().resize_(0)  # a shadow's storage is the run's own (seeds are copies)
+
+
+def _overwritten(values: torch.Tensor) -> bool:
+    """Whether a shadow's storage was emptied by :func:`_invalidate` (its elements must not be read then: a kernel
+    on a tensor without data crashes)."""
+    return values.numel() > 0 and values.untyped_storage().nbytes() == 0
 
 
 def _real(value: Any) -> Any:

@@ -1,0 +1,123 @@
+"""Models whose path depends on values, state or randomness, and unusual wrappers: the analysis counts the path a real
+call takes, and leaves the model, its inputs and the caller's random number generators as they were.
+
+Oracle: torch's own ``FlopCounterMode`` on a real call (products only: modelmeter's ``"macs"`` doubled), on copies
+of the model and the inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from modelmeter import analyze
+
+
+def real_products(model: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """The floating-point operations of the products of a real call, on copies (the call may change them)."""
+    model, inputs = copy.deepcopy(model), copy.deepcopy(inputs)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(*inputs)
+    return int(counter.get_total_flops())
+
+
+def counted_products(model: nn.Module, inputs: tuple[Any, ...], execution: str = "auto") -> int:
+    analysis = analyze(model, inputs, convention="macs", execution=execution, quiet=True)
+    return 2 * int(analysis.flops.total())
+
+
+class _Gated(nn.Module):
+    """A small layer, and a large one when ``mask`` (an input) still has a non-zero element after the model wrote
+    values it computed (zeros: ``h > 1e9`` is never true) into it by way of ``write``."""
+
+    def __init__(self, write: str) -> None:
+        super().__init__()
+        self.write = write
+        self.small, self.large = nn.Linear(8, 8), nn.Linear(8, 64)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.small(x)
+        zeros = (h[:2, 0] > 1e9).long()
+        read = mask
+        if self.write == "slice copy_":
+            mask[:2].copy_(zeros)
+        elif self.write == "view setitem":
+            read = mask.clone()
+            read.view(-1)[:2] = zeros
+        else:  # the base written, a view of it read
+            read = mask[:2]
+            mask.mul_(zeros)
+        if read.sum() > 0:
+            return self.large(h)
+        return h
+
+
+@pytest.mark.parametrize("write", ["slice copy_", "view setitem", "base written, view read"])
+def test_values_written_through_a_view_are_not_followed_as_they_were(write: str) -> None:
+    # The mask's values are known to a fake run (an input); once unknown values are written into one view of its
+    # storage, every view of it is unknown: the branch read from it is the real one (it took the large layer)
+    model, inputs = _Gated(write), (torch.randn(4, 8), torch.ones(2, dtype=torch.long))
+    expected = real_products(model, inputs)
+    assert expected == 2 * 4 * 8 * 8  # the small layer alone
+    assert counted_products(model, copy.deepcopy(inputs)) == expected
+    assert counted_products(model, copy.deepcopy(inputs), "real") == expected
+
+
+class _Cache:
+    """A cache object the caller passes (as transformers' ``DynamicCache``): the model appends to it."""
+
+    def __init__(self) -> None:
+        self.keys = [torch.randn(3, 8)]
+        self.length = torch.tensor(3)
+        self.inner = _Counter()
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+class _Appends(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, cache: _Cache) -> torch.Tensor:
+        h = self.proj(x)
+        cache.keys.append(h)
+        cache.keys = list(cache.keys)  # replaced, too
+        cache.length += h.shape[0]  # in place
+        cache.inner.calls += 1
+        cache.last = h  # an attribute it did not have
+        return h @ torch.cat(cache.keys).T
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_an_object_passed_to_the_model_is_left_as_it_was(execution: str) -> None:
+    cache = _Cache()
+    keys, first = cache.keys, cache.keys[0].clone()
+    model, x = _Appends(), torch.randn(2, 8)
+    expected = real_products(model, (x, cache))
+    assert counted_products(model, (x, cache), execution) == expected == 2 * (2 * 8 * 8 + 2 * 8 * 5)
+    assert cache.keys is keys and len(keys) == 1 and torch.equal(keys[0], first) and type(keys[0]) is torch.Tensor
+    assert int(cache.length) == 3 and cache.inner.calls == 0 and not hasattr(cache, "last")
+
+
+def test_a_key_value_cache_passed_to_a_transformers_model_is_left_as_it_was() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 64, (1, 7))
+    with torch.no_grad():
+        cache = model(ids[:, :6], use_cache=True).past_key_values
+    before = [(layer.keys, layer.keys.clone()) for layer in cache.layers]
+    analyze(model, {"input_ids": ids[:, 6:], "past_key_values": cache, "use_cache": True}, quiet=True)
+    assert cache.get_seq_length() == 6  # not 7, nor FakeTensors
+    for layer, (tensor, values) in zip(cache.layers, before, strict=True):
+        assert layer.keys is tensor and torch.equal(tensor, values)
