@@ -8,8 +8,11 @@ of the model and the inputs.
 from __future__ import annotations
 
 import copy
+import random
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -121,3 +124,64 @@ def test_a_key_value_cache_passed_to_a_transformers_model_is_left_as_it_was() ->
     assert cache.get_seq_length() == 6  # not 7, nor FakeTensors
     for layer, (tensor, values) in zip(cache.layers, before, strict=True):
         assert layer.keys is tensor and torch.equal(tensor, values)
+
+
+class _LayerDrop(nn.Module):
+    """Skips each layer with probability 1/2 in training mode, drawing from torch's generator or Python's ``random``;
+    ``needs_values``: then reads a value computed from the weights (a fake run cannot: the fallback runs real
+    kernels)."""
+
+    def __init__(self, draw: str, needs_values: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(12))
+        self.draw, self.needs_values = draw, needs_values
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            p = torch.rand(()).item() if self.draw == "torch" else random.random()
+            if self.training and p < 0.5:
+                continue
+            x = layer(x)
+        if self.needs_values and x.sum() > 1e9:
+            x = x * 2
+        return x
+
+
+def _seeded(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+@pytest.mark.parametrize("needs_values", [False, True])
+@pytest.mark.parametrize("draw", ["torch", "random"])
+def test_a_layer_drop_counts_the_layers_a_call_now_would_run(draw: str, needs_values: bool) -> None:
+    # The call's path follows the numbers drawn from the caller's generators as they are: every attempt (a fake run,
+    # the fallback to real kernels) draws those, a value is drawn once (not again to follow it), no trace is shared
+    # with or stored for a call with other states; and the generators are left as they were (Python's and numpy's)
+    model, x = _LayerDrop(draw, needs_values).train(), torch.randn(4, 8)
+    counts = set()
+    for seed in range(4):
+        _seeded(seed)
+        expected = real_products(model, (x,))
+        _seeded(seed)
+        analysis = analyze(model, x, convention="macs", quiet=True)
+        assert 2 * analysis.flops.total() == expected
+        assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == _next_draws(seed)
+        counts.add(expected)
+    assert len(counts) > 1  # the seeds take different paths
+
+
+def _next_draws(seed: int) -> tuple[float, float, float]:
+    _seeded(seed)
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+def test_a_layer_drop_is_not_cached_on_disk(tmp_path: Path) -> None:
+    model, x = _LayerDrop("random", needs_values=False).train(), torch.randn(4, 8)
+    for seed in range(3):
+        _seeded(seed)
+        expected = real_products(model, (x,))
+        _seeded(seed)
+        analysis = analyze(model, x, convention="macs", quiet=True, cache_dir=tmp_path)
+        assert 2 * analysis.flops.total() == expected and not analysis.from_cache

@@ -15,6 +15,8 @@ nearly always all empty, are checked together in one call, and flags and sizes a
 
 from __future__ import annotations
 
+import random
+import sys
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -236,23 +238,55 @@ def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
                          "model once on a sample input before analysing it") from failure
 
 
-@contextmanager
-def kept_random_states() -> Iterator[None]:
-    """Put torch's random number generators back as they were when the block began, also when it raises.
+class RandomStates:
+    """The states of the random number generators a model's ``forward`` may draw from, taken when made;
+    :meth:`restore` puts them back.
 
     A run draws from them as the model's ``forward`` does (dropout in training mode under real kernels,
-    ``torch.randn`` on the CPU under any execution): without this, the caller's next random numbers after an
-    analysis would differ from those it would have drawn. The CPU generator always; the CUDA ones only where CUDA
-    was started (a run without it cannot have drawn from them, and starting it here would cost seconds).
+    ``torch.rand`` on the CPU under any execution, ``random.random()`` for a LayerDrop): without this, the caller's
+    next random numbers after an analysis would differ from those it would have drawn, and a run after a failed one
+    (the fallback to real kernels) would draw other numbers than the call it stands for, and take another path. The
+    CPU generator of torch, Python's ``random`` and numpy's global generator (once numpy is imported) always; the CUDA
+    ones only where CUDA was started (a run without it cannot have drawn from them, and starting it here would cost
+    seconds).
     """
-    cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def __init__(self) -> None:
+        self.cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = None if numpy is None else (numpy, numpy.random.get_state())
+
+    def drawn(self) -> bool:
+        """Whether a generator moved since the states were taken: random numbers were drawn."""
+        if not torch.equal(torch.default_generator.get_state(), self.cpu) or random.getstate() != self.python:
+            return True
+        if self.numpy is not None:
+            numpy, state = self.numpy
+            if any(not numpy.array_equal(a, b) for a, b in zip(numpy.random.get_state(), state, strict=True)):
+                return True
+        return self.cuda is not None and not all(map(torch.equal, torch.cuda.get_rng_state_all(), self.cuda))
+
+    def restore(self) -> None:
+        torch.default_generator.set_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            numpy, state = self.numpy
+            numpy.random.set_state(state)
+
+
+@contextmanager
+def kept_random_states() -> Iterator[RandomStates]:
+    """The random number generators' states (:class:`RandomStates`) as the block began, put back when it ends,
+    also when it raises."""
+    states = RandomStates()
     try:
-        yield
+        yield states
     finally:
-        torch.default_generator.set_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        states.restore()
 
 
 # Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).

@@ -47,10 +47,10 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import KeptValues, ModelSnapshot, kept_random_states
+from .snapshot import KeptValues, ModelSnapshot, RandomStates, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
-from .values import Shadows
+from .values import Shadows, note_random_draws
 
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
@@ -72,19 +72,19 @@ def record_trace(spec: RunSpec) -> Trace:
     if spec.execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
-    with no_gc(), unseen_global_shape_runs(), kept_random_states():
+    with no_gc(), unseen_global_shape_runs(), kept_random_states() as random_states:
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
-                       spec.loss_fn)
+                       spec.loss_fn, random_states)
 
 
 def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
-            execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
+            execution: Execution, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
     parts = _Parts(names, _objects_in((args, kwargs)))
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
-    run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
+    run = _Run(model, parts, args, kwargs, names, backward, loss_fn, random_states)
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
         return _run_jagged(run, execution, no_values)
     if execution == "real":
@@ -230,9 +230,10 @@ class _Run:
     """One recorded run of the model (forward, and backward when asked), fake or real."""
 
     def __init__(self, model: nn.Module, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 names: ModuleNames, backward: bool, loss_fn: LossFn | None) -> None:
+                 names: ModuleNames, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> None:
         self.model, self.parts, self.args, self.kwargs, self.names = model, parts, args, kwargs, names
         self.backward, self.loss_fn = backward, loss_fn
+        self.random_states = random_states  # as the caller left them: every run draws what its call would draw
         self.cuda_requests = False  # a fake run sends the model's requests for CUDA to its own device
 
     def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False,
@@ -304,6 +305,9 @@ class _Run:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
             parts.pristine.restore()
+            if self.random_states.drawn():  # the trace may follow the numbers drawn: the caches must know
+                note_random_draws()
+                self.random_states.restore()
         trace = recorder.trace
         trace.execution = "fake" if fake else "real"
         trace.inputs = [describe(_packed(t)) for t in tensors_in((args, kwargs))]

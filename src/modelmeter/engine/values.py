@@ -24,15 +24,19 @@ _VALUES = "_modelmeter_values"  # the attribute of a fake tensor that holds its 
 _GIVEN = "_modelmeter_given"  # marks a fake tensor whose values derive from the caller's (an input's, a buffer's)
 #: The lists of the :func:`watch_given_reads` blocks open, in every thread (a run may read values in threads it
 #: starts; a read in another analysis's thread marks this one too, which only costs a cache entry).
-_WATCHERS: dict[int, list[bool]] = {}  # id -> the list (lists compare by value)
+_WATCHERS: dict[int, list[str]] = {}  # id -> the list (lists compare by value)
+READ = "read"  # what a watcher holds once the run read values derived from the caller's tensors
+DREW = "drew"  # once the run drew random numbers from the caller's generators
 
 
 @contextmanager
-def watch_given_reads() -> Iterator[list[bool]]:
-    """A list that holds ``True`` once the run inside read (``.item()``, an attention mask's summary) values derived
-    from the caller's tensors — inputs, buffers, tensor attributes —, which may then have steered the trace: the
-    caches' keys cover their metadata, not their values. Blocks nest (the disk cache's in the shared one's)."""
-    read: list[bool] = []
+def watch_given_reads() -> Iterator[list[str]]:
+    """A list that holds :data:`READ` once the run inside read (``.item()``, an attention mask's summary) values
+    derived from the caller's tensors — inputs, buffers, tensor attributes —, and :data:`DREW` once it drew random
+    numbers (``torch.rand``, ``random.random()``: :func:`note_random_draws`), either of which may then have steered
+    the trace: the caches' keys cover the tensors' metadata, not their values, nor the generators' states. Blocks nest
+    (the disk cache's in the shared one's)."""
+    read: list[str] = []
     _WATCHERS[id(read)] = read
     try:
         yield read
@@ -42,9 +46,18 @@ def watch_given_reads() -> Iterator[list[bool]]:
 
 def _note_read(tensor: torch.Tensor) -> None:
     if getattr(tensor, _GIVEN, False):
-        for read in list(_WATCHERS.values()):
-            if not read:
-                read.append(True)
+        _note(READ)
+
+
+def note_random_draws() -> None:
+    """The run drew random numbers from the caller's generators (a LayerDrop's ``random.random()``)."""
+    _note(DREW)
+
+
+def _note(what: str) -> None:
+    for read in list(_WATCHERS.values()):
+        if what not in read:
+            read.append(what)
 
 
 class Shadows:
@@ -101,8 +114,10 @@ class Shadows:
         outputs = _tensors(result)
         if not outputs and not mutable:
             return
-        # stops at the first tensor without values: most operators read an activation or a parameter first
-        if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs):
+        # stops at the first tensor without values: most operators read an activation or a parameter first;
+        # random numbers are unknown (computed again, they would be other numbers, and the caller's generator moved)
+        if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs) \
+                or _draws(func):
             if mutable:  # an in-place update by unknown values: the old values are wrong now, in every view of them
                 _invalidate([*outputs, *written_arguments(func._schema, args, kwargs)])
             return
@@ -172,6 +187,17 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _forget(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.__dict__.pop(_VALUES, None)
+
+
+def _draws(func: OpOverload) -> bool:
+    """Whether ``func`` draws random numbers (``rand``, ``uniform_``, ``bernoulli``, ``randperm``)."""
+    draws = _DRAWS.get(func)
+    if draws is None:
+        draws = _DRAWS[func] = torch.Tag.nondeterministic_seeded in func.tags
+    return draws
+
+
+_DRAWS: dict[OpOverload, bool] = {}
 
 
 def _invalidate(written: list[torch.Tensor]) -> None:
