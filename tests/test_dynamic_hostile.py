@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelmeter import analyze
+from modelmeter import ModelRunError, analyze
+from modelmeter.engine import recorder
 
 
 def real_products(model: nn.Module, inputs: tuple[Any, ...]) -> int:
@@ -185,3 +186,31 @@ def test_a_layer_drop_is_not_cached_on_disk(tmp_path: Path) -> None:
         _seeded(seed)
         analysis = analyze(model, x, convention="macs", quiet=True, cache_dir=tmp_path)
         assert 2 * analysis.flops.total() == expected and not analysis.from_cache
+
+
+class _UntilSmall(nn.Module):
+    """Applies a contraction until the activations' norm is small: a loop whose length is a value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        while x.norm() > 1e-3:
+            x = 0.1 * self.step(x)
+        return x
+
+
+def test_a_loop_on_assumed_values_of_a_meta_model_ends_with_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the meta device every value read is assumed (True here): the loop never ended (and the trace grew)
+    monkeypatch.setattr(recorder, "GUESSES", 50)
+    with torch.device("meta"):
+        model = _UntilSmall()
+    with pytest.raises(ModelRunError, match="loops until a value it computes changes.*assumed to be True"):
+        analyze(model, torch.randn(2, 8), quiet=True)
+    # a few assumed values are counted as before, each one said; the first layer reads its input's value, known
+    model = nn.Sequential(*[_UntilSmall() for _ in range(3)]).to("meta")
+    for layer in model:
+        layer.forward = lambda x, layer=layer: layer.step(x) if x.norm() > 1e-3 else x  # type: ignore[method-assign]
+    analysis = analyze(model, torch.randn(2, 8), convention="macs", quiet=True)
+    assert analysis.flops.total() == 3 * 2 * 8 * 8 and len(analysis.assumptions()) == 2

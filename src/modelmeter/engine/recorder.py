@@ -673,8 +673,14 @@ def _nonzero_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
 
 
 def _guessed(rec: Recorder, text: str) -> None:
+    if len(rec.guessed_values) >= GUESSES:  # a loop until a value changes (``while err > tol``) would never end
+        raise RuntimeError(f"the model read {GUESSES} values of meta tensors, each assumed: it likely loops until a "
+                           "value it computes changes, which an assumed value never does")
     rec.trace.assumptions.append(text)
     rec.guessed_values.append(text)
+
+
+GUESSES = 10_000  # the placeholder values one run may assume
 
 
 def _where(rec: Recorder) -> str:
