@@ -214,3 +214,40 @@ def test_a_loop_on_assumed_values_of_a_meta_model_ends_with_an_error(monkeypatch
         layer.forward = lambda x, layer=layer: layer.step(x) if x.norm() > 1e-3 else x  # type: ignore[method-assign]
     analysis = analyze(model, torch.randn(2, 8), convention="macs", quiet=True)
     assert analysis.flops.total() == 3 * 2 * 8 * 8 and len(analysis.assumptions()) == 2
+
+
+class _Selects(nn.Module):
+    """Rows of ``x`` selected by the caller's ``mask`` or ids — a shape made of values — then a layer on them."""
+
+    def __init__(self, select: str) -> None:
+        super().__init__()
+        self.select = select
+        self.embed, self.layer = nn.Embedding(16, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.select == "nonzero":
+            rows = x[mask.nonzero()[:, 0]]
+        elif self.select == "where":
+            rows = x[torch.where(mask)[0]]
+        elif self.select == "boolean mask":
+            rows = x[mask]
+        elif self.select == "masked_select":
+            rows = torch.masked_select(ids, mask).float()[:, None].expand(-1, 8)
+        else:  # unique
+            rows = self.embed(torch.unique(ids))
+        return self.layer(rows)
+
+
+@pytest.mark.parametrize("on", ["cpu", "meta"])
+@pytest.mark.parametrize("select", ["nonzero", "where", "boolean mask", "masked_select", "unique"])
+def test_a_shape_made_of_the_callers_values_is_followed_without_real_kernels(select: str, on: str) -> None:
+    # The mask and ids are the caller's, their values known to a fake run: a meta model assumed every element
+    # non-zero (or failed), a CPU model fell back to real kernels
+    mask, ids = torch.tensor([True, False, False, True, True, False]), torch.tensor([3, 3, 5, 3, 9, 5])
+    inputs = (torch.randn(6, 8), mask, ids)
+    expected = real_products(_Selects(select), inputs)
+    with torch.device(on):
+        model = _Selects(select)
+    analysis = analyze(model, inputs, convention="macs", quiet=True)
+    assert 2 * analysis.flops.total() == expected == 2 * 3 * 8 * 8
+    assert analysis.trace.execution == "fake" and not analysis.assumptions()

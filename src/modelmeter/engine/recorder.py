@@ -530,8 +530,8 @@ class DispatchRecorder(EagerDispatchMode):
                 rec.unreplayable += 1
             if operator.check is not None:  # what the CPU kernel refuses and the meta kernel lets through
                 operator.check(args, kwargs)
-            known = shadows.item(args[0]) if shadows is not None and func is _ITEM else None
-            if known is not None:  # .item() of a value-determined tensor: no need for real kernels
+            known = shadows.answer(func, args, kwargs) if shadows is not None else None
+            if known is not None:  # .item() or nonzero of value-determined tensors: no need for real kernels
                 result = known
             elif rec.placeholders and func in _PLACEHOLDERS:
                 result = _PLACEHOLDERS[func](rec, args)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES
+from .._torch_compat import MODULE_TABLES, disable_current_modes
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
 Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
@@ -260,13 +260,16 @@ class RandomStates:
 
     def drawn(self) -> bool:
         """Whether a generator moved since the states were taken: random numbers were drawn."""
-        if not torch.equal(torch.default_generator.get_state(), self.cpu) or random.getstate() != self.python:
+        if random.getstate() != self.python:
             return True
         if self.numpy is not None:
             numpy, state = self.numpy
             if any(not numpy.array_equal(a, b) for a, b in zip(numpy.random.get_state(), state, strict=True)):
                 return True
-        return self.cuda is not None and not all(map(torch.equal, torch.cuda.get_rng_state_all(), self.cuda))
+        with disable_current_modes():  # the states are real tensors, also inside a fake mode (a parallel plan's)
+            if not torch.equal(torch.default_generator.get_state(), self.cpu):
+                return True
+            return self.cuda is not None and not all(map(torch.equal, torch.cuda.get_rng_state_all(), self.cuda))
 
     def restore(self) -> None:
         torch.default_generator.set_state(self.cpu)

@@ -136,10 +136,20 @@ class Shadows:
             if given:
                 setattr(fake, _GIVEN, True)
 
-    def item(self, tensor: torch.Tensor) -> Any:
-        """``tensor.item()`` from its values, or None when they are unknown."""
-        values = self.get(tensor)
-        return None if values is None else values.item()
+    def answer(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The result of an operator whose result is made of its operands' values — ``.item()``, ``nonzero``,
+        ``unique``, ``masked_select``, indexing by a boolean mask, ``repeat_interleave`` by counts: no meta kernel
+        can run them — when every operand's values are known: its tensors stand-ins on the operands' device (meta or
+        fake), with the values; None otherwise (the run then assumes a value, or falls back to real kernels)."""
+        if not _reads_values(func):
+            return None
+        tensors = _tensors((args, kwargs))
+        if not tensors or any(self.get(t) is None for t in tensors):  # (a read of the caller's values is noted)
+            return None
+        with disable_current_modes(), torch.no_grad():
+            real = func(*_real(args), **_real(kwargs))
+        given = any(getattr(t, _GIVEN, False) for t in tensors)
+        return _map_tensors(lambda values: _stand_in(values, tensors[0].device, given), real)
 
 
 def has_values(tensor: torch.Tensor) -> bool:
@@ -187,6 +197,37 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _forget(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.__dict__.pop(_VALUES, None)
+
+
+def _reads_values(func: OpOverload) -> bool:
+    """Whether ``func``'s result, or its shape, is made of its operands' values (torch's tags say so)."""
+    reads = _READS.get(func)
+    if reads is None:
+        tags = func.tags
+        reads = _READS[func] = torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
+    return reads
+
+
+_READS: dict[OpOverload, bool] = {}
+
+
+def _stand_in(values: torch.Tensor, device: torch.device, given: bool) -> torch.Tensor:
+    """A tensor without values on ``device`` (meta, or fake under the run's fake mode) as ``values``, which it holds
+    as its shadow. Made by an aten call, which the function recorder does not see: it is no call of the model's."""
+    stand_in = torch.ops.aten.empty_strided.default(values.shape, values.stride(), dtype=values.dtype, device=device)
+    setattr(stand_in, _VALUES, values)
+    if given:
+        setattr(stand_in, _GIVEN, True)
+    return stand_in
+
+
+def _map_tensors(function: Any, value: Any) -> Any:
+    """``value`` with ``function`` applied to each of its tensors (in tuples and lists)."""
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)([_map_tensors(function, v) for v in value])  # (torch.return_types take a list)
+    return value
 
 
 def _draws(func: OpOverload) -> bool:
