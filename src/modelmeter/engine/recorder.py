@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -595,6 +596,12 @@ def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs
     direct = operator.direct
     if direct is not None and direct[0](args):
         return direct[1](*args, **kwargs)
+    if operator.collective:  # a fake process group's work draws its id from Python's random: not a draw of the model's
+        state = random.getstate()  # (a run that draws is neither shared nor cached: tracer.py)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            random.setstate(state)
     return func(*args, **kwargs)
 
 
