@@ -251,3 +251,29 @@ def test_a_shape_made_of_the_callers_values_is_followed_without_real_kernels(sel
     analysis = analyze(model, inputs, convention="macs", quiet=True)
     assert 2 * analysis.flops.total() == expected == 2 * 3 * 8 * 8
     assert analysis.trace.execution == "fake" and not analysis.assumptions()
+
+
+class _Branches(nn.Module):
+    """``torch.cond`` between two layers and none, on the caller's flag or on the sign of an activation."""
+
+    def __init__(self, on: str) -> None:
+        super().__init__()
+        self.on = on
+        self.wide, self.narrow = nn.Linear(8, 64), nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+        pred = flag if self.on == "flag" else (x.sum() > 0)
+        return torch.cond(pred, lambda x: self.narrow(self.wide(x)), lambda x: x.clone(), (x,))
+
+
+@pytest.mark.parametrize("on", ["flag", "activation"])
+def test_an_exported_conditional_counts_the_branch_its_predicate_picks(on: str) -> None:
+    # torch.export's cond ran with the recorders set aside: its branch was unseen, a silent zero. (torch's
+    # FlopCounterMode counts the larger branch whichever runs: hand arithmetic is the oracle.)
+    x = torch.randn(4, 8)
+    exported = torch.export.export(_Branches(on), (x, torch.tensor(True))).module()
+    for execution in ("auto", "real"):
+        for taken in (True, False):
+            x = x.abs() if taken else -x.abs()
+            analysis = analyze(exported, (x, torch.tensor(taken)), convention="macs", execution=execution, quiet=True)
+            assert analysis.flops.total() == (2 * 4 * 8 * 64 if taken else 0)

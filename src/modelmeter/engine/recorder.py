@@ -405,6 +405,9 @@ class FunctionRecorder(TorchFunctionMode):
              higher_order: bool) -> Any:
         """Run a user-level call. Python-level functions run with the mode re-entered, so the calls they make are
         seen too; a function that reaches the mode again through its own C implementation runs plainly."""
+        if func is _COND:  # as eager code runs it: the branch its predicate picks, every call in it seen
+            with self:
+                return _eager_cond(*args, **kwargs)
         if python_function and func not in self._active and _redispatch is not None:
             self._active.append(func)
             try:
@@ -457,13 +460,22 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
     except (KeyError, TypeError):  # not seen yet, or not hashable
         pass
     op = None if isinstance(func, OpOverload) else function_op_name(func)
-    call = None if op is None else (op, isinstance(func, types.FunctionType), isinstance(func, HigherOrderOperator))
+    # (torch.export's conditional runs as Python code does: _eager_cond)
+    call = None if op is None else (op, isinstance(func, types.FunctionType) or func is _COND,
+                                    isinstance(func, HigherOrderOperator) and func is not _COND)
     with contextlib.suppress(TypeError):
         _FUNCTION_CALLS[func] = call
     return call
 
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+_COND = torch.ops.higher_order.cond  # an exported program's ``torch.cond``
+
+
+def _eager_cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Any) -> Any:
+    """``cond`` as torch's eager kernel runs it (its predicate read as a value: known, assumed on the meta device, or
+    the fake run falls back to real kernels); set aside with the dispatch recorder, its branch ran unseen (a zero)."""
+    return true_fn(*operands) if bool(pred) else false_fn(*operands)
 # Calls never replayed (engine/replay.py): attention reads its mask's values, a recurrent call writes its events itself.
 _NOT_REPLAYED = frozenset({*ATTENTION_CALLS, *(function_op_name(f) for f in RECURRENT_CALLS)})
 # Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
