@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import FakeTensor, OpOverload, disable_current_modes
+from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
@@ -119,14 +119,14 @@ class Shadows:
         if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs) \
                 or _draws(func):
             if mutable:  # an in-place update by unknown values: the old values are wrong now, in every view of them
-                _invalidate([*outputs, *written_arguments(func._schema, args, kwargs)])
+                _invalidate([*outputs, *written_arguments(schema_of(func), args, kwargs)])
             return
         try:
             with disable_current_modes(), torch.no_grad():
                 values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
             if mutable:
-                _invalidate([*outputs, *written_arguments(func._schema, args, kwargs)])
+                _invalidate([*outputs, *written_arguments(schema_of(func), args, kwargs)])
             else:
                 _forget(outputs)
             return
