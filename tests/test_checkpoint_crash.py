@@ -7,6 +7,7 @@ SIGKILL or a power cut at that instant. The parent then checks the directory as 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from modelmeter.checkpoint import Checkpointer
+from modelmeter.checkpoint import Checkpointer, CheckpointError
 from modelmeter.checkpoint import checkpointer as checkpointer_module
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="forks a child to kill")
@@ -122,8 +123,8 @@ def test_save_killed_at_every_step_leaves_old_or_new(tmp_path: Path, case: str, 
         save_dir = tmp_path / f"k{k}"
         if saved_before:
             Checkpointer(_model(1.0), str(save_dir), format=fmt, sharded=sharded).save("a", iteration=1)
-        checkpointer = Checkpointer(_model(2.0), str(save_dir), format=fmt, sharded=sharded)
-        code = _kill_at(k, lambda: checkpointer.save(name, iteration=2), setup or (lambda: None))
+        saver = Checkpointer(_model(2.0), str(save_dir), format=fmt, sharded=sharded)
+        code = _kill_at(k, functools.partial(saver.save, name, iteration=2), setup or (lambda: None))
         assert code in (0, _KILLED), f"the save failed at step {k} with exit code {code}"
         if (save_dir / "last_checkpoint").exists() or saved_before:
             value, iteration = _resumed(save_dir, sharded)
@@ -187,7 +188,8 @@ def test_safetensors_overwrite_killed_between_its_files_loads_the_old_pair(tmp_p
     finally:
         os.replace = real
     assert _resumed(tmp_path, False) == (1.0, 1)
-    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["a.pth", "a.safetensors", "last_checkpoint"]
+    visible = sorted(n for n in os.listdir(tmp_path) if not n.startswith("."))
+    assert visible == ["a.pth", "a.safetensors", "last_checkpoint"]
 
 
 def test_safetensors_pair_not_mixed_by_two_savers(tmp_path: Path) -> None:
@@ -200,7 +202,7 @@ def test_safetensors_pair_not_mixed_by_two_savers(tmp_path: Path) -> None:
             try:
                 logging.disable(logging.CRITICAL)
                 checkpointer = Checkpointer(_model(value), str(tmp_path), format="safetensors")
-                for i in range(15):
+                for _ in range(15):
                     checkpointer.save("a", iteration=int(value))
                 code = 0
             finally:
@@ -212,3 +214,35 @@ def test_safetensors_pair_not_mixed_by_two_savers(tmp_path: Path) -> None:
     assert _resumed(tmp_path, False) in {(1.0, 1), (2.0, 2)}
     _no_leftovers(tmp_path)
 
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "says"),
+    [
+        (torch.optim.SGD, torch.optim.Adam, "holds no 'optimizer:optimizer.param_groups.0.betas'"),
+        (torch.optim.Adam, torch.optim.Adam, "has shape (3, 4) in the checkpoint but (3, 5) here"),
+    ],
+)
+def test_sharded_optimizer_that_does_not_fit_is_incompatible(
+    tmp_path: Path, saved: type[torch.optim.Optimizer], loaded: type[torch.optim.Optimizer], says: str
+) -> None:
+    """Another optimizer class, or parameters of other shapes: ``reason="incompatible"`` in one line naming the key
+    (was ``"corrupt"`` with DCP's multi-line traceback), and nothing is loaded."""
+
+    def trained(model: nn.Module, optimizer_class: type[torch.optim.Optimizer]) -> torch.optim.Optimizer:
+        optimizer = optimizer_class(model.parameters(), lr=0.1)
+        model.fc(torch.ones(2, model.fc.in_features)).sum().backward()
+        optimizer.step()
+        return optimizer
+
+    source = _model(1.0)
+    Checkpointer(source, str(tmp_path), sharded=True, optimizer=trained(source, saved)).save("a")
+    target = _model(2.0)
+    if saved is loaded:
+        target.fc = nn.Linear(5, 3)
+    optimizer = trained(target, loaded)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(CheckpointError) as info:
+        Checkpointer(target, str(tmp_path), sharded=True, optimizer=optimizer).load(str(tmp_path / "a"))
+    assert info.value.reason == "incompatible" and says in str(info.value) and "\n" not in str(info.value)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
