@@ -11,7 +11,9 @@ import functools
 import logging
 import os
 import shutil
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from torch import nn
 
 from modelmeter.checkpoint import Checkpointer, CheckpointError
 from modelmeter.checkpoint import checkpointer as checkpointer_module
+from modelmeter.io.cache_dir import directory_lock
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="forks a child to kill")
 
@@ -80,9 +83,8 @@ def _resumed(save_dir: Path, sharded: bool) -> tuple[float, object]:
 
 
 def _no_leftovers(save_dir: Path, but_kept_weights: bool = False) -> None:
-    """No hidden files but the save lock (and, if allowed, weights an overwrite kept: they wait for the next
-    save of their name)."""
-    hidden = [n for n in os.listdir(save_dir) if n.startswith(".") and not n.endswith(".lock")]
+    """No hidden files (but, if allowed, weights an overwrite kept: they wait for the next save of their name)."""
+    hidden = [n for n in os.listdir(save_dir) if n.startswith(".")]
     if but_kept_weights:
         hidden = [n for n in hidden if not n.endswith(".prev")]
     assert hidden == [], f"leftovers of killed saves: {hidden}"
@@ -246,3 +248,25 @@ def test_sharded_optimizer_that_does_not_fit_is_incompatible(
         Checkpointer(target, str(tmp_path), sharded=True, optimizer=optimizer).load(str(tmp_path / "a"))
     assert info.value.reason == "incompatible" and says in str(info.value) and "\n" not in str(info.value)
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_directory_lock_excludes_another_process_and_leaves_no_file(tmp_path: Path) -> None:
+    """The save lock is an ``flock`` on ``save_dir`` itself: another process waits for it (here: times out), the
+    kernel drops it when its holder dies, and no lock file joins fvcore's layout."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child holds the lock until killed
+        with directory_lock(tmp_path) as locked:
+            os.write(write, b"1" if locked else b"0")
+            time.sleep(60)
+        os._exit(0)
+    try:
+        assert os.read(read, 1) == b"1"
+        with pytest.raises(TimeoutError), directory_lock(tmp_path, timeout=0.2):
+            pass
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    with directory_lock(tmp_path, timeout=5) as locked:
+        assert locked
+    assert os.listdir(tmp_path) == []

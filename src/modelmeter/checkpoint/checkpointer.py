@@ -26,7 +26,7 @@ from torch import nn
 
 from .._torch_compat import state_dict_metadata
 from ..io.atomic import atomic_write, exchange, fsync_dir, hidden_name, remove_stale_temp_files
-from ..io.cache_dir import file_lock
+from ..io.cache_dir import directory_lock
 from ._keys import (
     clean_key_map,
     filter_reused_missing_keys,
@@ -59,7 +59,6 @@ _SHARDED_EXTRA = "extra.pth"
 _DCP_METADATA = ".metadata"
 _FORMATS = ("pth", "safetensors")
 _OWN_ENTRIES = ("model", _MARKER)  # keys of a checkpoint file that no checkpointable or extra data may take
-_LOCK = ".modelmeter-checkpoint"  # <save_dir>/.modelmeter-checkpoint.lock: one writer of save_dir at a time
 _PARTIAL = ".partial"  # .<name>.partial/: a sharded checkpoint being written
 _ASIDE = re.compile(r"\.old-[0-9a-f]{8}$")  # .<name>.old-<hex>/: a sharded checkpoint being replaced or removed
 _PREVIOUS = ".prev"  # .<name>.safetensors.<save id>.prev: the weights an overwrite replaces, until its .pth is in
@@ -520,8 +519,8 @@ class Checkpointer:
         )
 
     def _save_lock(self) -> Any:
-        """The lock every save into ``save_dir`` holds while it changes files there (``filelock``, per directory)."""
-        return file_lock(os.path.join(self.save_dir, _LOCK))
+        """The lock every save into ``save_dir`` holds while it changes files there: ``flock`` on the directory."""
+        return directory_lock(self.save_dir or ".")
 
     @staticmethod
     def _write_pair(weights_file: str, blob: bytes, save_file: str, data: dict[str, Any]) -> None:
@@ -1081,16 +1080,20 @@ class PeriodicCheckpointer:
         assert self.max_to_keep is not None
         while len(self.recent_checkpoints) > self.max_to_keep:
             to_delete = self.recent_checkpoints.pop(0)
-            if not self.checkpointer.is_writer():
-                continue
-            try:
-                protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
-            except CheckpointError:
-                protected = os.devnull  # last_checkpoint does not name a checkpoint in save_dir: nothing to spare
-            stem = os.path.basename(to_delete)
-            for suffix in (".pth", ".safetensors"):
-                stem = stem.removesuffix(suffix)
-            if os.path.abspath(to_delete) == protected or stem == f"{self.file_prefix}_final":
-                continue
-            if os.path.exists(to_delete):
-                _remove_checkpoint(to_delete)
+            if self.checkpointer.is_writer():
+                with self.checkpointer._save_lock():  # another process may be pointing last_checkpoint at it
+                    self._delete_unless_protected(to_delete)
+
+    def _delete_unless_protected(self, to_delete: str) -> None:
+        """Delete an old checkpoint unless ``last_checkpoint`` names it or it is the final one."""
+        try:
+            protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
+        except CheckpointError:
+            protected = os.devnull  # last_checkpoint does not name a checkpoint in save_dir: nothing to spare
+        stem = os.path.basename(to_delete)
+        for suffix in (".pth", ".safetensors"):
+            stem = stem.removesuffix(suffix)
+        if os.path.abspath(to_delete) == protected or stem == f"{self.file_prefix}_final":
+            return
+        if os.path.exists(to_delete):
+            _remove_checkpoint(to_delete)
