@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import select
 import shutil
 import signal
 import sys
@@ -191,29 +192,49 @@ def test_safetensors_overwrite_killed_between_its_files_loads_the_old_pair(tmp_p
     assert visible == ["a.pth", "a.safetensors", "last_checkpoint"]
 
 
+def _child(action: Callable[[], None]) -> int:
+    """Fork a child that runs ``action`` (exit code 0, or 1 if it raised); its pid."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            logging.disable(logging.CRITICAL)
+            action()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
 def test_safetensors_pair_not_mixed_by_two_savers(tmp_path: Path) -> None:
-    """Two processes saving the same safetensors name at once: the files they leave belong to one save."""
-    pids = []
-    for value in (1.0, 2.0):
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the children
-            code = 1
-            try:
-                logging.disable(logging.CRITICAL)
-                checkpointer = Checkpointer(_model(value), str(tmp_path), format="safetensors")
-                for _ in range(15):
-                    checkpointer.save("a", iteration=int(value))
-                code = 0
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    for pid in pids:
+    """Process B saves the same safetensors name while process A is between its two files (A waits up to 2 s
+    for B there): without the save lock B's pair lands in between and A's ``.pth`` then names B's weights."""
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+
+    def save_b() -> None:
+        os.read(go_read, 1)
+        Checkpointer(_model(2.0), str(tmp_path), format="safetensors").save("a", iteration=2)
+        os.write(done_write, b"1")
+
+    def save_a() -> None:
+        real = os.replace
+
+        def replace_then_let_b_in(src: str, dst: str) -> None:
+            real(src, dst)
+            if str(dst).endswith(".safetensors"):
+                os.write(go_write, b"1")
+                select.select([done_read], [], [], 2.0)
+
+        os.replace = replace_then_let_b_in  # type: ignore[assignment]
+        Checkpointer(_model(1.0), str(tmp_path), format="safetensors").save("a", iteration=1)
+
+    Checkpointer(_model(0.0), str(tmp_path), format="safetensors").save("a", iteration=0)
+    for pid in [_child(save_b), _child(save_a)]:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     assert _resumed(tmp_path, False) in {(1.0, 1), (2.0, 2)}
     _no_leftovers(tmp_path)
-
-
 
 @pytest.mark.parametrize(
     ("saved", "loaded", "says"),
