@@ -10,11 +10,13 @@ import stat
 import sys
 import tempfile
 import threading
-from contextlib import suppress
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 import filelock
 
-__all__ = ["LOCK_TIMEOUT", "file_lock", "get_cache_dir"]
+__all__ = ["LOCK_TIMEOUT", "directory_lock", "file_lock", "get_cache_dir"]
 
 logger = logging.getLogger("modelmeter.io")
 
@@ -123,3 +125,36 @@ def file_lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT) -> fi
         with suppress(OSError):
             os.makedirs(parent, exist_ok=True)
     return filelock.FileLock(target + ".lock", timeout=timeout)
+
+
+@contextmanager
+def directory_lock(directory: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the directory itself while the block runs; no file is created in it.
+
+    Waits up to ``timeout`` seconds for another holder (``TimeoutError`` after that); the kernel releases the lock
+    when its holder dies. Yields False, without locking, where directories cannot be locked (Windows, file
+    systems that refuse ``flock`` on a directory, such as some NFS mounts).
+    """
+    try:
+        import fcntl
+
+        fd = os.open(os.fspath(directory), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (ImportError, OSError):
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{directory} stayed locked by another process for {timeout:g} s") from None
+                time.sleep(0.02)
+            except OSError:
+                yield False
+                return
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
