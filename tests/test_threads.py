@@ -19,6 +19,7 @@ from torch import nn
 
 import modelmeter
 from modelmeter import FlopCountAnalysis, ModelRunError, RunSpec
+from modelmeter._torch_compat import function_modes
 from modelmeter.cache.shared import SHARED
 from modelmeter.engine import gc_pause
 from modelmeter.engine.tracer import record_trace
@@ -38,9 +39,9 @@ def _fresh(model: nn.Module, x: torch.Tensor) -> int:
 
 
 def _torch_state() -> tuple[Any, ...]:
-    """What a run replaces of torch and puts back."""
+    """What a run replaces of torch and puts back (the modes too: this thread's)."""
     module = nn.modules.module
-    return (len(module._global_forward_pre_hooks), len(module._global_forward_hooks),
+    return (len(function_modes()), len(module._global_forward_pre_hooks), len(module._global_forward_hooks),
             len(module._global_forward_hooks_always_called), torch.autograd.Function.__dict__["apply"],
             torch.get_rng_state, torch.UntypedStorage.__dict__.get("resize_"), gc.isenabled())
 
