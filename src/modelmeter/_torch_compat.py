@@ -59,7 +59,8 @@ __all__ = [  # what the package imports from here
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
     "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
-    "fake_store", "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
+    "fake_store", "flattened_mesh", "forward_hook_tables", "function_modes", "global_forward_hooks",
+    "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
     "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name", "schema_of",
@@ -112,6 +113,13 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 # module's outputs without the function recorder seeing every attribute access (a microsecond each). What
 # torch.overrides uses itself; there is no public name.
 no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
+
+
+def function_modes() -> list[Any]:
+    """The ``TorchFunctionMode`` instances active on this thread, outermost first (``torch.overrides`` has the same
+    walk in a private function). Autograd's threads run a backward pass with the modes of the thread that started
+    it (``at::ThreadLocalState`` carries them): the recorder's module hooks tell its calls from another thread's."""
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
 
 # --- dispatch switches (torch._C, since 2.0) -------------------------------------------------------------------------
 # Turns the Python dispatch modes off for a block: a replayed call (engine/replay.py) makes its outputs unseen by the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -27,6 +28,7 @@ from .._torch_compat import (
     OpOverload,
     OpOverloadPacket,
     current_autograd_node,
+    function_modes,
     intercepted_function_apply,
     no_torch_function,
     pop_mode_temporarily,
@@ -139,6 +141,8 @@ class Recorder:
         self.before_write: Callable[[list[torch.Tensor]], None] | None = None
         self.unreplayable = 0  # operators run whose record is not their arguments' metadata alone (replay.py)
         self.imports = 0  # operators that imported modules
+        self._thread = _thread_id()  # the recording thread: the recorder modes are its own
+        self.elsewhere: list[str] = []  # the model's modules called on another thread during the run (unrecorded)
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self, stack: tuple[str, ...]) -> int:
@@ -150,7 +154,7 @@ class Recorder:
 
     def enter_module(self, module: nn.Module, *_: Any) -> None:
         name = self._by_id.get(id(module))
-        if name is None:
+        if name is None or not self._in_run(name):
             return
         outer = self._scope
         self._stack.append(name)
@@ -164,7 +168,7 @@ class Recorder:
 
     def exit_module(self, module: nn.Module, _args: Any = None, output: Any = None) -> None:
         name = self._by_id.get(id(module))
-        if name is None or not self._stack:
+        if name is None or not self._stack or not self._in_run(name):
             return
         with no_torch_function():  # what the hook reads of the output is no call of the model's
             if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
@@ -176,6 +180,19 @@ class Recorder:
             self._scope = self._outer_scopes.pop()
             if self._stack.pop() == name:
                 break
+
+    def _in_run(self, name: str) -> bool:
+        """Whether a call of the model's module ``name`` belongs to the run: made on the recording thread, or on one of
+        autograd's threads running the run's backward pass (it has the recording thread's modes). The module hooks
+        are process-wide: a call on another thread — one the model's ``forward`` started, or the user's own, running
+        the model meanwhile — runs operators no recorder sees (the modes are the recording thread's), and must not
+        push its module on the run's stack: it is noted (:attr:`elsewhere`), and the run fails when it ends."""
+        if _thread_id() == self._thread or any(isinstance(mode, FunctionRecorder) and mode.recorder is self
+                                               for mode in function_modes()):
+            return True
+        if name not in self.elsewhere:
+            self.elsewhere.append(name)
+        return False
 
     def _note_output(self, name: str, output: Any) -> None:
         """Count the call's output shapes (:func:`output_shapes`) under the module's name; a call that returned
@@ -463,6 +480,7 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+_thread_id = threading.get_ident
 # Calls never replayed (engine/replay.py): attention reads its mask's values, a recurrent call writes its events itself.
 _NOT_REPLAYED = frozenset({*ATTENTION_CALLS, *(function_op_name(f) for f in RECURRENT_CALLS)})
 # Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.

@@ -37,6 +37,7 @@ from .._torch_compat import (
 )
 from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
 from .cuda_stand_in import CudaRequests, on_device
+from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
 from .inputs import map_tensors, tensors_in
@@ -71,7 +72,8 @@ def record_trace(spec: RunSpec) -> Trace:
     if spec.execution not in ("auto", "fake", "real"):
         raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
-    with no_gc(), unseen_global_shape_runs(), kept_random_states():
+    # one run at a time in a process: what it replaces is process-wide (engine/exclusive.py)
+    with RECORDING, no_gc(), unseen_global_shape_runs(), kept_random_states():
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
                        spec.loss_fn)
 
@@ -598,7 +600,8 @@ def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwa
 
 
 class _ModuleHooks:
-    """Global forward hooks that keep the recorder's module stack."""
+    """Global forward hooks that keep the recorder's module stack. A run in which a module of the model was called
+    on another thread (:meth:`Recorder._in_run`) fails when it ends: that call's operators were not recorded."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
@@ -610,9 +613,16 @@ class _ModuleHooks:
                         hooks.register_module_forward_hook(self.recorder.exit_module, always_call=True)]
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, failure: type[BaseException] | None, *_: Any) -> None:
         for handle in self.handles:
             handle.remove()
+        elsewhere = self.recorder.elsewhere
+        if elsewhere and failure is None:
+            raise ModelRunError(f"module {elsewhere[0]!r} of the model was called on another thread than the run's "
+                                "(one its forward started, or another of the process's running the model meanwhile): "
+                                "its operators cannot be recorded (the recorders see the running thread only), so the "
+                                "count would miss them; run that work on the calling thread to count it",
+                                elsewhere[0], None)
 
 
 class _Transparent:
