@@ -23,6 +23,7 @@ from .. import _version
 from ..io.atomic import atomic_write
 from . import html_memory, html_parallel
 from .columns import shapes_cell
+from .format import printable
 from .fvcore_tables import format_size
 from .render import convention_note, memory_note
 from .result import BYTE_METRICS, NOT_ADDITIVE, RATIO_METRICS, TIME_METRICS, Result
@@ -41,13 +42,13 @@ def _input_text(spec: dict[str, Any]) -> str:
     return json.dumps(spec, default=str)
 
 
-def _values(result: Result, name: str) -> dict[str, float]:
-    """``{"params": ..., metric: ...}`` of module ``name`` in ``result``; a module it lacks counts 0."""
-    try:
-        row = result.row(name)
-    except KeyError:
-        return {}
-    return {"params": row.params, **row.metrics}
+def _values_by_name(result: Result) -> dict[str, dict[str, float]]:
+    """``{module name: {"params": ..., metric: ...}}`` of ``result``, built once: a lookup per module would make a
+    comparison of two large models quadratic."""
+    values: dict[str, dict[str, float]] = {}
+    for row in result.modules:
+        values.setdefault(row.name, {"params": row.params, **row.metrics})  # as Result.row, the first of a name
+    return values
 
 
 def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float | None]]:
@@ -56,12 +57,11 @@ def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float 
     A module only one side has counts 0 on the other; a metric ``compare`` did not measure gives ``None``.
     """
     keys = ["params", *result.metrics]
-    names = [row.name for row in result.modules]
-    names += [row.name for row in compare.modules if row.name not in set(names)]
+    now, before = _values_by_name(result), _values_by_name(compare)
     deltas = {}
-    for name in names:
-        now, before = _values(result, name), _values(compare, name)
-        deltas[name] = {key: (now.get(key, 0) - before.get(key, 0)
+    for name in {**now, **before}:  # result's modules in its order, then those only compare has
+        mine, theirs = now.get(name, {}), before.get(name, {})
+        deltas[name] = {key: (mine.get(key, 0) - theirs.get(key, 0)
                               if key == "params" or key in compare.metrics else None) for key in keys}
     return deltas
 
@@ -281,7 +281,7 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     parallel = result.parallel  # a parallel plan's ranks: a section of static markup
     # the memory bars of the ranks take the timeline's colours
     style = _STYLE + (html_memory.STYLE if memory or parallel else "") + (html_parallel.STYLE if parallel else "")
-    parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
+    parts = {"TITLE": html.escape(printable(title)), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
              "MEMORY": html_memory.sections(data), "STYLE": style,
              "PARALLEL": html_parallel.parallel_section(parallel) if parallel else "",
              "SCRIPT": _SCRIPT + (html_memory.SCRIPT if memory else ""), "DATA": _json_for_script(data)}
@@ -376,11 +376,25 @@ code { background: #f4f4f4; padding: 0 3px; }
 _SCRIPT = r"""
 "use strict";
 const D = JSON.parse(document.getElementById("data").textContent);
+// A name from the model as the text reports print it (reports.format.printable): each character that is not
+// printable (a newline, a control character, a bidi override, a lone surrogate) written as its escape, so that no
+// name can start a line of its own, reverse the numbers after it or hide in the page. The data keeps it exact.
+const ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"};
+function shown(text) {
+  return String(text).replace(/(?! )[\p{C}\p{Z}]/gu, c => {
+    if (ESCAPES[c]) return ESCAPES[c];
+    const code = c.codePointAt(0);
+    if (code < 0x100) return "\\x" + code.toString(16).padStart(2, "0");
+    if (code < 0x10000) return "\\u" + code.toString(16).padStart(4, "0");
+    return "\\U" + code.toString(16).padStart(8, "0");
+  });
+}
 const KEYS = ["params"].concat(D.metrics);
 const C = D.compare;
 const byName = new Map();
 const mods = D.modules.map((r, i) => {
-  const m = {i, name: r[0], type: r[1], called: r[2], v: {}, d: {}, status: C ? C.status[i] : "", kids: []};
+  const m = {i, name: r[0], type: r[1], called: r[2], v: {}, d: {}, status: C ? C.status[i] : "", kids: [],
+             shownType: shown(r[1])};
   KEYS.forEach((k, j) => { m.v[k] = r[3 + j]; m.d[k] = C ? C.deltas[i][j] : null; });
   m.depth = m.name === "" ? 0 : m.name.split(".").length;
   byName.set(m.name, m);
@@ -451,17 +465,18 @@ function full(k, x) {
   return exact(x);
 }
 function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
-function label(m) { return m.name === "" ? D.model : m.name; }
+const MODEL = shown(D.model), OTHER = C ? shown(C.model) : "";
+function label(m) { return m.name === "" ? MODEL : shown(m.name); }
 
 // header and notes -------------------------------------------------------------------------------
 (function header() {
   const h = document.getElementById("header");
-  h.append(el("h1", {}, D.model));
+  h.append(el("h1", {}, MODEL));
   const dl = el("dl");
   const rows = [["inputs", D.inputs.join(", ") || "none"], ["convention", D.convention], ["execution", D.execution],
                 ["versions", "modelmeter " + D.version + ", torch " + D.torch]];
   if (D.memory) rows.push(["memory", D.memory]);
-  if (C) rows.push(["compared with", C.model + " (" + (C.inputs.join(", ") || "no inputs") +
+  if (C) rows.push(["compared with", OTHER + " (" + (C.inputs.join(", ") || "no inputs") +
                     "): differences are this run's value minus that run's"]);
   for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
   h.append(dl);
@@ -471,7 +486,7 @@ function label(m) { return m.name === "" ? D.model : m.name; }
     const ul = el("ul", {id: "unsupported"});
     for (const [op, n] of D.unsupported) {
       const li = el("li");
-      li.append(el("code", {}, op), document.createTextNode(" " + n + " call" + (n === 1 ? "" : "s")));
+      li.append(el("code", {}, shown(op)), document.createTextNode(" " + n + " call" + (n === 1 ? "" : "s")));
       ul.append(li);
     }
     notes.append(ul);
@@ -479,7 +494,7 @@ function label(m) { return m.name === "" ? D.model : m.name; }
   if (D.assumptions.length) {
     notes.append(el("h3", {}, "Assumptions of the run"));
     const ul = el("ul", {id: "assumptions"});
-    for (const a of D.assumptions) ul.append(el("li", {}, a));
+    for (const a of D.assumptions) ul.append(el("li", {}, shown(a)));
     notes.append(ul);
   } else notes.append(el("p", {id: "assumptions"}, "The run made no assumptions."));
 })();
@@ -517,8 +532,8 @@ function draw() {
     const rect = svgEl("rect", {x, y: level * ROW, width: w, height: ROW - 1, fill: colour(m, metric)});
     rect.dataset.module = m.name;
     chart.append(rect);
-    const last = m.name.slice(m.name.lastIndexOf(".") + 1);
-    const name = level === 0 ? label(m) : /^\d+$/.test(last) ? last + ": " + m.type : last;
+    const last = shown(m.name.slice(m.name.lastIndexOf(".") + 1));
+    const name = level === 0 ? label(m) : /^\d+$/.test(last) ? last + ": " + m.shownType : last;
     const text = name + " " + short(metric, m.v[metric]);
     if (w > 30) {
       const t = svgEl("text", {x: x + 4, y: level * ROW + 17});
@@ -540,13 +555,13 @@ function draw() {
   for (let m = focus; m; m = m.parent) path.unshift(m);
   path.forEach((m, i) => {
     if (i) bc.append(el("span", {}, " › "));
-    const b = el("button", {type: "button"}, m === root ? D.model : m.name.slice(m.name.lastIndexOf(".") + 1));
+    const b = el("button", {type: "button"}, m === root ? MODEL : shown(m.name.slice(m.name.lastIndexOf(".") + 1)));
     b.addEventListener("click", () => { focus = m; draw(); });
     bc.append(b);
   });
   document.getElementById("legend").textContent = C
     ? "Width: " + metric + " of this run. Colour: red grew, green shrank, grey unchanged, compared with " +
-      C.model + "."
+      OTHER + "."
     : "Width: " + metric + " (a module's children share its width; the rest is its own work). Click to zoom in, " +
       "click the top bar or the path above to zoom out.";
 }
@@ -555,14 +570,14 @@ function describe(m, metric) {
   const total = root.v[metric];
   const v = m.v[metric];
   const value = BYTES.has(metric) || UNIT[metric] === "time" ? full(metric, v) + " = " + short(metric, v) : exact(v);
-  const lines = [label(m) + "  (" + m.type + ")", metric + ": " + value + "  (" + pct(m.v[metric], total) +
+  const lines = [label(m) + "  (" + m.shownType + ")", metric + ": " + value + "  (" + pct(m.v[metric], total) +
                  " of total)"];
   if (!m.called) lines.push("not called as a module: N/A");
   if (C) {
     const d = m.d[metric], before = m.v[metric] - d;
-    const rel = m.status === "+" ? "new: not in " + C.model
-      : before ? pct(d, before) + " of " + C.model + "'s" : C.model + " had 0";
-    lines.push(d === null ? "difference: not measured in " + C.model
+    const rel = m.status === "+" ? "new: not in " + OTHER
+      : before ? pct(d, before) + " of " + OTHER + "'s" : OTHER + " had 0";
+    lines.push(d === null ? "difference: not measured in " + OTHER
       : "difference: " + signed(d, x => full(metric, x)) + "  (" + rel + ")");
   }
   return lines.join("\n");
@@ -641,10 +656,10 @@ function table(id, columns, rows) {
   KEYS.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
   if (D.shapes) cols.push(["output shapes", "text"]);
   const rows = mods.map(m => {
-    const nameCell = el("td", {title: m.name}, label(m));
+    const nameCell = el("td", {title: shown(m.name)}, label(m));
     nameCell.style.paddingLeft = (8 + 12 * m.depth) + "px";
-    if (m.status) nameCell.append(el("span", {class: "badge"}, m.status === "+" ? "new" : "only in " + C.model));
-    const key = [m.name, m.type], cells = [nameCell, el("td", {}, m.type)];
+    if (m.status) nameCell.append(el("span", {class: "badge"}, m.status === "+" ? "new" : "only in " + OTHER));
+    const key = [m.name, m.type], cells = [nameCell, el("td", {}, m.shownType)];
     KEYS.forEach(k => {
       const v = k === "params" || m.called ? m.v[k] : null;
       key.push(v); cells.push(cell(v, "value", k));
@@ -660,7 +675,7 @@ function table(id, columns, rows) {
   const cols = [["operator", "text"]];
   D.operator_metrics.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
   const rows = D.operators.map(([op, values, deltas]) => {
-    const key = [op], cells = [el("td", {}, op)];
+    const key = [op], cells = [el("td", {}, shown(op))];
     values.forEach((v, j) => {
       const k = D.operator_metrics[j];
       key.push(v); cells.push(cell(v, "value", k));
@@ -676,7 +691,7 @@ function table(id, columns, rows) {
   const R = D.roofline;
   if (!R) return;
   const S = R.summary, dev = S.device, svg = document.getElementById("roofline-chart");
-  document.getElementById("roofline-title").textContent = R.title;
+  document.getElementById("roofline-title").textContent = shown(R.title);
   const phases = Object.entries(S.time).filter(([k]) => k !== "total").map(([k, v]) => k + " " + seconds(v));
   const rows = [
     ["device", dev.label + ": " + size(dev.peak) + "FLOP/s " + (S.dtype ? S.dtype + " " : "") + "matrix, " +
@@ -742,7 +757,8 @@ function table(id, columns, rows) {
     const c = e.target.closest("circle[data-point]");
     if (!c) { tip.hidden = true; return; }
     const p = R.points[Number(c.dataset.point)];
-    showTip(e, [p.operator + "  (" + p.dtype + ", " + (p.compute_bound ? "compute" : "memory") + "-bound)",
+    const bound = p.compute_bound ? "compute" : "memory";
+    showTip(e, [shown(p.operator) + "  (" + shown(p.dtype) + ", " + bound + "-bound)",
                 "FLOPs: " + exact(p.flops) + " = " + size(p.flops), "bytes: " + exact(p.bytes) + " = " + bytes(p.bytes),
                 "time: " + seconds(p.time), "intensity: " + plain(p.intensity) + " FLOPs/byte",
                 "attained: " + size(p.rate) + "FLOP/s"].join("\n"));

@@ -1,0 +1,173 @@
+"""The HTML report and the JSON result against hostile names and extreme numbers: names from the model that try to
+end the page's script, inject markup, fake a line or reverse the numbers; large comparisons; exact round trips."""
+
+from __future__ import annotations
+
+import copy
+import html.parser
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import modelmeter
+import test_html
+from modelmeter.reports.format import printable
+from modelmeter.reports.html import html_data, module_deltas, render_html, write_html
+from modelmeter.reports.result import ModuleRow, Result
+from test_html import Opened, needs_browser
+
+browser = test_html.browser  # the headless Chromium of the HTML report's tests, shared by this module's tests
+
+HOSTILE = ["</script><script>window.pwned=1</script>", "<img src=x onerror=window.pwned=1>", "a\"b'c`d",
+           "line\u2028sep\u2029para", "ctl\x00\x01\x1b[31m\x7f", "rtl\u202e1.5K", "x" * 3000, "{{DATA}}{{SCRIPT}}",
+           "<!--", "]]><![CDATA[", "lone\ud800surrogate", "<svg/onload=window.pwned=1>", "&amp;&lt;", "tab\tcr\r\nlf",
+           "\u00a0nbsp\u200bzwsp\ufeffbom"]
+
+
+class _Tags(html.parser.HTMLParser):
+    """The page's structure: each start tag with its attributes' names, each end tag, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, ...]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, *(name for name, _ in attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        self.tags.append((f"/{tag}",))
+
+
+def _structure(page: str) -> list[tuple[str, ...]]:
+    parser = _Tags()
+    parser.feed(page)
+    parser.close()
+    return parser.tags
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x))).sum()
+
+
+@pytest.fixture(scope="module")
+def step() -> Result:
+    """A training step with the memory analysis and the time on a device: every part of the page is drawn."""
+    return modelmeter.analyze(_Net(), torch.randn(2, 4), backward=True, memory=True, device="h100",
+                              quiet=True).result()
+
+
+def _renamed(result: Result, name: str) -> Result:
+    """``result`` with ``name`` in every text the model or the run gives: the model, its modules and classes, the
+    operators (of the rows, the unsupported, the memory timeline, the roofline), the dtypes, the shapes, the
+    assumptions, the peak's module and operator and the device's label."""
+    data = copy.deepcopy(result.to_dict())
+    data["model"] = name
+    data["inputs"] = [{"shape": [2, 4], "dtype": name}]
+    data["unsupported"] = {name: 3}
+    data["assumptions"] = [name]
+    data["dtypes"] = {metric: {name: total} for metric, by_dtype in data["dtypes"].items()
+                      for total in [sum(by_dtype.values())]}
+    for i, row in enumerate(data["modules"]):
+        row["name"] = f"{name}.{i}" if i else ""
+        row["type"] = name
+        row["by_operator"] = {metric: {f"{name}{op}": value for op, value in ops.items()}
+                              for metric, ops in row["by_operator"].items()}
+        row["output_shapes"] = dict.fromkeys([name], 1)
+    memory = data["memory"]
+    memory.update(module=name, operator=name)
+    memory["timeline"]["modules"] = [name for _ in memory["timeline"]["modules"]]
+    memory["timeline"]["operators"] = [f"{name}{op}" for op in memory["timeline"]["operators"]]
+    roofline = data["roofline"]
+    roofline["device"]["label"] = name
+    for operator in roofline["operators"]:
+        operator.update(operator=f"{name}{operator['operator']}", dtype=name)
+    return Result.from_dict(data)
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_names_leave_the_page_as_it_was(step: Result, name: str, tmp_path: Path) -> None:
+    """A name changes no tag of the page (each tag and attribute as with a plain name), travels exactly in the
+    page's data, and the title shows it printable; a lone surrogate (a name from undecodable bytes) can be
+    written."""
+    plain, hostile = _renamed(step, "plain"), _renamed(step, name)
+    page = render_html(hostile, compare=plain)
+    assert _structure(page) == _structure(render_html(plain, compare=plain))
+    data = test_html._embedded(page)
+    assert data == json.loads(json.dumps(html_data(hostile, plain)))
+    assert data["model"] == name and data["modules"][1][0] == f"{name}.1" and data["assumptions"] == [name]
+    title = page[page.index("<title>") + 7:page.index("</title>")]
+    assert html.unescape(title) == printable(f"modelmeter: {name} vs plain")
+    write_html(hostile, tmp_path / "report.html", compare=plain)
+    assert (tmp_path / "report.html").read_text(encoding="utf-8") == page
+
+
+@needs_browser
+def test_hostile_names_show_as_the_text_reports_print_them(browser: Any, step: Result, tmp_path: Path) -> None:
+    """In the page a name is text, each character that is not printable written as its escape (a bidi override
+    cannot reverse the numbers after it, a newline cannot start a line of a tooltip), and nothing runs."""
+    name = "rtl\u202e1.5K\nflops: 0 <img src=x onerror=window.pwned=1>\x1b\ud800\u2028"
+    path = tmp_path / "hostile.html"
+    write_html(_renamed(step, name), path)
+    report = Opened(browser, path)
+    page = report.page
+    assert page.locator("#header h1").inner_text() == printable(name)
+    assert page.locator("#assumptions li").inner_text() == printable(name)
+    assert page.locator("#unsupported code").inner_text() == printable(name)
+    first = page.locator("#modules tbody tr").nth(1).locator("td")
+    assert first.nth(0).inner_text().startswith(printable(f"{name}.1")) and first.nth(1).inner_text() == printable(name)
+    assert page.locator("#operators tbody td.text").first.inner_text().startswith(printable(name))
+    assert printable(name) in str(page.locator("#memory-peak").text_content())
+    assert page.locator("#roofline-title").inner_text().startswith(f"Roofline on {printable(name)}")
+    assert page.evaluate("window.pwned") is None and page.locator("script").count() == 2
+    assert page.locator("img").count() == 0
+    # the page's escapes are Python's, character for character
+    chars = ["\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\x85", "\xa0", "\u00ad", "\u200b", "\u2028", "\u202e",
+             "\ufeff", "\ud800", "\U000e0001", "\U0010fffd", " ", "\\", "é", "中", "\U0001f600", "\u0301"]
+    assert page.evaluate("chars => chars.map(shown)", chars) == [printable(c) for c in chars]
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
+
+
+def _naive_deltas(result: Result, compare: Result) -> dict[str, dict[str, float | None]]:
+    """The deltas by the definition, one module at a time through ``Result.row``: the oracle of the fast one."""
+    def values(of: Result, name: str) -> dict[str, float]:
+        try:
+            row = of.row(name)
+        except KeyError:
+            return {}
+        return {"params": row.params, **row.metrics}
+
+    names = [row.name for row in result.modules]
+    names += [row.name for row in compare.modules if row.name not in names]
+    return {name: {key: values(result, name).get(key, 0) - values(compare, name).get(key, 0)
+                   if key == "params" or key in compare.metrics else None for key in ["params", *result.metrics]}
+            for name in names}
+
+
+def _random_result(rng: random.Random, metrics: list[str], count: int) -> Result:
+    names = ["", *rng.sample([f"m{i}" for i in range(2 * count)], count)]
+    return Result("M", [], metrics, [ModuleRow(name, "T", rng.randrange(2**60), {
+        metric: rng.choice([0, rng.randrange(2**64), rng.random() * 1e20]) for metric in metrics}) for name in names])
+
+
+def test_module_deltas_equal_the_definition() -> None:
+    """Built once per side (a comparison of 20k modules is not quadratic), the deltas are those of the definition:
+    module order, modules only one side has, a metric only one side measured; big integers exact."""
+    rng = random.Random(5)
+    for _ in range(20):
+        after = _random_result(rng, ["flops", "activations"], rng.randrange(1, 30))
+        before = _random_result(rng, rng.choice([["flops"], ["flops", "activations"], ["time"]]),
+                                rng.randrange(1, 30))
+        deltas = module_deltas(after, before)
+        assert deltas == _naive_deltas(after, before) and list(deltas) == list(_naive_deltas(after, before))
