@@ -7,6 +7,7 @@ import copy
 import html.parser
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,74 @@ def test_module_deltas_equal_the_definition() -> None:
                                 rng.randrange(1, 30))
         deltas = module_deltas(after, before)
         assert deltas == _naive_deltas(after, before) and list(deltas) == list(_naive_deltas(after, before))
+
+
+# numbers: the page's digits are the result's, the JSON's values exact ------------------------------------------
+BIG = 2**53 + 1  # the first integer a JavaScript number cannot hold: JSON.parse reads 2**53
+
+
+def _big_result() -> Result:
+    """Integers beyond 2**53 (a large training step's FLOPs), a fraction too small for three decimals, a half."""
+    return Result("M", [], ["flops", "activation_bytes"], [
+        ModuleRow("", "M", BIG + 2, {"flops": 14092058787119105, "activation_bytes": BIG}, {
+            "flops": {"linear": 14092058787119105}, "activation_bytes": {}}),
+        ModuleRow("a", "L", 3, {"flops": 1e-9, "activation_bytes": 0.5}, {})])
+
+
+def _small_result() -> Result:
+    return Result("S", [], ["flops", "activation_bytes"], [
+        ModuleRow("", "S", 0, {"flops": 1, "activation_bytes": 0}, {"flops": {"linear": 1}}),
+        ModuleRow("a", "L", 3, {"flops": 2e-9, "activation_bytes": 0.25}, {})])
+
+
+def test_integers_beyond_two_to_the_53_travel_with_their_digits() -> None:
+    """The page's data names each integer JSON.parse would round by the double it becomes (None where two distinct
+    integers become one: the page then marks its value as rounded); a page without one has no ``exact``."""
+    data = html_data(_big_result(), _small_result())
+    # the params and their delta (BIG + 2 - 0) are one integer; the FLOPs 14092058787119105 and their delta
+    # 14092058787119104 (the other side did 1) are two that become one double
+    assert float(14092058787119105) == 14092058787119104
+    assert data["exact"] == {"9007199254740996": "9007199254740995", "9007199254740992": "9007199254740993",
+                             "14092058787119104": None}  # 2**53 + 3 becomes 2**53 + 4 (ties to even), 2**53 + 1 2**53
+    assert "exact" not in html_data(_small_result())
+
+
+@needs_browser
+def test_the_page_shows_every_digit_of_the_result(browser: Any, tmp_path: Path) -> None:
+    """The exact values on hover are the result's (parsed back): integers beyond 2**53 included; a fraction as its
+    shortest exact form; a value too small for three decimals is not shown as 0."""
+    path = tmp_path / "big.html"
+    write_html(_big_result(), path, compare=_small_result())
+    report = Opened(browser, path)
+    rows = report.page.locator("#modules tbody tr").evaluate_all(
+        "rows => rows.map(row => Array.from(row.cells).map(cell => [cell.textContent, cell.title]))")
+    model, a = rows[0][2:], rows[1][2:]  # params, delta, flops, delta, activation_bytes, delta
+    assert model[0][1] == f"{BIG + 2:,}" and model[1][1] == f"+{BIG + 2:,}"
+    assert model[2][1] == "≈14,092,058,787,119,104"  # two integers of the page became this double: said so
+    assert model[4][1] == f"{BIG:,} bytes"
+    assert a[2] == ["<0.001", "1e-9"] and a[3] == [">-0.001", "-1e-9"] and a[4][1] == "0.5 bytes"
+    assert report.errors == [] and report.requests == [report.url]
+    report.context.close()
+
+
+@pytest.mark.parametrize("value", [0, 1, BIG, 2**64 + 1, 10**30, 0.1 + 0.2, 5e-324, 1e30, 123456.789, 2.5])
+def test_json_round_trips_exactly(value: float) -> None:
+    """``to_json`` and back: integers stay integers with every digit, floats keep every bit."""
+    result = _big_result()
+    result.root.metrics["flops"] = value
+    result.root.by_operator["flops"]["linear"] = value
+    back = Result.from_json(result.to_json())
+    assert back == result and type(back.root.metrics["flops"]) is type(value)
+    assert back.root.metrics["flops"] == value and type(back.root.params) is int and back.root.params == BIG + 2
+    assert Result.from_json(result.to_json(indent=None)) == result
+
+
+def test_every_key_of_the_json_is_documented() -> None:
+    """docs/reports.md's schema tables name every field a result and a module row write, and no other."""
+    docs = (Path(__file__).parent.parent / "docs" / "reports.md").read_text(encoding="utf-8")
+    schema = docs[docs.index("## The `Result` and its JSON schema"):docs.index("## Saved traces")]
+    tables = schema.split("Each module object:")
+    documented = [re.findall(r"^\| `(\w+)` \|", table, re.M) for table in tables]
+    result = _big_result()
+    assert sorted(documented[0]) == sorted(result.to_dict())
+    assert sorted(documented[1]) == sorted(result.to_dict()["modules"][0])

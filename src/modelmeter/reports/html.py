@@ -114,7 +114,9 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     output shapes as the table prints them. Only a result with roofline metrics has ``units`` (``{metric: "time",
     "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), and only a result with the memory
     analysis has ``operator_mix`` and, when it holds a timeline, ``memory_timeline``
-    (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were.
+    (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were. ``exact`` (only when some integer
+    of the data is beyond 2**53, which the page's JSON.parse would round) maps the double each became, in digits,
+    to the integer's digits (None where two became one double), so the page shows every digit.
     """
     rows: list[list[Any]] = [
         [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
@@ -163,7 +165,30 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     shapes = {row.name: shapes_cell(row) for row in result.modules if row.output_shapes}
     if shapes:
         data["shapes"] = [shapes.get(row[0], "-") for row in rows]
+    exact = _unsafe_integers(data)
+    if exact:
+        data["exact"] = exact
     return data
+
+
+_SAFE = 2**53  # JavaScript's numbers hold every integer up to this; JSON.parse rounds a larger one to a double
+
+
+def _unsafe_integers(data: Any) -> dict[str, str | None]:
+    """``{the double an integer beyond 2**53 becomes, in digits: the integer's digits}`` for every such integer in
+    ``data``, so that the page shows the result's exact values (``None`` where two integers become one double)."""
+    found: dict[str, str | None] = {}
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif type(value) is int and abs(value) > _SAFE:
+            rounded, digits = str(int(float(value))), str(value)
+            found[rounded] = digits if found.get(rounded, digits) == digits else None
+    return found
 
 
 # the roofline chart ----------------------------------------------------------------------------
@@ -423,13 +448,26 @@ function svgEl(tag, attrs) {
   return e;
 }
 const UNITS = [[1e14, 1e15, "P"], [1e11, 1e12, "T"], [1e8, 1e9, "G"], [1e5, 1e6, "M"], [1e2, 1e3, "K"]];
-function fixed(v) { const t = v.toFixed(3); return t.includes(".") ? t.replace(/0+$/, "").replace(/\.$/, "") : t; }
+function fixed(v) {  // three decimals, trailing zeros stripped; a value too small for them is not shown as 0
+  const t = v.toFixed(3), shortened = t.includes(".") ? t.replace(/0+$/, "").replace(/\.$/, "") : t;
+  if (v !== 0 && Number(shortened) === 0) return v > 0 ? "<0.001" : ">-0.001";
+  return shortened;
+}
 function size(x) {
   for (const [threshold, scale, suffix] of UNITS) if (Math.abs(x) > threshold) return fixed(x / scale) + suffix;
   return fixed(x);
 }
-function exact(x) {
-  return Number.isInteger(x) ? x.toLocaleString("en-US") : x.toLocaleString("en-US", {maximumFractionDigits: 6});
+const EXACT = D.exact || {};  // the digits of the integers JSON.parse rounds (beyond 2**53), by the double they became
+function exact(x) {  // every digit of a value: an integer grouped in thousands, a fraction as its shortest exact form
+  if (Number.isInteger(x)) {
+    if (Number.isSafeInteger(x)) return x.toLocaleString("en-US");
+    const digits = EXACT[BigInt(x).toString()];  // null: two integers of the page became this double
+    return digits ? BigInt(digits).toLocaleString("en-US") : "≈" + x.toLocaleString("en-US");
+  }
+  const text = String(x);
+  if (text.includes("e")) return text;
+  const [whole, fraction] = text.split(".");
+  return Number(whole).toLocaleString("en-US") + "." + fraction;
 }
 function signed(x, f) { return (x > 0 ? "+" : "") + f(x); }
 const BYTES = new Set(D.byte_metrics);
