@@ -202,6 +202,14 @@ def test_integers_beyond_two_to_the_53_travel_with_their_digits() -> None:
     assert data["exact"] == {"9007199254740996": "9007199254740995", "9007199254740992": "9007199254740993",
                              "14092058787119104": None}  # 2**53 + 3 becomes 2**53 + 4 (ties to even), 2**53 + 1 2**53
     assert "exact" not in html_data(_small_result())
+    result = _small_result()
+    result.root.params = 2**53  # a double holds it, but it also stands for 2**53 + 1
+    assert html_data(result)["exact"] == {"9007199254740992": "9007199254740992"}
+    result.modules[1].params = 2**53 + 1
+    assert html_data(result)["exact"] == {"9007199254740992": None}
+    result.modules[1].params = -(2**53) - 1  # a negative one, as a delta is
+    assert html_data(result)["exact"] == {"9007199254740992": "9007199254740992",
+                                          "-9007199254740992": str(-(2**53) - 1)}
 
 
 @needs_browser

@@ -115,7 +115,7 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), and only a result with the memory
     analysis has ``operator_mix`` and, when it holds a timeline, ``memory_timeline``
     (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were. ``exact`` (only when some integer
-    of the data is beyond 2**53, which the page's JSON.parse would round) maps the double each became, in digits,
+    of the data is 2**53 or beyond, which the page's JSON.parse would round) maps the double each became, in digits,
     to the integer's digits (None where two became one double), so the page shows every digit.
     """
     rows: list[list[Any]] = [
@@ -171,21 +171,24 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     return data
 
 
-_SAFE = 2**53  # JavaScript's numbers hold every integer up to this; JSON.parse rounds a larger one to a double
+# Number.MAX_SAFE_INTEGER: JavaScript's numbers hold every integer up to it; from 2**53 on a double stands for
+# several integers (JSON.parse reads 2**53 + 1 as 2**53), so the page needs the digits of every larger one
+_SAFE = 2**53 - 1
 
 
 def _unsafe_integers(data: Any) -> dict[str, str | None]:
-    """``{the double an integer beyond 2**53 becomes, in digits: the integer's digits}`` for every such integer in
+    """``{the double an integer from 2**53 on becomes, in digits: the integer's digits}`` for every such integer in
     ``data``, so that the page shows the result's exact values (``None`` where two integers become one double)."""
     found: dict[str, str | None] = {}
     stack = [data]
     while stack:
         value = stack.pop()
-        if isinstance(value, dict):
+        kind = type(value)  # the data is plain JSON: exact types, looked at once (it is walked per page)
+        if kind is dict:
             stack.extend(value.values())
-        elif isinstance(value, list):
+        elif kind is list or kind is tuple:
             stack.extend(value)
-        elif type(value) is int and abs(value) > _SAFE:
+        elif kind is int and not -_SAFE <= value <= _SAFE:
             rounded, digits = str(int(float(value))), str(value)
             found[rounded] = digits if found.get(rounded, digits) == digits else None
     return found
@@ -457,7 +460,7 @@ function size(x) {
   for (const [threshold, scale, suffix] of UNITS) if (Math.abs(x) > threshold) return fixed(x / scale) + suffix;
   return fixed(x);
 }
-const EXACT = D.exact || {};  // the digits of the integers JSON.parse rounds (beyond 2**53), by the double they became
+const EXACT = D.exact || {};  // the digits of the integers from 2**53 on (JSON.parse rounds them), by their double
 function exact(x) {  // every digit of a value: an integer grouped in thousands, a fraction as its shortest exact form
   if (Number.isInteger(x)) {
     if (Number.isSafeInteger(x)) return x.toLocaleString("en-US");
