@@ -17,8 +17,10 @@ from torch import nn
 
 import modelmeter
 import test_html
+from modelmeter.guard.diff import Difference
 from modelmeter.reports.format import printable
 from modelmeter.reports.html import html_data, module_deltas, render_html, write_html
+from modelmeter.reports.render import format_change
 from modelmeter.reports.result import ModuleRow, Result
 from test_html import Opened, needs_browser
 
@@ -251,3 +253,22 @@ def test_every_key_of_the_json_is_documented() -> None:
     result = _big_result()
     assert sorted(documented[0]) == sorted(result.to_dict())
     assert sorted(documented[1]) == sorted(result.to_dict()["modules"][0])
+
+
+# the text reports' changes: every digit, the metric's own unit --------------------------------------------------
+@pytest.mark.parametrize(("metric", "delta", "text"), [
+    ("flops", BIG, "+9,007,199,254,740,993"), ("params", -BIG, "-9,007,199,254,740,993"),  # not rounded to a double
+    ("flops", 0.5, "+0.5"), ("flops", -1e-9, "-1e-09"),  # a fraction of a count is not +0
+    ("flops", -3.0, "-3"), ("flops", 0, "+0"), ("flops", 1e30, "+1,000,000,000,000,000,019,884,624,838,656"),
+    ("peak_memory", 3 * 2**20, "+3MiB"), ("activation_bytes", -1024, "-1KiB"), ("saved_bytes", 2**61, "+2097152TiB"),
+    ("bytes", 3 * 2**20, "+3MiB"), ("time", -2e-3, "-2ms"),
+    ("intensity", 0.25, "+0.25"), ("compute_bound", -0.3, "-0.3")])  # a ratio's change is not rounded to 0
+def test_a_change_prints_every_digit_in_its_metrics_unit(metric: str, delta: float, text: str) -> None:
+    assert format_change(metric, delta) == text
+
+
+def test_the_diff_table_prints_held_bytes_in_binary_units() -> None:
+    """``modelmeter diff``'s rows: the memory analysis's bytes as every report prints them, not as counts."""
+    row = Difference("a", "peak_memory", 2**30, 3 * 2**29).row()
+    assert row == ["a", "peak_memory", "1GiB", "1.5GiB", "+512MiB", "+50.0%"]
+    assert Difference("", "params", 0, BIG).row()[2:5] == ["0", "9.007P", "+9,007,199,254,740,993"]

@@ -28,7 +28,7 @@ from .columns import (
 from .format import aligned_table, format_bytes, format_rate, format_time, printable
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from .ranks import rank_table
-from .result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
+from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
 
 __all__ = ["FORMATS", "format_bound", "format_bytes", "format_metric", "format_size", "render"]
 
@@ -79,14 +79,19 @@ def convention_note(name: str) -> str:
 
 
 def format_change(metric: str, delta: float) -> str:
-    """A signed change of a metric: seconds and bytes in their units (``+14.7ns``, ``-1.5KiB``), counts as whole
-    numbers with separators (``+22,208,512``)."""
+    """A signed change of a metric: seconds and bytes (moved, or held by the memory analysis) in their units
+    (``+14.7ns``, ``-1.5KiB``), a ratio with three significant figures (``+0.25``), counts as whole numbers with
+    separators (``+22,208,512``, every digit of an integer) and a fraction of a count in full (``+0.5``, not ``+0``)."""
     sign = "-" if delta < 0 else "+"
     if metric in TIME_METRICS:
         return sign + format_time(abs(delta))
-    if metric in TRAFFIC_METRICS:
+    if metric in BYTE_METRICS:
         return sign + format_bytes(abs(delta))
-    return f"{delta:+,.0f}"
+    if metric in RATIO_METRICS:
+        return f"{delta:+.3g}"
+    if isinstance(delta, int) or delta.is_integer():
+        return f"{int(delta):+,}"
+    return f"{delta:+,}"
 
 
 INTENSITY_NOTE = ("flops/byte and the time count real FLOPs (a multiply-add is 2, element-wise work included), "
