@@ -20,7 +20,7 @@ import test_html
 from modelmeter.guard.diff import Difference
 from modelmeter.reports.format import printable
 from modelmeter.reports.html import html_data, module_deltas, render_html, write_html
-from modelmeter.reports.render import format_change
+from modelmeter.reports.render import format_change, render
 from modelmeter.reports.result import ModuleRow, Result
 from test_html import Opened, needs_browser
 
@@ -272,3 +272,51 @@ def test_the_diff_table_prints_held_bytes_in_binary_units() -> None:
     row = Difference("a", "peak_memory", 2**30, 3 * 2**29).row()
     assert row == ["a", "peak_memory", "1GiB", "1.5GiB", "+512MiB", "+50.0%"]
     assert Difference("", "params", 0, BIG).row()[2:5] == ["0", "9.007P", "+9,007,199,254,740,993"]
+
+
+# markdown: names stay text in a renderer that passes HTML through ----------------------------------------------
+@pytest.mark.parametrize("name", ["<img src=x onerror=window.pwned=1>", "\\<img src=x onerror=window.pwned=1>",
+                                  "a`b<script>x</script>`", "``<b>bold</b>", "a|b\\|c", "&lt;i&gt;", "x\\"])
+def test_markdown_names_stay_text(name: str) -> None:
+    """Rendered by a CommonMark renderer with GFM tables and raw HTML allowed (markdown-it, ``html=True``), the
+    markdown report has only the table's tags and code spans, and shows each name as the text reports print it."""
+    markdown_it = pytest.importorskip("markdown_it")
+    result = Result(name, [], ["flops"], [ModuleRow("", name, 0, {"flops": 5}, {}), ModuleRow(name, name, 0,
+                    {"flops": 5}, {})], unsupported={name: 2}, assumptions=[name])
+    page = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table").render(render(result, "markdown"))
+    tags = {tag[0] for tag in _structure(page)}
+    assert tags <= {"table", "/table", "thead", "/thead", "tbody", "/tbody", "tr", "/tr", "th", "/th", "td", "/td",
+                    "ul", "/ul", "li", "/li", "code", "/code", "p", "/p"}
+    parser = _Text()
+    parser.feed(page)
+    assert [cell.strip() for cell in parser.cells[-5:-3]] == [name, name]  # the module's row: its name, class
+    assert parser.code == [name] and parser.items[-1] == f"Assumption: {name}"
+
+
+class _Text(html.parser.HTMLParser):
+    """The text of each table cell, code span and list item of a rendered page."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.cells: list[str] = []
+        self.code: list[str] = []
+        self.items: list[str] = []
+        self._into: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        into = {"td": self.cells, "code": self.code, "li": self.items}.get(tag)
+        if into is not None:
+            into.append("")
+            self._into = into
+
+    def handle_data(self, data: str) -> None:
+        if self._into is not None:
+            self._into[-1] += data
+        if self._into is self.code and self.items:  # a code span's text is its list item's too
+            self.items[-1] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "code":
+            self._into = self.items
+        elif tag in ("td", "li"):
+            self._into = None
