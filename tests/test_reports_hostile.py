@@ -129,6 +129,11 @@ def test_hostile_names_show_as_the_text_reports_print_them(browser: Any, step: R
     assert page.locator("#unsupported code").inner_text() == printable(name)
     first = page.locator("#modules tbody tr").nth(1).locator("td")
     assert first.nth(0).inner_text().startswith(printable(f"{name}.1")) and first.nth(1).inner_text() == printable(name)
+    assert first.last.inner_text() == printable(name)  # its output shapes (read from a file, they can be anything)
+    header = page.locator("#header dd").all_inner_texts()
+    assert header[0] == f"2x4 {printable(name)}"  # an input's dtype
+    assert f"of {printable(name)} at {printable(name)}" in header[-1]  # the memory's peak: its module and operator
+    assert printable(name) in page.locator("#roofline-summary dd").first.inner_text()  # the device's label
     assert page.locator("#operators tbody td.text").first.inner_text().startswith(printable(name))
     assert printable(name) in str(page.locator("#memory-peak").text_content())
     assert page.locator("#roofline-title").inner_text().startswith(f"Roofline on {printable(name)}")

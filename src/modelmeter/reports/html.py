@@ -38,7 +38,8 @@ assert set(_RATIO_UNITS) == RATIO_METRICS
 def _input_text(spec: dict[str, Any]) -> str:
     """``"1x3x64x64 float32"`` for a tensor input, its JSON otherwise."""
     if "shape" in spec:
-        return "x".join(str(d) for d in spec["shape"]) + f" {spec.get('dtype', '')}".rstrip()
+        dtype = spec.get("dtype")
+        return "x".join(str(d) for d in spec["shape"]) + (f" {dtype}" if dtype else "")
     return json.dumps(spec, default=str)
 
 
@@ -519,7 +520,7 @@ function label(m) { return m.name === "" ? MODEL : shown(m.name); }
   if (D.memory) rows.push(["memory", D.memory]);
   if (C) rows.push(["compared with", OTHER + " (" + (C.inputs.join(", ") || "no inputs") +
                     "): differences are this run's value minus that run's"]);
-  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, shown(v)));  // names of the model, of a file
   h.append(dl);
   const notes = document.getElementById("notes");
   if (D.unsupported.length) {
@@ -706,7 +707,7 @@ function table(id, columns, rows) {
       key.push(v); cells.push(cell(v, "value", k));
       if (C) { key.push(m.d[k]); cells.push(cell(m.d[k], "delta", k)); }
     });
-    if (D.shapes) { key.push(D.shapes[m.i]); cells.push(el("td", {}, D.shapes[m.i])); }
+    if (D.shapes) { key.push(D.shapes[m.i]); cells.push(el("td", {}, shown(D.shapes[m.i]))); }
     return {key, cells};
   });
   table("modules", cols, rows);
@@ -754,7 +755,7 @@ function table(id, columns, rows) {
   if (set.launch_overhead) rows.push(["launch overhead", seconds(set.launch_overhead) + " a kernel"]);
   if (set.tf32) rows.push(["tf32", "float32 matrix work at the TF32 peak"]);
   const dl = document.getElementById("roofline-summary");
-  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, shown(v)));
 
   const [left, top, right, bottom] = R.plot;
   svg.setAttribute("viewBox", `0 0 ${R.width} ${R.height}`);
