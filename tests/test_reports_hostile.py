@@ -325,3 +325,22 @@ class _Text(html.parser.HTMLParser):
             self._into = self.items
         elif tag in ("td", "li"):
             self._into = None
+
+
+# a result read from a file: what every report prints is checked as it is read --------------------------------
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("inputs", [1, "a"], "inputs are not objects"), ("assumptions", [1], "assumptions are not text"),
+    ("unsupported", {"op": -5}, "calls are not counts"), ("unsupported", {"op": "x"}, "calls are not counts"),
+    ("unsupported", {"op": True}, "calls are not counts"), ("dtypes", {"flops": "x"}, "not an object"),
+    ("dtypes", {"flops": {"float32": -1}}, "not a number from 0"), ("memory", {"x": 1}, "lacks its peak"),
+    ("memory", {"peak": "big"}, "peak is a str"), ("memory", {"peak": 5, "by_kind": {"input": float("nan")}},
+                                                    "not a number from 0"),
+    ("memory", {"peak": 5, "module": None}, "module is a NoneType")])
+def test_a_result_whose_notes_cannot_be_printed_is_refused(step: Result, field: str, value: Any,
+                                                          message: str) -> None:
+    """``modelmeter report`` of a hand-edited saved trace said so in one line, not in a KeyError's traceback."""
+    data = step.to_dict()
+    data[field] = value
+    with pytest.raises(ValueError, match=message):
+        Result.from_dict(data)
+    assert Result.from_dict(step.to_dict()) == step
