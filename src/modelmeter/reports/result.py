@@ -134,6 +134,7 @@ class Result:
         _check_types(data, _FIELD_TYPES, "the result")
         if not all(type(metric) is str for metric in data.get("metrics", [])):
             raise ValueError("the result's metrics are not names")
+        _check_notes(data)
         rows = [_row_from_dict(row) for row in data.get("modules", [])]
         if not rows or rows[0].name:
             raise ValueError("the result's first module row must be the model's (name '')")
@@ -161,14 +162,44 @@ _ROW_TYPES: dict[str, tuple[type, ...]] = {
     "output_shapes": (dict,)}
 
 
+def _check_notes(data: dict[str, Any]) -> None:
+    """The result's flat fields that every report prints, each as :meth:`Result.to_dict` writes it: the inputs
+    objects, the assumptions text, the unsupported operators' calls and the totals by dtype costs."""
+    if not all(type(spec) is dict for spec in data.get("inputs", [])):
+        raise ValueError("the result's inputs are not objects")
+    if not all(type(text) is str for text in data.get("assumptions", [])):
+        raise ValueError("the result's assumptions are not text")
+    if not all(type(calls) is int and calls >= 0 for calls in data.get("unsupported", {}).values()):
+        raise ValueError("the result's unsupported operators' calls are not counts")
+    for metric, by_dtype in data.get("dtypes", {}).items():
+        if type(by_dtype) is not dict:
+            raise ValueError(f"the result's dtypes of {metric!r:.80} are not an object")
+        _check_costs(by_dtype, f"the result's dtypes of {metric!r:.80}")
+    memory = data.get("memory")
+    if memory:  # the peak's line, which every report prints
+        _check_types(memory, _MEMORY_TYPES, "the result's memory", known_only=False)
+        if "peak" not in memory:
+            raise ValueError("the result's memory lacks its peak")
+        costs = {name: memory[name] for name in ("peak", "saved_bytes") if name in memory}
+        _check_costs({**memory.get("by_kind", {}), **costs}, "the result's memory")
+
+
+# The types of the memory summary's fields the reports read (all but the peak optional: a file of an older
+# modelmeter may lack one; the timeline is drawn only by the HTML page).
+_MEMORY_TYPES: dict[str, tuple[type, ...]] = {
+    "peak": (int, float), "phase": (str,), "module": (str,), "operator": (str,), "by_kind": (dict,),
+    "training": (bool,), "optimizer": (dict, type(None)), "saved_bytes": (int, float)}
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a value a result holds")
 
 
-def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], what: str) -> None:
-    """Each field of ``data`` that ``types`` names is of one of its types (a missing one is left to the class)."""
+def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], what: str, known_only: bool = True) -> None:
+    """Each field of ``data`` that ``types`` names is of one of its types (a missing one is left to the caller);
+    ``known_only``: a field ``types`` does not name is a ``TypeError``."""
     unknown = sorted(set(data) - set(types))
-    if unknown:
+    if unknown and known_only:
         raise TypeError(f"{what} has unknown fields: {', '.join(map(repr, unknown))}"[:200])
     for name, kinds in types.items():
         if name in data and type(data[name]) not in kinds:
