@@ -34,6 +34,7 @@ from .._torch_compat import (
     qualified_name,
     schema_of,
     sharded_tensor_type,
+    vmapped,
 )
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
@@ -377,7 +378,8 @@ class FunctionRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         rec = self.recorder
         call = _function_call(func)
-        if call is None or rec.paused:
+        # a call on tensors batched by vmap sees one row: the operators its kernels run on the batch are recorded
+        if call is None or rec.paused or vmapped((args, kwargs)):
             return func(*args, **kwargs)
         op, python_function, higher_order = call
         if JaggedTensor in types_:

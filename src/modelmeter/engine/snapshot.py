@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES
+from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
 Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
@@ -57,6 +57,9 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
+        # a leaf's own hook tables (``register_hook`` & co. in a forward: under real kernels, on the parameters)
+        self.tensor_hooks = [(t, name, getattr(t, name)) for t, _, _ in self.leaves for name in TENSOR_HOOK_TABLES]
+        self.dicts += [(table, dict(table)) for _, _, table in self.tensor_hooks if table is not None]
         # No run swaps the tensors kept in containers for stand-ins: their values are kept instead. Not those that
         # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
         # every analysis would double the model's memory, and real kernels copy a parameter when it is written
@@ -149,6 +152,11 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+        for tensor, name, table in self.tensor_hooks:
+            made = getattr(tensor, name)
+            if made is not table:  # a table the run made: emptied, so the hook torch keeps for it does nothing
+                made.clear()
+                setattr(tensor, name, table)
         self.values.restore()
 
 
