@@ -202,6 +202,26 @@ def test_tensor_hooks_registered_inside_forward_are_not_left_on_the_parameters(e
     kept.remove()
 
 
+class HooksOnItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.register_hook(lambda grad: grad)
+        return self.a(x)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("execution", EXECUTIONS)
+def test_tensor_hooks_registered_on_an_input_are_not_left_on_it(execution: str, backward: bool) -> None:
+    x, on_meta = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, device="meta", requires_grad=True)
+    phases(HooksOnItsInput(), x, backward=backward, execution=execution)
+    phases(HooksOnItsInput(), on_meta, backward=backward, execution="fake")  # a meta input is passed as it is
+    assert x._backward_hooks is None and on_meta._backward_hooks is None
+    assert x.grad is None
+
+
 class GradientPenalty(nn.Module):
     """A WGAN-GP style step: the gradient of the output with respect to the input, taken inside ``forward``."""
 

@@ -47,7 +47,7 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import KeptValues, ModelSnapshot, kept_random_states
+from .snapshot import KeptValues, ModelSnapshot, TensorHooks, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows
@@ -239,6 +239,7 @@ class _Run:
                 # The caller's grad mode must not change what runs: under inference mode, composite operators
                 # (conv2d, linear, batch_norm) reach the recorder undecomposed. The run sets its own mode below.
                 stack.enter_context(torch.inference_mode(False))
+                stack.enter_context(TensorHooks(t for t in tensors_in((args, kwargs)) if t.is_leaf))  # as passed
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
