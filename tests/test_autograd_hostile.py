@@ -298,6 +298,33 @@ def test_torch_func_inside_forward_counts_as_torch(model: nn.Module, execution: 
     assert all(p.grad is None for p in model.parameters())
 
 
+class FuncGradCheckpointed(nn.Module):
+    """torch.func.grad inside a non-re-entrant checkpoint, whose own saved-tensor hooks torch.func refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = torch.func.grad(lambda t: self.a(t).tanh().sum())
+        return torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False)
+
+
+def test_torch_func_fails_where_the_real_step_fails_and_torch_is_put_back() -> None:
+    model, x = FuncGradCheckpointed(), torch.randn(4, 8)
+    disable = torch.autograd.graph.disable_saved_tensors_hooks
+    with pytest.raises(RuntimeError, match="saved tensor hooks") as real:
+        model(x).sum().backward()
+    with pytest.raises(ModelRunError, match="saved tensor hooks") as ours:
+        phases(model, x)
+    assert str(real.value) in str(ours.value)
+    assert torch.autograd.graph.disable_saved_tensors_hooks is disable
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None  # no hook of the run left on the stack
+    phases(FuncGrad(), x)
+    assert torch.autograd.graph.disable_saved_tensors_hooks is disable
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
 # --- losses -------------------------------------------------------------------------------------------------
 def _raises(_: Any) -> torch.Tensor:
     raise KeyError("target")
