@@ -10,11 +10,13 @@ before and after.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -281,6 +283,32 @@ def test_vmap_inside_forward_counts_every_row(execution: str, backward: bool) ->
     assert counted["forward"] == expected["forward"]
     if backward:
         assert counted == expected
+
+
+class VmappedAttention(nn.Module):
+    """Causal attention written for one sequence, mapped over the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def one(t: torch.Tensor) -> torch.Tensor:
+            q = self.q(t).view(t.shape[0], 2, 8).transpose(0, 1)
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+        return torch.func.vmap(one)(x)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch's: no batching rule, a loop over rows
+@pytest.mark.parametrize("execution", EXECUTIONS)
+def test_attention_under_vmap_counts_every_sequence(execution: str) -> None:
+    # by hand: 3 sequences of 10 tokens, 2 heads of 8; causal: 55 (query, key) pairs per head, 2 products each
+    attention, linear = 3 * 2 * 55 * 8 * 2, 3 * 10 * 16 * 16
+    counted = FlopCountAnalysis(VmappedAttention(), torch.randn(3, 10, 16), backward=True, execution=execution,
+                                convention="macs")
+    assert counted.by_operator() == Counter({"mm": 2 * linear, "scaled_dot_product_attention": attention,
+                                              "scaled_dot_product_attention_backward": 5 * attention // 2})
 
 
 @pytest.mark.parametrize("model", [FuncGrad(), FunctionalCall()], ids=["grad", "functional_call"])

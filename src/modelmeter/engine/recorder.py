@@ -378,9 +378,10 @@ class FunctionRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         rec = self.recorder
         call = _function_call(func)
-        # a call on tensors batched by vmap sees one row: the operators its kernels run on the batch are recorded
-        if call is None or rec.paused or vmapped((args, kwargs)):
+        if call is None or rec.paused:
             return func(*args, **kwargs)
+        if vmapped((args, kwargs)):  # the call sees one row: the operators its kernels run on the batch are recorded
+            return _as_on_the_cpu(func, args, kwargs)
         op, python_function, higher_order = call
         if JaggedTensor in types_:
             try:
@@ -420,9 +421,14 @@ class FunctionRecorder(TorchFunctionMode):
             emulated = emulate(self.recorder.synthetic_target, func, args, kwargs)
             if emulated is not None:
                 return emulated
-        # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
-        fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
-        return func(*args, **kwargs) if fused is None else fused
+        return _as_on_the_cpu(func, args, kwargs)
+
+
+def _as_on_the_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)``; on meta tensors, attention runs as the CPU's fused kernel would
+    (meta_kernels.py)."""
+    fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
+    return func(*args, **kwargs) if fused is None else fused
 
 
 def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
