@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import forward_ad
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
@@ -311,7 +312,31 @@ def test_attention_under_vmap_counts_every_sequence(execution: str) -> None:
                                               "scaled_dot_product_attention_backward": 5 * attention // 2})
 
 
-@pytest.mark.parametrize("model", [FuncGrad(), FunctionalCall()], ids=["grad", "functional_call"])
+class DualNumbers(nn.Module):
+    """Forward-mode AD by hand: the tangent of a layer's output, computed next to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with forward_ad.dual_level():
+            primal, tangent = forward_ad.unpack_dual(self.a(forward_ad.make_dual(x, torch.ones_like(x))))
+        return primal + tangent
+
+
+class Jvp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        primal, tangent = torch.func.jvp(lambda t: self.a(t).tanh(), (x,), (torch.ones_like(x),))
+        return primal + tangent
+
+
+@pytest.mark.parametrize("model", [FuncGrad(), FunctionalCall(), DualNumbers(), Jvp()],
+                         ids=["grad", "functional_call", "forward_ad", "jvp"])
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_torch_func_inside_forward_counts_as_torch(model: nn.Module, execution: str) -> None:
     x = torch.randn(4, 8)

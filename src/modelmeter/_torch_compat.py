@@ -58,14 +58,15 @@ __all__ = [  # what the package imports from here
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
-    "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
+    "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes",
+    "eager_flex_attention", "fake_from_meta",
     "fake_store", "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
     "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name",
     "saved_tensors_hooks_set_aside", "schema_of", "script_object_type", "set_state_dict_metadata",
     "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
-    "version_counter", "vmapped", "weights_only_allowed_globals",
+    "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -113,13 +114,25 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
-def vmapped(arguments: Any) -> bool:
-    """Whether a tensor among ``arguments`` (a tree) is batched by ``torch.func.vmap``, at any level of functorch's
-    wrappers: a function-level call sees such a tensor at its per-sample shape, one row of what its kernels run on
-    (torch._C._functorch, since 2.0; no public test exists)."""
+def counted_by_kernels(arguments: Any) -> bool:
+    """Whether a function-level call's shapes miss work its kernels do, so the operators they run are what counts:
+    forward-mode AD is on (a ``forward_ad.dual_level`` open, ``_current_level`` since 1.10, or ``torch.func.jvp``),
+    whose tangents are computed inside the call by operators of their own; or a tensor among ``arguments`` (a tree)
+    is batched by ``torch.func.vmap``, at any level of functorch's wrappers, so the call sees one row of what its
+    kernels run on (torch._C._functorch, since 2.0; neither has a public test)."""
+    if torch.autograd.forward_ad._current_level >= 0:
+        return True
     functorch = torch._C._functorch
     if functorch.peek_interpreter_stack() is None:  # no transform running: the common case, one call
         return False
+    if any(interpreter.key() == functorch.TransformType.Jvp for interpreter in functorch.get_interpreter_stack()):
+        return True
+    for tensor in pytree.tree_leaves(arguments):
+        while isinstance(tensor, torch.Tensor) and functorch.is_functorch_wrapped_tensor(tensor):
+            if functorch.is_batchedtensor(tensor):
+                return True
+            tensor = functorch.get_unwrapped(tensor)
+    return False
     for tensor in pytree.tree_leaves(arguments):
         while isinstance(tensor, torch.Tensor) and functorch.is_functorch_wrapped_tensor(tensor):
             if functorch.is_batchedtensor(tensor):

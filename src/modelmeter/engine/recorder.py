@@ -26,6 +26,7 @@ from .._torch_compat import (
     JaggedTensor,
     OpOverload,
     OpOverloadPacket,
+    counted_by_kernels,
     current_autograd_node,
     intercepted_function_apply,
     no_torch_function,
@@ -34,7 +35,6 @@ from .._torch_compat import (
     qualified_name,
     schema_of,
     sharded_tensor_type,
-    vmapped,
 )
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
@@ -380,7 +380,7 @@ class FunctionRecorder(TorchFunctionMode):
         call = _function_call(func)
         if call is None or rec.paused:
             return func(*args, **kwargs)
-        if vmapped((args, kwargs)):  # the call sees one row: the operators its kernels run on the batch are recorded
+        if counted_by_kernels((args, kwargs)):  # under vmap or forward-mode AD: see counted_by_kernels
             return _as_on_the_cpu(func, args, kwargs)
         op, python_function, higher_order = call
         if JaggedTensor in types_:
