@@ -133,12 +133,6 @@ def counted_by_kernels(arguments: Any) -> bool:
                 return True
             tensor = functorch.get_unwrapped(tensor)
     return False
-    for tensor in pytree.tree_leaves(arguments):
-        while isinstance(tensor, torch.Tensor) and functorch.is_functorch_wrapped_tensor(tensor):
-            if functorch.is_batchedtensor(tensor):
-                return True
-            tensor = functorch.get_unwrapped(tensor)
-    return False
 
 # --- __torch_function__ handling (torch._C, since 1.12) -------------------------------------------------------------
 # Turns __torch_function__ handling off for a block, modes included: the recorder's module hooks read the shapes of a
