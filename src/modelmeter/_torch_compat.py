@@ -114,17 +114,21 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
+_FORWARD_AD = torch.autograd.forward_ad
+_PEEK_TRANSFORMS: Callable[[], Any] = torch._C._functorch.peek_interpreter_stack
+
+
 def counted_by_kernels(arguments: Any) -> bool:
     """Whether a function-level call's shapes miss work its kernels do, so the operators they run are what counts:
     forward-mode AD is on (a ``forward_ad.dual_level`` open, ``_current_level`` since 1.10, or ``torch.func.jvp``),
     whose tangents are computed inside the call by operators of their own; or a tensor among ``arguments`` (a tree)
     is batched by ``torch.func.vmap``, at any level of functorch's wrappers, so the call sees one row of what its
     kernels run on (torch._C._functorch, since 2.0; neither has a public test)."""
-    if torch.autograd.forward_ad._current_level >= 0:
+    if _FORWARD_AD._current_level >= 0:
         return True
-    functorch = torch._C._functorch
-    if functorch.peek_interpreter_stack() is None:  # no transform running: the common case, one call
+    if _PEEK_TRANSFORMS() is None:  # no transform running: the common case, one call (at every function-level call)
         return False
+    functorch = torch._C._functorch
     if any(interpreter.key() == functorch.TransformType.Jvp for interpreter in functorch.get_interpreter_stack()):
         return True
     for tensor in pytree.tree_leaves(arguments):
