@@ -27,6 +27,7 @@ from .._torch_compat import (
     JaggedTensor,
     OpOverload,
     OpOverloadPacket,
+    counted_by_kernels,
     current_autograd_node,
     function_modes,
     intercepted_function_apply,
@@ -396,6 +397,8 @@ class FunctionRecorder(TorchFunctionMode):
         call = _function_call(func)
         if call is None or rec.paused:
             return func(*args, **kwargs)
+        if counted_by_kernels((args, kwargs)):  # under vmap or forward-mode AD: see counted_by_kernels
+            return _as_on_the_cpu(func, args, kwargs)
         op, python_function, higher_order = call
         if JaggedTensor in types_:
             try:
@@ -435,9 +438,14 @@ class FunctionRecorder(TorchFunctionMode):
             emulated = emulate(self.recorder.synthetic_target, func, args, kwargs)
             if emulated is not None:
                 return emulated
-        # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
-        fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
-        return func(*args, **kwargs) if fused is None else fused
+        return _as_on_the_cpu(func, args, kwargs)
+
+
+def _as_on_the_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)``; on meta tensors, attention runs as the CPU's fused kernel would
+    (meta_kernels.py)."""
+    fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
+    return func(*args, **kwargs) if fused is None else fused
 
 
 def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

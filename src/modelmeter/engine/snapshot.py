@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES
+from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
 Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
@@ -57,6 +57,7 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
+        self.tensor_hooks = TensorHooks(t for t, _, _ in self.leaves)
         # No run swaps the tensors kept in containers for stand-ins: their values are kept instead. Not those that
         # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
         # every analysis would double the model's memory, and real kernels copy a parameter when it is written
@@ -149,7 +150,35 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+        self.tensor_hooks.restore()
         self.values.restore()
+
+
+class TensorHooks:
+    """The hook tables of some leaf tensors (``register_hook``, ``register_post_accumulate_grad_hook``), put back
+    as they were by :meth:`restore`. A forward that sets hooks on the tensors it is given (its parameters under real
+    kernels, a caller's input) would otherwise leave them there, to fire in the caller's next step."""
+
+    def __init__(self, leaves: Iterable[torch.Tensor]) -> None:
+        self.tables = [(t, name, getattr(t, name)) for t in leaves for name in TENSOR_HOOK_TABLES]
+        self.entries = [(table, dict(table)) for _, _, table in self.tables if table is not None]
+
+    def __enter__(self) -> TensorHooks:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        for table, entries in self.entries:
+            if table != entries:  # (hook functions compare by identity)
+                table.clear()
+                table.update(entries)
+        for tensor, name, table in self.tables:
+            made = getattr(tensor, name)
+            if made is not table:  # a table the run made: emptied, so the hook torch keeps for it does nothing
+                made.clear()
+                setattr(tensor, name, table)
 
 
 class KeptValues:

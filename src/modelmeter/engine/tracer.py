@@ -32,6 +32,7 @@ from .._torch_compat import (
     no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
+    saved_tensors_hooks_set_aside,
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
@@ -47,7 +48,7 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import KeptValues, ModelSnapshot, kept_random_states
+from .snapshot import KeptValues, ModelSnapshot, TensorHooks, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows
@@ -240,6 +241,7 @@ class _Run:
                 # The caller's grad mode must not change what runs: under inference mode, composite operators
                 # (conv2d, linear, batch_norm) reach the recorder undecomposed. The run sets its own mode below.
                 stack.enter_context(torch.inference_mode(False))
+                stack.enter_context(TensorHooks(t for t in tensors_in((args, kwargs)) if t.is_leaf))  # as passed
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
@@ -278,7 +280,9 @@ class _Run:
                 _note_existing_storages(recorder, parts, args, kwargs)
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
-                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack_saved, _unpack))
+                    pack = recorder.pack_saved  # one object: the hooks are told apart by it
+                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _unpack))
+                    stack.enter_context(saved_tensors_hooks_set_aside(pack))  # for torch.func.grad & co.
                 else:  # inference: no graph, nothing saved for a backward pass
                     stack.enter_context(torch.no_grad())
                 if fake and self.cuda_requests:
@@ -291,6 +295,8 @@ class _Run:
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
                     recorder.finish_storages(parts.running(parts.parameters))
+                except _LossFnError:
+                    raise
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
@@ -310,10 +316,7 @@ class _Run:
         """Gradients of the loss with respect to the parameters and inputs that require grad."""
         loss: torch.Tensor | None
         if self.loss_fn is not None:  # the user's loss is work of the step: recorded, at the model's level
-            loss = self.loss_fn(output)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TypeError(f"loss_fn must return a tensor with one element, got "
-                                f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+            loss = _user_loss(self.loss_fn, output, recorder)
         else:
             recorder.paused = True
             try:
@@ -340,6 +343,24 @@ class _Run:
 
 
 _op_of = attrgetter("op")
+
+
+class _LossFnError(ModelRunError):
+    """The user's ``loss_fn`` failed, or returned no one-element tensor: named as such, not as the model's."""
+
+
+def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor:
+    """``loss_fn(output)``, a tensor of one element; a :class:`_LossFnError` naming the operator where it failed."""
+    try:
+        loss = loss_fn(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"loss_fn must return a tensor with one element, got "
+                            f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+    except Exception as exc:
+        op = recorder.failed_op
+        at = f" at operator {op}" if op else ""
+        raise _LossFnError(f"the loss_fn failed{at}: {type(exc).__name__}: {exc}", None, op) from exc
+    return loss
 
 
 def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -682,6 +703,9 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     at = f" at operator {op}" if op else ""
     hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
         if isinstance(exc, _NEEDS_VALUES) else ""
+    if not recorder.track_autograd and _took_gradients(exc):
+        hint += (" (a forward-only analysis runs under torch.no_grad(), as inference does: a model that takes "
+                 "gradients or hooks them inside forward is analysed with backward=True)")
     if recorder.guessed_values:  # a meta model's own values were read: the failure may follow from the guess
         hint += (f" (before it, {recorder.guessed_values[0]}: a model on the meta device cannot read the values of "
                  "its own tensors; build it on the CPU for a run that reads them)")
@@ -729,6 +753,21 @@ def _misfit(model: nn.Module, recorder: Recorder) -> tuple[str | None, bool]:
 
 def names_module(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name) if name else model
+
+
+# The calls of autograd's a model can make in forward, that need grad mode (a gradient penalty, a hook on an activation)
+_AUTOGRAD_CALLS = frozenset(f.__code__ for f in (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward,
+                                                 torch.Tensor.register_hook))
+
+
+def _took_gradients(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside one of :data:`_AUTOGRAD_CALLS` (told by origin, not by torch's wording)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _AUTOGRAD_CALLS:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _innermost_module(exc: BaseException, names: ModuleNames) -> str | None:
