@@ -7,13 +7,17 @@ tensors, and the real model's outputs and state before and after.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
 import torch
 from torch import nn
 
+import modelmeter
 from modelmeter import FlopCountAnalysis
+from modelmeter.engine.meta_kernels import fast_meta_kernel
+from modelmeter.engine.metadata import meta_stands_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 
@@ -155,3 +159,76 @@ def test_quantized_tensors_refuse_a_fake_run_naming_the_tensor() -> None:
     before = model.codes.clone()
     assert _macs(model, torch.randn(3, 8)) == 3 * 8 * 4
     assert torch.equal(model.codes.dequantize(), before.dequantize())
+
+
+# --- channels-last layouts on meta stand-ins ---------------------------------------------------------------------
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+
+
+def _convolution_cases() -> list[tuple[str, tuple[object, ...]]]:
+    """(name, convolution arguments on the CPU) over dtypes, 2-D and 3-D, which operand is channels-last, plain or
+    transposed and grouped: the layouts the CPU's backends give differ across all of them."""
+    cases = []
+    for dtype, dims, which, transposed in itertools.product(
+            (torch.float32, torch.float64, torch.bfloat16), (2, 3), ("input", "weight", "both"), (False, True)):
+        groups = 2 if transposed else 1
+        x = torch.randn(2, 4, *(5,) * dims, dtype=dtype)
+        w = torch.randn(*((4, 6 // groups) if transposed else (6, 4 // groups)), *(3,) * dims, dtype=dtype)
+        x, w = (_channels_last(x) if which != "weight" else x), (_channels_last(w) if which != "input" else w)
+        args = (x, w, None, [1] * dims, [0] * dims, [1] * dims, transposed, [0] * dims, groups)
+        cases.append((f"{dtype}-{dims}d-{which}-{'transposed-' if transposed else ''}groups{groups}", args))
+    return cases
+
+
+def _meta(value: object) -> object:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+
+
+def _strides(result: object) -> list[object]:
+    return [None if t is None else (tuple(t.shape), t.stride()) for t in (result if isinstance(result, tuple)
+                                                                           else (result,))]
+
+
+CONVOLUTIONS = _convolution_cases()
+
+
+@pytest.mark.parametrize(("name", "args"), CONVOLUTIONS, ids=[c[0] for c in CONVOLUTIONS])
+def test_a_convolution_of_channels_last_stand_ins_is_laid_out_as_on_the_cpu(name: str, args: tuple[object, ...]
+                                                                             ) -> None:
+    """PyTorch's meta convolution makes contiguous results; the CPU's backends keep channels-last ones (for some
+    dtypes, dimensions and operands): a ``reshape`` after it copied on the CPU only. Forward and backward."""
+    aten = torch.ops.aten
+    meta = tuple(_meta(a) for a in args)
+    with meta_stands_for("cpu"):
+        forward = fast_meta_kernel(aten.convolution.default, meta)
+        assert forward is not None
+        out = aten.convolution.default(*args)
+        assert _strides(forward(*meta)) == _strides(out)
+        grad = torch.randn_like(out)
+        backward_args = (grad, *args[:2], [0], *args[3:], [True, True, False])
+        backward = fast_meta_kernel(aten.convolution_backward.default, tuple(_meta(a) for a in backward_args))
+        assert backward is not None
+        assert (_strides(backward(*(_meta(a) for a in backward_args)))
+                == _strides(aten.convolution_backward.default(*backward_args)))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("model", ["conv", "conv3d", "group_norm"])
+def test_channels_last_models_record_what_real_kernels_record(model: str, backward: bool) -> None:
+    """Meta stand-ins run what the CPU runs, layouts included: the same operators (no copy on one side only) and
+    the same memory peak."""
+    if model == "conv":  # a channels-last input, a contiguous weight
+        net, x = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten()), _channels_last(torch.randn(2, 3, 8, 8))
+    elif model == "conv3d":
+        net = nn.Sequential(nn.Conv3d(3, 4, 3), nn.ReLU(), nn.Flatten()).to(memory_format=torch.channels_last_3d)
+        x = _channels_last(torch.randn(1, 3, 5, 6, 6))
+    else:
+        net, x = nn.Sequential(nn.GroupNorm(2, 8), nn.Flatten()), _channels_last(torch.randn(2, 8, 6, 6))
+    runs = [modelmeter.analyze(net, x.requires_grad_(backward), execution=execution, backward=backward, memory=True,
+                               quiet=True) for execution in ("fake", "real")]
+    fake, real = ([(e.op, e.phase) for e in run.trace.events if e.level == "dispatch"] for run in runs)
+    assert fake == real
+    assert runs[0].memory.peak() == runs[1].memory.peak()  # type: ignore[union-attr]
