@@ -58,9 +58,9 @@ __all__ = [  # what the package imports from here
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
-    "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes",
-    "eager_flex_attention", "fake_from_meta", "fake_store", "flattened_mesh", "forward_hook_tables", "function_modes",
-    "global_forward_hooks", "intercepted_function_apply",
+    "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
+    "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "flattened_mesh",
+    "forward_hook_tables", "function_modes", "global_forward_hooks", "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
     "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name",
@@ -77,6 +77,15 @@ def fake_from_meta(mode: FakeTensorMode, meta: torch.Tensor, device: torch.devic
     """A FakeTensor of ``mode`` on ``device`` wrapping ``meta`` (``FakeTensorConverter.from_meta_and_device``, in
     2.14.1): ten times faster than ``mode.from_tensor`` converting the original, which matters for large models."""
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, device)
+
+
+def conv_memory_format(x: torch.Tensor, weight: torch.Tensor, **geometry: Any) -> torch.memory_format:
+    """The memory format a convolution's output and gradients get on the device of the FakeTensors ``x`` and
+    ``weight`` (with ``geometry``: stride, padding, ..., ``bias`` or ``bias_sizes``): the backend torch selects for
+    them and that backend's layout (``torch._C._select_conv_backend``, ``_conv_determine_backend_memory_format``), as
+    FakeTensors' own convolution does (``fake_impls.conv``, 2.14.1). Called under the FakeTensors' mode."""
+    backend = torch._C._select_conv_backend(x, weight, **geometry)
+    return torch._C._conv_determine_backend_memory_format(x, weight, backend)
 
 
 class EagerDispatchMode(TorchDispatchMode):

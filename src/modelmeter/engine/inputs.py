@@ -73,6 +73,13 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         raise TypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}{hint}") from None
 
 
+def quantized_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The path of the first quantized tensor among the inputs (``"inputs[0]"``), or None: only real kernels take
+    one."""
+    return next((path for path, leaf in _leaves(args, kwargs)
+                 if isinstance(leaf, torch.Tensor) and leaf.is_quantized), None)
+
+
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
     flat, _ = pytree.tree_flatten_with_path((args, kwargs))
     out = []

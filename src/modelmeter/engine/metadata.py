@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import local_tensor, schema_of
+from .._torch_compat import disable_current_modes, local_tensor, schema_of
 from .collectives import group_of_script_object
 from .trace import TensorMeta
 
@@ -172,8 +172,16 @@ def describe(value: Any) -> Any:
             return group
         unpack = getattr(value, "unpack", None)
         if unpack is not None:  # packed quantized weights: described by their weight
-            return describe(unpack()[0])
+            return describe(_unpacked_weight(unpack))
     return f"<{type(value).__name__}>"
+
+
+def _unpacked_weight(unpack: Any) -> torch.Tensor:
+    """The weight of packed quantized parameters, unpacked outside the run's modes: the unpacking kernels are not
+    the model's operators, and some copy values into the tensor they make (``linear_dynamic_fp16``'s), which under a
+    fake mode is a FakeTensor without storage — a segmentation fault."""
+    with disable_current_modes():
+        return unpack()[0]
 
 
 def flat_outputs(value: Any) -> list[Any]:

@@ -41,7 +41,7 @@ from .cuda_stand_in import CudaRequests, on_device
 from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
-from .inputs import map_tensors, tensors_in
+from .inputs import map_tensors, quantized_input, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .op_tags import op_tags
@@ -88,7 +88,12 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
-        return _run_jagged(run, execution, no_values)
+        return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
+                              "the lengths of their sequences are values")
+    quantized = quantized_input(args, kwargs) or _quantized_state(parts)
+    if quantized is not None:
+        return _run_real_only(run, execution, no_values, f"quantized tensors ({quantized})",
+                              "FakeTensors and meta tensors cannot stand for them")
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     try:
@@ -161,17 +166,24 @@ def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[s
     return trace
 
 
-def _run_jagged(run: _Run, execution: Execution, no_values: bool) -> Trace:
-    """A run on jagged nested tensors: real kernels, as their sequences' lengths are values (FakeTensors would need
-    symbolic shapes for them)."""
+def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: str, why: str) -> Trace:
+    """A run with tensors only real kernels can take: jagged nested tensors (their sequences' lengths are values, for
+    which FakeTensors would need symbolic shapes), quantized ones (no fake form)."""
     if execution == "fake" or no_values:
-        raise ValueError("jagged nested tensor inputs need real kernels (the lengths of their sequences are values): "
-                         "use execution='auto' or 'real', with a model and inputs that are not on the meta device")
+        raise ValueError(f"{subject} need real kernels ({why}): use execution='auto' or 'real', with a model and "
+                         "inputs that are not on the meta device")
     trace = run(fake=False, model_on_meta=False, no_values=False)
     if execution == "auto":
-        trace.assumptions.append("jagged nested tensor inputs (the lengths of their sequences are values): ran real "
-                                 "kernels")
+        trace.assumptions.append(f"{subject} ({why}): ran real kernels")
     return trace
+
+
+def _quantized_state(parts: _Parts) -> str | None:
+    """The name of the model's first quantized parameter, buffer or tensor attribute, or None."""
+    for _, name, tensor in (*parts.held_parameters, *parts.held_others):
+        if tensor.is_quantized:
+            return f"{name!r}, held by the model"
+    return None
 
 
 class _Parts:
@@ -190,6 +202,8 @@ class _Parts:
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
+        # packed weights (quantized layers' ScriptObjects), which FakeTensors' cache cannot key
+        self.packed = any(isinstance(v, torch.ScriptObject) for m in self.modules for v in vars(m).values())
         self.parameters = _unique(t for _, _, t in self.held_parameters)
         self.buffers = _unique(t for _, _, t in self.pristine.buffers)
         self.stand_ins: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, during a run
@@ -253,6 +267,8 @@ class _Run:
                             stack.enter_context(meta_stands_for("cpu"))
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                    if parts.packed:  # torch's cache of fake results compares packed weights with ==, which they lack
+                        fake_mode.cache_enabled = False
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
                         args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)

@@ -395,11 +395,12 @@ class _Tally:
 
 
 def _integer_only(outputs: list[Any]) -> bool:
-    """True when every output is an integer or boolean tensor (index and mask arithmetic is free)."""
+    """True when every output is an integer or boolean tensor (index and mask arithmetic is free); a quantized one
+    (``quint8``, ``qint8``...) stands for real numbers, so an operator making it is not free."""
     found = False
     for value in outputs:
         if isinstance(value, TensorMeta):
-            if value.is_floating_point:
+            if value.is_floating_point or value.dtype.startswith(("qint", "quint")):
                 return False
             found = True
     return found
