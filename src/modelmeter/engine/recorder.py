@@ -275,23 +275,23 @@ class Recorder:
         events = self.trace.events
         if self.refines(op):
             top = self._open[-1]
-            events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
+            events[top].inputs, events[top].kwargs, events[top].overload = self._bind(op, args, kwargs)
             events[top].python = python
             return top, False
-        inputs, extra = self._bind(op, args, kwargs)
+        inputs, extra, overload = self._bind(op, args, kwargs)
         scope, phase, origin = self._event_context()
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
-                              origin, python))
+                              origin, python, overload))
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
             self.unreplayable += 1  # its record holds what its mask's values let through (replay.py)
         return len(events) - 1, True
 
-    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        inputs, extra = bind_by_name(op, args, kwargs)
+    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
+        inputs, extra, overload = bind_by_name(op, args, kwargs)
         if op not in ATTENTION_CALLS:
-            return inputs, extra
+            return inputs, extra, overload
         values = self.shadows.get if self.shadows is not None else None
         if not summarize_mask(op, inputs, args, kwargs, values) and not self._noted_masks:
             self._noted_masks = True
@@ -299,7 +299,7 @@ class Recorder:
                 f"{_where(self)}: an attention mask's values are unknown (it depends on weights or activations, "
                 "or was given on the meta device), so masked attention is counted dense; is_causal is counted "
                 "exactly, and execution='real' reads the masks")
-        return inputs, extra
+        return inputs, extra, overload
 
     def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
         """End a user-level event; one that ran nothing inside is no operator call (dropped), unless
@@ -334,7 +334,8 @@ class Recorder:
                      result: Any) -> None:
         scope, phase, origin = self._event_context()
         self.trace.events.append(OpEvent(op, "dispatch", self._open[-1] if self._open else -1, scope, phase,
-                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin))
+                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin,
+                                         overload=schema.overload_name or "default"))
 
     def synthetic_target(self) -> Target:
         """Where events written without running their operators go (engine/recurrent.py): inside the call open now,

@@ -12,7 +12,6 @@ one with the memory analysis the step's memory timeline and the operator mix (:m
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 import re
@@ -21,7 +20,7 @@ from typing import Any
 
 from .. import _version
 from ..io.atomic import atomic_write
-from . import html_memory, html_parallel
+from . import html_memory, html_parallel, jsontext
 from .columns import shapes_cell
 from .fvcore_tables import format_size
 from .render import convention_note, memory_note
@@ -38,7 +37,7 @@ def _input_text(spec: dict[str, Any]) -> str:
     """``"1x3x64x64 float32"`` for a tensor input, its JSON otherwise."""
     if "shape" in spec:
         return "x".join(str(d) for d in spec["shape"]) + f" {spec.get('dtype', '')}".rstrip()
-    return json.dumps(spec, default=str)
+    return jsontext.dumps(spec, default=str)
 
 
 def _values(result: Result, name: str) -> dict[str, float]:
@@ -262,7 +261,7 @@ def roofline_chart(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _json_for_script(data: dict[str, Any]) -> str:
     """JSON that cannot end its ``<script>`` element early: ``<``, ``>`` and ``&`` become ``\\u`` escapes."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    text = jsontext.dumps(data, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

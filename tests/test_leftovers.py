@@ -1,0 +1,115 @@
+"""The leftovers of earlier rounds, each a wrong or silent result once documented as a limit: an ``out=`` call
+counted by another overload's formula, NaN in JSON, recurrent layers' saved tensors, norm statistics' dtypes
+under autocast."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from modelmeter import Result, analyze
+from modelmeter.guard.baseline import BaselineFile, entry_from_result
+from modelmeter.guard.values import GuardFileError
+from modelmeter.handles.conventions import register_handle, unregister_handle
+from modelmeter.metrics.traffic import count_bytes
+from modelmeter.reports.html import render_html
+from modelmeter.reports.saved import SavedTrace, read_saved_trace, write_saved_trace
+
+
+class Call(nn.Module):
+    """A model that runs ``fn`` on its input."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.fn(x)
+
+
+# --- 1. an out= call is counted by the overload that ran -------------------------------------------------------
+_X = torch.randn(4, 5)
+_PAIRS = {  # a call with out=, the same call without it, and what it costs (flops convention): n = 20 elements
+    "max": (lambda x: torch.max(x, out=torch.empty(())), torch.max, 20),
+    "min": (lambda x: torch.min(x, out=torch.empty(())), torch.min, 20),
+    "max other": (lambda x: torch.max(x, x.flip(0), out=torch.empty(4, 5)), lambda x: torch.max(x, x.flip(0)), 20),
+    "max dim": (lambda x: torch.max(x, 1, out=(torch.empty(4), torch.empty(4, dtype=torch.long))),
+                lambda x: torch.max(x, 1), 20),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PAIRS))
+@pytest.mark.parametrize("execution", ["fake", "real"])
+def test_an_out_call_counts_what_the_same_call_without_out_counts(name: str, execution: str) -> None:
+    with_out, plain, expected = _PAIRS[name]
+    counted = analyze(Call(with_out), (_X,), convention="flops", execution=execution).flops.total()
+    assert counted == analyze(Call(plain), (_X,), convention="flops", execution=execution).flops.total()
+    assert counted == expected
+
+
+def test_the_out_tensor_of_a_reduction_is_written_not_read() -> None:
+    """``torch.max(x, out=o)`` reads x (80 bytes) and writes o (4); it was taken as ``max(x, other=o)``, o read."""
+    trace = analyze(Call(lambda x: torch.max(x, out=torch.empty(()))), (_X,)).trace
+    assert sum(count_bytes(trace).counts[""].values()) == 80 + 4
+
+
+def test_a_saved_trace_keeps_the_overload_of_each_event(tmp_path: Path) -> None:
+    analysis = analyze(Call(lambda x: torch.max(x, out=torch.empty(()))), (_X,), convention="flops")
+    path = tmp_path / "max.mmtrace"
+    write_saved_trace(SavedTrace(analysis.trace, analysis.result(), {"convention": "flops"}, {}), path)
+    back = read_saved_trace(path)
+    assert [e.overload for e in back.trace.events] == [e.overload for e in analysis.trace.events]
+    assert "unary_out" in {e.overload for e in back.trace.events}
+    assert back.result.total("flops") == 20
+
+
+# --- 2. JSON written is strict: a non-finite cost is null, and reads back -----------------------------------------
+def _strict(text: str) -> Any:
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} in JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture
+def nan_result() -> Iterator[Any]:
+    """An analysis whose ReLU a registered handle counts as NaN (the one way a result holds a non-finite cost)."""
+    register_handle("aten::relu", lambda inputs, outputs: math.nan, convention="fvcore")
+    try:
+        yield analyze(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),), device="h100")
+    finally:
+        unregister_handle("aten::relu", convention="fvcore")
+
+
+def test_a_result_with_a_nan_cost_writes_strict_json_that_reads_back(nan_result: Any) -> None:
+    result = nan_result.result()
+    data = _strict(result.to_json())
+    assert data["modules"][0]["metrics"]["flops"] is None
+    assert data["modules"][0]["by_operator"]["flops"]["relu"] is None
+    back = Result.from_json(result.to_json())
+    assert math.isnan(back.total("flops")) and back.row("0").metrics["flops"] == 32
+    assert back.to_json() == result.to_json()
+
+
+def test_html_and_saved_traces_of_a_nan_cost_are_written(nan_result: Any, tmp_path: Path) -> None:
+    """Both raised json's bare "Out of range float values are not JSON compliant"."""
+    page = render_html(nan_result.result())
+    script = page.split('type="application/json"', 1)[1].split(">", 1)[1].split("</script>", 1)[0]
+    _strict(script)
+    path = tmp_path / "nan.mmtrace"
+    write_saved_trace(SavedTrace(nan_result.trace, nan_result.result(), {"convention": "fvcore"}, {}), path)
+    assert math.isnan(read_saved_trace(path).result.total("flops"))
+
+
+def test_a_baseline_of_a_nan_cost_is_refused_with_a_clear_error(nan_result: Any, tmp_path: Path) -> None:
+    baseline = BaselineFile({"m": entry_from_result(nan_result.result())})
+    with pytest.raises(GuardFileError, match="not a finite number"):
+        baseline.save(tmp_path / "baseline.json")
+    assert not (tmp_path / "baseline.json").exists()
