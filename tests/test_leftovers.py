@@ -113,3 +113,34 @@ def test_a_baseline_of_a_nan_cost_is_refused_with_a_clear_error(nan_result: Any,
     with pytest.raises(GuardFileError, match="not a finite number"):
         baseline.save(tmp_path / "baseline.json")
     assert not (tmp_path / "baseline.json").exists()
+
+
+# --- 4. norm statistics under CPU autocast are float32, as the CPU's kernels make them -----------------------------
+def _norms() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.GroupNorm(2, 4), nn.Flatten(),
+                         nn.Linear(4 * 6 * 6, 8), nn.LayerNorm(8), nn.Linear(8, 8))
+
+
+def _kernels(execution: str, dtype: torch.dtype) -> tuple[list[Any], int]:
+    """Each kernel's outputs (shape, dtype) and the predicted peak of a training step under CPU autocast."""
+    with torch.autocast("cpu", dtype=dtype):
+        analysis = analyze(_norms(), (torch.randn(2, 3, 8, 8),), execution=execution, backward=True, memory=True)
+    outputs = [(e.op, [(o.shape, o.dtype) for o in e.outputs if hasattr(o, "dtype")])
+               for e in analysis.trace.events if e.level == "dispatch"]
+    return outputs, analysis.memory.peak()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("execution", ["fake", "auto"])
+def test_norm_outputs_under_cpu_autocast_have_the_cpu_kernels_dtypes(execution: str, dtype: torch.dtype) -> None:
+    """The oracle: the same step on real CPU tensors (batch, group and layer norm statistics float32, the group norm
+    backward's input gradient in the input's dtype)."""
+    real = _kernels("real", dtype)
+    assert _kernels(execution, dtype) == real
+    assert ("aten::native_layer_norm", [((2, 8), torch_name(dtype)), ((2, 1), torch_name(torch.float32)),
+                                        ((2, 1), torch_name(torch.float32))]) in real[0]
+
+
+def torch_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -39,7 +39,7 @@ from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
 from .kernel_checks import Check, kernel_check
-from .meta_kernels import direct_kernel, fused_on_meta
+from .meta_kernels import direct_kernel, fused_on_meta, with_cpu_dtypes
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .recurrent import RECURRENT_CALLS, Target, emulate
@@ -596,7 +596,7 @@ def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs
     direct = operator.direct
     if direct is not None and direct[0](args):
         return direct[1](*args, **kwargs)
-    return func(*args, **kwargs)
+    return with_cpu_dtypes(func, args, func(*args, **kwargs))
 
 
 def _operator(func: OpOverload) -> _Operator:
