@@ -29,7 +29,7 @@ import torch
 
 from .._torch_compat import pop_mode_temporarily
 from .fast_paths import FastPath
-from .metadata import device_name, dtype_name
+from .metadata import device_name, dtype_name, recorded_device
 from .trace import OpEvent, Storage, TensorMeta
 
 # the recurrent calls (nn.LSTM, nn.GRU and nn.RNN call them through ``torch._VF``: the same functions), and
@@ -66,7 +66,7 @@ def emulate(target_of: Callable[[], Target], func: Any, args: tuple[Any, ...], k
     target = target_of()
     layout = _layout(func, args, target.known)
     if layout is None:
-        return None
+        return _cpu_branch(func, args)
     run = _Run(target, args[0])
     with pop_mode_temporarily():  # the real outputs are made unseen: the events say how they were made
         return run.call(func, layout, args)
@@ -396,3 +396,108 @@ class _Run:
         self.emit("aten::transpose_" if in_place else "aten::transpose", [after if in_place else before, 0, 1],
                   [after])
         return result
+
+
+# --- the CPU's branch, with autograd -------------------------------------------------------------------------------
+# Where the fast path does not stand for a call (a training step: autograd needs the decomposition's graph), a GRU
+# or simple RNN on meta tensors standing for a CPU model runs RNN.cpp's CPU branch, here in Python through the same
+# aten operators: the decomposition on meta tensors takes the other branch, which multiplies the input by its weight
+# step by step, where the CPU multiplies the whole sequence once before the loop (``FullLayer`` and
+# ``FullBidirectionalLayer``'s ``pre_compute_input``) and so saves and frees other tensors (a small GRU's training
+# step: 2-8% off the allocator). Each temporary is dropped where the C++ scope drops it.
+_A = torch.ops.aten
+
+
+def _cpu_branch(func: Any, args: tuple[Any, ...]) -> Any:
+    """``func(*args)`` (``gru``, ``rnn_tanh``, ``rnn_relu``) as the CPU runs it, for meta tensors standing for CPU
+    tensors; None for any other call (it runs as it is)."""
+    if func not in (torch.gru, torch.rnn_tanh, torch.rnn_relu) or recorded_device() != "cpu":
+        return None
+    x, hx, flat, has_biases, layers, dropout, train, bidirectional, batch_first = args
+    if not isinstance(flat, (list, tuple)) or type(layers) is not int or layers < 1:
+        return None
+    tensors = [x, hx, *flat]
+    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.device.type in ("meta", "cpu")
+               and t.layout == torch.strided for t in tensors) or x.dim() != 3:
+        return None
+    directions = 2 if bidirectional else 1
+    per = 4 if has_biases else 2
+    if len(flat) != layers * directions * per:
+        return None
+    groups = [(*flat[i * per:(i + 1) * per], None, None)[:4] for i in range(layers * directions)]
+    cell = _gru_cell if func is torch.gru else functools.partial(
+        _simple_cell, _A.tanh.default if func is torch.rnn_tanh else _A.relu.default)
+    source = _A.transpose.int(x, 0, 1) if batch_first else x
+    output, finals = _layer_stack(cell, source, list(_A.unbind.int(hx, 0)), groups, layers, directions,
+                                  dropout if train else 0.0)
+    hy = _A.stack.default(finals, 0)
+    del finals  # (``_rnn_impl_with_concat`` returns: the last step's hidden state is freed before the transpose)
+    if batch_first:
+        _A.transpose_.default(output, 0, 1)
+    return output, hy
+
+
+def _layer_stack(cell: Callable[..., Any], x: torch.Tensor, hiddens: list[torch.Tensor], groups: list[Any],
+                 layers: int, directions: int, dropout: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``apply_layer_stack``: each layer's output feeds the next (dropout between them); every final hidden."""
+    finals: list[torch.Tensor] = []
+    for layer in range(layers):
+        first = layer * directions
+        if directions == 2:
+            x, final = _bidirectional_layer(cell, x, hiddens[first:first + 2], groups[first:first + 2])
+        else:
+            x, final = _full_layer(cell, x, hiddens[first], groups[first])
+        finals.extend(final)
+        if dropout != 0 and layer < layers - 1:
+            x = _A.dropout.default(x, dropout, True)
+    return x, finals
+
+
+def _full_layer(cell: Callable[..., Any], x: torch.Tensor, hidden: torch.Tensor, group: Any
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``FullLayer`` on the CPU: the input multiplied once, then the cell at every step; the outputs stacked."""
+    projected = _A.linear.default(x, group[0], group[2])
+    outputs, final = _steps(cell, list(_A.unbind.int(projected, 0)), hidden, group)
+    return _A.stack.default(outputs, 0), [final]
+
+
+def _bidirectional_layer(cell: Callable[..., Any], x: torch.Tensor, hiddens: list[torch.Tensor], groups: list[Any]
+                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``FullBidirectionalLayer`` on the CPU: each direction's input multiplied once (the second's steps in reverse,
+    its outputs put back in order), both outputs concatenated."""
+    projected = _A.linear.default(x, groups[0][0], groups[0][2])
+    steps = list(_A.unbind.int(projected, 0))
+    forward, forward_final = _steps(cell, steps, hiddens[0], groups[0])
+    forward_output = _A.stack.default(forward, 0)
+    projected = _A.linear.default(x, groups[1][0], groups[1][2])
+    steps = list(_A.unbind.int(projected, 0))
+    steps.reverse()
+    backward, backward_final = _steps(cell, steps, hiddens[1], groups[1])
+    backward.reverse()
+    backward_output = _A.stack.default(backward, 0)
+    return _A.cat.default([forward_output, backward_output], forward_output.dim() - 1), [forward_final,
+                                                                                         backward_final]
+
+
+def _steps(cell: Callable[..., Any], inputs: list[torch.Tensor], hidden: torch.Tensor, group: Any
+           ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    outputs = []
+    for x in inputs:
+        hidden = cell(x, hidden, group)
+        outputs.append(hidden)
+    return outputs, hidden
+
+
+def _gru_cell(gates: torch.Tensor, hidden: torch.Tensor, group: Any) -> torch.Tensor:
+    """``GRUCell`` on the CPU with the input's product given (``gates``)."""
+    igates = _A.unsafe_chunk.default(gates, 3, 1)
+    hgates = _A.unsafe_chunk.default(_A.linear.default(hidden, group[1], group[3]), 3, 1)
+    reset = _A.sigmoid_.default(_A.add_.Tensor(hgates[0], igates[0]))
+    update = _A.sigmoid_.default(_A.add_.Tensor(hgates[1], igates[1]))
+    new = _A.tanh_.default(_A.add.Tensor(igates[2], _A.mul_.Tensor(hgates[2], reset)))
+    return _A.add_.Tensor(_A.mul_.Tensor(_A.sub.Tensor(hidden, new), update), new)
+
+
+def _simple_cell(nonlinearity: Any, gates: torch.Tensor, hidden: torch.Tensor, group: Any) -> torch.Tensor:
+    """``SimpleCell`` on the CPU with the input's product given (``gates``)."""
+    return nonlinearity(_A.add_.Tensor(_A.linear.default(hidden, group[1], group[3]), gates))
