@@ -50,6 +50,7 @@ from functools import cache
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .._torch_compat import FakeTensorMode, conv_memory_format, fake_from_meta
 from .metadata import recorded_device
@@ -994,6 +995,56 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),
     _aten.convolution_backward.default: (_any_convolution_backward_fits, _any_convolution_backward),
 }
+
+
+# --- the CPU's norm dtypes on stand-ins --------------------------------------------------------------------------
+def _on_cpu_stand_in(tensor: torch.Tensor) -> bool:
+    """A tensor without values standing for a CPU tensor: a FakeTensor on the CPU, or meta standing for the CPU."""
+    if tensor.is_meta:
+        return recorded_device() == "cpu"
+    return isinstance(tensor, FakeTensor) and tensor.device.type == "cpu"
+
+
+def _norm_statistics(parameters: tuple[int, ...]) -> Callable[[tuple[Any, ...], Any], Any]:
+    """A forward norm's outputs ``(out, mean, rstd)`` with the statistics in :func:`_stats_dtype` (the CPU's
+    kernels: float32 for a half input beside float32 weights or running statistics); ``parameters``: where the
+    weights and statistics are among the arguments."""
+
+    def fixed(args: tuple[Any, ...], result: Any) -> Any:
+        out, mean, rstd = result
+        stats = _stats_dtype(args[0].dtype, tuple(args[i] for i in parameters if i < len(args)))
+        if mean.dtype == stats:
+            return result
+        return out, torch.empty_like(mean, dtype=stats), torch.empty_like(rstd, dtype=stats)
+
+    return fixed
+
+
+def _group_norm_backward(args: tuple[Any, ...], result: Any) -> Any:
+    """``native_group_norm_backward``: the CPU's input gradient is in the input's dtype (the stand-ins' kernel
+    makes it in the statistics' float32)."""
+    grad_input, *rest = result
+    if grad_input is None or grad_input.dtype == args[1].dtype:
+        return result
+    return (torch.empty_like(grad_input, dtype=args[1].dtype), *rest)
+
+
+_CPU_DTYPES: dict[Any, Callable[[tuple[Any, ...], Any], Any]] = {
+    _aten.native_batch_norm.default: _norm_statistics((1, 2, 3, 4)),
+    _aten.native_layer_norm.default: _norm_statistics((2, 3)),
+    _aten.native_group_norm.default: _norm_statistics((1, 2)),
+    _aten.native_group_norm_backward.default: _group_norm_backward,
+}
+
+
+def with_cpu_dtypes(func: object, args: tuple[Any, ...], result: Any) -> Any:
+    """``result`` of ``func`` on stand-ins for CPU tensors, with the dtypes the CPU's kernels give where a fake or
+    meta kernel gives others (normalisations of half inputs, as autocast or a half model with float32 norms runs
+    them); any other result as it is."""
+    fix = _CPU_DTYPES.get(func)
+    if fix is None or not args or not isinstance(args[0], torch.Tensor) or not _on_cpu_stand_in(args[0]):
+        return result
+    return fix(args, result)
 
 
 def fast_meta_kernel(func: object, args: tuple[Any, ...]) -> Callable[..., Any] | None:

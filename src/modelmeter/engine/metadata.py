@@ -243,11 +243,11 @@ def _optional(argument: Any) -> bool:
     return "Optional" in str(argument.type) or str(argument.type).endswith("?")
 
 
-def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
     """Place the arguments of a user-level call of ``op`` (``"aten::linear"``) by the schema of that aten operator.
 
-    Returns the positional list and whatever keyword arguments no schema could place (for calls
-    with no aten counterpart, such as ``F.interpolate``).
+    Returns the positional list, whatever keyword arguments no schema could place (for calls
+    with no aten counterpart, such as ``F.interpolate``) and the name of the overload that placed them ("": none).
     """
     key = (op, len(args), tuple(kwargs))
     schema = _BOUND.get(key, _UNKNOWN)
@@ -255,8 +255,8 @@ def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
         schema = _BOUND[key] = next((c for c in _overloads(op.removeprefix("aten::")) if _binds(c, args, kwargs)),
                                     None)
     if schema is not None:
-        return place_arguments(schema, args, kwargs), {}
-    return [describe(a) for a in args], {k: describe(v) for k, v in kwargs.items()}
+        return place_arguments(schema, args, kwargs), {}, schema.overload_name or "default"
+    return [describe(a) for a in args], {k: describe(v) for k, v in kwargs.items()}, ""
 
 
 _UNKNOWN: Any = object()

@@ -42,7 +42,7 @@ from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
 from .kernel_checks import Check, kernel_check
-from .meta_kernels import direct_kernel, fused_on_meta
+from .meta_kernels import direct_kernel, fused_on_meta, with_cpu_dtypes
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .recurrent import RECURRENT_CALLS, Target, emulate
@@ -293,23 +293,23 @@ class Recorder:
         events = self.trace.events
         if self.refines(op):
             top = self._open[-1]
-            events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
+            events[top].inputs, events[top].kwargs, events[top].overload = self._bind(op, args, kwargs)
             events[top].python = python
             return top, False
-        inputs, extra = self._bind(op, args, kwargs)
+        inputs, extra, overload = self._bind(op, args, kwargs)
         scope, phase, origin = self._event_context()
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
-                              origin, python))
+                              origin, python, overload))
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
             self.unreplayable += 1  # its record holds what its mask's values let through (replay.py)
         return len(events) - 1, True
 
-    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        inputs, extra = bind_by_name(op, args, kwargs)
+    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
+        inputs, extra, overload = bind_by_name(op, args, kwargs)
         if op not in ATTENTION_CALLS:
-            return inputs, extra
+            return inputs, extra, overload
         values = self.shadows.get if self.shadows is not None else None
         if not summarize_mask(op, inputs, args, kwargs, values) and not self._noted_masks:
             self._noted_masks = True
@@ -317,7 +317,7 @@ class Recorder:
                 f"{_where(self)}: an attention mask's values are unknown (it depends on weights or activations, "
                 "or was given on the meta device), so masked attention is counted dense; is_causal is counted "
                 "exactly, and execution='real' reads the masks")
-        return inputs, extra
+        return inputs, extra, overload
 
     def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
         """End a user-level event; one that ran nothing inside is no operator call (dropped), unless
@@ -352,7 +352,8 @@ class Recorder:
                      result: Any) -> None:
         scope, phase, origin = self._event_context()
         self.trace.events.append(OpEvent(op, "dispatch", self._open[-1] if self._open else -1, scope, phase,
-                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin))
+                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin,
+                                         overload=schema.overload_name or "default"))
 
     def synthetic_target(self) -> Target:
         """Where events written without running their operators go (engine/recurrent.py): inside the call open now,
@@ -621,7 +622,7 @@ def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs
     direct = operator.direct
     if direct is not None and direct[0](args):
         return direct[1](*args, **kwargs)
-    return func(*args, **kwargs)
+    return with_cpu_dtypes(func, args, func(*args, **kwargs))
 
 
 def _operator(func: OpOverload) -> _Operator:

@@ -37,13 +37,14 @@ from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, GroupMeta, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 7  # 2: the module table, the run's description (model, versions) and the operators' tags;
+FORMAT_VERSION = 8  # 2: the module table, the run's description (model, versions) and the operators' tags;
 #                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads);
 #                     4: Trace.output_shapes (each module's output shapes, per call);
 #                     5: events' arguments written once per distinct value (the ``values`` table);
 #                     6: events and storages as columns, their strings in the ``strings`` table;
 #                     7: Trace.parallel (the plan of a simulated rank), ParameterInfo.global_shape, a
-#                        collective's process group as a GroupMeta
+#                        collective's process group as a GroupMeta;
+#                     8: OpEvent.overload (the schema overload that placed an event's arguments)
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -59,7 +60,8 @@ _GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupMeta))
 # ``str`` is written as its index in the ``strings`` table, a ``list`` or ``dict`` (an event's arguments) as its
 # index in the ``values`` table, numbers as they are. A field added to OpEvent or Storage must be given a type here.
 _EVENT_COLUMNS: dict[str, type[Any]] = {"op": str, "level": str, "parent": int, "scope": int, "phase": str,
-                                        "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool}
+                                        "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool,
+                                        "overload": str}
 _STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device": str, "kind": str, "born": int,
                                           "died": int, "saved": int, "saved_scope": int, "order": int}
 # The string fields that hold one of a few names: reading refuses any other.

@@ -108,6 +108,10 @@ class OpEvent:
     ``python`` marks a user-level call that is Python code (``F.interpolate``, ``F.relu``) or Python indexing
     (``x[i]``, ``x[i] = v``), whose inner calls are recorded as calls of their own — the calls ``torch.jit``,
     and so fvcore, would record in its place.
+    ``overload`` is the name of the schema overload that placed ``inputs`` (``"default"``, ``"dim"``,
+    ``"unary_out"``), "" when none did (a call without an aten schema, an event written without running): where
+    overloads with as many arguments read them differently (``max.other(self, other)`` and
+    ``max.unary_out(self, *, out)``), it tells the formulas which one ran.
     The events of a call replayed from an earlier one (engine/replay.py) share its ``inputs``, ``outputs`` and
     ``kwargs`` objects, as they share its values: read them, do not change them in place.
     """
@@ -122,6 +126,7 @@ class OpEvent:
     kwargs: dict[str, Any] = field(default_factory=dict)
     origin: int = -1
     python: bool = False
+    overload: str = ""
 
 
 @dataclass(slots=True)

@@ -107,6 +107,7 @@ class BoundFormula(Generic[_T]):
         # many arguments differ in their tensors' places (``addmm.out`` and ``addmm.dtype``): per placed tensors
         self._layouts: dict[int, tuple[tuple[int, Any], ...] | None] = {}
         self._typed_layouts: dict[tuple[bool, ...], tuple[tuple[int, Any], ...]] = {}
+        self._at: dict[str, Callable[[list[Any], list[Any]], _T]] = {}  # at_overload, per overload name
         if overloads is not None:
             self._check(overloads)
 
@@ -116,10 +117,24 @@ class BoundFormula(Generic[_T]):
             layout = self._typed_layout(inputs)
         elif layout is _MISSING:
             layout = self._layout(inputs)
+        return self.apply(layout, inputs, outputs)
+
+    def apply(self, layout: tuple[tuple[int, Any], ...], inputs: list[Any], outputs: list[Any]) -> _T:
+        """The formula of the parameters ``layout`` places (see :meth:`place`) in a call of ``inputs``."""
         values = [inputs[i] if i >= 0 else value for i, value in layout]
         wanted = {name: outputs if name == OUTPUTS else (outputs[0] if outputs else None)
                   for name in self.formula.wants}
         return self.formula.fn(*values, **wanted)
+
+    def at_overload(self, name: str) -> Callable[[list[Any], list[Any]], _T]:
+        """This handle for calls that overload ``name`` placed (an event's ``overload``): the arguments read where
+        that overload has them, with no guess from their number and types (``max.unary_out(self, *, out)``
+        and ``max.other(self, other)`` place as many tensors). Itself when the operator has no such overload."""
+        found = self._at.get(name)
+        if found is None:
+            chosen = next((o for o in self.overloads or () if o.name == name), None)
+            found = self._at[name] = self if chosen is None else _AtOverload(self, chosen)
+        return found
 
     def _check(self, overloads: tuple[_Overload, ...]) -> None:
         for parameter in self.formula.parameters:
@@ -150,9 +165,9 @@ class BoundFormula(Generic[_T]):
         if not self.formula.parameters:  # (a formula of the outputs only suits any operator, schema or not)
             return ()
         chosen = _overload_for(self._known_overloads(), inputs)
-        return tuple(self._place(parameter, chosen, len(inputs)) for parameter in self.formula.parameters)
+        return tuple(self.place(parameter, chosen, len(inputs)) for parameter in self.formula.parameters)
 
-    def _place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
+    def place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
         """(position, None) of a parameter the call placed, else (-1, its default)."""
         index = chosen.index(parameter.aliases)
         if index is not None and index < given:
@@ -175,6 +190,30 @@ class BoundFormula(Generic[_T]):
             raise TypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has no "
                             f"schema for {self.op}")
         return self.overloads
+
+
+class _AtOverload(Generic[_T]):
+    """A :class:`BoundFormula` for the calls one overload placed (:meth:`BoundFormula.at_overload`)."""
+
+    def __init__(self, bound: BoundFormula[_T], chosen: _Overload) -> None:
+        self.bound, self.chosen, self.formula = bound, chosen, bound.formula
+        self.__name__ = bound.__name__
+        self._layouts: dict[int, tuple[tuple[int, Any], ...]] = {}  # per number of arguments placed
+
+    def __call__(self, inputs: list[Any], outputs: list[Any]) -> _T:
+        given = len(inputs)
+        layout = self._layouts.get(given)
+        if layout is None:
+            layout = self._layouts[given] = tuple(self.bound.place(parameter, self.chosen, given)
+                                                  for parameter in self.formula.parameters)
+        return self.bound.apply(layout, inputs, outputs)
+
+
+def at_overload(handle: Any, overload: str) -> Any:
+    """``handle`` for a call that ``overload`` placed (an event's ``overload``; "" when unknown): a handle that
+    reads arguments by name (its ``at_overload``) reads them where that overload has them; any other as it is."""
+    at = getattr(handle, "at_overload", None) if overload else None
+    return handle if at is None else at(overload)
 
 
 @overload
@@ -286,13 +325,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def out_arguments(op: str, inputs: list[Any]) -> tuple[int, ...]:
+def out_arguments(op: str, inputs: list[Any], overload: str = "") -> tuple[int, ...]:
     """Positions of the arguments that a call of ``op`` placing ``inputs`` writes its results into (the ``out=``
-    tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for."""
+    tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for. ``overload``,
+    when known, names the overload that placed them; else it is told by their number and types."""
     overloads = _overloads(op, None)
     if not overloads:
         return ()
-    return _overload_for(overloads, inputs).written
+    named = next((o for o in overloads if o.name == overload), None) if overload else None
+    return (named or _overload_for(overloads, inputs)).written
 
 
 def out_arguments_vary(op: str, given: int) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
 from ..handles.base import CountInside, Handle, backward_key
+from ..handles.binding import at_overload
 from ..handles.classify import BRIDGE_OPS, Classifier
 from ..handles.fvcore import CONVOLUTION_CALLS, PYTHON_OP, fvcore_alias
 
@@ -134,6 +135,7 @@ class _Visitor:
         self.kinds: dict[str, int] = {}
         self.results: dict[tuple[Any, ...], tuple[list[Any], str]] = {}  # see :meth:`counted`
         self.ours: dict[int, bool] = {}  # _ours(handle), per handle (by identity)
+        self.overloaded: dict[tuple[int, str], Handle] = {}  # see :meth:`at_overload`
 
     def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         """The handle of ``op`` in ``mode``, and whether it is a user handle."""
@@ -206,6 +208,8 @@ class _Visitor:
                 handle = self.elementwise
                 if handle is None or _integer_only(event.outputs):
                     return
+        if inputs is event.inputs:  # (not an alias's: those its parent placed)
+            handle = self.at_overload(handle, event.overload)
         if from_user:  # (the user's code, with arguments an alias may have made: called every time)
             self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
                            into)
@@ -235,6 +239,16 @@ class _Visitor:
             found = self.results[memo_key] = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
         return found
 
+    def at_overload(self, handle: Handle, overload: str) -> Handle:
+        """``handle`` for a call that ``overload`` placed (:func:`binding.at_overload`), remembered for this pass."""
+        if not overload:
+            return handle
+        memo_key = (id(handle), overload)  # (the tables hold every handle while the pass runs)
+        found = self.overloaded.get(memo_key)
+        if found is None:
+            found = self.overloaded[memo_key] = at_overload(handle, overload)
+        return found
+
     def kind(self, op: str) -> int:
         """Whether operator ``op`` (without a handle) is free, element-wise or neither (remembered)."""
         found = self.kinds.get(op)
@@ -259,7 +273,9 @@ class _Visitor:
         if event.origin not in self.covered:  # a formula of its own: counted once
             self.covered.add(event.origin)
             self.tally.add(index, event, self.ancestors(event.scope),
-                           _as_items(origin.op, whole(origin.inputs, origin.outputs)), into, whole_backward=True)
+                           _as_items(origin.op, self.at_overload(whole, origin.overload)(origin.inputs,
+                                                                                           origin.outputs)),
+                           into, whole_backward=True)
         return True
 
     def look_into(self, index: int, caller: int, into: Counter[str] | None, mode: int) -> None:

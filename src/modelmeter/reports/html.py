@@ -12,7 +12,6 @@ one with the memory analysis the step's memory timeline and the operator mix (:m
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 import re
@@ -21,7 +20,7 @@ from typing import Any
 
 from .. import _version
 from ..io.atomic import atomic_write
-from . import html_memory, html_parallel
+from . import html_memory, html_parallel, jsontext
 from .columns import shapes_cell
 from .format import printable
 from .fvcore_tables import format_size
@@ -40,7 +39,7 @@ def _input_text(spec: dict[str, Any]) -> str:
     if "shape" in spec:
         dtype = spec.get("dtype")
         return "x".join(str(d) for d in spec["shape"]) + (f" {dtype}" if dtype else "")
-    return json.dumps(spec, default=str)
+    return jsontext.dumps(spec, default=str)
 
 
 def _values_by_name(result: Result) -> dict[str, dict[str, float]]:
@@ -291,7 +290,7 @@ def roofline_chart(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _json_for_script(data: dict[str, Any]) -> str:
     """JSON that cannot end its ``<script>`` element early: ``<``, ``>`` and ``&`` become ``\\u`` escapes."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    text = jsontext.dumps(data, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

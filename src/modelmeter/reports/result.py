@@ -8,8 +8,11 @@ model.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from . import jsontext
 
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
@@ -117,7 +120,8 @@ class Result:
         return asdict(self)
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """Strict JSON: a cost that is not a finite number (a user handle's NaN) is written as ``null``."""
+        return jsontext.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:
@@ -218,11 +222,20 @@ def _row_from_dict(row: Any) -> ModuleRow:
         _check_costs(values, f"{where}, by_operator {operator!r:.80}")
     if not all(type(n) is int and n > 0 for n in row.get("output_shapes", {}).values()):
         raise ValueError(f"{where}: output_shapes holds a count that is not a positive integer")
-    return ModuleRow(**row)
+    by_operator = {operator: _nulls_as_nan(values) for operator, values in row.get("by_operator", {}).items()}
+    return ModuleRow(**{**row, "metrics": _nulls_as_nan(row.get("metrics", {})), "by_operator": by_operator})
+
+
+def _nulls_as_nan(values: dict[str, Any]) -> dict[str, Any]:
+    """A row's costs with each ``null`` (what :meth:`Result.to_json` writes for a non-finite one) as NaN."""
+    return {name: math.nan if value is None else value for name, value in values.items()}
 
 
 def _check_costs(values: dict[str, Any], where: str) -> None:
-    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`."""
+    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`, or ``null`` (a cost that
+    was not a finite number, as :meth:`Result.to_json` writes it)."""
     for name, value in values.items():
+        if value is None:
+            continue
         if type(value) not in (int, float) or not 0 <= value <= MAX_COST:  # NaN fails both comparisons
             raise ValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")

@@ -28,6 +28,7 @@ from ..engine.trace import Trace
 from ..errors import ModelMeterError
 from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from ..io.atomic import atomic_write
+from . import jsontext
 from .result import Result
 
 FORMAT = "modelmeter-saved-trace"
@@ -89,7 +90,7 @@ def write_saved_trace(saved: SavedTrace, path: str | os.PathLike[str]) -> None:
         data = {"format": FORMAT, "version": FORMAT_VERSION, "saved_by": dict(saved.saved_by),
                 "settings": check_settings(saved.settings), "result": saved.result.to_dict(),
                 "trace": trace_to_dict(saved.trace)}
-        text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = jsontext.dumps(data, separators=(",", ":"), ensure_ascii=False)
     raw = gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
     atomic_write(os.fspath(path), lambda f: f.write(raw))
 
