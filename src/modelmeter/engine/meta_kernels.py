@@ -1020,7 +1020,7 @@ def _norm_statistics(parameters: tuple[int, ...]) -> Callable[[tuple[Any, ...], 
     return fixed
 
 
-def _group_norm_backward(args: tuple[Any, ...], result: Any) -> Any:
+def _group_norm_backward_dtype(args: tuple[Any, ...], result: Any) -> Any:
     """``native_group_norm_backward``: the CPU's input gradient is in the input's dtype (the stand-ins' kernel
     makes it in the statistics' float32)."""
     grad_input, *rest = result
@@ -1033,7 +1033,7 @@ _CPU_DTYPES: dict[Any, Callable[[tuple[Any, ...], Any], Any]] = {
     _aten.native_batch_norm.default: _norm_statistics((1, 2, 3, 4)),
     _aten.native_layer_norm.default: _norm_statistics((2, 3)),
     _aten.native_group_norm.default: _norm_statistics((1, 2)),
-    _aten.native_group_norm_backward.default: _group_norm_backward,
+    _aten.native_group_norm_backward.default: _group_norm_backward_dtype,
 }
 
 
