@@ -35,7 +35,14 @@ from .._torch_compat import (
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
-from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
+from ..errors import (
+    InputMismatchError,
+    InvalidTypeError,
+    InvalidValueError,
+    ModelRunError,
+    cuda_failure,
+    puts_tensors_on_cuda,
+)
 from .cuda_stand_in import CudaRequests, on_device
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
@@ -69,7 +76,7 @@ def record_trace(spec: RunSpec) -> Trace:
     reference counts alone, where the model's code drops them.
     """
     if spec.execution not in ("auto", "fake", "real"):
-        raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
+        raise InvalidValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
     with no_gc(), unseen_global_shape_runs(), kept_random_states():
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
@@ -79,7 +86,7 @@ def record_trace(spec: RunSpec) -> Trace:
 def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
             execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
+        raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
     parts = _Parts(names)
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
@@ -162,8 +169,9 @@ def _run_jagged(run: _Run, execution: Execution, no_values: bool) -> Trace:
     """A run on jagged nested tensors: real kernels, as their sequences' lengths are values (FakeTensors would need
     symbolic shapes for them)."""
     if execution == "fake" or no_values:
-        raise ValueError("jagged nested tensor inputs need real kernels (the lengths of their sequences are values): "
-                         "use execution='auto' or 'real', with a model and inputs that are not on the meta device")
+        raise InvalidValueError("jagged nested tensor inputs need real kernels (the lengths of their sequences are "
+                                "values): use execution='auto' or 'real', with a model and inputs that are not on the "
+                                "meta device")
     trace = run(fake=False, model_on_meta=False, no_values=False)
     if execution == "auto":
         trace.assumptions.append("jagged nested tensor inputs (the lengths of their sequences are values): ran real "
@@ -310,8 +318,8 @@ class _Run:
         if self.loss_fn is not None:  # the user's loss is work of the step: recorded, at the model's level
             loss = self.loss_fn(output)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TypeError(f"loss_fn must return a tensor with one element, got "
-                                f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+                got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise InvalidTypeError(f"loss_fn must return a tensor with one element, got {got}")
         else:
             recorder.paused = True
             try:
@@ -593,8 +601,8 @@ class _SwappedState:
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     has_meta_input = any(t.is_meta for t in tensors_in((args, kwargs)))
     if has_meta_input and not all(t.is_meta for t in parts.state()):
-        raise ValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
-                         "cannot run a model whose parameters hold values on meta inputs")
+        raise InvalidValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
+                                "cannot run a model whose parameters hold values on meta inputs")
 
 
 class _ModuleHooks:

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
+
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
 MEMORY_METRICS = frozenset({"activation_bytes", "saved_bytes", "peak_memory"})  # the memory analysis's
@@ -101,7 +103,7 @@ class Result:
         for module in self.modules:
             if module.name == name:
                 return module
-        raise KeyError(f"no module named {name!r} in the result")
+        raise InvalidNameError(f"no module named {name!r} in the result")
 
     def share(self, name: str, metric: str) -> float:
         """A module's fraction of the model's total (0 when the total is 0)."""
@@ -126,17 +128,17 @@ class Result:
         row's ``params``, metric or operator value) that is not a number from 0 to :data:`MAX_COST`;
         ``TypeError`` for a field it does not know or a required one missing."""
         if type(data) is not dict:
-            raise ValueError(f"a result is a JSON object, got {type(data).__name__}")
+            raise InvalidValueError(f"a result is a JSON object, got {type(data).__name__}")
         version = data.get("schema_version")
         if type(version) is not int or version != SCHEMA_VERSION:
-            raise ValueError(f"unsupported result schema_version {version!r:.40}; this modelmeter reads "
-                             f"{SCHEMA_VERSION}")
+            raise InvalidValueError(f"unsupported result schema_version {version!r:.40}; this modelmeter reads "
+                                    f"{SCHEMA_VERSION}")
         _check_types(data, _FIELD_TYPES, "the result")
         if not all(type(metric) is str for metric in data.get("metrics", [])):
-            raise ValueError("the result's metrics are not names")
+            raise InvalidValueError("the result's metrics are not names")
         rows = [_row_from_dict(row) for row in data.get("modules", [])]
         if not rows or rows[0].name:
-            raise ValueError("the result's first module row must be the model's (name '')")
+            raise InvalidValueError("the result's first module row must be the model's (name '')")
         return cls(**{**data, "modules": rows})
 
     @classmethod
@@ -146,7 +148,7 @@ class Result:
         try:
             data = json.loads(text, parse_constant=_refuse_constant)
         except RecursionError:
-            raise ValueError("the result's JSON is nested too deeply") from None
+            raise InvalidValueError("the result's JSON is nested too deeply") from None
         return cls.from_dict(data)
 
 
@@ -162,31 +164,31 @@ _ROW_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a value a result holds")
+    raise InvalidValueError(f"{name} is not a value a result holds")
 
 
 def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], what: str) -> None:
     """Each field of ``data`` that ``types`` names is of one of its types (a missing one is left to the class)."""
     unknown = sorted(set(data) - set(types))
     if unknown:
-        raise TypeError(f"{what} has unknown fields: {', '.join(map(repr, unknown))}"[:200])
+        raise InvalidTypeError(f"{what} has unknown fields: {', '.join(map(repr, unknown))}"[:200])
     for name, kinds in types.items():
         if name in data and type(data[name]) not in kinds:
-            raise ValueError(f"{what}: {name} is a {type(data[name]).__name__}, not a {kinds[0].__name__}")
+            raise InvalidValueError(f"{what}: {name} is a {type(data[name]).__name__}, not a {kinds[0].__name__}")
 
 
 def _row_from_dict(row: Any) -> ModuleRow:
     if type(row) is not dict:
-        raise ValueError(f"a module row of the result is a {type(row).__name__}, not an object")
+        raise InvalidValueError(f"a module row of the result is a {type(row).__name__}, not an object")
     where = f"module {row.get('name')!r:.80} of the result"
     _check_types(row, _ROW_TYPES, where)
     _check_costs({"params": row.get("params", 0), **row.get("metrics", {})}, where)
     for operator, values in row.get("by_operator", {}).items():
         if type(values) is not dict:
-            raise ValueError(f"{where}: by_operator {operator!r:.80} is not an object")
+            raise InvalidValueError(f"{where}: by_operator {operator!r:.80} is not an object")
         _check_costs(values, f"{where}, by_operator {operator!r:.80}")
     if not all(type(n) is int and n > 0 for n in row.get("output_shapes", {}).values()):
-        raise ValueError(f"{where}: output_shapes holds a count that is not a positive integer")
+        raise InvalidValueError(f"{where}: output_shapes holds a count that is not a positive integer")
     return ModuleRow(**row)
 
 
@@ -194,4 +196,4 @@ def _check_costs(values: dict[str, Any], where: str) -> None:
     """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`."""
     for name, value in values.items():
         if type(value) not in (int, float) or not 0 <= value <= MAX_COST:  # NaN fails both comparisons
-            raise ValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")
+            raise InvalidValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")
