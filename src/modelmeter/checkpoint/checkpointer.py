@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import state_dict_metadata
+from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
 from ..io.atomic import atomic_write, exchange, fsync_dir, hidden_name, remove_stale_temp_files
 from ..io.cache_dir import directory_lock
 from ._keys import (
@@ -132,10 +133,10 @@ def _name_problem(name: str) -> str | None:
 
 def _check_name(name: object, what: str = "Checkpoint name") -> None:
     if not isinstance(name, str):
-        raise TypeError(f"{what} must be a str, got {type(name).__name__}")
+        raise InvalidTypeError(f"{what} must be a str, got {type(name).__name__}")
     problem = _name_problem(name)
     if problem is not None:
-        raise ValueError(f"{what} {name!r} {problem}")
+        raise InvalidValueError(f"{what} {name!r} {problem}")
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -145,7 +146,7 @@ def _positive_int(value: object, what: str) -> int:
     except (TypeError, ValueError, OverflowError):
         number = 0
     if isinstance(value, (bool, str, bytes)) or number != value or number < 1:
-        raise ValueError(f"{what} must be a positive whole number, got {value!r}")
+        raise InvalidValueError(f"{what} must be a positive whole number, got {value!r}")
     return number
 
 
@@ -430,11 +431,12 @@ class Checkpointer:
     def add_checkpointable(self, key: str, checkpointable: Any) -> None:
         """Register another object to save and load under ``key``."""
         if key in self.checkpointables:
-            raise KeyError(f"Key {key} already used in the Checkpointer")
+            raise InvalidNameError(f"Key {key} already used in the Checkpointer")
         if key in _OWN_ENTRIES:
-            raise KeyError(f"Key {key} is the checkpoint's own entry (the model state); register it under another name")
+            raise InvalidNameError(f"Key {key} is the checkpoint's own entry (the model state); register it under "
+                                   "another name")
         if not hasattr(checkpointable, "state_dict"):
-            raise TypeError("add_checkpointable needs an object with 'state_dict()' method.")
+            raise InvalidTypeError("add_checkpointable needs an object with 'state_dict()' method.")
         self.checkpointables[key] = checkpointable
 
     # --- saving ---------------------------------------------------------------------------------------------------
@@ -463,7 +465,7 @@ class Checkpointer:
         """Extra data stored next to the model may not take the place of what the checkpointer stores itself."""
         for key in kwargs:
             if key in _OWN_ENTRIES or key in self.checkpointables:
-                raise ValueError(
+                raise InvalidValueError(
                     f"save(): extra data {key!r} would replace the checkpoint's own {key!r} entry; use another name"
                 )
 
@@ -543,7 +545,7 @@ class Checkpointer:
 
     def _save_sharded(self, name: str, kwargs: dict[str, Any]) -> None:
         if name == LAST_CHECKPOINT:
-            raise ValueError(f"Checkpoint name {name!r} is the file that names the newest checkpoint")
+            raise InvalidValueError(f"Checkpoint name {name!r} is the file that names the newest checkpoint")
         if not self.save_dir or not self.save_to_disk:
             return
         _, rank, _ = _dist_state()
@@ -754,7 +756,7 @@ class Checkpointer:
         keys = list(self.checkpointables) if checkpointables is None else list(checkpointables)
         unknown = [k for k in keys if k not in self.checkpointables]
         if unknown:
-            raise KeyError(
+            raise InvalidNameError(
                 f"load(checkpointables=...) names {unknown}, which are not registered with this Checkpointer"
             )
         self.logger.info(f"[Checkpointer] Loading from {path} ...")
@@ -979,7 +981,7 @@ class Checkpointer:
             elif np is not None and isinstance(value, np.generic):
                 state_dict[key] = torch.as_tensor(np.asarray(value))
             else:
-                raise ValueError(f"Unsupported type found in checkpoint! {key}: {type(value)}")
+                raise InvalidValueError(f"Unsupported type found in checkpoint! {key}: {type(value)}")
 
     # --- where and who --------------------------------------------------------------------------------------------
 
@@ -1002,7 +1004,7 @@ class Checkpointer:
     @staticmethod
     def _check_format(fmt: str) -> str:
         if fmt not in _FORMATS:
-            raise ValueError(f"Unknown checkpoint format {fmt!r}; expected one of {', '.join(_FORMATS)}")
+            raise InvalidValueError(f"Unknown checkpoint format {fmt!r}; expected one of {', '.join(_FORMATS)}")
         return fmt
 
 
@@ -1026,7 +1028,7 @@ class PeriodicCheckpointer:
         self.period = _positive_int(period, "period")
         self.max_iter = max_iter
         if max_to_keep is not None and max_to_keep <= 0:
-            raise ValueError(f"max_to_keep must be positive, got {max_to_keep}")
+            raise InvalidValueError(f"max_to_keep must be positive, got {max_to_keep}")
         _check_name(file_prefix, "file_prefix")
         self.max_to_keep = max_to_keep
         self.recent_checkpoints: list[str] = []

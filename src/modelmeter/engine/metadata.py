@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .._torch_compat import disable_current_modes, local_tensor, schema_of
+from ..errors import InvalidTypeError
 from .collectives import group_of_script_object
 from .trace import TensorMeta
 
@@ -146,7 +147,7 @@ NESTED_STRIDED = ("a nested tensor of strided layout (torch.nested.nested_tensor
                   "its operators run per sequence inside PyTorch, unseen; use layout=torch.jagged")
 
 
-class NestedLayoutError(TypeError):
+class NestedLayoutError(InvalidTypeError):
     """An operator ran on a nested tensor of strided layout."""
 _METAS_LIMIT = 1 << 16
 

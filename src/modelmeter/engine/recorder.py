@@ -38,6 +38,7 @@ from .._torch_compat import (
     schema_of,
     sharded_tensor_type,
 )
+from ..errors import UnsupportedError
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
@@ -456,9 +457,9 @@ def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], 
     call runs with the dispatch recorder set aside. Its backward pass would run such operators too: refused."""
     tensors = tensors_in((args, kwargs))
     if rec.track_autograd and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise NotImplementedError("the backward pass of attention on jagged nested tensors cannot be counted "
-                                  "(PyTorch runs it per sequence, unseen): count the forward pass, or run each "
-                                  "sequence as a dense tensor")
+        raise UnsupportedError("the backward pass of attention on jagged nested tensors cannot be counted "
+                               "(PyTorch runs it per sequence, unseen): count the forward pass, or run each "
+                               "sequence as a dense tensor")
     with pop_mode_temporarily():
         result = func(*args, **kwargs)
         count = len(next(t for t in tensors if isinstance(t, JaggedTensor)).offsets()) - 1

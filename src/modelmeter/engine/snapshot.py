@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES
+from ..errors import InvalidValueError
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
 Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
@@ -253,9 +254,10 @@ def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
     tensors = chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))
     names = [name for name, tensor in tensors if is_lazy(tensor)]
     if names:
-        raise ValueError(f"the model has parameters or buffers that are not initialised yet ({', '.join(names)}): a "
-                         "lazy module infers their shapes on its first call, which would change the model; call the "
-                         "model once on a sample input before analysing it") from failure
+        uninitialised = ", ".join(names)
+        raise InvalidValueError(f"the model has parameters or buffers that are not initialised yet ({uninitialised}): "
+                                "a lazy module infers their shapes on its first call, which would change the model; "
+                                "call the model once on a sample input before analysing it") from failure
 
 
 @contextmanager

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import InvalidNameError, InvalidTypeError
+
 Level = Literal["function", "dispatch"]
 # What a storage held: the model's state, the caller's inputs, or what an operator made; "gradient" is a
 # parameter's ``.grad`` left by the backward pass; "other" was made outside the model's operators (the default
@@ -233,11 +235,11 @@ class ModuleTable:
     def resolve(self, name: str) -> str:
         """The canonical name for ``name``; a clear error for anything else."""
         if not isinstance(name, str):
-            raise TypeError(f"module_name must be a string, got {type(name).__name__}")
+            raise InvalidTypeError(f"module_name must be a string, got {type(name).__name__}")
         try:
             return self.aliases[name]
         except KeyError:
-            raise KeyError(
+            raise InvalidNameError(
                 f"Requested module name {name!r} is not among the descendants of the analyzed model."
             ) from None
 

@@ -36,7 +36,14 @@ from .._torch_compat import (
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
-from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
+from ..errors import (
+    InputMismatchError,
+    InvalidTypeError,
+    InvalidValueError,
+    ModelRunError,
+    cuda_failure,
+    puts_tensors_on_cuda,
+)
 from .cuda_stand_in import CudaRequests, on_device
 from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
@@ -71,7 +78,7 @@ def record_trace(spec: RunSpec) -> Trace:
     reference counts alone, where the model's code drops them.
     """
     if spec.execution not in ("auto", "fake", "real"):
-        raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
+        raise InvalidValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
     # one run at a time in a process: what it replaces is process-wide (engine/exclusive.py)
     with RECORDING, no_gc(), unseen_global_shape_runs(), kept_random_states():
@@ -82,7 +89,7 @@ def record_trace(spec: RunSpec) -> Trace:
 def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
             execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
+        raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
     parts = _Parts(names)
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
@@ -170,8 +177,8 @@ def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: st
     """A run with tensors only real kernels can take: jagged nested tensors (their sequences' lengths are values, for
     which FakeTensors would need symbolic shapes), quantized ones (no fake form)."""
     if execution == "fake" or no_values:
-        raise ValueError(f"{subject} need real kernels ({why}): use execution='auto' or 'real', with a model and "
-                         "inputs that are not on the meta device")
+        raise InvalidValueError(f"{subject} need real kernels ({why}): use execution='auto' or 'real', with a model "
+                                "and inputs that are not on the meta device")
     trace = run(fake=False, model_on_meta=False, no_values=False)
     if execution == "auto":
         trace.assumptions.append(f"{subject} ({why}): ran real kernels")
@@ -370,8 +377,8 @@ def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor
     try:
         loss = loss_fn(output)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise TypeError(f"loss_fn must return a tensor with one element, got "
-                            f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise InvalidTypeError(f"loss_fn must return a tensor with one element, got {got}")
     except Exception as exc:
         op = recorder.failed_op
         at = f" at operator {op}" if op else ""
@@ -632,8 +639,8 @@ class _SwappedState:
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     has_meta_input = any(t.is_meta for t in tensors_in((args, kwargs)))
     if has_meta_input and not all(t.is_meta for t in parts.state()):
-        raise ValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
-                         "cannot run a model whose parameters hold values on meta inputs")
+        raise InvalidValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
+                                "cannot run a model whose parameters hold values on meta inputs")
 
 
 class _ModuleHooks:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from ..errors import InvalidTypeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -140,8 +142,8 @@ class BoundFormula(Generic[_T]):
         for parameter in self.formula.parameters:
             if parameter.default is _MISSING and all(o.index(parameter.aliases) is None for o in overloads):
                 known = sorted({a.name for o in overloads for a in o.arguments})
-                raise TypeError(f"{self.formula.__name__} reads argument {_spelled(parameter)}, which {self.op} "
-                                f"does not have (its arguments: {', '.join(known) or 'none'})")
+                raise InvalidTypeError(f"{self.formula.__name__} reads argument {_spelled(parameter)}, which {self.op} "
+                                       f"does not have (its arguments: {', '.join(known) or 'none'})")
 
     def _layout(self, inputs: list[Any]) -> tuple[tuple[int, Any], ...]:
         """Where each parameter is in a call that placed ``inputs`` (remembered by their number, or by where they
@@ -176,9 +178,9 @@ class BoundFormula(Generic[_T]):
         if index is not None and chosen.arguments[index].default is not _MISSING:
             default = chosen.arguments[index].default
         if default is _MISSING:
-            raise TypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which the "
-                            f"call did not give ({given} argument{'s' if given != 1 else ''}) and which has no "
-                            "default")
+            raise InvalidTypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which "
+                                   f"the call did not give ({given} argument{'s' if given != 1 else ''}) and which "
+                                   "has no default")
         return -1, default
 
     def _known_overloads(self) -> tuple[_Overload, ...]:
@@ -187,8 +189,8 @@ class BoundFormula(Generic[_T]):
             if self.overloads is not None:
                 self._check(self.overloads)
         if self.overloads is None:
-            raise TypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has no "
-                            f"schema for {self.op}")
+            raise InvalidTypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has "
+                                   f"no schema for {self.op}")
         return self.overloads
 
 
@@ -257,11 +259,11 @@ def _parameters(fn: Callable[..., Any], aliases: Mapping[str, tuple[str, ...]]) 
         elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name not in (RESULT, OUTPUTS):
             parameters.append(_Parameter(p.name, (p.name, *aliases.get(p.name, ())), default))
         else:
-            raise TypeError(f"{fn.__name__}: parameter {p.name!r} must name an argument (a plain parameter) or be "
-                            f"the keyword-only {RESULT!r} or {OUTPUTS!r}")
+            raise InvalidTypeError(f"{fn.__name__}: parameter {p.name!r} must name an argument (a plain parameter) or "
+                                   f"be the keyword-only {RESULT!r} or {OUTPUTS!r}")
     unknown = set(aliases) - {p.name for p in parameters}
     if unknown:
-        raise TypeError(f"{fn.__name__}: aliases for parameters it does not have: {', '.join(sorted(unknown))}")
+        raise InvalidTypeError(f"{fn.__name__}: aliases for parameters it does not have: {', '.join(sorted(unknown))}")
     return tuple(parameters), tuple(wants)
 
 

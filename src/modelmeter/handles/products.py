@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidValueError
 from .base import CountInside, Handle, get_shape, numel, prod, shape_of
 from .binding import Formula, by_name
 
@@ -225,7 +226,7 @@ def handles(convention: str, dense_attention: bool = False) -> dict[str, Handle 
     """The product operators' table under ``convention`` (``dense_attention`` does not apply to products)."""
     wrap = _real_flops if convention == "flops" else _multiply_adds
     if convention not in ("fvcore", "macs", "flops"):
-        raise ValueError(f"unknown convention {convention!r}")
+        raise InvalidValueError(f"unknown convention {convention!r}")
     table: dict[str, Handle | CountInside | None] = {
         op: wrap(cost.bind(op), key) for op, (cost, key) in COSTS.items()}
     table["aten::einsum"] = CountInside("einsum")

@@ -16,7 +16,9 @@ from contextlib import contextmanager, suppress
 
 import filelock
 
-__all__ = ["LOCK_TIMEOUT", "directory_lock", "file_lock", "get_cache_dir"]
+from ..errors import ModelMeterError
+
+__all__ = ["LOCK_TIMEOUT", "CacheDirError", "directory_lock", "file_lock", "get_cache_dir"]
 
 logger = logging.getLogger("modelmeter.io")
 
@@ -26,6 +28,11 @@ LOCK_TIMEOUT = 3600.0
 _APP = "modelmeter"
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
+
+
+class CacheDirError(ModelMeterError, OSError):
+    """No cache directory can be written: neither the one chosen (``MODELMETER_CACHE``, the platform's) nor the
+    private fallback. The message names both and why each failed."""
 
 
 def _env(name: str) -> str | None:
@@ -102,7 +109,7 @@ def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
     fallback = os.path.abspath(_fallback_cache_dir())
     fallback_problem = _make_writable_dir(fallback, private=True)
     if fallback_problem is not None:
-        raise OSError(
+        raise CacheDirError(
             f"No writable cache directory: {chosen} ({problem}) and the fallback {fallback} "
             f"({fallback_problem}). Set MODELMETER_CACHE to a writable directory."
         )

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
+from ..errors import InvalidValueError
 from ..handles.base import CountInside, Handle, backward_key
 from ..handles.binding import at_overload
 from ..handles.classify import BRIDGE_OPS, Classifier
@@ -447,8 +448,8 @@ def _check_number(op: str, value: Any) -> None:
         return
     itemsize = getattr(getattr(value, "dtype", None), "itemsize", 8)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or itemsize < 8:
-        raise ValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
-                         "must return an int or float (64-bit), or a Counter of them")
+        raise InvalidValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
+                                "must return an int or float (64-bit), or a Counter of them")
 
 
 class Ancestors:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import InvalidValueError
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
 from .columns import (
     PHASE_COLUMNS,
@@ -52,11 +53,11 @@ def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | N
     """
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
-        raise ValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+        raise InvalidValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
+        raise InvalidValueError(f"depth must be a non-negative integer, got {depth!r}")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-        raise ValueError(f"width must be a positive integer or None, got {width!r}")
+        raise InvalidValueError(f"width must be a positive integer or None, got {width!r}")
     text = renderer(result, _Layout(depth, width, tuple(columns) if columns is not None else None, shapes))
     parallel = result.parallel  # a parallel plan's ranks (docs/parallel.md, "The command")
     if parallel and fmt in _WITH_RANKS:
