@@ -1,10 +1,11 @@
 """Recurrent layers on meta tensors are recorded without running their decomposition (engine/recurrent.py).
 
-The oracle is the decomposition itself, recorded operator by operator as before (``recurrent.decomposed()``): the
-trace written directly must equal it event by event (operator, level, parent, scope, phase, arguments, outputs) and
-storage by storage (size, dtype, device, kind, birth, death), so every metric counts the same; the metrics are
-compared too, through the public API (FLOPs in every convention, activations, bytes, memory, the time on a device,
-per module). Calls the fast path does not stand for run the decomposition, checked by counting the emulated calls.
+The oracle is the decomposition itself, recorded operator by operator as before (``recurrent.decomposed()``; for a GRU
+or RNN standing for a CPU model, the CPU's branch of it, which tests/test_leftovers.py checks against real CPU kernels):
+the trace written directly must equal it event by event (operator, level, parent, scope, phase, arguments, outputs) and
+storage by storage (size, dtype, device, kind, birth, death), so every metric counts the same; the metrics are compared
+too, through the public API (FLOPs in every convention, activations, bytes, memory, the time on a device, per module).
+Calls the fast path does not stand for run the decomposition, checked by counting the emulated calls.
 """
 
 from __future__ import annotations

@@ -301,7 +301,7 @@ def test_output_shapes_in_the_trace_round_trip() -> None:
     assert back.output_shapes == trace.output_shapes
     assert list(back.output_shapes["fc"]) == ["2x16x2", "2x2"]  # the order first seen
     data = serialize.trace_to_dict(trace)
-    assert data["version"] == serialize.FORMAT_VERSION == 7
+    assert data["version"] == serialize.FORMAT_VERSION == 8
     data["fields"]["output_shapes"] = {"fc": {"2x2": "one"}}
     with pytest.raises(ValueError, match="output shapes"):
         serialize.trace_from_dict(data)

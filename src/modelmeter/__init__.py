@@ -18,7 +18,8 @@ _EXPORTS = {
     "engine.inputs": ("Args",),
     "engine.spec": ("RunSpec",),
     "engine.trace": ("GroupMeta", "ModuleInfo", "OpEvent", "ParameterInfo", "TensorMeta", "Trace"),
-    "errors": ("InputMismatchError", "ModelMeterError", "ModelRunError", "ParallelPlanError"),
+    "errors": ("InputMismatchError", "InvalidNameError", "InvalidTypeError", "InvalidValueError", "ModelExitError",
+               "ModelMeterError", "ModelRunError", "ParallelPlanError", "UnsupportedError"),
     "fvcore_api": ("flop_count_str", "flop_count_table", "parameter_count", "parameter_count_table"),
     "handles.base": ("CountInside", "Handle", "backward_key", "get_shape"),
     "handles.conventions": ("CONVENTIONS", "get_convention", "register_handle", "unregister_handle"),
@@ -65,7 +66,17 @@ if TYPE_CHECKING:
     from .engine.inputs import Args
     from .engine.spec import RunSpec
     from .engine.trace import GroupMeta, ModuleInfo, OpEvent, ParameterInfo, TensorMeta, Trace
-    from .errors import InputMismatchError, ModelMeterError, ModelRunError, ParallelPlanError
+    from .errors import (
+        InputMismatchError,
+        InvalidNameError,
+        InvalidTypeError,
+        InvalidValueError,
+        ModelExitError,
+        ModelMeterError,
+        ModelRunError,
+        ParallelPlanError,
+        UnsupportedError,
+    )
     from .fvcore_api import flop_count_str, flop_count_table, parameter_count, parameter_count_table
     from .handles.base import CountInside, Handle, backward_key, get_shape
     from .handles.conventions import CONVENTIONS, get_convention, register_handle, unregister_handle
@@ -120,9 +131,13 @@ __all__ = [
     "Handle",
     "InputMismatchError",
     "Interconnect",
+    "InvalidNameError",
+    "InvalidTypeError",
+    "InvalidValueError",
     "JitModelAnalysis",
     "MemoryAnalysis",
     "ModelAnalysis",
+    "ModelExitError",
     "ModelMeterError",
     "ModelRunError",
     "ModuleInfo",
@@ -146,6 +161,7 @@ __all__ = [
     "StepTime",
     "TensorMeta",
     "Trace",
+    "UnsupportedError",
     "__version__",
     "activation_count",
     "analyze",

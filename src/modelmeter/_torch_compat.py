@@ -54,17 +54,19 @@ from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_tempo
 
 __all__ = [  # what the package imports from here
     "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER", "FLEX_ATTENTION_MODULE",
-    "MODULE_CALL_IMPL", "MODULE_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
+    "MODULE_CALL_IMPL", "MODULE_TABLES", "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
-    "cuda_lazy_init_code", "current_autograd_node", "disable_current_modes", "eager_flex_attention", "fake_from_meta",
-    "fake_store", "flattened_mesh", "forward_hook_tables", "global_forward_hooks", "intercepted_function_apply",
+    "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
+    "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "flattened_mesh",
+    "forward_hook_tables", "function_modes", "global_forward_hooks", "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
     "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
-    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name", "schema_of",
-    "script_object_type", "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
-    "unseen_global_shape_runs", "unset_fake_temporarily", "version_counter", "weights_only_allowed_globals",
+    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name",
+    "saved_tensors_hooks_set_aside", "schema_of", "script_object_type", "set_state_dict_metadata",
+    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
+    "version_counter", "weights_only_allowed_globals",
 ]
 
 # The logger FakeTensorMode writes a traceback to (ERROR) before it raises; the CLI silences it.
@@ -75,6 +77,15 @@ def fake_from_meta(mode: FakeTensorMode, meta: torch.Tensor, device: torch.devic
     """A FakeTensor of ``mode`` on ``device`` wrapping ``meta`` (``FakeTensorConverter.from_meta_and_device``, in
     2.14.1): ten times faster than ``mode.from_tensor`` converting the original, which matters for large models."""
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, device)
+
+
+def conv_memory_format(x: torch.Tensor, weight: torch.Tensor, **geometry: Any) -> torch.memory_format:
+    """The memory format a convolution's output and gradients get on the device of the FakeTensors ``x`` and
+    ``weight`` (with ``geometry``: stride, padding, ..., ``bias`` or ``bias_sizes``): the backend torch selects for
+    them and that backend's layout (``torch._C._select_conv_backend``, ``_conv_determine_backend_memory_format``), as
+    FakeTensors' own convolution does (``fake_impls.conv``, 2.14.1). Called under the FakeTensors' mode."""
+    backend = torch._C._select_conv_backend(x, weight, **geometry)
+    return torch._C._conv_determine_backend_memory_format(x, weight, backend)
 
 
 class EagerDispatchMode(TorchDispatchMode):
@@ -107,11 +118,47 @@ def qualified_name(packet: OpOverloadPacket) -> str:
 # that made the node. torch.autograd.graph uses it itself; there is no public wrapper.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 
+# A tensor's own hook tables (attributes of every tensor, since 2.1): ``register_hook`` and
+# ``register_post_accumulate_grad_hook`` make one on a tensor that has none; the snapshot empties those a run made.
+TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+_FORWARD_AD = torch.autograd.forward_ad
+_PEEK_TRANSFORMS: Callable[[], Any] = torch._C._functorch.peek_interpreter_stack
+
+
+def counted_by_kernels(arguments: Any) -> bool:
+    """Whether a function-level call's shapes miss work its kernels do, so the operators they run are what counts:
+    forward-mode AD is on (a ``forward_ad.dual_level`` open, ``_current_level`` since 1.10, or ``torch.func.jvp``),
+    whose tangents are computed inside the call by operators of their own; or a tensor among ``arguments`` (a tree)
+    is batched by ``torch.func.vmap``, at any level of functorch's wrappers, so the call sees one row of what its
+    kernels run on (torch._C._functorch, since 2.0; neither has a public test)."""
+    if _FORWARD_AD._current_level >= 0:
+        return True
+    if _PEEK_TRANSFORMS() is None:  # no transform running: the common case, one call (at every function-level call)
+        return False
+    functorch = torch._C._functorch
+    if any(interpreter.key() == functorch.TransformType.Jvp for interpreter in functorch.get_interpreter_stack()):
+        return True
+    for tensor in pytree.tree_leaves(arguments):
+        while isinstance(tensor, torch.Tensor) and functorch.is_functorch_wrapped_tensor(tensor):
+            if functorch.is_batchedtensor(tensor):
+                return True
+            tensor = functorch.get_unwrapped(tensor)
+    return False
+
 # --- __torch_function__ handling (torch._C, since 1.12) -------------------------------------------------------------
 # Turns __torch_function__ handling off for a block, modes included: the recorder's module hooks read the shapes of a
 # module's outputs without the function recorder seeing every attribute access (a microsecond each). What
 # torch.overrides uses itself; there is no public name.
 no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
+
+
+def function_modes() -> list[Any]:
+    """The ``TorchFunctionMode`` instances active on this thread, outermost first (``torch.overrides`` has the same
+    walk in a private function). Autograd's threads run a backward pass with the modes of the thread that started
+    it (``at::ThreadLocalState`` carries them): the recorder's module hooks tell its calls from another thread's."""
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
 
 # --- dispatch switches (torch._C, since 2.0) -------------------------------------------------------------------------
 # Turns the Python dispatch modes off for a block: a replayed call (engine/replay.py) makes its outputs unseen by the
@@ -436,6 +483,44 @@ def observed_storage_resizes(observe: Callable[[torch.UntypedStorage, int], None
 
 
 FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
+
+
+@contextlib.contextmanager
+def saved_tensors_hooks_set_aside(pack: Callable[[torch.Tensor], Any]) -> Iterator[None]:
+    """While open, a ``torch.func`` transform that refuses saved-tensor hooks (``grad``, ``vjp``, ``jacrev``,
+    ``hessian``) runs on this thread with the run's own hooks (those whose pack hook is ``pack``, on top of torch's
+    stack) taken off the stack, and put back after it: the transform runs as in the model's real step, which has no
+    such hooks. Hooks of the model's own (a non-re-entrant checkpoint's) are left in place, so it fails as it would.
+
+    The transforms enter ``torch.autograd.graph.disable_saved_tensors_hooks`` (since 2.0), looked up on the module at
+    each call, which refuses any hook on the stack: the attribute is replaced for the run. The stack itself is read and
+    changed with torch._C._autograd's ``_top_``, ``_pop_`` and ``_push_saved_tensors_default_hooks`` (since 2.0, what
+    ``saved_tensors_hooks`` uses).
+    """
+    graph = torch.autograd.graph
+    original = graph.disable_saved_tensors_hooks
+    thread = threading.get_ident()
+    hooks = torch._C._autograd
+
+    @contextlib.contextmanager
+    def disable(error_message: str) -> Iterator[None]:
+        top = hooks._top_saved_tensors_default_hooks(False)
+        if threading.get_ident() != thread or top is None or top[0] is not pack:
+            with original(error_message):
+                yield
+            return
+        hooks._pop_saved_tensors_default_hooks()
+        try:
+            with original(error_message):
+                yield
+        finally:
+            hooks._push_saved_tensors_default_hooks(*top)
+
+    graph.disable_saved_tensors_hooks = disable
+    try:
+        yield
+    finally:
+        graph.disable_saved_tensors_hooks = original
 
 
 @contextlib.contextmanager

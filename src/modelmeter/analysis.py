@@ -14,6 +14,7 @@ from .devices import Device, Interconnect, get_interconnect
 from .engine.gc_pause import paused
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Trace
+from .errors import InvalidValueError
 from .fvcore_api import flop_count_table
 from .handles.conventions import has_registered_handles
 from .memory import MemoryAnalysis
@@ -61,7 +62,7 @@ def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str
     :func:`modelmeter.session.result_from_trace`, over the analyses' own statistics.
     """
     if not analyses:
-        raise ValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
+        raise InvalidValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
     first = next(iter(analyses.values()))
     metrics = {metric: Counted(analysis.statistics(), analysis.phases()) for metric, analysis in analyses.items()}
     return assemble_result(first.trace, metrics, name=name or type(model).__name__,
@@ -92,7 +93,7 @@ class Analysis:
                  launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None,
                  parallel: str | ParallelPlan | None = None) -> None:
         if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
-            raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
+            raise InvalidValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
         self.inputs = inputs
         self._settings: dict[str, Any] = {

@@ -6,7 +6,33 @@ from collections.abc import Iterator
 
 
 class ModelMeterError(Exception):
-    """Base class of every error modelmeter raises on purpose."""
+    """Base class of every error modelmeter raises on purpose: ``except modelmeter.ModelMeterError`` catches them
+    all. Each one is also the built-in error a caller would expect (a ``ValueError`` for a bad value, a
+    ``KeyError`` for a name that is not there), so code that catches those keeps working."""
+
+
+class InvalidValueError(ModelMeterError, ValueError):
+    """A value modelmeter cannot take: an argument or option out of its range, a file or text whose content is
+    damaged or of another kind. The message names the argument, option or file, and what it can be."""
+
+
+class InvalidTypeError(ModelMeterError, TypeError):
+    """An argument of a kind modelmeter cannot take (a numpy array where a tensor goes, a TorchScript module, a
+    string where a flag goes); the message names the argument."""
+
+
+class InvalidNameError(ModelMeterError, KeyError):
+    """A name modelmeter cannot use: a module that is not in the model or the result, a model that is not in the
+    zoo, a checkpoint entry that is not registered or is taken. The message names it and, where they are few, what
+    there is."""
+
+    def __str__(self) -> str:  # KeyError's own quotes the message as a key's repr
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedError(ModelMeterError, NotImplementedError):
+    """Something modelmeter cannot do (yet): a valid request, not a mistake in it; the message says what and, where
+    there is one, what to do instead."""
 
 
 class ModelRunError(ModelMeterError, RuntimeError):

@@ -17,6 +17,7 @@ from torch import nn
 
 from .engine.gc_pause import paused
 from .engine.naming import ModuleNames
+from .errors import InvalidTypeError
 from .metrics.parameters import count_by_prefix, parameter_shapes
 from .reports.fvcore_tables import flop_count_str_text, flop_count_table_text, parameter_count_table_text
 from .views import ModelAnalysis
@@ -29,14 +30,14 @@ def parameter_count(model: nn.Module) -> defaultdict[str, int]:
     Works on the meta device: only shapes are read.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise InvalidTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return count_by_prefix(ModuleNames(model).infos())
 
 
 def parameter_count_table(model: nn.Module, max_depth: int = 3) -> str:
     """Parameters per module (and parameter shapes) to ``max_depth`` levels, as fvcore's markdown table."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise InvalidTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     modules = ModuleNames(model).infos()
     return parameter_count_table_text(count_by_prefix(modules), parameter_shapes(modules), max_depth)
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Phase, Trace
+from .errors import InvalidTypeError, InvalidValueError
 from .metrics.counting import Statistics
 from .metrics.memory import (
     OptimizerSpec,
@@ -69,11 +70,11 @@ class MemoryAnalysis(MetricView):
                  cache_dir: str | os.PathLike[str] | None = None,
                  parallel: str | ParallelPlan | None = None) -> None:
         if not isinstance(training, bool):
-            raise TypeError(f"training must be True or False, got {training!r}")
+            raise InvalidTypeError(f"training must be True or False, got {training!r}")
         spec = memory_optimizer(training, optimizer, state_dtype, foreach)
         if trace is not None and trace.backward != training:
-            raise ValueError(f"the given trace {'has' if trace.backward else 'has no'} backward pass, but "
-                             f"training={training}: record it with backward={training}")
+            raise InvalidValueError(f"the given trace {'has' if trace.backward else 'has no'} backward pass, but "
+                                    f"training={training}: record it with backward={training}")
         run = RunSpec.of(model, inputs, execution=execution, backward=training, loss_fn=loss_fn, parallel=parallel)
         self._attach(Session(run, trace=trace, cache=cache, cache_dir=cache_dir), spec)
 

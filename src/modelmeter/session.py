@@ -31,6 +31,7 @@ from .engine.snapshot import refuse_uninitialised
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Trace
 from .engine.tracer import record_trace
+from .errors import InvalidTypeError, InvalidValueError
 from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import Statistics, count
@@ -110,7 +111,7 @@ class Session:
         """``"all"`` or ``"no_tracer_warning"`` keep warnings the model raises while it runs; ``"none"`` hides
         them."""
         if mode not in TRACER_WARNING_MODES:
-            raise ValueError(f"Unrecognized tracer warning mode {mode}.")
+            raise InvalidValueError(f"Unrecognized tracer warning mode {mode}.")
         self._tracer_warnings = mode
         return self
 
@@ -251,9 +252,9 @@ def memory_optimizer(training: bool, optimizer: str | OptimizerSpec | None, stat
                      foreach: bool | None) -> OptimizerSpec | None:
     """The optimizer a memory analysis models, its options checked (``state_dtype`` may be a ``torch.dtype``)."""
     if optimizer is not None and not training:
-        raise ValueError("optimizer is part of a training step: pass training=True with it")
+        raise InvalidValueError("optimizer is part of a training step: pass training=True with it")
     if (state_dtype is not None or foreach is not None) and optimizer is None:
-        raise ValueError("state_dtype and foreach describe the optimizer: pass optimizer= with them")
+        raise InvalidValueError("state_dtype and foreach describe the optimizer: pass optimizer= with them")
     if optimizer is None:
         return None
     return optimizer_spec(optimizer, state_dtype=None if state_dtype is None else str(state_dtype), foreach=foreach)
@@ -304,7 +305,7 @@ def assemble_result(trace: Trace, metrics: Mapping[str, Counted], *, name: str |
     memory columns, with ``time`` the roofline's, with ``parallel`` the per-rank costs (``RankCosts.to_dict()``).
     A metric counted over several phases is followed by one column per phase."""
     if not metrics:
-        raise ValueError("a result needs at least one metric, e.g. the flops")
+        raise InvalidValueError("a result needs at least one metric, e.g. the flops")
     with no_gc():
         result = _assemble(trace, metrics, name, convention, memory, time)
     result.parallel = parallel
@@ -423,7 +424,7 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
     time = roofline_settings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
                              measured_time=measured_time)
     if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
-        raise ValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
+        raise InvalidValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
     spec = for_plan(memory_optimizer(trace.backward, optimizer, state_dtype, foreach), trace) if memory else None
     chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
     flops = count(trace, chosen.handles, elementwise=chosen.elementwise)
@@ -488,17 +489,17 @@ def _result_of(data: Any) -> Result:
     """The Result :func:`_result_data` described; ValueError for data of another shape."""
     _check_fields(data, _RESULT_FIELD_TYPES, "result")
     if not all(type(row) is dict and row.keys() == _ROW_TYPES.keys() for row in data["modules"]):
-        raise ValueError("a result row of other fields")
+        raise InvalidValueError("a result row of other fields")
     for name, kind in _ROW_TYPES.items():  # one field of every row at a time: a row is a thousand in a large model
         if not all(type(row[name]) is kind for row in data["modules"]):
-            raise ValueError(f"a result row whose {name} is not a {kind.__name__}")
+            raise InvalidValueError(f"a result row whose {name} is not a {kind.__name__}")
     return Result(**{**data, "modules": [ModuleRow(**row) for row in data["modules"]]})
 
 
 def _check_fields(data: Any, types: Mapping[str, type | tuple[type, ...]], what: str) -> None:
     if type(data) is not dict or data.keys() != types.keys() \
             or not all(type(data[name]) in _as_tuple(kind) for name, kind in types.items()):
-        raise ValueError(f"a {what} of other fields or types")
+        raise InvalidValueError(f"a {what} of other fields or types")
 
 
 def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -513,15 +514,15 @@ def roofline_settings(device: str | Device | Mapping[str, Any] | None, *, effici
     a device's fields as a saved trace keeps a user's device). A ValueError names the option that is wrong."""
     if device is None:
         if (efficiency, launch_overhead, tf32, measured_time) != (1.0, 0.0, False, None):
-            raise ValueError("efficiency, launch_overhead, tf32 and measured_time describe the time on a device: "
-                             "pass device= with them (e.g. device='h100')")
+            raise InvalidValueError("efficiency, launch_overhead, tf32 and measured_time describe the time on a "
+                                    "device: pass device= with them (e.g. device='h100')")
         return None
     if isinstance(device, str):
         device = get_device(device)
     elif isinstance(device, Mapping):
         device = device_from_dict(device)
     elif not isinstance(device, Device):
-        raise TypeError(f"device must be a device name (see `modelmeter devices`) or a Device, got "
-                        f"{type(device).__name__}")
+        raise InvalidTypeError(f"device must be a device name (see `modelmeter devices`) or a Device, got "
+                               f"{type(device).__name__}")
     return RooflineSettings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
                             measured_time=measured_time)  # which checks its options

@@ -18,6 +18,7 @@ from torch import nn
 from .engine.gc_pause import paused
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Phase, Trace
+from .errors import InvalidTypeError, InvalidValueError
 from .handles.base import CountInside, Handle
 from .handles.binding import Formula
 from .handles.conventions import get_convention
@@ -75,7 +76,7 @@ class MetricView(ABC):
         given (``"forward"``, ``"backward"``, ``"recompute"``)."""
         stats = self.statistics()
         if phase is not None and phase not in PHASES:
-            raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
+            raise InvalidValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
         table = stats.counts if phase is None else stats.by_phase.get(phase, {})
         return {name: _counted(table.get(name, _NONE)) for name in self.trace.module_table().canonical}
 
@@ -240,16 +241,16 @@ class ModelAnalysis(MetricView):
         Function; see docs/handles.md), and replaces whatever counted them before. A
         :func:`~modelmeter.handles.binding.by_name` formula is bound to the operator's schema here."""
         if len(args) % 2:
-            raise TypeError("set_op_handle should be called with pairs of names and handles!")
+            raise InvalidTypeError("set_op_handle should be called with pairs of names and handles!")
         pairs = dict(zip(args[::2], args[1::2], strict=True))
         pairs.update(kwargs)
         for name, handle in pairs.items():
             if not isinstance(name, str):
-                raise TypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
+                raise InvalidTypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
             if isinstance(handle, Formula):
                 handle = handle.bind(name)
             if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
-                raise TypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
+                raise InvalidTypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
             self._user_handles[name] = handle
         self._custom = True
         self._recount()
@@ -269,7 +270,7 @@ class ModelAnalysis(MetricView):
         """``"owner"``: an op counts toward the module that owns it and that module's parents by name.
         ``"caller"``: toward every module whose call is on the stack. Recomputes from the trace."""
         if mode not in ("owner", "caller"):
-            raise ValueError(f"Unrecognized ancestor mode: {mode}")
+            raise InvalidValueError(f"Unrecognized ancestor mode: {mode}")
         if mode != self._ancestor_mode:
             self._ancestor_mode = mode  # type: ignore[assignment]
             self._recount()

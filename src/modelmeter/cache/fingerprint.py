@@ -71,6 +71,7 @@ from .._torch_compat import (
 from ..engine.naming import named_modules_with_dup
 from ..engine.serialize import FORMAT_VERSION, schema_signature
 from ..engine.spec import RunSpec
+from ..errors import ModelMeterError
 from ..io.atomic import atomic_write
 
 KEY_VERSION = 2
@@ -96,7 +97,7 @@ _MODELMETER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(
 _TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
 
 
-class Uncacheable(Exception):
+class Uncacheable(ModelMeterError):
     """The key cannot be sure to cover what the run depends on (the message says what): nothing is cached."""
 
 

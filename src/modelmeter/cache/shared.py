@@ -32,6 +32,8 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import os
+import sys
 import threading
 import types
 import weakref
@@ -45,6 +47,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
+from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
@@ -95,6 +98,7 @@ class _State(CodeWalk):
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
         self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
         self._layouts: dict[type, _Layout] = {}  # a module class -> the layout of the last instance's __dict__
+        self._libraries: dict[int, types.ModuleType] = {}  # installed modules whose code the call runs, by id
 
     @property
     def held(self) -> list[Any]:
@@ -116,11 +120,34 @@ class _State(CodeWalk):
         and costs a look-up, where walking its MRO costs more than the rest of a small model's key."""
         bases = cls.__mro__[1:]
         if _INSTALLED_CLASSES.get(cls) == bases:  # (a class whose bases were reassigned is looked at again)
+            self._read_by(cls.__mro__)
             return ("installed class", cls)
-        if all(library(base) is not None for base in cls.__mro__):
+        installed = [base for base in cls.__mro__ if library(base) is not None]
+        self._read_by(installed)
+        if len(installed) == len(cls.__mro__):
             _INSTALLED_CLASSES[cls] = bases
             return ("installed class", cls)
         return super().klass(cls)
+
+    def _read_by(self, classes: Iterable[type]) -> None:
+        """Note the modules installed ``classes`` are defined in: their code reads those modules' globals."""
+        modules = sys.modules
+        for cls in classes:
+            module = modules.get(cls.__module__)
+            if module is not None and cls is not object:
+                self._libraries[id(module)] = module
+
+    def python_module(self, module: types.ModuleType) -> Any:
+        """A module the code names: as the persistent key has it, an installed one noted (:meth:`namespaces`)."""
+        record = super().python_module(module)
+        if record[2] is not None:
+            self._libraries[id(module)] = module
+        return record
+
+    def namespaces(self) -> tuple[tuple[str, int], ...]:
+        """The installed modules whose code the call runs, each by its namespace's generation
+        (:class:`_Namespaces`): a library function replaced by the user's (``F.linear = mine``) changes it."""
+        return NAMESPACES.generations(list(self._libraries.values()))
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -395,7 +422,8 @@ def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]]
                    tuple(state.modules()),
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
-                   state.user_modules())  # last: what every piece of code walked above may look up
+                   state.user_modules(),  # what every piece of code walked above may look up
+                   state.namespaces())  # last: the installed modules everything above names
             return _Key(key), state.alive, state.held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
@@ -459,7 +487,12 @@ class SharedRecordings:
         """The trace of ``spec``'s call in its state now: shared when one was recorded in that state, else
         ``record()``, kept under the state before it ran (a run puts the model back as it found it, and a call
         in another state does not match). A recording whose run read values is kept with a digest of them, and
-        shared only while they are the same (:func:`_values_digest`)."""
+        shared only while they are the same (:func:`_values_digest`). Keyed, recorded and kept with no other
+        thread's run between (engine/exclusive.py)."""
+        with RECORDING:
+            return self._share(spec, record)
+
+    def _share(self, spec: RunSpec, record: Callable[[], Trace]) -> Shared:
         if getattr(self._aside, "depth", 0):
             return Shared(record(), recorded=True)
         before = _call_state(spec)
@@ -506,6 +539,114 @@ class SharedRecordings:
         """Entries whose objects died: their identities may now name other objects."""
         for key in [k for k, (alive, _) in self._entries.items() if _any_dead(alive)]:
             del self._entries[key]
+
+
+class _Namespace:
+    """A module's namespace as last seen: its names and values (held: compared by identity, so an object that
+    replaced one cannot be taken for it), its generation, and the installed modules it names (:meth:`_Namespaces.
+    generations` reads those too)."""
+
+    __slots__ = ("generation", "module", "named", "names", "values")
+
+    def __init__(self, module: types.ModuleType, generation: int) -> None:
+        namespace = vars(module)
+        self.module, self.generation = module, generation
+        self.names, self.values = list(namespace), list(namespace.values())
+        top = module.__name__.partition(".")[0]
+        self.named = [value for value in self.values
+                      if _is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
+
+    def same(self, module: types.ModuleType) -> bool | None:
+        """Whether ``module`` holds the same objects under the same names as when seen: True; else None where what
+        changed changes no lookup — a name bound to a module added (a submodule imported since), a function wrapped
+        by torch's own code (importing ``torch._dynamo`` wraps ``torch.manual_seed``) —; else False."""
+        namespace = vars(module)
+        size = len(self.values)
+        if module is not self.module or len(namespace) < size:
+            return False
+        kept = all(map(operator.is_, namespace.values(), self.values))  # (map stops at the shorter)
+        if kept and len(namespace) == size and list(namespace) == self.names:
+            return True  # (nearly always: one pass over the values, one over the names)
+        names, values = list(namespace), list(namespace.values())
+        if names[:size] != self.names:
+            return False  # (a name removed: removing one moves every later one up)
+        if not kept and not all(map(_rewrapped, values, self.values)):
+            return False
+        return None if all(map(_is_module, values[size:])) else False
+
+
+def _is_module(value: Any) -> bool:
+    """By its type: ``isinstance`` would ask a value for its ``__class__`` (a deprecated torch name warns then)."""
+    return issubclass(type(value), types.ModuleType)
+
+
+def _rewrapped(new: Any, old: Any) -> bool:
+    """Whether ``new`` is ``old``, or ``old`` wrapped (``__wrapped__``) by functions of torch's own files only."""
+    for _ in range(8):
+        if new is old:
+            return True
+        code = getattr(new, "__code__", None)
+        if code is None or not code.co_filename.startswith(_TORCH_DIR):
+            return False
+        new = getattr(new, "__wrapped__", None)
+    return False
+
+
+_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")  # (as code objects name their files)
+
+
+class _Namespaces:
+    """A generation for each state of every installed module's namespace the in-process key has named: the module
+    holding another object under a name, or a name less or more (but a submodule's: importing one adds its name to
+    its package), is another state, with a generation of its own; a state seen before (a function the user replaced,
+    then put back; ``torch.Storage`` rebound by ``set_default_dtype`` and back) has its generation again.
+
+    An installed class is keyed by identity, not walked (:meth:`_State.klass`), and an installed module the user's
+    code names by name: what their code looks up at run time — ``F.linear`` in ``nn.Linear.forward``, ``torch.relu``
+    in ``F.relu`` — is read from module namespaces the key did not cover, so a library function the user replaced
+    (``torch.nn.functional.linear = mine``) or put back went unseen. The key names the generations of the modules
+    those classes are defined in and that the user's code names, and of the modules of torch or of the same package
+    those name in turn (``torch.nn.modules.linear`` -> ``torch.nn.functional``, ``torch``): a few thousand
+    identity comparisons per key. A replacement deeper than that (a module those reach only through another one:
+    ``torch._C._nn``) is not seen. The last :data:`_STATES` states of a module are remembered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, list[_Namespace]] = {}  # a module's name -> its states, the latest first
+        self._made: dict[str, int] = {}  # a module's name -> how many generations it was given
+
+    def generations(self, modules: list[types.ModuleType]) -> tuple[tuple[str, int], ...]:
+        found: dict[str, int] = {}
+        with self._lock:
+            for module in modules:
+                namespace = self._state_of(module)
+                found[module.__name__] = namespace.generation
+                for named in namespace.named:
+                    if named.__name__ not in found:
+                        found[named.__name__] = self._state_of(named).generation
+        return tuple(sorted(found.items()))
+
+    def _state_of(self, module: types.ModuleType) -> _Namespace:
+        """The state ``module`` is in, the latest first among the states seen."""
+        name = module.__name__
+        states = self._seen.setdefault(name, [])
+        for i, state in enumerate(states):
+            same = state.same(module)
+            if same is not False:
+                if same is None:  # (the same lookups, other contents: seen as they are now)
+                    state = _Namespace(module, state.generation)
+                del states[i]
+                states.insert(0, state)
+                return state
+        generation = self._made[name] = self._made.get(name, -1) + 1
+        states.insert(0, _Namespace(module, generation))
+        del states[_STATES:]
+        return states[0]
+
+
+_STATES = 4
+#: The namespaces of the installed modules the in-process keys have named.
+NAMESPACES = _Namespaces()
 
 
 def _any_dead(alive: list[weakref.ref[Any]]) -> bool:

@@ -37,6 +37,7 @@ from .. import _version
 from ..engine.gc_pause import no_gc
 from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, parse, to_data, trace_from_parsed, trace_to_dict
 from ..engine.trace import Trace
+from ..errors import InvalidValueError
 from ..io.atomic import atomic_write, owner_gone
 
 try:
@@ -68,14 +69,14 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 def parse_size(value: int | str) -> int:
     """A size in bytes from ``1073741824``, ``"500M"``, ``"1G"``, ``"1.5GiB"``, ``"64k"`` (binary units)."""
     if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
+        raise InvalidValueError(f"not a size: {value!r}")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"a size cannot be negative: {value}")
+            raise InvalidValueError(f"a size cannot be negative: {value}")
         return value
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", str(value).lower())
     if match is None:
-        raise ValueError(f"not a size: {value!r} (expected bytes, or a number with K, M, G or T)")
+        raise InvalidValueError(f"not a size: {value!r} (expected bytes, or a number with K, M, G or T)")
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
@@ -112,7 +113,7 @@ class TraceCache:
 
     def entry_path(self, key: str) -> str:
         if not _KEY.fullmatch(key):
-            raise ValueError(f"a cache key is 64 lowercase hex digits, got {key!r}")
+            raise InvalidValueError(f"a cache key is 64 lowercase hex digits, got {key!r}")
         return os.path.join(self.path, key + SUFFIX)
 
     # reading ------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class TraceCache:
                 kept = parse(gunzip(data))
             if type(kept) is not dict or kept.get("format") != _RESULT or kept.get("key") != key \
                     or kept.get("settings") != settings or "result" not in kept:
-                raise ValueError("not a modelmeter result cache entry of this key and these settings")
+                raise InvalidValueError("not a modelmeter result cache entry of this key and these settings")
         except ValueError as exc:
             logger.warning("Discarding the damaged result cache entry %s (%s); counting again.", path, exc)
             self._remove(path)
@@ -235,7 +236,7 @@ class TraceCache:
 
     def result_path(self, key: str, settings: str) -> str:
         if not _KEY.fullmatch(settings):
-            raise ValueError(f"a settings digest is 64 lowercase hex digits, got {settings!r}")
+            raise InvalidValueError(f"a settings digest is 64 lowercase hex digits, got {settings!r}")
         return self.entry_path(key)[:-len(SUFFIX)] + f"-{settings}{RESULT_SUFFIX}"
 
     def store_result(self, key: str, entry: str, settings: str, result: Any) -> bool:
@@ -413,7 +414,8 @@ def _encode_entry(key: str, trace: Trace) -> bytes:
         text = json.dumps(entry, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     raw = text.encode("utf-8")
     if len(raw) > MAX_ENTRY_BYTES:  # never write what could not be read back
-        raise ValueError(f"the trace is {len(raw)} bytes of JSON, over the {MAX_ENTRY_BYTES}-byte limit of an entry")
+        raise InvalidValueError(f"the trace is {len(raw)} bytes of JSON, over the {MAX_ENTRY_BYTES}-byte limit of an "
+                                "entry")
     return gzip.compress(raw, compresslevel=6, mtime=0)
 
 
@@ -421,7 +423,7 @@ def _decode_entry(data: bytes, key: str) -> Trace:
     with no_gc():
         entry = parse(gunzip(data))  # ValueError (json.JSONDecodeError included) for anything malformed
         if type(entry) is not dict or entry.get("format") != _ENTRY:
-            raise ValueError("not a modelmeter trace cache entry")
+            raise InvalidValueError("not a modelmeter trace cache entry")
         if entry.get("key") != key:
-            raise ValueError("the entry was written for another key")
+            raise InvalidValueError("the entry was written for another key")
         return trace_from_parsed(entry.get("trace"))

@@ -189,6 +189,23 @@ def _saved_entries_only(request: dict[str, Any], name: str, saved_keys: Iterable
     return {**request, "state": kept}
 
 
+def _mismatch(state: dict[str, Any], shapes: Mapping[str, tuple[int, ...] | None]) -> str | None:
+    """Why the checkpoint cannot fill ``state`` (a key it lacks, a tensor of another shape), before DCP tries.
+
+    The keys are DCP's flattened ones (``optimizer:<name>.state.<param>.exp_avg``), as its metadata lists them.
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(state)
+    for key, value in flat.items():
+        if key not in shapes:
+            return f"it holds no {key!r}"
+        saved = shapes[key]
+        if isinstance(value, torch.Tensor) and saved is not None and tuple(value.shape) != saved:
+            return f"{key!r} has shape {saved} in the checkpoint but {tuple(value.shape)} here"
+    return None
+
+
 def load_sharded(
     directory: str,
     model: nn.Module,
@@ -228,6 +245,14 @@ def load_sharded(
                 f"Checkpoint {directory} holds no state for optimizer {key!r}", directory, "incompatible"
             )
         state[name] = _saved_entries_only(get_optimizer_state_dict(model, optimizer), name, shapes)
+        mismatch = _mismatch({name: state[name]}, shapes)
+        if mismatch is not None:
+            raise CheckpointError(
+                f"Checkpoint {directory}: the saved state of optimizer {key!r} does not fit it ({mismatch}; another "
+                "optimizer class or other parameters?); nothing was loaded",
+                directory,
+                "incompatible",
+            )
     reader = _SafeReader(directory, weights_only)
     planner = _SafePlanner(directory) if weights_only else _default_planner.DefaultLoadPlanner()
     try:

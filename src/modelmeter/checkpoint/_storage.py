@@ -28,6 +28,7 @@ __all__ = [
     "refused_import",
     "safe_globals",
     "safetensors_bytes",
+    "safetensors_save_id",
     "torch_load",
     "torch_load_bytes",
 ]
@@ -372,6 +373,18 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], save_id: str) -> bytes:
         unique[name] = t
     metadata = {_SAVE_ID_KEY: save_id, _ALIASES_KEY: json.dumps(aliases), _ORDER_KEY: json.dumps(list(tensors))}
     return bytes(save(unique, metadata=metadata))
+
+
+def safetensors_save_id(path: str) -> str | None:
+    """The save id in the header of the safetensors file ``path`` (only the header is read); ``None`` if unreadable."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            save_id = (f.metadata() or {}).get(_SAVE_ID_KEY)
+    except Exception:
+        return None
+    return save_id if isinstance(save_id, str) and save_id.isalnum() else None
 
 
 def load_safetensors(path: str, expected_save_id: str | None) -> dict[str, torch.Tensor]:

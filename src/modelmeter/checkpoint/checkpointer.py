@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from .._torch_compat import state_dict_metadata
-from ..io.atomic import atomic_write, fsync_dir, hidden_name, remove_stale_temp_files
+from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
+from ..io.atomic import atomic_write, exchange, fsync_dir, hidden_name, remove_stale_temp_files
+from ..io.cache_dir import directory_lock
 from ._keys import (
     clean_key_map,
     filter_reused_missing_keys,
@@ -42,6 +44,7 @@ from ._storage import (
     load_safetensors,
     refused_import,
     safetensors_bytes,
+    safetensors_save_id,
     torch_load,
     unsafe_error,
 )
@@ -57,6 +60,10 @@ _SHARDED_EXTRA = "extra.pth"
 _DCP_METADATA = ".metadata"
 _FORMATS = ("pth", "safetensors")
 _OWN_ENTRIES = ("model", _MARKER)  # keys of a checkpoint file that no checkpointable or extra data may take
+_PARTIAL = ".partial"  # .<name>.partial/: a sharded checkpoint being written
+_ASIDE = re.compile(r"\.old-[0-9a-f]{8}$")  # .<name>.old-<hex>/: a sharded checkpoint being replaced or removed
+_PREVIOUS = ".prev"  # .<name>.safetensors.<save id>.prev: the weights an overwrite replaces, until its .pth is in
+_SAVE_ID_CHARS = 32  # uuid4().hex
 
 
 class _IncompatibleKeys(NamedTuple):
@@ -126,10 +133,10 @@ def _name_problem(name: str) -> str | None:
 
 def _check_name(name: object, what: str = "Checkpoint name") -> None:
     if not isinstance(name, str):
-        raise TypeError(f"{what} must be a str, got {type(name).__name__}")
+        raise InvalidTypeError(f"{what} must be a str, got {type(name).__name__}")
     problem = _name_problem(name)
     if problem is not None:
-        raise ValueError(f"{what} {name!r} {problem}")
+        raise InvalidValueError(f"{what} {name!r} {problem}")
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -139,7 +146,7 @@ def _positive_int(value: object, what: str) -> int:
     except (TypeError, ValueError, OverflowError):
         number = 0
     if isinstance(value, (bool, str, bytes)) or number != value or number < 1:
-        raise ValueError(f"{what} must be a positive whole number, got {value!r}")
+        raise InvalidValueError(f"{what} must be a positive whole number, got {value!r}")
     return number
 
 
@@ -185,14 +192,105 @@ def _remove_if_present(path: str) -> None:
             os.remove(path)
 
 
+def _aside_path(path: str) -> str:
+    """A fresh hidden name beside the directory ``path`` for moving it out of the way (``.<name>.old-<hex>``)."""
+    return os.path.join(os.path.dirname(path), hidden_name(os.path.basename(path), f".old-{uuid.uuid4().hex[:8]}"))
+
+
 def _remove_checkpoint(path: str) -> None:
-    """Delete one checkpoint: a ``<name>/`` directory, or ``<name>.pth`` and its ``<name>.safetensors``."""
+    """Delete one checkpoint: a ``<name>/`` directory, or ``<name>.pth`` and its ``<name>.safetensors``.
+
+    A directory is first renamed to a hidden name, so that a crash while deleting it never leaves a half-deleted
+    directory under a checkpoint's name (the next save removes the hidden one)."""
     if os.path.isdir(path):
+        aside = _aside_path(path)
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+            path = aside
         shutil.rmtree(path, ignore_errors=True)
         return
     _remove_if_present(path)
     if path.endswith(".pth"):
-        _remove_if_present(path[: -len(".pth")] + ".safetensors")
+        weights = path[: -len(".pth")] + ".safetensors"
+        _remove_if_present(weights)
+        _remove_previous_weights(weights)
+
+
+def _previous_weights(weights_file: str, save_id: str) -> str:
+    """Where an overwrite keeps the weights of save ``save_id`` of ``weights_file`` until the new ``.pth`` is in."""
+    directory, base = os.path.split(weights_file)
+    return os.path.join(directory, hidden_name(base, f".{save_id}{_PREVIOUS}"))
+
+
+def _keep_previous_weights(weights_file: str) -> str | None:
+    """Before ``weights_file`` is overwritten: a hard link (or copy) of it under the save id its ``.pth`` names, so
+    that a crash between the two files of a safetensors save still leaves the old pair loadable."""
+    save_id = safetensors_save_id(weights_file) if os.path.isfile(weights_file) else None
+    if save_id is None:
+        return None
+    backup = _previous_weights(weights_file, save_id)
+    _remove_if_present(backup)
+    try:
+        os.link(weights_file, backup)
+    except OSError:  # a file system without hard links
+        with open(weights_file, "rb") as source:
+            atomic_write(backup, lambda f: shutil.copyfileobj(source, f, 1 << 20))
+    fsync_dir(os.path.dirname(weights_file))
+    return backup
+
+
+def _remove_previous_weights(weights_file: str) -> None:
+    """Remove every kept copy of ``weights_file`` (all save ids): its ``.pth`` no longer needs them."""
+    directory = os.path.dirname(weights_file) or "."
+    template = os.path.basename(_previous_weights(weights_file, "0" * _SAVE_ID_CHARS))
+    stem = template[: -(_SAVE_ID_CHARS + len(_PREVIOUS))]  # hidden_name shortens the base alike for every id
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if len(name) == len(template) and name.startswith(stem) and name.endswith(_PREVIOUS):
+            _remove_if_present(os.path.join(directory, name))
+
+
+def _partial_target(directory: str, entry: str) -> str | None:
+    """The checkpoint name the complete sharded save ``<directory>/<entry>`` (``.<name>.partial/``, holding DCP's
+    ``.metadata`` and, written last, ``extra.pth``) was meant for; ``None`` if it is incomplete or not ours."""
+    name = entry[1 : -len(_PARTIAL)]
+    path = os.path.join(directory, entry)
+    complete = all(os.path.isfile(os.path.join(path, f)) for f in (_DCP_METADATA, _SHARDED_EXTRA))
+    if complete and _name_problem(name) is None and hidden_name(name, _PARTIAL) == entry:
+        return name
+    return None
+
+
+def _sharded_leftovers(directory: str) -> list[str]:
+    """Hidden ``.<name>.partial/`` and ``.<name>.old-<hex>/`` directories of sharded saves in ``directory``."""
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    found = [n for n in names if n.startswith(".") and (n.endswith(_PARTIAL) or _ASIDE.search(n))]
+    return sorted(n for n in found if os.path.isdir(os.path.join(directory, n)))
+
+
+def _tidy_interrupted_saves(directory: str) -> None:
+    """Finish or discard what killed saves left in ``directory``; the caller holds the save lock.
+
+    A complete ``.<name>.partial/`` whose ``<name>`` is missing (the save was killed between moving the old
+    checkpoint aside and renaming the new one into place) becomes ``<name>``; every other partial, every
+    ``.old-`` directory and the temporary files of writers that have ended are removed. (Weights an overwrite kept,
+    ``.<name>.safetensors.<id>.prev``, stay until the next save of that name: its ``.pth`` may still need them.)"""
+    for entry in _sharded_leftovers(directory):
+        path = os.path.join(directory, entry)
+        target = _partial_target(directory, entry) if entry.endswith(_PARTIAL) else None
+        if target is not None and not os.path.lexists(os.path.join(directory, target)):
+            os.replace(path, os.path.join(directory, target))
+            fsync_dir(directory)
+            logger.warning(f"Completed the interrupted save of {os.path.join(directory, target)}")
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+    remove_stale_temp_files(directory)
 
 
 def _safetensors_marker(info: object, file: str) -> tuple[str, str | None, dict[str, Any]]:
@@ -333,11 +431,12 @@ class Checkpointer:
     def add_checkpointable(self, key: str, checkpointable: Any) -> None:
         """Register another object to save and load under ``key``."""
         if key in self.checkpointables:
-            raise KeyError(f"Key {key} already used in the Checkpointer")
+            raise InvalidNameError(f"Key {key} already used in the Checkpointer")
         if key in _OWN_ENTRIES:
-            raise KeyError(f"Key {key} is the checkpoint's own entry (the model state); register it under another name")
+            raise InvalidNameError(f"Key {key} is the checkpoint's own entry (the model state); register it under "
+                                   "another name")
         if not hasattr(checkpointable, "state_dict"):
-            raise TypeError("add_checkpointable needs an object with 'state_dict()' method.")
+            raise InvalidTypeError("add_checkpointable needs an object with 'state_dict()' method.")
         self.checkpointables[key] = checkpointable
 
     # --- saving ---------------------------------------------------------------------------------------------------
@@ -366,7 +465,7 @@ class Checkpointer:
         """Extra data stored next to the model may not take the place of what the checkpointer stores itself."""
         for key in kwargs:
             if key in _OWN_ENTRIES or key in self.checkpointables:
-                raise ValueError(
+                raise InvalidValueError(
                     f"save(): extra data {key!r} would replace the checkpoint's own {key!r} entry; use another name"
                 )
 
@@ -395,13 +494,15 @@ class Checkpointer:
         self.logger.info(f"Saving checkpoint to {save_file}")
         with _writing(save_file):
             os.makedirs(self.save_dir, exist_ok=True)
-            if fmt == "safetensors":
-                self._write_pair(weights_file, safetensors_bytes(tensors, save_id), save_file, data)
-            else:
-                atomic_write(save_file, lambda f: torch.save(data, f))
-                _remove_if_present(weights_file)  # from an earlier save of the same name in the other format
-            self.tag_last_checkpoint(basename)
-        remove_stale_temp_files(self.save_dir)
+            with self._save_lock():
+                _tidy_interrupted_saves(self.save_dir)
+                if fmt == "safetensors":
+                    self._write_pair(weights_file, safetensors_bytes(tensors, save_id), save_file, data)
+                else:
+                    atomic_write(save_file, lambda f: torch.save(data, f))
+                    _remove_if_present(weights_file)  # from an earlier save of the same name in the other format
+                    _remove_previous_weights(weights_file)
+                self.tag_last_checkpoint(basename)
         self._check_loadable(save_file, kwargs)
 
     def _check_loadable(self, file: str, extra: dict[str, Any]) -> None:
@@ -419,36 +520,52 @@ class Checkpointer:
             "or the checkpointables, or pass Checkpointer(..., safe_globals=[...]) with the classes it needs."
         )
 
+    def _save_lock(self) -> Any:
+        """The lock every save into ``save_dir`` holds while it changes files there: ``flock`` on the directory."""
+        return directory_lock(self.save_dir or ".")
+
     @staticmethod
     def _write_pair(weights_file: str, blob: bytes, save_file: str, data: dict[str, Any]) -> None:
-        """Weights first, then the ``.pth`` that names them; a weights file new to this save goes if the ``.pth``
-        cannot be written (one left from an earlier save of the name stays; its save id shows the mismatch)."""
+        """Weights first, then the ``.pth`` that names them. The weights being replaced are kept under their save
+        id until the new ``.pth`` is in place, so that the old ``.pth`` still finds them after a crash in between;
+        if the ``.pth`` cannot be written, the old weights are put back (or a weights file new to this save goes)."""
         new_name = not os.path.exists(weights_file)
+        backup = _keep_previous_weights(weights_file)
         atomic_write(weights_file, lambda f: f.write(blob))
         try:
             atomic_write(save_file, lambda f: torch.save(data, f))
         except BaseException:
-            if new_name:
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, weights_file)
+                elif new_name:
                     os.remove(weights_file)
             raise
+        _remove_previous_weights(weights_file)
 
     def _save_sharded(self, name: str, kwargs: dict[str, Any]) -> None:
-        from ._dcp import save_sharded
-
         if name == LAST_CHECKPOINT:
-            raise ValueError(f"Checkpoint name {name!r} is the file that names the newest checkpoint")
+            raise InvalidValueError(f"Checkpoint name {name!r} is the file that names the newest checkpoint")
         if not self.save_dir or not self.save_to_disk:
             return
         _, rank, _ = _dist_state()
         final = os.path.join(self.save_dir, name)
-        partial = os.path.join(self.save_dir, hidden_name(name, ".partial"))
-        if rank == 0:
-            with _writing(final):
-                os.makedirs(self.save_dir, exist_ok=True)
-                shutil.rmtree(partial, ignore_errors=True)
-                os.makedirs(partial)
-            self.logger.info(f"Saving checkpoint to {final}")
+        partial = os.path.join(self.save_dir, hidden_name(name, _PARTIAL))
+        with contextlib.ExitStack() as lock:
+            if rank == 0:  # holds the save lock until every rank is done
+                with _writing(final):
+                    os.makedirs(self.save_dir, exist_ok=True)
+                    lock.enter_context(self._save_lock())
+                    _tidy_interrupted_saves(self.save_dir)  # also what a killed save of this name left
+                    os.makedirs(partial)
+                self.logger.info(f"Saving checkpoint to {final}")
+            self._write_sharded(name, final, partial, rank, kwargs)
+
+    def _write_sharded(self, name: str, final: str, partial: str, rank: int, kwargs: dict[str, Any]) -> None:
+        """Every rank writes its shards into ``partial``; rank 0 adds ``extra.pth`` (the partial is complete once
+        it is there), renames ``partial`` to ``final`` and tags it."""
+        from ._dcp import save_sharded
+
         _barrier()
         optimizers = {k: v for k, v in self.checkpointables.items() if isinstance(v, torch.optim.Optimizer)}
         done = False
@@ -473,11 +590,19 @@ class Checkpointer:
 
     @staticmethod
     def _replace_dir(src: str, dst: str) -> None:
+        """Rename the complete ``src`` to ``dst``. An existing ``dst`` is swapped with ``src`` in one step where the
+        platform can (Linux), else moved aside first: a crash between those two renames leaves ``dst`` missing and
+        ``src`` complete, and the next save or resume renames it into place."""
         old = None
         if os.path.exists(dst):
-            old = os.path.join(os.path.dirname(dst), hidden_name(os.path.basename(dst), f".old-{uuid.uuid4().hex[:8]}"))
-            os.replace(dst, old)
-        os.replace(src, dst)
+            old = _aside_path(dst)
+            if exchange(src, dst):
+                os.replace(src, old)  # src now holds the old checkpoint
+            else:
+                os.replace(dst, old)
+                os.replace(src, dst)
+        else:
+            os.replace(src, dst)
         fsync_dir(os.path.dirname(dst))
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -555,6 +680,8 @@ class Checkpointer:
         If the last checkpoint is missing, truncated or corrupt, falls back — with a warning — to the newest
         checkpoint in ``save_dir`` that loads. A checkpoint refused as unsafe is never skipped silently.
         """
+        if resume:
+            self._settle_leftovers()
         if not (resume and self.has_checkpoint()):
             return self.load(path, checkpointables=[])
         last = os.path.join(self.save_dir, LAST_CHECKPOINT)  # named in errors until it names a checkpoint
@@ -586,6 +713,16 @@ class Checkpointer:
             last,
             first_error.reason,
         )
+
+    def _settle_leftovers(self) -> None:
+        """Complete or remove what killed sharded saves left in ``save_dir``, waiting for a save in progress."""
+        if not (self.save_dir and _sharded_leftovers(self.save_dir)):
+            return
+        try:
+            with self._save_lock():
+                _tidy_interrupted_saves(self.save_dir)
+        except OSError as exc:  # e.g. a read-only save_dir: resume from what is there
+            self.logger.warning(f"Could not tidy up interrupted saves in {self.save_dir}: {exc}")
 
     def _fallback_candidates(self, exclude: str) -> list[str]:
         excluded = os.path.abspath(exclude)
@@ -619,7 +756,7 @@ class Checkpointer:
         keys = list(self.checkpointables) if checkpointables is None else list(checkpointables)
         unknown = [k for k in keys if k not in self.checkpointables]
         if unknown:
-            raise KeyError(
+            raise InvalidNameError(
                 f"load(checkpointables=...) names {unknown}, which are not registered with this Checkpointer"
             )
         self.logger.info(f"[Checkpointer] Loading from {path} ...")
@@ -691,7 +828,7 @@ class Checkpointer:
             if _is_url(path):
                 weights_local = self._local_path(urllib.parse.urljoin(path, urllib.parse.quote(weights_name)))
             else:
-                weights_local = os.path.join(os.path.dirname(local), weights_name)
+                weights_local = self._local_weights(os.path.join(os.path.dirname(local), weights_name), save_id)
             model_state: dict[str, Any] = OrderedDict(load_safetensors(weights_local, save_id))
             model_state.update(model_extra)
             checkpoint = {"model": model_state, **checkpoint}
@@ -699,6 +836,13 @@ class Checkpointer:
             self.logger.info(f"{path} holds a bare state dict; loading it as the model state")
             checkpoint = {"model": checkpoint}
         return checkpoint
+
+    @staticmethod
+    def _local_weights(weights_file: str, save_id: str | None) -> str:
+        """``weights_file``, or the copy of it an overwrite kept under ``save_id`` (the overwrite was killed after
+        replacing the weights but before replacing the ``.pth`` that names them)."""
+        kept = _previous_weights(weights_file, save_id) if save_id and save_id.isalnum() else ""
+        return kept if kept and os.path.isfile(kept) else weights_file
 
     def _load_sharded(self, path: str, local: str, keys: list[str]) -> dict[str, Any]:
         from ._dcp import load_sharded
@@ -837,7 +981,7 @@ class Checkpointer:
             elif np is not None and isinstance(value, np.generic):
                 state_dict[key] = torch.as_tensor(np.asarray(value))
             else:
-                raise ValueError(f"Unsupported type found in checkpoint! {key}: {type(value)}")
+                raise InvalidValueError(f"Unsupported type found in checkpoint! {key}: {type(value)}")
 
     # --- where and who --------------------------------------------------------------------------------------------
 
@@ -860,7 +1004,7 @@ class Checkpointer:
     @staticmethod
     def _check_format(fmt: str) -> str:
         if fmt not in _FORMATS:
-            raise ValueError(f"Unknown checkpoint format {fmt!r}; expected one of {', '.join(_FORMATS)}")
+            raise InvalidValueError(f"Unknown checkpoint format {fmt!r}; expected one of {', '.join(_FORMATS)}")
         return fmt
 
 
@@ -884,7 +1028,7 @@ class PeriodicCheckpointer:
         self.period = _positive_int(period, "period")
         self.max_iter = max_iter
         if max_to_keep is not None and max_to_keep <= 0:
-            raise ValueError(f"max_to_keep must be positive, got {max_to_keep}")
+            raise InvalidValueError(f"max_to_keep must be positive, got {max_to_keep}")
         _check_name(file_prefix, "file_prefix")
         self.max_to_keep = max_to_keep
         self.recent_checkpoints: list[str] = []
@@ -938,16 +1082,20 @@ class PeriodicCheckpointer:
         assert self.max_to_keep is not None
         while len(self.recent_checkpoints) > self.max_to_keep:
             to_delete = self.recent_checkpoints.pop(0)
-            if not self.checkpointer.is_writer():
-                continue
-            try:
-                protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
-            except CheckpointError:
-                protected = os.devnull  # last_checkpoint does not name a checkpoint in save_dir: nothing to spare
-            stem = os.path.basename(to_delete)
-            for suffix in (".pth", ".safetensors"):
-                stem = stem.removesuffix(suffix)
-            if os.path.abspath(to_delete) == protected or stem == f"{self.file_prefix}_final":
-                continue
-            if os.path.exists(to_delete):
-                _remove_checkpoint(to_delete)
+            if self.checkpointer.is_writer():
+                with self.checkpointer._save_lock():  # another process may be pointing last_checkpoint at it
+                    self._delete_unless_protected(to_delete)
+
+    def _delete_unless_protected(self, to_delete: str) -> None:
+        """Delete an old checkpoint unless ``last_checkpoint`` names it or it is the final one."""
+        try:
+            protected = os.path.abspath(self.checkpointer.get_checkpoint_file() or os.devnull)
+        except CheckpointError:
+            protected = os.devnull  # last_checkpoint does not name a checkpoint in save_dir: nothing to spare
+        stem = os.path.basename(to_delete)
+        for suffix in (".pth", ".safetensors"):
+            stem = stem.removesuffix(suffix)
+        if os.path.abspath(to_delete) == protected or stem == f"{self.file_prefix}_final":
+            return
+        if os.path.exists(to_delete):
+            _remove_checkpoint(to_delete)

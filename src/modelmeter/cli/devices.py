@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import textwrap
 from typing import Any
 
 from ..devices import Device, DeviceError, device_to_dict, list_devices, load_devices
+from ..reports import jsontext
 from ..reports.columns import Column, fit
 from ..reports.format import Align, aligned_table, markdown_table
 from .errors import ModelSpecError
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     except DeviceError as exc:
         raise ModelSpecError(f"--devices-file: {exc}") from None
     if args.format == "json":
-        text = json.dumps([_as_json(d, args.devices_file if d.name in mine else None) for d in devices], indent=2)
+        text = jsontext.dumps([_as_json(d, args.devices_file if d.name in mine else None) for d in devices], indent=2)
     else:
         rows = [_row(d, d.name in mine) for d in devices]
         notes = ["-: no tensor-core rate of its own (docs/devices.md says where such work runs)"]

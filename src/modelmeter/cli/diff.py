@@ -4,10 +4,10 @@ largest change first (docs/guard.md)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..errors import ModelMeterError
+from ..reports import jsontext
 from .errors import ModelSpecError
 from .options import subcommand_parser
 from .output import add_output_options, emit, report_width
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"modelmeter: note: {note}", file=sys.stderr)
     if args.format == "json":
-        text = json.dumps([{"module": d.module, "metric": d.metric, "before": d.before, "after": d.after,
+        text = jsontext.dumps([{"module": d.module, "metric": d.metric, "before": d.before, "after": d.after,
                             "change": d.change} for d in differences], indent=2)
     else:
         text = render_diff(differences, width=report_width(args.output))

@@ -5,13 +5,13 @@ command")."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelMeterError
+from ..reports import jsontext
 from ..reports.columns import unit_column
 from ..reports.format import format_bytes, titled_table
 from .errors import ModelSpecError
@@ -110,7 +110,7 @@ def _fit_report(job: Job, limit: int, step: str, peaks: dict[int, int], largest:
     tried = sorted(peaks)
     above = largest + 1 if largest + 1 in peaks else None
     if fmt == "json":
-        return json.dumps({"model": job.model, "limit": limit, "step": step, "parallel": job.parallel,
+        return jsontext.dumps({"model": job.model, "limit": limit, "step": step, "parallel": job.parallel,
                            "tried": [{"batch": b, "peak": peaks[b], "fits": peaks[b] <= limit} for b in tried],
                            "largest": largest, "peak": peaks[largest],
                            "next": None if above is None else {"batch": above, "peak": peaks[above]},

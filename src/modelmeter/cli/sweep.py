@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -12,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..reports import jsontext
 from ..reports.columns import Column, UnitKind, fit, format_bound, unit_column
 from ..reports.format import format_rate, titled_table
 from .errors import ModelSpecError
@@ -76,7 +76,7 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
                     ("flops/byte", "intensity", lambda n: f"{n:.3g}"), ("bound", "compute_bound", format_bound)]
     columns.append(("flops ratio", "flops_ratio", lambda ratio: f"{ratio:.2f}x"))
     if fmt == "json":
-        return json.dumps({"model": job.model, "axis": label, "execution": rows[0]["execution"],
+        return jsontext.dumps({"model": job.model, "axis": label, "execution": rows[0]["execution"],
                            "parallel": job.parallel,
                            "rows": [{label: v, **{key: r[key] for _, key, _ in columns}}
                                     for v, r in zip(values, rows, strict=True)]}, indent=2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -24,17 +25,53 @@ from typing import Any, TypeVar, cast
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+class _Pauses:
+    """The pauses open in this process, in every thread, and the collector's state to leave when the last ends.
+
+    The collector is one switch for the whole process: a pause that put back what it found itself would, where two
+    overlap in two threads, turn the collector on while the other still runs (the first to end found it on) or
+    leave it off for good (the later one found it off). So the first pause to begin remembers the state, every
+    pause turns the collector off, and the last to end restores it. A collector found on while paused was turned
+    on by someone else meanwhile (the user's code in another thread): that is the state left then. One turned off
+    meanwhile cannot be told from the pause's own (``gc.disable()`` of a collector that is off changes nothing):
+    the state found at the first pause is put back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = 0
+        self._enable_after = False
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._open == 0:
+                self._enable_after = gc.isenabled()
+            elif gc.isenabled():  # turned on by someone else during the pauses open
+                self._enable_after = True
+            self._open += 1
+            gc.disable()
+
+    def end(self) -> None:
+        with self._lock:
+            self._open -= 1
+            if gc.isenabled():
+                self._enable_after = True
+            if self._open == 0 and self._enable_after:
+                gc.enable()
+
+
+_PAUSES = _Pauses()
+
+
 @contextmanager
 def no_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector while many small acyclic objects are made or walked (recording a run,
-    building a result, decoding a trace); a collector that was off stays off."""
-    enabled = gc.isenabled()
-    gc.disable()
+    building a result, decoding a trace); a collector that was off stays off. Pauses may overlap, in one thread or
+    several: the collector is back as found when the last one ends (:class:`_Pauses`)."""
+    _PAUSES.begin()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        _PAUSES.end()
 
 
 def paused(function: _F) -> _F:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import pytree
+from ..errors import InvalidTypeError
 from .metadata import NESTED_STRIDED
 
 
@@ -43,24 +44,24 @@ def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
         return (), dict(inputs)
     if inputs is None:
-        raise TypeError("inputs is None: pass a tensor, a tuple of arguments, a dict of keyword "
-                        "arguments or modelmeter.Args(*args, **kwargs)")
+        raise InvalidTypeError("inputs is None: pass a tensor, a tuple of arguments, a dict of keyword "
+                               "arguments or modelmeter.Args(*args, **kwargs)")
     return (inputs,), {}
 
 
 def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Reject what cannot be traced, naming the argument, before the model runs."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise InvalidTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, torch.jit.ScriptModule):  # its modules are C++ objects: nothing to attribute counts to
-        raise TypeError(f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
-                        "torch.jit.trace), which cannot be analysed: pass the nn.Module it was made from")
+        raise InvalidTypeError(f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
+                               "torch.jit.trace), which cannot be analysed: pass the nn.Module it was made from")
     for path, leaf in _leaves(args, kwargs):
         module = type(leaf).__module__
         if module == "numpy" or module.startswith("numpy."):
-            raise TypeError(f"{path} is a numpy array; convert it with torch.from_numpy() first")
+            raise InvalidTypeError(f"{path} is a numpy array; convert it with torch.from_numpy() first")
         if isinstance(leaf, torch.Tensor) and leaf.is_nested and leaf.layout == torch.strided:
-            raise TypeError(f"{path}: {NESTED_STRIDED}")
+            raise InvalidTypeError(f"{path}: {NESTED_STRIDED}")
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
@@ -70,7 +71,14 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     except TypeError as exc:
         # fvcore passes a dict of inputs as the one positional argument; here it is keyword arguments
         hint = "" if args or not kwargs else "; to pass a dict as the one argument, give it in a tuple: (inputs,)"
-        raise TypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}{hint}") from None
+        raise InvalidTypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}{hint}") from None
+
+
+def quantized_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The path of the first quantized tensor among the inputs (``"inputs[0]"``), or None: only real kernels take
+    one."""
+    return next((path for path, leaf in _leaves(args, kwargs)
+                 if isinstance(leaf, torch.Tensor) and leaf.is_quantized), None)
 
 
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -20,6 +20,12 @@ norm in eval mode). An in-place element-wise operator (an LSTM cell's ``sigmoid_
 microseconds each through the references) returns the tensor it updated. ``tests/test_meta_kernels.py`` compares
 both on every case.
 
+**Channels-last layouts.** PyTorch's meta kernels of ``convolution`` (and its backward) and of group norm make
+contiguous results where the CPU's kernels keep a channels-last layout, so a ``reshape`` after them copied on the
+CPU only; on meta stand-ins these take the CPU's layout — for a convolution, the one torch's backend choice for CPU
+tensors of these layouts gives, as FakeTensors on the CPU work it out (``tests/test_tensors_hostile.py`` compares
+them with the CPU's kernels).
+
 **Language models** reach ``arange`` (positions), a number to the power of a tensor (rotary frequencies), the CPU's
 flash attention kernel, element-wise operators on views that are not dense (half of a rotated query, a third of a
 fused projection), on contiguous operands broadcast against each other (a mask added to scores) and on a sum's
@@ -40,10 +46,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
+from .._torch_compat import FakeTensorMode, conv_memory_format, fake_from_meta
 from .metadata import recorded_device
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -351,6 +360,118 @@ def _convolution_fits(args: tuple[Any, ...]) -> bool:
     if min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0:
         return False  # torch's error
     return all(size > 0 for size in _convolved(x, weight, stride, padding, dilation))
+
+
+# --- the CPU's layouts of channels-last operands ---------------------------------------------------------------
+# PyTorch's meta kernels of ``convolution`` (and its backward) and ``native_group_norm`` make contiguous results,
+# where the CPU kernels keep a channels-last layout (a convolution: where its backend works channels-last, for an
+# input or a weight of that layout; group norm: the input's). A later ``reshape`` then copies on the CPU and not on
+# meta: on meta stand-ins, these results take the CPU's layout.
+def _cpu_convolution_fits(args: tuple[Any, ...]) -> bool:
+    """Meta stand-ins of CPU tensors, an input and a weight of 2 or 3 spatial dimensions not both contiguous."""
+    x, weight = args[0], args[1]
+    return (recorded_device() == "cpu" and _plain_meta(x) and _plain_meta(weight) and x.dim() in (4, 5)
+            and weight.dim() == x.dim() and not (x.is_contiguous() and weight.is_contiguous()))
+
+
+@cache
+def _cpu_mode() -> FakeTensorMode:
+    """The mode of the FakeTensors on the CPU that ask torch which layout its CPU convolution takes."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _cpu_convolution_format(x: torch.Tensor, weight: torch.Tensor, **geometry: Any) -> torch.memory_format:
+    """The layout of a CPU convolution's results for meta stand-ins ``x`` and ``weight`` (FakeTensors on the CPU,
+    without storage, stand for them in torch's choice of backend); remembered per layouts and geometry, as a
+    model's layers repeat them."""
+    key = (*(_layout_key(t) for t in (x, weight, geometry.get("bias"))),
+           *((name, tuple(v) if isinstance(v, list) else v) for name, v in geometry.items() if name != "bias"))
+    found = _CPU_FORMATS.get(key)
+    if found is None:
+        mode, cpu = _cpu_mode(), torch.device("cpu")
+        bias = geometry.get("bias")
+        with mode:
+            if isinstance(bias, torch.Tensor):
+                geometry["bias"] = fake_from_meta(mode, bias, cpu)
+            found = conv_memory_format(fake_from_meta(mode, x, cpu), fake_from_meta(mode, weight, cpu), **geometry)
+        if len(_CPU_FORMATS) > 4096:  # (models of ever new shapes in one process: bounded)
+            _CPU_FORMATS.clear()
+        _CPU_FORMATS[key] = found
+    return found
+
+
+def _layout_key(t: object) -> object:
+    return (tuple(t.shape), t.stride(), t.dtype) if isinstance(t, torch.Tensor) else t
+
+
+_CPU_FORMATS: dict[tuple[Any, ...], torch.memory_format] = {}
+
+
+def _in_format(t: torch.Tensor | None, memory_format: torch.memory_format) -> torch.Tensor | None:
+    return None if t is None else torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=memory_format)
+
+
+def _any_convolution_fits(args: tuple[Any, ...]) -> bool:
+    return len(args) == 9 and (_convolution_fits(args) or _cpu_convolution_fits(args))
+
+
+def _any_convolution(x: torch.Tensor, weight: torch.Tensor, bias: Any, stride: list[int], padding: list[int],
+                     dilation: list[int], transposed: bool, output_padding: list[int], groups: int) -> torch.Tensor:
+    """A plain convolution (:func:`_convolution`), or one with a channels-last operand in the CPU's layout."""
+    if x.is_contiguous() and weight.is_contiguous():
+        return _convolution(x, weight, bias, stride, padding, dilation)
+    out = _aten.convolution.default(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    layout = _cpu_convolution_format(x, weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
+                                     transposed=transposed, output_padding=output_padding, groups=groups)
+    return _in_format(out, layout)  # type: ignore[return-value]
+
+
+def _any_convolution_backward_fits(args: tuple[Any, ...]) -> bool:
+    return len(args) == 11 and (_convolution_backward_fits(args) or _cpu_convolution_fits(args[1:3]))
+
+
+def _any_convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: list[int],
+                              *args: Any) -> tuple[torch.Tensor | None, ...]:
+    """:func:`_convolution_backward`, or with a channels-last operand the CPU's layout for the input's and the
+    weight's gradients (the bias's is a vector)."""
+    if x.is_contiguous() and weight.is_contiguous():
+        return _convolution_backward(grad, x, weight, bias_sizes, *args)
+    grads = _aten.convolution_backward.default(grad, x, weight, bias_sizes, *args)
+    stride, padding, dilation, transposed, output_padding, groups = args[:6]
+    layout = _cpu_convolution_format(x, weight, bias=None, bias_sizes=bias_sizes, stride=stride, padding=padding,
+                                     dilation=dilation, transposed=transposed, output_padding=output_padding,
+                                     groups=groups)
+    return _in_format(grads[0], layout), _in_format(grads[1], layout), grads[2]
+
+
+def _group_norm_fits(args: tuple[Any, ...]) -> bool:
+    """A meta stand-in of a CPU input laid out channels-last (suggested so by its strides)."""
+    return recorded_device() == "cpu" and _plain_meta(args[0]) and _channels_last_strides(args[0])
+
+
+def _group_norm(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
+    """``native_group_norm``: the statistics of torch's meta kernel, the output in the input's channels-last layout
+    (``empty_like(x, x.suggest_memory_format())``, as the CPU kernel makes it)."""
+    out, mean, rstd = _aten.native_group_norm.default(x, *args)
+    layout = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    return _in_format(out, layout), mean, rstd  # type: ignore[return-value]
+
+
+def _group_norm_backward_fits(args: tuple[Any, ...]) -> bool:
+    """Meta stand-ins of CPU tensors, the input or the output's gradient laid out channels-last."""
+    grad, x = args[0], args[1]
+    return (recorded_device() == "cpu" and _plain_meta(grad) and _plain_meta(x)
+            and (_channels_last_strides(x) or _channels_last_strides(grad)))
+
+
+def _group_norm_backward(grad: torch.Tensor, x: torch.Tensor, *args: Any) -> tuple[torch.Tensor | None, ...]:
+    """``native_group_norm_backward``: the input's gradient in the input's layout (the CPU's; the meta kernel takes
+    the gradient's), the others from torch's meta kernel."""
+    grads = _aten.native_group_norm_backward.default(grad, x, *args)
+    layout = torch.contiguous_format
+    if _channels_last_strides(x):
+        layout = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    return _in_format(grads[0], layout), grads[1], grads[2]
 
 
 def _unary_fits(args: tuple[Any, ...]) -> bool:
@@ -826,7 +947,9 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _aten.native_batch_norm.default: (_batch_norm_fits, _batch_norm),
     _aten.native_layer_norm.default: (_layer_norm_fits, _layer_norm),
     _aten.addmm.default: (_addmm_fits, _addmm),
-    _aten.convolution.default: (_convolution_fits, _convolution),
+    _aten.convolution.default: (_any_convolution_fits, _any_convolution),
+    _aten.native_group_norm.default: (_group_norm_fits, _group_norm),
+    _aten.native_group_norm_backward.default: (_group_norm_backward_fits, _group_norm_backward),
     **{op: (_unary_or_view_fits, _unary) for op in (
         _aten.gelu.default, _aten.relu.default, _aten.silu.default, _aten.sigmoid.default, _aten.tanh.default,
         _aten.neg.default, _aten.exp.default, _aten.log.default, _aten.sqrt.default, _aten.rsqrt.default,
@@ -870,8 +993,58 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     **{op: (_arange_fits, _arange(op)) for op in (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)},
     _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
     _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),
-    _aten.convolution_backward.default: (_convolution_backward_fits, _convolution_backward),
+    _aten.convolution_backward.default: (_any_convolution_backward_fits, _any_convolution_backward),
 }
+
+
+# --- the CPU's norm dtypes on stand-ins --------------------------------------------------------------------------
+def _on_cpu_stand_in(tensor: torch.Tensor) -> bool:
+    """A tensor without values standing for a CPU tensor: a FakeTensor on the CPU, or meta standing for the CPU."""
+    if tensor.is_meta:
+        return recorded_device() == "cpu"
+    return isinstance(tensor, FakeTensor) and tensor.device.type == "cpu"
+
+
+def _norm_statistics(parameters: tuple[int, ...]) -> Callable[[tuple[Any, ...], Any], Any]:
+    """A forward norm's outputs ``(out, mean, rstd)`` with the statistics in :func:`_stats_dtype` (the CPU's
+    kernels: float32 for a half input beside float32 weights or running statistics); ``parameters``: where the
+    weights and statistics are among the arguments."""
+
+    def fixed(args: tuple[Any, ...], result: Any) -> Any:
+        out, mean, rstd = result
+        stats = _stats_dtype(args[0].dtype, tuple(args[i] for i in parameters if i < len(args)))
+        if mean.dtype == stats:
+            return result
+        return out, torch.empty_like(mean, dtype=stats), torch.empty_like(rstd, dtype=stats)
+
+    return fixed
+
+
+def _group_norm_backward_dtype(args: tuple[Any, ...], result: Any) -> Any:
+    """``native_group_norm_backward``: the CPU's input gradient is in the input's dtype (the stand-ins' kernel
+    makes it in the statistics' float32)."""
+    grad_input, *rest = result
+    if grad_input is None or grad_input.dtype == args[1].dtype:
+        return result
+    return (torch.empty_like(grad_input, dtype=args[1].dtype), *rest)
+
+
+_CPU_DTYPES: dict[Any, Callable[[tuple[Any, ...], Any], Any]] = {
+    _aten.native_batch_norm.default: _norm_statistics((1, 2, 3, 4)),
+    _aten.native_layer_norm.default: _norm_statistics((2, 3)),
+    _aten.native_group_norm.default: _norm_statistics((1, 2)),
+    _aten.native_group_norm_backward.default: _group_norm_backward_dtype,
+}
+
+
+def with_cpu_dtypes(func: object, args: tuple[Any, ...], result: Any) -> Any:
+    """``result`` of ``func`` on stand-ins for CPU tensors, with the dtypes the CPU's kernels give where a fake or
+    meta kernel gives others (normalisations of half inputs, as autocast or a half model with float32 norms runs
+    them); any other result as it is."""
+    fix = _CPU_DTYPES.get(func)
+    if fix is None or not args or not isinstance(args[0], torch.Tensor) or not _on_cpu_stand_in(args[0]):
+        return result
+    return fix(args, result)
 
 
 def fast_meta_kernel(func: object, args: tuple[Any, ...]) -> Callable[..., Any] | None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import local_tensor, schema_of
+from .._torch_compat import disable_current_modes, local_tensor, schema_of
+from ..errors import InvalidTypeError
 from .collectives import group_of_script_object
 from .trace import TensorMeta
 
@@ -146,7 +147,7 @@ NESTED_STRIDED = ("a nested tensor of strided layout (torch.nested.nested_tensor
                   "its operators run per sequence inside PyTorch, unseen; use layout=torch.jagged")
 
 
-class NestedLayoutError(TypeError):
+class NestedLayoutError(InvalidTypeError):
     """An operator ran on a nested tensor of strided layout."""
 _METAS_LIMIT = 1 << 16
 
@@ -172,8 +173,16 @@ def describe(value: Any) -> Any:
             return group
         unpack = getattr(value, "unpack", None)
         if unpack is not None:  # packed quantized weights: described by their weight
-            return describe(unpack()[0])
+            return describe(_unpacked_weight(unpack))
     return f"<{type(value).__name__}>"
+
+
+def _unpacked_weight(unpack: Any) -> torch.Tensor:
+    """The weight of packed quantized parameters, unpacked outside the run's modes: the unpacking kernels are not
+    the model's operators, and some copy values into the tensor they make (``linear_dynamic_fp16``'s), which under a
+    fake mode is a FakeTensor without storage — a segmentation fault."""
+    with disable_current_modes():
+        return unpack()[0]
 
 
 def flat_outputs(value: Any) -> list[Any]:
@@ -235,11 +244,11 @@ def _optional(argument: Any) -> bool:
     return "Optional" in str(argument.type) or str(argument.type).endswith("?")
 
 
-def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
     """Place the arguments of a user-level call of ``op`` (``"aten::linear"``) by the schema of that aten operator.
 
-    Returns the positional list and whatever keyword arguments no schema could place (for calls
-    with no aten counterpart, such as ``F.interpolate``).
+    Returns the positional list, whatever keyword arguments no schema could place (for calls
+    with no aten counterpart, such as ``F.interpolate``) and the name of the overload that placed them ("": none).
     """
     key = (op, len(args), tuple(kwargs))
     schema = _BOUND.get(key, _UNKNOWN)
@@ -247,8 +256,8 @@ def bind_by_name(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
         schema = _BOUND[key] = next((c for c in _overloads(op.removeprefix("aten::")) if _binds(c, args, kwargs)),
                                     None)
     if schema is not None:
-        return place_arguments(schema, args, kwargs), {}
-    return [describe(a) for a in args], {k: describe(v) for k, v in kwargs.items()}
+        return place_arguments(schema, args, kwargs), {}, schema.overload_name or "default"
+    return [describe(a) for a in args], {k: describe(v) for k, v in kwargs.items()}, ""
 
 
 _UNKNOWN: Any = object()

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import random
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -27,7 +28,9 @@ from .._torch_compat import (
     JaggedTensor,
     OpOverload,
     OpOverloadPacket,
+    counted_by_kernels,
     current_autograd_node,
+    function_modes,
     intercepted_function_apply,
     no_torch_function,
     pop_mode_temporarily,
@@ -36,11 +39,12 @@ from .._torch_compat import (
     schema_of,
     sharded_tensor_type,
 )
+from ..errors import UnsupportedError
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
 from .kernel_checks import Check, kernel_check
-from .meta_kernels import direct_kernel, fused_on_meta
+from .meta_kernels import direct_kernel, fused_on_meta, with_cpu_dtypes
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
 from .recurrent import RECURRENT_CALLS, Target, emulate
@@ -140,6 +144,8 @@ class Recorder:
         self.before_write: Callable[[list[torch.Tensor]], None] | None = None
         self.unreplayable = 0  # operators run whose record is not their arguments' metadata alone (replay.py)
         self.imports = 0  # operators that imported modules
+        self._thread = _thread_id()  # the recording thread: the recorder modes are its own
+        self.elsewhere: list[str] = []  # the model's modules called on another thread during the run (unrecorded)
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self, stack: tuple[str, ...]) -> int:
@@ -151,7 +157,7 @@ class Recorder:
 
     def enter_module(self, module: nn.Module, *_: Any) -> None:
         name = self._by_id.get(id(module))
-        if name is None:
+        if name is None or not self._in_run(name):
             return
         outer = self._scope
         self._stack.append(name)
@@ -165,7 +171,7 @@ class Recorder:
 
     def exit_module(self, module: nn.Module, _args: Any = None, output: Any = None) -> None:
         name = self._by_id.get(id(module))
-        if name is None or not self._stack:
+        if name is None or not self._stack or not self._in_run(name):
             return
         with no_torch_function():  # what the hook reads of the output is no call of the model's
             if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
@@ -177,6 +183,19 @@ class Recorder:
             self._scope = self._outer_scopes.pop()
             if self._stack.pop() == name:
                 break
+
+    def _in_run(self, name: str) -> bool:
+        """Whether a call of the model's module ``name`` belongs to the run: made on the recording thread, or on one of
+        autograd's threads running the run's backward pass (it has the recording thread's modes). The module hooks
+        are process-wide: a call on another thread — one the model's ``forward`` started, or the user's own, running
+        the model meanwhile — runs operators no recorder sees (the modes are the recording thread's), and must not
+        push its module on the run's stack: it is noted (:attr:`elsewhere`), and the run fails when it ends."""
+        if _thread_id() == self._thread or any(isinstance(mode, FunctionRecorder) and mode.recorder is self
+                                               for mode in function_modes()):
+            return True
+        if name not in self.elsewhere:
+            self.elsewhere.append(name)
+        return False
 
     def _note_output(self, name: str, output: Any) -> None:
         """Count the call's output shapes (:func:`output_shapes`) under the module's name; a call that returned
@@ -276,23 +295,23 @@ class Recorder:
         events = self.trace.events
         if self.refines(op):
             top = self._open[-1]
-            events[top].inputs, events[top].kwargs = self._bind(op, args, kwargs)
+            events[top].inputs, events[top].kwargs, events[top].overload = self._bind(op, args, kwargs)
             events[top].python = python
             return top, False
-        inputs, extra = self._bind(op, args, kwargs)
+        inputs, extra, overload = self._bind(op, args, kwargs)
         scope, phase, origin = self._event_context()
         events.append(OpEvent(op, "function", self._open[-1] if self._open else -1, scope, phase, inputs, [], extra,
-                              origin, python))
+                              origin, python, overload))
         self._open.append(len(events) - 1)
         if op in ATTENTION_CALLS:
             self._attention_calls += 1
             self.unreplayable += 1  # its record holds what its mask's values let through (replay.py)
         return len(events) - 1, True
 
-    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        inputs, extra = bind_by_name(op, args, kwargs)
+    def _bind(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
+        inputs, extra, overload = bind_by_name(op, args, kwargs)
         if op not in ATTENTION_CALLS:
-            return inputs, extra
+            return inputs, extra, overload
         values = self.shadows.get if self.shadows is not None else None
         if not summarize_mask(op, inputs, args, kwargs, values) and not self._noted_masks:
             self._noted_masks = True
@@ -300,7 +319,7 @@ class Recorder:
                 f"{_where(self)}: an attention mask's values are unknown (it depends on weights or activations, "
                 "or was given on the meta device), so masked attention is counted dense; is_causal is counted "
                 "exactly, and execution='real' reads the masks")
-        return inputs, extra
+        return inputs, extra, overload
 
     def close_function(self, index: int, opened: bool, result: Any, operator: bool = False) -> None:
         """End a user-level event; one that ran nothing inside is no operator call (dropped), unless
@@ -335,7 +354,8 @@ class Recorder:
                      result: Any) -> None:
         scope, phase, origin = self._event_context()
         self.trace.events.append(OpEvent(op, "dispatch", self._open[-1] if self._open else -1, scope, phase,
-                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin))
+                                         place_arguments(schema, args, kwargs), flat_outputs(result), origin=origin,
+                                         overload=schema.overload_name or "default"))
 
     def synthetic_target(self) -> Target:
         """Where events written without running their operators go (engine/recurrent.py): inside the call open now,
@@ -380,6 +400,8 @@ class FunctionRecorder(TorchFunctionMode):
         call = _function_call(func)
         if call is None or rec.paused:
             return func(*args, **kwargs)
+        if counted_by_kernels((args, kwargs)):  # under vmap or forward-mode AD: see counted_by_kernels
+            return _as_on_the_cpu(func, args, kwargs)
         op, python_function, higher_order = call
         if JaggedTensor in types_:
             try:
@@ -422,9 +444,14 @@ class FunctionRecorder(TorchFunctionMode):
             emulated = emulate(self.recorder.synthetic_target, func, args, kwargs)
             if emulated is not None:
                 return emulated
-        # on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py)
-        fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
-        return func(*args, **kwargs) if fused is None else fused
+        return _as_on_the_cpu(func, args, kwargs)
+
+
+def _as_on_the_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)``; on meta tensors, attention runs as the CPU's fused kernel would
+    (meta_kernels.py)."""
+    fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
+    return func(*args, **kwargs) if fused is None else fused
 
 
 def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -434,9 +461,9 @@ def _jagged_attention(rec: Recorder, func: Any, op: str, args: tuple[Any, ...], 
     call runs with the dispatch recorder set aside. Its backward pass would run such operators too: refused."""
     tensors = tensors_in((args, kwargs))
     if rec.track_autograd and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise NotImplementedError("the backward pass of attention on jagged nested tensors cannot be counted "
-                                  "(PyTorch runs it per sequence, unseen): count the forward pass, or run each "
-                                  "sequence as a dense tensor")
+        raise UnsupportedError("the backward pass of attention on jagged nested tensors cannot be counted "
+                               "(PyTorch runs it per sequence, unseen): count the forward pass, or run each "
+                               "sequence as a dense tensor")
     with pop_mode_temporarily():
         result = func(*args, **kwargs)
         count = len(next(t for t in tensors if isinstance(t, JaggedTensor)).offsets()) - 1
@@ -469,6 +496,7 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
+_thread_id = threading.get_ident
 _COND = torch.ops.higher_order.cond  # an exported program's ``torch.cond``
 
 
@@ -476,6 +504,8 @@ def _eager_cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., 
     """``cond`` as torch's eager kernel runs it (its predicate read as a value: known, assumed on the meta device, or
     the fake run falls back to real kernels); set aside with the dispatch recorder, its branch ran unseen (a zero)."""
     return true_fn(*operands) if bool(pred) else false_fn(*operands)
+
+
 # Calls never replayed (engine/replay.py): attention reads its mask's values, a recurrent call writes its events itself.
 _NOT_REPLAYED = frozenset({*ATTENTION_CALLS, *(function_op_name(f) for f in RECURRENT_CALLS)})
 # Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
@@ -614,7 +644,7 @@ def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs
             return func(*args, **kwargs)
         finally:
             random.setstate(state)
-    return func(*args, **kwargs)
+    return with_cpu_dtypes(func, args, func(*args, **kwargs))
 
 
 def _operator(func: OpOverload) -> _Operator:

@@ -7,7 +7,10 @@ recorder's dispatch mode in Python. Their metadata follow from the call's sizes 
 events and storages that decomposition would record, in its order, with the lifetimes its C++ scopes give
 (a storage freed where the decomposition frees it), and makes only the call's outputs as tensors. Every metric,
 being a function of the trace, counts what it counted before; ``tests/test_recurrent.py`` compares the traces,
-event by event and storage by storage, with the decomposition's.
+event by event and storage by storage, with the decomposition's. For a GRU or simple RNN standing for a CPU model,
+the decomposition written is the CPU's branch (:func:`_cpu_branch`, which ``decomposed()`` runs): each layer's
+input multiplied by its weight once, before the steps; the meta branch multiplies each step's input apart
+(``tests/test_leftovers.py`` compares both with the real CPU run).
 
 The fast path is taken for the forward pass without autograd (no tensor of the call requires a gradient, or grad
 mode is off) on plain meta tensors, contiguous, of one floating dtype, with the sizes the layer expects; anything
@@ -29,7 +32,7 @@ import torch
 
 from .._torch_compat import pop_mode_temporarily
 from .fast_paths import FastPath
-from .metadata import device_name, dtype_name
+from .metadata import device_name, dtype_name, recorded_device
 from .trace import OpEvent, Storage, TensorMeta
 
 # the recurrent calls (nn.LSTM, nn.GRU and nn.RNN call them through ``torch._VF``: the same functions), and
@@ -41,7 +44,8 @@ _PATH = FastPath()
 
 
 def decomposed() -> contextlib.AbstractContextManager[None]:
-    """Run recurrent layers as their decomposition (what this module stands for: the tests' oracle)."""
+    """Run recurrent layers as their decomposition (what this module stands for: the tests' oracle; a GRU or RNN
+    standing for a CPU model as the CPU's branch, :func:`_cpu_branch`)."""
     return _PATH.off()
 
 
@@ -61,12 +65,14 @@ class Target:
 def emulate(target_of: Callable[[], Target], func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The outputs of the recurrent call ``func(*args, **kwargs)``, its decomposition's events written to the target
     ``target_of()`` gives; None when the call is not one this module stands for (run it)."""
-    if not _PATH.enabled or kwargs or len(args) != 9:
+    if kwargs or len(args) != 9:
         return None
+    if not _PATH.enabled:
+        return _cpu_branch(func, args)
     target = target_of()
     layout = _layout(func, args, target.known)
     if layout is None:
-        return None
+        return _cpu_branch(func, args)
     run = _Run(target, args[0])
     with pop_mode_temporarily():  # the real outputs are made unseen: the events say how they were made
         return run.call(func, layout, args)
@@ -166,6 +172,8 @@ class _Run:
         self._args: dict[int, _Value] = {}  # the call's tensors, alive while it runs: their ids are theirs
         self._transposed: dict[int, tuple[_Value, _Value]] = {}
         self.final_output = False  # the next stack or cat makes the call's output
+        self.cpu = False  # RNN.cpp's CPU branch: each layer's input multiplied once, before its steps
+        self.contiguous_input = True  # whether the first layer's input is contiguous (batch_first: a transpose)
 
     # values ------------------------------------------------------------------------------------------------
     def meta(self, shape: tuple[int, ...]) -> TensorMeta:
@@ -247,6 +255,39 @@ class _Run:
             return self.new("aten::mm", [x.meta, wt.meta], meta)
         return self.new("aten::addmm", [self.arg(bias).meta, x.meta, wt.meta, 1, 1], meta)
 
+    def sequence_linear(self, x: _Value, weight: torch.Tensor, bias: torch.Tensor | None, contiguous: bool
+                        ) -> _Value:
+        """``at::linear`` of a ``(steps, batch, size)`` input (the CPU branch's product of a whole sequence): one
+        ``addmm`` on the input viewed as a matrix; without a bias (``matmul``), or of an input that is not
+        contiguous (``reshape`` copies it), ``mm`` between unsafe views, the bias added after."""
+        steps, batch, size = x.meta.shape
+        w, wt = self.transposed_weight(weight)
+        rows = w.meta.shape[0]
+        if bias is not None and contiguous:
+            flat = self.view("aten::view", [x.meta, [steps * batch, size]], x, (steps * batch, size))
+            self.emit("aten::t", [w.meta], [wt.meta])
+            product = self.new("aten::addmm", [self.arg(bias).meta, flat.meta, wt.meta, 1, 1],
+                               self.meta((steps * batch, rows)))
+            return self.view("aten::view", [product.meta, [steps, batch, rows]], product, (steps, batch, rows))
+        self.emit("aten::t", [w.meta], [wt.meta])
+        if contiguous:
+            flat = self.view("aten::view", [x.meta, [steps * batch, size]], x, (steps * batch, size))
+        else:
+            copy = self.new("aten::clone", [x.meta, "torch.contiguous_format"], x.meta)
+            flat = self.view("aten::_unsafe_view", [copy.meta, [steps * batch, size]], copy, (steps * batch, size))
+            del copy
+        product = self.new("aten::mm", [flat.meta, wt.meta], self.meta((steps * batch, rows)))
+        product = self.view("aten::_unsafe_view", [product.meta, [steps, batch, rows]], product, (steps, batch, rows))
+        del flat  # (``matmul`` returns: the copy is freed, before the bias is added)
+        if bias is None:
+            return product
+        return self.new("aten::add", [product.meta, self.arg(bias).meta, 1], product.meta)
+
+    def projected_steps(self, x: _Value, p: tuple[Any, ...], first: bool) -> list[_Value]:
+        """The CPU branch's input of a layer and direction: the steps of the sequence multiplied by the input weight
+        (which they keep alive; ``first``: the first layer, whose input may not be contiguous)."""
+        return self.unbind(self.sequence_linear(x, p[0], p[2], self.contiguous_input or not first))
+
     def unary(self, op: str, x: _Value) -> _Value:
         return self.new(op, [x.meta], x.meta)
 
@@ -281,7 +322,8 @@ class _Run:
         return hy, cy
 
     def gru_cell(self, x: _Value, hidden: _Value, p: tuple[Any, ...]) -> _Value:
-        igates = self.split(self.linear(x, p[0], p[2]), 3)
+        """``GRUCell`` (on the CPU branch, ``x`` is the step's slice of the sequence's input product)."""
+        igates = self.split(x if self.cpu else self.linear(x, p[0], p[2]), 3)
         hgates = self.split(self.linear(hidden, p[1], p[3]), 3)
         reset = self.unary_("aten::sigmoid_", self.binary_("aten::add_", hgates[0], igates[0]))
         update = self.unary_("aten::sigmoid_", self.binary_("aten::add_", hgates[1], igates[1]))
@@ -292,7 +334,10 @@ class _Run:
         return self.binary_("aten::add_", out, new)
 
     def simple_cell(self, op: str, x: _Value, hidden: _Value, p: tuple[Any, ...]) -> _Value:
+        """``SimpleCell`` (on the CPU branch, ``x`` is the step's slice of the sequence's input product)."""
         hh = self.linear(hidden, p[1], p[3])
+        if self.cpu:
+            return self.unary(op, self.binary_("aten::add_", hh, x))
         ih = self.linear(x, p[0], p[2])
         out = self.unary(op, self.binary_("aten::add_", hh, ih))
         del hh, ih  # both products are temporaries of the one statement: freed after the nonlinearity
@@ -308,20 +353,23 @@ class _Run:
             outputs.append(hidden[0] if isinstance(hidden, tuple) else hidden)
         return outputs, hidden
 
-    def layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: list[tuple[Any, ...]], last: bool
-              ) -> tuple[_Value, Any]:
+    def layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: list[tuple[Any, ...]], last: bool,
+              first: bool) -> tuple[_Value, Any]:
         """``FullLayer``: the steps in order, their outputs stacked (``last``: into the call's output)."""
-        outputs, final = self.steps(cell, self.unbind(x), hidden, p[0])
+        inputs = self.projected_steps(x, p[0], first) if self.cpu else self.unbind(x)
+        outputs, final = self.steps(cell, inputs, hidden, p[0])  # (on the CPU, its steps live until it returns)
         self.final_output = last
         return self.stack(outputs), final
 
     def bidirectional_layer(self, cell: Callable[..., Any], x: _Value, hidden: Any, p: list[tuple[Any, ...]],
-                            last: bool) -> tuple[_Value, Any]:
+                            last: bool, first: bool) -> tuple[_Value, Any]:
         """``FullBidirectionalLayer``: forward and reversed steps, each stacked, the two joined on the last
         dimension."""
-        inputs = self.unbind(x)
+        inputs = self.projected_steps(x, p[0], first) if self.cpu else self.unbind(x)
         forward, forward_final = self.steps(cell, inputs, hidden[0], p[0])
         forward_output = self.stack(forward)
+        if self.cpu:  # (the first direction's product is freed with its steps, when they are replaced)
+            inputs = self.projected_steps(x, p[1], first)
         inputs.reverse()
         backward, backward_final = self.steps(cell, inputs, hidden[1], p[1])
         backward.reverse()
@@ -337,13 +385,15 @@ class _Run:
         finals: list[Any] = []
         for index in range(layout.layers):
             hidden = (hiddens[2 * index], hiddens[2 * index + 1]) if bidirectional else hiddens[index]
-            x, final = run_layer(cell, x, hidden, layout.params[index], index == layout.layers - 1)
+            x, final = run_layer(cell, x, hidden, layout.params[index], index == layout.layers - 1, index == 0)
             finals.extend(final if bidirectional else [final])
         return x, finals
 
     # the calls ---------------------------------------------------------------------------------------------
     def call(self, func: Any, layout: _Layout, args: tuple[Any, ...]) -> Any:
         x = self.arg(args[0])
+        self.cpu = func is not torch.lstm and recorded_device() == "cpu"  # (the CPU runs an LSTM as oneDNN's)
+        self.contiguous_input = not layout.batch_first or args[0].transpose(0, 1).is_contiguous()
         if layout.batch_first:
             b, t, size = x.meta.shape
             x = self.view("aten::transpose", [x.meta, 0, 1], x, (t, b, size))
@@ -396,3 +446,108 @@ class _Run:
         self.emit("aten::transpose_" if in_place else "aten::transpose", [after if in_place else before, 0, 1],
                   [after])
         return result
+
+
+# --- the CPU's branch, through aten operators ----------------------------------------------------------------------
+# Where the fast path does not stand for a call (a training step: autograd needs the decomposition's graph), and as
+# the tests' oracle of the fast path (``decomposed()``), a GRU or simple RNN on meta tensors standing for a CPU model
+# runs RNN.cpp's CPU branch, here in Python through the same aten operators. The decomposition on meta tensors takes
+# the other branch, which multiplies each step's input by the weight apart, where the CPU multiplies the whole
+# sequence once before the loop (``FullLayer`` and ``FullBidirectionalLayer``'s ``pre_compute_input``) and so saves
+# and frees other tensors. Each temporary is dropped where the C++ scope drops it.
+_A = torch.ops.aten
+
+
+def _cpu_branch(func: Any, args: tuple[Any, ...]) -> Any:
+    """``func(*args)`` (``gru``, ``rnn_tanh``, ``rnn_relu``) as the CPU runs it, for meta tensors standing for CPU
+    tensors; None for any other call (it runs as it is)."""
+    if func not in (torch.gru, torch.rnn_tanh, torch.rnn_relu) or recorded_device() != "cpu":
+        return None
+    x, hx, flat, has_biases, layers, dropout, train, bidirectional, batch_first = args
+    if not isinstance(flat, (list, tuple)) or type(layers) is not int or layers < 1:
+        return None
+    tensors = [x, hx, *flat]
+    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.device.type in ("meta", "cpu")
+               and t.layout == torch.strided for t in tensors) or x.dim() != 3:
+        return None
+    directions = 2 if bidirectional else 1
+    per = 4 if has_biases else 2
+    if len(flat) != layers * directions * per:
+        return None
+    groups = [(*flat[i * per:(i + 1) * per], None, None)[:4] for i in range(layers * directions)]
+    cell = _gru_cell if func is torch.gru else functools.partial(
+        _simple_cell, _A.tanh.default if func is torch.rnn_tanh else _A.relu.default)
+    source = _A.transpose.int(x, 0, 1) if batch_first else x
+    output, finals = _layer_stack(cell, source, list(_A.unbind.int(hx, 0)), groups, layers, directions,
+                                  dropout if train else 0.0)
+    hy = _A.stack.default(finals, 0)
+    del finals  # (``_rnn_impl_with_concat`` returns: the last step's hidden state is freed before the transpose)
+    if batch_first:
+        _A.transpose_.default(output, 0, 1)
+    return output, hy
+
+
+def _layer_stack(cell: Callable[..., Any], x: torch.Tensor, hiddens: list[torch.Tensor], groups: list[Any],
+                 layers: int, directions: int, dropout: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``apply_layer_stack``: each layer's output feeds the next (dropout between them); every final hidden."""
+    finals: list[torch.Tensor] = []
+    for layer in range(layers):
+        first = layer * directions
+        if directions == 2:
+            x, final = _bidirectional_layer(cell, x, hiddens[first:first + 2], groups[first:first + 2])
+        else:
+            x, final = _full_layer(cell, x, hiddens[first], groups[first])
+        finals.extend(final)
+        if dropout != 0 and layer < layers - 1:
+            x = _A.dropout.default(x, dropout, True)
+    return x, finals
+
+
+def _full_layer(cell: Callable[..., Any], x: torch.Tensor, hidden: torch.Tensor, group: Any
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``FullLayer`` on the CPU: the input multiplied once, then the cell at every step; the outputs stacked."""
+    projected = _A.linear.default(x, group[0], group[2])
+    outputs, final = _steps(cell, list(_A.unbind.int(projected, 0)), hidden, group)
+    return _A.stack.default(outputs, 0), [final]
+
+
+def _bidirectional_layer(cell: Callable[..., Any], x: torch.Tensor, hiddens: list[torch.Tensor], groups: list[Any]
+                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``FullBidirectionalLayer`` on the CPU: each direction's input multiplied once (the second's steps in reverse,
+    its outputs put back in order), both outputs concatenated."""
+    projected = _A.linear.default(x, groups[0][0], groups[0][2])
+    steps = list(_A.unbind.int(projected, 0))
+    forward, forward_final = _steps(cell, steps, hiddens[0], groups[0])
+    forward_output = _A.stack.default(forward, 0)
+    projected = _A.linear.default(x, groups[1][0], groups[1][2])
+    steps = list(_A.unbind.int(projected, 0))
+    steps.reverse()
+    backward, backward_final = _steps(cell, steps, hiddens[1], groups[1])
+    backward.reverse()
+    backward_output = _A.stack.default(backward, 0)
+    return _A.cat.default([forward_output, backward_output], forward_output.dim() - 1), [forward_final,
+                                                                                         backward_final]
+
+
+def _steps(cell: Callable[..., Any], inputs: list[torch.Tensor], hidden: torch.Tensor, group: Any
+           ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    outputs = []
+    for x in inputs:
+        hidden = cell(x, hidden, group)
+        outputs.append(hidden)
+    return outputs, hidden
+
+
+def _gru_cell(gates: torch.Tensor, hidden: torch.Tensor, group: Any) -> torch.Tensor:
+    """``GRUCell`` on the CPU with the input's product given (``gates``)."""
+    igates = _A.unsafe_chunk.default(gates, 3, 1)
+    hgates = _A.unsafe_chunk.default(_A.linear.default(hidden, group[1], group[3]), 3, 1)
+    reset = _A.sigmoid_.default(_A.add_.Tensor(hgates[0], igates[0]))
+    update = _A.sigmoid_.default(_A.add_.Tensor(hgates[1], igates[1]))
+    new = _A.tanh_.default(_A.add.Tensor(igates[2], _A.mul_.Tensor(hgates[2], reset)))
+    return _A.add_.Tensor(_A.mul_.Tensor(_A.sub.Tensor(hidden, new), update), new)
+
+
+def _simple_cell(nonlinearity: Any, gates: torch.Tensor, hidden: torch.Tensor, group: Any) -> torch.Tensor:
+    """``SimpleCell`` on the CPU with the input's product given (``gates``)."""
+    return nonlinearity(_A.add_.Tensor(_A.linear.default(hidden, group[1], group[3]), gates))

@@ -103,8 +103,8 @@ class _Template:
 
     def __init__(self, events: list[OpEvent], start: int, records: list[Storage | tuple[int, int]],
                  outputs: list[_Made], bumped: list[tuple[int, int]], single: bool, sequence: type) -> None:
-        self.events = [(e.op, e.level, -1 if i == 0 else e.parent - start, e.inputs, e.outputs, e.kwargs, e.python)
-                       for i, e in enumerate(events)]
+        self.events = [(e.op, e.level, -1 if i == 0 else e.parent - start, e.inputs, e.outputs, e.kwargs, e.python,
+                        e.overload) for i, e in enumerate(events)]
         self.records = [r if isinstance(r, tuple) else Storage(r.nbytes, r.dtype, r.device, r.kind, r.born - start,
                                                              r.died - start) for r in records]
         self.outputs, self.bumped, self.single, self.sequence = outputs, bumped, single, sequence
@@ -116,9 +116,9 @@ class _Template:
         start = len(events)
         parent = rec.open_call()
         scope = rec.current_scope()
-        for op, level, relative, inputs, outputs, kwargs, python in self.events:  # (their lists shared: OpEvent)
+        for op, level, relative, inputs, outputs, kwargs, python, overload in self.events:  # (lists shared: OpEvent)
             events.append(OpEvent(op, level, parent if relative < 0 else start + relative, scope, "forward",
-                                  inputs, outputs, kwargs, -1, python))
+                                  inputs, outputs, kwargs, -1, python, overload))
         with no_dispatch():  # the outputs are made unseen: the events say how they were made
             tensors = [_made(made, arguments) for made in self.outputs]
         storages = rec.storages

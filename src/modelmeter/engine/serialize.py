@@ -33,17 +33,19 @@ from array import array
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from ..errors import InvalidTypeError, InvalidValueError
 from .gc_pause import no_gc
 from .trace import PHASES, STORAGE_KINDS, GroupMeta, ModuleInfo, OpEvent, ParameterInfo, Storage, TensorMeta, Trace
 
 FORMAT = "modelmeter-trace"
-FORMAT_VERSION = 7  # 2: the module table, the run's description (model, versions) and the operators' tags;
+FORMAT_VERSION = 8  # 2: the module table, the run's description (model, versions) and the operators' tags;
 #                     3: TensorMeta.footprint (a broadcast tensor's distinct elements: what the bytes metric reads);
 #                     4: Trace.output_shapes (each module's output shapes, per call);
 #                     5: events' arguments written once per distinct value (the ``values`` table);
 #                     6: events and storages as columns, their strings in the ``strings`` table;
 #                     7: Trace.parallel (the plan of a simulated rank), ParameterInfo.global_shape, a
-#                        collective's process group as a GroupMeta
+#                        collective's process group as a GroupMeta;
+#                     8: OpEvent.overload (the schema overload that placed an event's arguments)
 #: The most bytes of JSON a stored trace may hold: reading refuses more, so a crafted entry that decompresses
 #: to gigabytes (a decompression bomb) is a damaged entry, not a MemoryError. ViT-B/16 is ~0.3 MB.
 MAX_ENTRY_BYTES = 512 << 20
@@ -59,7 +61,8 @@ _GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupMeta))
 # ``str`` is written as its index in the ``strings`` table, a ``list`` or ``dict`` (an event's arguments) as its
 # index in the ``values`` table, numbers as they are. A field added to OpEvent or Storage must be given a type here.
 _EVENT_COLUMNS: dict[str, type[Any]] = {"op": str, "level": str, "parent": int, "scope": int, "phase": str,
-                                        "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool}
+                                        "inputs": list, "outputs": list, "kwargs": dict, "origin": int, "python": bool,
+                                        "overload": str}
 _STORAGE_COLUMNS: dict[str, type[Any]] = {"nbytes": int, "dtype": str, "device": str, "kind": str, "born": int,
                                           "died": int, "saved": int, "saved_scope": int, "order": int}
 # The string fields that hold one of a few names: reading refuses any other.
@@ -107,7 +110,7 @@ def _encode(value: Any) -> Any:
     if kind is set or kind is frozenset:
         items = sorted(value) if all(type(v) is str for v in value) else list(value)
         return {"$s" if kind is set else "$z": [_encode(v) for v in items]}
-    raise TypeError(f"a trace value of type {kind.__name__} cannot be serialised: {value!r:.80}")
+    raise InvalidTypeError(f"a trace value of type {kind.__name__} cannot be serialised: {value!r:.80}")
 
 
 def to_data(value: Any) -> Any:
@@ -166,7 +169,8 @@ class _Tables:
             column = [getattr(record, name) for record in records]
             if not all(type(v) is kind for v in column):
                 bad = next(v for v in column if type(v) is not kind)
-                raise TypeError(f"a trace's {name} must be a {kind.__name__}, got {type(bad).__name__}: {bad!r:.80}")
+                raise InvalidTypeError(f"a trace's {name} must be a {kind.__name__}, got {type(bad).__name__}: "
+                                       f"{bad!r:.80}")
             if kind is str:
                 column = [self.string(v) for v in column]
             elif kind is not int and kind is not bool:
@@ -184,7 +188,7 @@ def _packed(numbers: list[int]) -> list[str]:
         if -bound <= low and high < bound:
             break
     else:
-        raise ValueError(f"a number of the trace does not fit 64 bits: {high if high > 0 else low}")
+        raise InvalidValueError(f"a number of the trace does not fit 64 bits: {high if high > 0 else low}")
     packed = array(code, numbers)
     if sys.byteorder == "big":
         packed.byteswap()
@@ -194,14 +198,14 @@ def _packed(numbers: list[int]) -> list[str]:
 def _unpacked(column: Any, what: str) -> list[int]:
     """The integers :func:`_packed` wrote; ValueError for anything else."""
     if type(column) is not list or len(column) != 2 or column[0] not in _TYPECODES or type(column[1]) is not str:
-        raise ValueError(f"{what}: expected [typecode, base64 data]")
+        raise InvalidValueError(f"{what}: expected [typecode, base64 data]")
     try:
         raw = base64.b64decode(column[1], validate=True)
     except binascii.Error as exc:
-        raise ValueError(f"{what}: {exc}") from None
+        raise InvalidValueError(f"{what}: {exc}") from None
     numbers = array(column[0])
     if len(raw) % numbers.itemsize:
-        raise ValueError(f"{what}: the data is not a whole number of items")
+        raise InvalidValueError(f"{what}: the data is not a whole number of items")
     numbers.frombytes(raw)
     if sys.byteorder == "big":
         numbers.byteswap()
@@ -211,7 +215,7 @@ def _unpacked(column: Any, what: str) -> list[int]:
 # decoding ------------------------------------------------------------------------------------------
 def _list(value: Any, what: str) -> list[Any]:
     if type(value) is not list:
-        raise ValueError(f"{what}: expected a list, got {type(value).__name__}")
+        raise InvalidValueError(f"{what}: expected a list, got {type(value).__name__}")
     return value
 
 
@@ -222,12 +226,12 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
     """
     if tag == "$f":
         if body not in ("inf", "-inf", "nan"):
-            raise ValueError(f"unexpected non-finite float {body!r:.80}")
+            raise InvalidValueError(f"unexpected non-finite float {body!r:.80}")
         return float(body)
     items = _list(body, tag)
     if tag == "$m":
         if len(items) != len(_META_FIELDS):
-            raise ValueError("a TensorMeta entry has the wrong number of fields")
+            raise InvalidValueError("a TensorMeta entry has the wrong number of fields")
         memo_key = tuple(items)
         if metas is not None:
             found = metas.get(memo_key)  # TypeError for an unhashable field: a malformed entry
@@ -236,14 +240,14 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
         meta = dict(zip(_META_FIELDS, items, strict=True))
         shape = meta.get("shape")
         if type(shape) is not tuple or not all(type(s) is int and 0 <= s <= _MAX_SIZE for s in shape):
-            raise ValueError(f"a TensorMeta shape must be a tuple of sizes (integers from 0 to 2**63 - 1), got "
-                             f"{shape!r:.80}")
+            raise InvalidValueError(f"a TensorMeta shape must be a tuple of sizes (integers from 0 to 2**63 - 1), got "
+                                    f"{shape!r:.80}")
         if type(meta.get("dtype")) is not str or type(meta.get("device")) is not str:
-            raise ValueError(f"a TensorMeta dtype and device must be names, got {items!r:.80}")
+            raise InvalidValueError(f"a TensorMeta dtype and device must be names, got {items!r:.80}")
         for name in ("attended", "footprint"):
             count = meta.get(name)
             if count is not None and (type(count) is not int or not 0 <= count <= _MAX_SIZE):
-                raise ValueError(f"a TensorMeta {name} must be a count of elements or null, got {count!r:.80}")
+                raise InvalidValueError(f"a TensorMeta {name} must be a count of elements or null, got {count!r:.80}")
         made = TensorMeta(**meta)
         if metas is not None:
             metas[memo_key] = made
@@ -265,18 +269,18 @@ def _untag(tag: str, body: Any, metas: dict[tuple[Any, ...], TensorMeta] | None 
     if tag == "$c":
         real, imag = items
         if type(real) is not float or type(imag) is not float:
-            raise ValueError("a complex entry needs two floats")
+            raise InvalidValueError("a complex entry needs two floats")
         return complex(real, imag)
     if tag == "$s":
         return set(items)
     if tag == "$z":
         return frozenset(items)
-    raise ValueError(f"unknown tag {tag!r:.20} in a trace entry")
+    raise InvalidValueError(f"unknown tag {tag!r:.20} in a trace entry")
 
 
 def _record(kind: type[Any], fields: tuple[str, ...], items: list[Any]) -> Any:
     if len(items) != len(fields):
-        raise ValueError(f"a {kind.__name__} entry has the wrong number of fields")
+        raise InvalidValueError(f"a {kind.__name__} entry has the wrong number of fields")
     return kind(*items)  # the fields in dataclasses.fields order, as written
 
 
@@ -284,7 +288,7 @@ def _group(items: list[Any]) -> GroupMeta:
     group = _record(GroupMeta, _GROUP_FIELDS, items)
     if type(group.name) is not str or type(group.size) is not int or type(group.ranks) is not tuple \
             or not all(type(r) is int for r in group.ranks):
-        raise ValueError(f"a GroupMeta entry must hold a name, a size and a tuple of ranks, got {items!r:.80}")
+        raise InvalidValueError(f"a GroupMeta entry must hold a name, a size and a tuple of ranks, got {items!r:.80}")
     return group
 
 
@@ -301,7 +305,7 @@ def _decode(value: Any) -> Any:
     if kind is list:
         return [_decode(v) for v in value]
     if kind is not dict:
-        raise ValueError(f"unexpected value in a trace entry: {value!r:.80}")
+        raise InvalidValueError(f"unexpected value in a trace entry: {value!r:.80}")
     if not _looks_tagged(value):
         return {k: _decode(v) for k, v in value.items()}
     (tag, body), = value.items()
@@ -325,7 +329,7 @@ def parse(text: str | bytes) -> Any:
     try:
         return json.loads(text, object_hook=hook)
     except (TypeError, RecursionError) as exc:  # an unhashable dict key, absurd nesting
-        raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
+        raise InvalidValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
 
 
 def trace_from_dict(data: Any) -> Trace:
@@ -340,22 +344,22 @@ def trace_from_parsed(data: Any) -> Trace:
 
 def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
     if type(data) is not dict or data.get("format") != FORMAT:
-        raise ValueError("not a modelmeter trace")
+        raise InvalidValueError("not a modelmeter trace")
     version = data.get("version")
     if version != FORMAT_VERSION:
         hint = ""
         if type(version) is int and version < FORMAT_VERSION:
             hint = " (recorded by an older modelmeter: record the model again)"
-        raise ValueError(f"trace format version {version!r}; this modelmeter reads {FORMAT_VERSION}{hint}")
+        raise InvalidValueError(f"trace format version {version!r}; this modelmeter reads {FORMAT_VERSION}{hint}")
     if data.get("schema") != schema_signature():
-        raise ValueError("the trace was written for other Trace/OpEvent/TensorMeta fields")
+        raise InvalidValueError("the trace was written for other Trace/OpEvent/TensorMeta fields")
     fields = data.get("fields")
     if type(fields) is not dict or set(fields) != set(_TRACE_FIELDS) - set(_COLUMNAR):
-        raise ValueError("a trace entry has the wrong fields")
+        raise InvalidValueError("a trace entry has the wrong fields")
     try:
         strings = _list(data.get("strings"), "strings")
         if not all(type(text) is str for text in strings):
-            raise ValueError("the strings table holds something other than strings")
+            raise InvalidValueError("the strings table holds something other than strings")
         values = [decode(v) for v in _list(data.get("values"), "values")]
         plain = {name: decode(value) for name, value in fields.items()}
         events = _columns(data.get("events"), _EVENT_COLUMNS, _EVENT_NAMES, strings, values, "events")
@@ -366,7 +370,7 @@ def _trace(data: Any, decode: Callable[[Any], Any]) -> Trace:
         _check_storages(storages, len(events["op"]), n_scopes)
         trace = Trace(**plain)
     except (TypeError, RecursionError) as exc:  # a dict key that cannot be hashed, say
-        raise ValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
+        raise InvalidValueError(f"malformed trace entry: {type(exc).__name__}: {exc}") from None
     _check(trace)
     records = _Records(strings, values, events, storages)
     trace.defer(records.sizes, records)
@@ -408,7 +412,7 @@ class _Records:
 def _within(column: Collection[int], low: int, high: int, what: str) -> None:
     """Every number of ``column`` (integers, checked) lies in ``[low, high]``."""
     if column and (min(column) < low or max(column) > high):
-        raise ValueError(f"{what} out of range in the trace")
+        raise InvalidValueError(f"{what} out of range in the trace")
 
 
 def _columns(data: Any, kinds: dict[str, type[Any]], names: Mapping[str, frozenset[str]], strings: list[str],
@@ -418,13 +422,13 @@ def _columns(data: Any, kinds: dict[str, type[Any]], names: Mapping[str, frozens
     a boolean's 0 or 1."""
     columns = _list(data, what)
     if len(columns) != len(kinds):
-        raise ValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
+        raise InvalidValueError(f"{what}: expected {len(kinds)} columns, got {len(columns)}")
     out: dict[str, list[int]] = {}
     size = None
     for (name, kind), packed in zip(kinds.items(), columns, strict=True):
         column = out[name] = _unpacked(packed, f"{what}.{name}")
         if size is not None and len(column) != size:
-            raise ValueError(f"{what}: the columns differ in length")
+            raise InvalidValueError(f"{what}: the columns differ in length")
         size = len(column)
         if kind is int:
             continue
@@ -434,11 +438,12 @@ def _columns(data: Any, kinds: dict[str, type[Any]], names: Mapping[str, frozens
         elif kind is str:
             _within(distinct, 0, len(strings) - 1, f"{what}.{name} (an index into its table)")
             if name in names and not {strings[i] for i in distinct} <= names[name]:
-                raise ValueError(f"{what}.{name}: a {name} that does not exist")
+                raise InvalidValueError(f"{what}.{name}: a {name} that does not exist")
         else:
             _within(distinct, 0, len(values) - 1, f"{what}.{name} (an index into its table)")
             if not all(type(values[i]) is kind for i in distinct):
-                raise ValueError(f"{what}.{name} refers to a value of the values table that is not a {kind.__name__}")
+                raise InvalidValueError(f"{what}.{name} refers to a value of the values table that is not a "
+                                        f"{kind.__name__}")
     return out
 
 
@@ -450,7 +455,7 @@ def _check_events(events: dict[str, list[int]], n_scopes: int) -> None:
         column = events[name]
         _within(column, -1, n, f"an event's {name}")
         if not all(map(operator.lt, column, range(n))):
-            raise ValueError(f"an event's {name} is not an earlier event")
+            raise InvalidValueError(f"an event's {name} is not an earlier event")
     _within(events["scope"], 0, n_scopes - 1, "an event's scope")
 
 
@@ -466,36 +471,36 @@ def _check(trace: Trace) -> None:
     """The types every metric relies on, so a damaged entry fails here and not in a handle (the events and
     storages were checked column by column)."""
     if not all(type(s) is tuple and all(type(n) is str for n in s) for s in trace.scopes):
-        raise ValueError("trace scopes must be tuples of module names")
+        raise InvalidValueError("trace scopes must be tuples of module names")
     if type(trace.called) is not set or type(trace.assumptions) is not list or type(trace.execution) is not str \
             or type(trace.inputs) is not list or not all(type(t) is TensorMeta for t in trace.inputs) \
             or type(trace.gradients) is not list or not all(type(t) is TensorMeta for t in trace.gradients) \
             or type(trace.model) is not str or type(trace.versions) is not dict:
-        raise ValueError("malformed trace fields")
+        raise InvalidValueError("malformed trace fields")
     _check_modules(trace)
     if type(trace.output_shapes) is not dict or not all(
             type(name) is str and type(calls) is dict
             and all(type(shape) is str and type(n) is int and n > 0 for shape, n in calls.items())
             for name, calls in trace.output_shapes.items()):
-        raise ValueError("malformed output shapes in the trace")
+        raise InvalidValueError("malformed output shapes in the trace")
 
 
 def _check_modules(trace: Trace) -> None:
     """The module table: described modules with unique names, aliases that lead to one of them."""
     if type(trace.modules) is not list or not all(type(m) is ModuleInfo for m in trace.modules):
-        raise ValueError("malformed module table in the trace")
+        raise InvalidValueError("malformed module table in the trace")
     names = {m.name for m in trace.modules}
     if len(names) != len(trace.modules) or not all(type(n) is str for n in names):
-        raise ValueError("module names in the trace are not unique strings")
+        raise InvalidValueError("module names in the trace are not unique strings")
     for module in trace.modules:
         if type(module.children) is not tuple or type(module.parameters) is not tuple \
                 or not all(type(p) is ParameterInfo and type(p.nbytes) is int
                            and (p.global_shape is None or type(p.global_shape) is tuple) for p in module.parameters) \
                 or not all(type(c) is tuple and len(c) == 2 and (c[1] is None or c[1] in names)
                            for c in module.children):
-            raise ValueError(f"malformed module {module.name!r} in the trace")
+            raise InvalidValueError(f"malformed module {module.name!r} in the trace")
     if type(trace.aliases) is not dict or not all(type(k) is str and v in names for k, v in trace.aliases.items()):
-        raise ValueError("module aliases in the trace lead to no module of it")
+        raise InvalidValueError("module aliases in the trace lead to no module of it")
 
 
 # bytes ---------------------------------------------------------------------------------------------
@@ -507,15 +512,16 @@ def gunzip(data: bytes, limit: int | None = None) -> str:
     try:
         raw = inflater.decompress(data, limit + 1)  # never more than the limit (and one byte) in memory
     except zlib.error as exc:
-        raise ValueError(f"not gzip data: {exc}") from None
+        raise InvalidValueError(f"not gzip data: {exc}") from None
     if len(raw) > limit:
-        raise ValueError(f"it decompresses to more than {limit} bytes, the limit of a trace (a decompression bomb?)")
+        raise InvalidValueError(f"it decompresses to more than {limit} bytes, the limit of a trace (a decompression "
+                                "bomb?)")
     if not inflater.eof or inflater.unused_data:
-        raise ValueError("truncated gzip data, or data after it")
+        raise InvalidValueError("truncated gzip data, or data after it")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text: {exc}") from None
+        raise InvalidValueError(f"not UTF-8 text: {exc}") from None
 
 
 def dumps(trace: Trace, *, compress: bool = True) -> bytes:
@@ -533,10 +539,10 @@ def loads(data: bytes) -> Trace:
         if data[:2] == b"\x1f\x8b":
             text = gunzip(data)
         elif len(data) > MAX_ENTRY_BYTES:
-            raise ValueError(f"unreadable trace entry: over {MAX_ENTRY_BYTES} bytes")
+            raise InvalidValueError(f"unreadable trace entry: over {MAX_ENTRY_BYTES} bytes")
         else:
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(f"unreadable trace entry: {exc}") from None
+                raise InvalidValueError(f"unreadable trace entry: {exc}") from None
         return trace_from_parsed(parse(text))

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES, disable_current_modes
+from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES, disable_current_modes
+from ..errors import InvalidValueError
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
 Held = tuple[dict[str, Any], str, torch.Tensor]  # (the table that holds a tensor, its name there, the tensor)
@@ -64,6 +65,7 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
+        self.tensor_hooks = TensorHooks(t for t, _, _ in self.leaves)
         # No run swaps the tensors kept in containers for stand-ins: their values are kept instead. Not those that
         # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
         # every analysis would double the model's memory, and real kernels copy a parameter when it is written
@@ -158,7 +160,35 @@ class ModelSnapshot:
                 tensor.requires_grad_(requires_grad)
             if tensor.grad is not grad:
                 tensor.grad = grad
+        self.tensor_hooks.restore()
         self.values.restore()
+
+
+class TensorHooks:
+    """The hook tables of some leaf tensors (``register_hook``, ``register_post_accumulate_grad_hook``), put back
+    as they were by :meth:`restore`. A forward that sets hooks on the tensors it is given (its parameters under real
+    kernels, a caller's input) would otherwise leave them there, to fire in the caller's next step."""
+
+    def __init__(self, leaves: Iterable[torch.Tensor]) -> None:
+        self.tables = [(t, name, getattr(t, name)) for t in leaves for name in TENSOR_HOOK_TABLES]
+        self.entries = [(table, dict(table)) for _, _, table in self.tables if table is not None]
+
+    def __enter__(self) -> TensorHooks:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        for table, entries in self.entries:
+            if table != entries:  # (hook functions compare by identity)
+                table.clear()
+                table.update(entries)
+        for tensor, name, table in self.tables:
+            made = getattr(tensor, name)
+            if made is not table:  # a table the run made: emptied, so the hook torch keeps for it does nothing
+                made.clear()
+                setattr(tensor, name, table)
 
 
 class KeptValues:
@@ -233,9 +263,10 @@ def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
     tensors = chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))
     names = [name for name, tensor in tensors if is_lazy(tensor)]
     if names:
-        raise ValueError(f"the model has parameters or buffers that are not initialised yet ({', '.join(names)}): a "
-                         "lazy module infers their shapes on its first call, which would change the model; call the "
-                         "model once on a sample input before analysing it") from failure
+        uninitialised = ", ".join(names)
+        raise InvalidValueError(f"the model has parameters or buffers that are not initialised yet ({uninitialised}): "
+                                "a lazy module infers their shapes on its first call, which would change the model; "
+                                "call the model once on a sample input before analysing it") from failure
 
 
 class RandomStates:

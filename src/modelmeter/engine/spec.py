@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..errors import InvalidTypeError, InvalidValueError
 from ..parallel.plan import ParallelPlan, as_plan
 from .inputs import Args, check_inputs, split_inputs
 
@@ -45,11 +46,11 @@ class RunSpec:
         ``model.forward``, numpy arrays, a ``loss_fn`` without ``backward`` are rejected with a clear error;
         ``parallel`` may be a plan's text (``"fsdp=8,tp=2"``), parsed here."""
         if not isinstance(backward, bool):  # a truthy "no" would run, and record, a backward pass
-            raise TypeError(f"backward must be True or False, got {backward!r}")
+            raise InvalidTypeError(f"backward must be True or False, got {backward!r}")
         args, kwargs = split_inputs(inputs)
         check_inputs(model, args, kwargs)
         if loss_fn is not None and not backward:
-            raise ValueError("loss_fn is only used for the backward pass: pass backward=True with it")
+            raise InvalidValueError("loss_fn is only used for the backward pass: pass backward=True with it")
         return cls(model, args, kwargs, inputs, execution, backward, loss_fn, as_plan(parallel))
 
     def with_call(self, model: nn.Module | None = None, inputs: Any = None) -> RunSpec:

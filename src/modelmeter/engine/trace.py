@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import InvalidNameError, InvalidTypeError
+
 Level = Literal["function", "dispatch"]
 # What a storage held: the model's state, the caller's inputs, or what an operator made; "gradient" is a
 # parameter's ``.grad`` left by the backward pass; "other" was made outside the model's operators (the default
@@ -108,6 +110,10 @@ class OpEvent:
     ``python`` marks a user-level call that is Python code (``F.interpolate``, ``F.relu``) or Python indexing
     (``x[i]``, ``x[i] = v``), whose inner calls are recorded as calls of their own — the calls ``torch.jit``,
     and so fvcore, would record in its place.
+    ``overload`` is the name of the schema overload that placed ``inputs`` (``"default"``, ``"dim"``,
+    ``"unary_out"``), "" when none did (a call without an aten schema, an event written without running): where
+    overloads with as many arguments read them differently (``max.other(self, other)`` and
+    ``max.unary_out(self, *, out)``), it tells the formulas which one ran.
     The events of a call replayed from an earlier one (engine/replay.py) share its ``inputs``, ``outputs`` and
     ``kwargs`` objects, as they share its values: read them, do not change them in place.
     """
@@ -122,6 +128,7 @@ class OpEvent:
     kwargs: dict[str, Any] = field(default_factory=dict)
     origin: int = -1
     python: bool = False
+    overload: str = ""
 
 
 @dataclass(slots=True)
@@ -228,11 +235,11 @@ class ModuleTable:
     def resolve(self, name: str) -> str:
         """The canonical name for ``name``; a clear error for anything else."""
         if not isinstance(name, str):
-            raise TypeError(f"module_name must be a string, got {type(name).__name__}")
+            raise InvalidTypeError(f"module_name must be a string, got {type(name).__name__}")
         try:
             return self.aliases[name]
         except KeyError:
-            raise KeyError(
+            raise InvalidNameError(
                 f"Requested module name {name!r} is not among the descendants of the analyzed model."
             ) from None
 

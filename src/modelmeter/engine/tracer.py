@@ -33,21 +33,30 @@ from .._torch_compat import (
     observed_cpu_rng_states,
     observed_storage_resizes,
     pytree,
+    saved_tensors_hooks_set_aside,
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
-from ..errors import InputMismatchError, ModelRunError, cuda_failure, puts_tensors_on_cuda
+from ..errors import (
+    InputMismatchError,
+    InvalidTypeError,
+    InvalidValueError,
+    ModelRunError,
+    cuda_failure,
+    puts_tensors_on_cuda,
+)
 from .cuda_stand_in import CudaRequests, on_device
+from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
-from .inputs import map_tensors, tensors_in
+from .inputs import map_tensors, quantized_input, tensors_in
 from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import KeptValues, ModelSnapshot, RandomStates, kept_random_states
+from .snapshot import KeptValues, ModelSnapshot, RandomStates, TensorHooks, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows, note_random_draws
@@ -70,9 +79,10 @@ def record_trace(spec: RunSpec) -> Trace:
     reference counts alone, where the model's code drops them.
     """
     if spec.execution not in ("auto", "fake", "real"):
-        raise ValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
+        raise InvalidValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
-    with no_gc(), unseen_global_shape_runs(), kept_random_states() as random_states:
+    # one run at a time in a process: what it replaces is process-wide (engine/exclusive.py)
+    with RECORDING, no_gc(), unseen_global_shape_runs(), kept_random_states() as random_states:
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
                        spec.loss_fn, random_states)
 
@@ -80,13 +90,18 @@ def record_trace(spec: RunSpec) -> Trace:
 def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
             execution: Execution, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
+        raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
     parts = _Parts(names, _objects_in((args, kwargs)))
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn, random_states)
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
-        return _run_jagged(run, execution, no_values)
+        return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
+                              "the lengths of their sequences are values")
+    quantized = quantized_input(args, kwargs) or _quantized_state(parts)
+    if quantized is not None:
+        return _run_real_only(run, execution, no_values, f"quantized tensors ({quantized})",
+                              "FakeTensors and meta tensors cannot stand for them")
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     try:
@@ -159,17 +174,24 @@ def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[s
     return trace
 
 
-def _run_jagged(run: _Run, execution: Execution, no_values: bool) -> Trace:
-    """A run on jagged nested tensors: real kernels, as their sequences' lengths are values (FakeTensors would need
-    symbolic shapes for them)."""
+def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: str, why: str) -> Trace:
+    """A run with tensors only real kernels can take: jagged nested tensors (their sequences' lengths are values, for
+    which FakeTensors would need symbolic shapes), quantized ones (no fake form)."""
     if execution == "fake" or no_values:
-        raise ValueError("jagged nested tensor inputs need real kernels (the lengths of their sequences are values): "
-                         "use execution='auto' or 'real', with a model and inputs that are not on the meta device")
+        raise InvalidValueError(f"{subject} need real kernels ({why}): use execution='auto' or 'real', with a model "
+                                "and inputs that are not on the meta device")
     trace = run(fake=False, model_on_meta=False, no_values=False)
     if execution == "auto":
-        trace.assumptions.append("jagged nested tensor inputs (the lengths of their sequences are values): ran real "
-                                 "kernels")
+        trace.assumptions.append(f"{subject} ({why}): ran real kernels")
     return trace
+
+
+def _quantized_state(parts: _Parts) -> str | None:
+    """The name of the model's first quantized parameter, buffer or tensor attribute, or None."""
+    for _, name, tensor in (*parts.held_parameters, *parts.held_others):
+        if tensor.is_quantized:
+            return f"{name!r}, held by the model"
+    return None
 
 
 class _Parts:
@@ -188,6 +210,8 @@ class _Parts:
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
+        # packed weights (quantized layers' ScriptObjects), which FakeTensors' cache cannot key
+        self.packed = any(isinstance(v, torch.ScriptObject) for m in self.modules for v in vars(m).values())
         self.parameters = _unique(t for _, _, t in self.held_parameters)
         self.buffers = _unique(t for _, _, t in self.pristine.buffers)
         self.stand_ins: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, during a run
@@ -250,6 +274,7 @@ class _Run:
                 # The caller's grad mode must not change what runs: under inference mode, composite operators
                 # (conv2d, linear, batch_norm) reach the recorder undecomposed. The run sets its own mode below.
                 stack.enter_context(torch.inference_mode(False))
+                stack.enter_context(TensorHooks(t for t in tensors_in((args, kwargs)) if t.is_leaf))  # as passed
                 if on_meta:  # the model's tensors have no values (or are stood in for by ones that have none)
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
@@ -261,6 +286,8 @@ class _Run:
                             stack.enter_context(meta_stands_for("cpu"))
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                    if parts.packed:  # torch's cache of fake results compares packed weights with ==, which they lack
+                        fake_mode.cache_enabled = False
                     shadows = recorder.shadows = Shadows()
                     with shadows.seeding():
                         args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)
@@ -288,7 +315,9 @@ class _Run:
                 _note_existing_storages(recorder, parts, args, kwargs)
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
-                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack_saved, _unpack))
+                    pack = recorder.pack_saved  # one object: the hooks are told apart by it
+                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _unpack))
+                    stack.enter_context(saved_tensors_hooks_set_aside(pack))  # for torch.func.grad & co.
                 else:  # inference: no graph, nothing saved for a backward pass
                     stack.enter_context(torch.no_grad())
                 if fake and self.cuda_requests:
@@ -301,6 +330,8 @@ class _Run:
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
                     recorder.finish_storages(parts.running(parts.parameters))
+                except _LossFnError:
+                    raise
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
@@ -323,10 +354,7 @@ class _Run:
         """Gradients of the loss with respect to the parameters and inputs that require grad."""
         loss: torch.Tensor | None
         if self.loss_fn is not None:  # the user's loss is work of the step: recorded, at the model's level
-            loss = self.loss_fn(output)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TypeError(f"loss_fn must return a tensor with one element, got "
-                                f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}")
+            loss = _user_loss(self.loss_fn, output, recorder)
         else:
             recorder.paused = True
             try:
@@ -353,6 +381,24 @@ class _Run:
 
 
 _op_of = attrgetter("op")
+
+
+class _LossFnError(ModelRunError):
+    """The user's ``loss_fn`` failed, or returned no one-element tensor: named as such, not as the model's."""
+
+
+def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor:
+    """``loss_fn(output)``, a tensor of one element; a :class:`_LossFnError` naming the operator where it failed."""
+    try:
+        loss = loss_fn(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise InvalidTypeError(f"loss_fn must return a tensor with one element, got {got}")
+    except Exception as exc:
+        op = recorder.failed_op
+        at = f" at operator {op}" if op else ""
+        raise _LossFnError(f"the loss_fn failed{at}: {type(exc).__name__}: {exc}", None, op) from exc
+    return loss
 
 
 def _run_device(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -608,12 +654,13 @@ class _SwappedState:
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     has_meta_input = any(t.is_meta for t in tensors_in((args, kwargs)))
     if has_meta_input and not all(t.is_meta for t in parts.state()):
-        raise ValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
-                         "cannot run a model whose parameters hold values on meta inputs")
+        raise InvalidValueError("inputs on the meta device need execution='fake' (or 'auto'): real kernels "
+                                "cannot run a model whose parameters hold values on meta inputs")
 
 
 class _ModuleHooks:
-    """Global forward hooks that keep the recorder's module stack."""
+    """Global forward hooks that keep the recorder's module stack. A run in which a module of the model was called
+    on another thread (:meth:`Recorder._in_run`) fails when it ends: that call's operators were not recorded."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
@@ -625,9 +672,16 @@ class _ModuleHooks:
                         hooks.register_module_forward_hook(self.recorder.exit_module, always_call=True)]
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, failure: type[BaseException] | None, *_: Any) -> None:
         for handle in self.handles:
             handle.remove()
+        elsewhere = self.recorder.elsewhere
+        if elsewhere and failure is None:
+            raise ModelRunError(f"module {elsewhere[0]!r} of the model was called on another thread than the run's "
+                                "(one its forward started, or another of the process's running the model meanwhile): "
+                                "its operators cannot be recorded (the recorders see the running thread only), so the "
+                                "count would miss them; run that work on the calling thread to count it",
+                                elsewhere[0], None)
 
 
 class _Transparent:
@@ -687,6 +741,9 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     at = f" at operator {op}" if op else ""
     hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
         if isinstance(exc, _NEEDS_VALUES) else ""
+    if not recorder.track_autograd and _took_gradients(exc):
+        hint += (" (a forward-only analysis runs under torch.no_grad(), as inference does: a model that takes "
+                 "gradients or hooks them inside forward is analysed with backward=True)")
     if recorder.guessed_values:  # a meta model's own values were read: the failure may follow from the guess
         hint += (f" (before it, {recorder.guessed_values[0]}: a model on the meta device cannot read the values of "
                  "its own tensors; build it on the CPU for a run that reads them)")
@@ -734,6 +791,21 @@ def _misfit(model: nn.Module, recorder: Recorder) -> tuple[str | None, bool]:
 
 def names_module(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name) if name else model
+
+
+# The calls of autograd's a model can make in forward, that need grad mode (a gradient penalty, a hook on an activation)
+_AUTOGRAD_CALLS = frozenset(f.__code__ for f in (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward,
+                                                 torch.Tensor.register_hook))
+
+
+def _took_gradients(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside one of :data:`_AUTOGRAD_CALLS` (told by origin, not by torch's wording)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _AUTOGRAD_CALLS:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _innermost_module(exc: BaseException, names: ModuleNames) -> str | None:

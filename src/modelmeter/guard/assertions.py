@@ -13,14 +13,14 @@ from torch import nn
 
 from ..analysis import analyze
 from ..cache.shared import SHARED
-from ..errors import ModelExitError
+from ..errors import ModelExitError, ModelMeterError
 from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record
 from .values import GuardFileError, check_tolerance
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
 
 
-class CostAssertionError(AssertionError):
+class CostAssertionError(ModelMeterError, AssertionError):
     """The model's costs grew beyond the tolerance, its baseline is missing, or the runs are not comparable."""
 
 

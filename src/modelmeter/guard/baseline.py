@@ -301,8 +301,12 @@ class BaselineFile:
                 "torch": torch.__version__.split("+")[0],
                 "models": {name: _entry_data(entry) for name, entry in sorted(self.entries.items())}}
         target = os.path.abspath(path)
+        try:
+            text = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
+        except ValueError:  # (a user handle's NaN or infinity: no check could compare against it)
+            raise GuardFileError(f"a baseline for {os.fspath(path)!r} holds a cost that is not a finite number "
+                                 "(NaN or infinite: a registered handle returned it); it is not written") from None
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        text = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
         atomic_write(target, lambda f: f.write(text))
 
     def entry(self, name: str, path: str | os.PathLike[str] = "") -> Entry:

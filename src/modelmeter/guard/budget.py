@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..errors import InvalidTypeError, InvalidValueError
 from ..reports.format import parse_duration
 from ..reports.render import format_metric
 from ..reports.result import BYTE_METRICS, MEMORY_METRICS, RATIO_METRICS, ROOFLINE_METRICS, TIME_METRICS, Result
@@ -20,13 +21,13 @@ def parse_quantity(text: str) -> float:
     amount that is not finite or over :data:`~modelmeter.guard.values.MAX_AMOUNT` (``1e400`` is infinity)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(e\d+)?\s*([kmgtp]i?)?b?\s*", text.strip().lower())
     if match is None:
-        raise ValueError(f"not a quantity: {text!r} (e.g. 4.2G, 26M, 2GiB, 1500)")
+        raise InvalidValueError(f"not a quantity: {text!r} (e.g. 4.2G, 26M, 2GiB, 1500)")
     number, exponent, unit = match.groups()
     value = float(number + (exponent or ""))  # float() saturates at inf at once, where 10 ** 99999999 would not
     unit = unit or ""
     value *= _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
     if value > MAX_AMOUNT:
-        raise ValueError(f"out of range: {text!r} is over {MAX_AMOUNT:g}")
+        raise InvalidValueError(f"out of range: {text!r} is over {MAX_AMOUNT:g}")
     return value
 
 
@@ -42,17 +43,17 @@ def parse_budget(text: str) -> Budget:
         metric, sep, amount = part.partition("=")
         metric = metric.strip()
         if not sep or not metric:
-            raise ValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
+            raise InvalidValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
         if metric in budget:
-            raise ValueError(f"the budget names {metric!r} twice; give each metric once")
+            raise InvalidValueError(f"the budget names {metric!r} twice; give each metric once")
         if metric in RATIO_METRICS:
-            raise ValueError(f"{metric} is a ratio, not a cost: budget the time or the bytes instead")
+            raise InvalidValueError(f"{metric} is a ratio, not a cost: budget the time or the bytes instead")
         try:
             budget[metric] = parse_duration(amount) if metric in TIME_METRICS else parse_quantity(amount)
         except ValueError as exc:
-            raise ValueError(f"the budget of {metric}: {exc}") from None
+            raise InvalidValueError(f"the budget of {metric}: {exc}") from None
     if not budget:
-        raise ValueError("an empty budget: give metric=amount pairs, e.g. flops=4.2G,params=26M")
+        raise InvalidValueError("an empty budget: give metric=amount pairs, e.g. flops=4.2G,params=26M")
     return budget
 
 
@@ -85,7 +86,8 @@ def check_budget(result: Result, budget: Budget) -> list[Over]:
     """The metrics of ``result`` over ``budget``; an unknown metric is a :class:`ValueError` naming the known ones,
     a limit that is not a finite number >= 0 a ``TypeError`` / ``ValueError`` naming it."""
     if not isinstance(budget, dict):
-        raise TypeError(f"budget must be a dict of metric -> limit (see parse_budget), got {type(budget).__name__}")
+        raise InvalidTypeError("budget must be a dict of metric -> limit (see parse_budget), got "
+                               f"{type(budget).__name__}")
     for metric, limit in budget.items():
         check_amount(limit, f"budget[{metric!r}]")
     values = _budgeted_values(result, budget)
@@ -104,8 +106,8 @@ def _budgeted_values(result: Result, budget: Budget) -> dict[str, float]:
     values = metric_values(result)
     unknown = [m for m in budget if m not in values]
     if unknown:
-        raise ValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{_hint(unknown)}; "
-                         f"known: {', '.join(sorted(values))}")
+        raise InvalidValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{_hint(unknown)}; "
+                                f"known: {', '.join(sorted(values))}")
     return values
 
 

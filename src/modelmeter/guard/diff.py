@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..reports.format import Align, aligned_table
-from ..reports.fvcore_tables import format_size
 from ..reports.render import format_change, format_metric
-from ..reports.result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS
+from ..reports.result import RATIO_METRICS
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
@@ -129,11 +128,8 @@ class Difference:
 
     def row(self) -> list[str]:
         share = f"{100 * self.change / self.before:+.1f}%" if self.before else "new"
-        # seconds and bytes moved in their units (a count's format would round a time to 0), counts as fvcore
-        if self.metric in TIME_METRICS | TRAFFIC_METRICS:
-            before, after = format_metric(self.metric, self.before), format_metric(self.metric, self.after)
-        else:
-            before, after = format_size(self.before), format_size(self.after)
+        # each metric as the reports print it: seconds and bytes (moved or held) in their units, counts as fvcore
+        before, after = format_metric(self.metric, self.before), format_metric(self.metric, self.after)
         return [self.module or "model", self.metric, before, after, format_change(self.metric, self.change), share]
 
 

@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any
 
-from ..errors import ModelMeterError
+from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError
 
 MAX_AMOUNT = 1e30  # no model's cost comes near this; a larger number in a file or a flag is a mistake
 MAX_FILE_BYTES = 64 * 2**20  # a baseline of hundreds of large models is a few MiB
@@ -22,25 +22,25 @@ def check_amount(value: object, what: str) -> float:
     """``value`` as a cost or limit: an int or float (not a bool), finite, at least 0 and at most
     :data:`MAX_AMOUNT`. ``TypeError`` / ``ValueError`` naming ``what`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{what} must be a number, got {type(value).__name__} {shorten(value)}")
+        raise InvalidTypeError(f"{what} must be a number, got {type(value).__name__} {shorten(value)}")
     if isinstance(value, int) and value > MAX_AMOUNT:  # compared as an int: a huge one does not fit a float
-        raise ValueError(f"{what} is out of range: {shorten(value)} is over {MAX_AMOUNT:g}")
+        raise InvalidValueError(f"{what} is out of range: {shorten(value)} is over {MAX_AMOUNT:g}")
     if not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number, got {value}")
+        raise InvalidValueError(f"{what} must be a finite number, got {value}")
     if value < 0:
-        raise ValueError(f"{what} cannot be negative, got {value}")
+        raise InvalidValueError(f"{what} cannot be negative, got {value}")
     if value > MAX_AMOUNT:
-        raise ValueError(f"{what} is out of range: {value:g} is over {MAX_AMOUNT:g}")
+        raise InvalidValueError(f"{what} is out of range: {value:g} is over {MAX_AMOUNT:g}")
     return value
 
 
 def check_tolerance(value: object, what: str = "tolerance") -> float:
     """A tolerance (a fraction: 0.01 is 1%): a finite number >= 0."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{what} must be a number (a fraction: 0.01 is 1%), got {type(value).__name__} "
-                        f"{shorten(value)}")
+        raise InvalidTypeError(f"{what} must be a number (a fraction: 0.01 is 1%), got {type(value).__name__} "
+                               f"{shorten(value)}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a finite number >= 0 (a fraction: 0.01 is 1%), got {value}")
+        raise InvalidValueError(f"{what} must be a finite number >= 0 (a fraction: 0.01 is 1%), got {value}")
     return float(value)
 
 
@@ -80,7 +80,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number a cost can have")
+    raise InvalidValueError(f"{name} is not a number a cost can have")
 
 
 def shorten(value: object, limit: int = 40) -> str:

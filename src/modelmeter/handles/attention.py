@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
+from ..errors import InvalidValueError
 from .base import CountInside, Handle, backward_key, get_shape, prod, shape_of
 from .binding import Formula, bind_all, by_name
 from .catalog import ATTENTION_KERNELS
@@ -377,7 +378,7 @@ def handles(convention: str, dense_attention: bool = False,
     ``attention_kernel`` (``"fused"`` or ``"math"``) is the kernel whose cost every scaled-dot-product operator
     is counted at."""
     if convention not in ("fvcore", "macs", "flops"):
-        raise ValueError(f"unknown convention {convention!r}")
+        raise InvalidValueError(f"unknown convention {convention!r}")
     check_attention_kernel(attention_kernel)
     real = convention == "flops"
     table: dict[str, Handle | CountInside | None] = {
@@ -397,4 +398,5 @@ def handles(convention: str, dense_attention: bool = False,
 
 def check_attention_kernel(kernel: Any) -> None:
     if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention_kernel must be one of {', '.join(map(repr, ATTENTION_KERNELS))}, got {kernel!r}")
+        kernels = ", ".join(map(repr, ATTENTION_KERNELS))
+        raise InvalidValueError(f"attention_kernel must be one of {kernels}, got {kernel!r}")

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ..errors import InvalidTypeError
+
 # handle(inputs, outputs) -> a number (keyed by the operator's short name) or a Counter of its own keys.
 Handle = Callable[[list[Any], list[Any]], Union[int, float, "Counter[str]"]]
 
@@ -29,7 +31,7 @@ def shape_of(value: Any) -> list[int]:
     """The shape of an argument that must be a tensor."""
     shape = get_shape(value)
     if shape is None:
-        raise TypeError(f"expected a tensor argument, got {type(value).__name__}")
+        raise InvalidTypeError(f"expected a tensor argument, got {type(value).__name__}")
     return shape
 
 

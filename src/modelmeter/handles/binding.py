@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from ..errors import InvalidTypeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -107,6 +109,7 @@ class BoundFormula(Generic[_T]):
         # many arguments differ in their tensors' places (``addmm.out`` and ``addmm.dtype``): per placed tensors
         self._layouts: dict[int, tuple[tuple[int, Any], ...] | None] = {}
         self._typed_layouts: dict[tuple[bool, ...], tuple[tuple[int, Any], ...]] = {}
+        self._at: dict[str, Callable[[list[Any], list[Any]], _T]] = {}  # at_overload, per overload name
         if overloads is not None:
             self._check(overloads)
 
@@ -116,17 +119,31 @@ class BoundFormula(Generic[_T]):
             layout = self._typed_layout(inputs)
         elif layout is _MISSING:
             layout = self._layout(inputs)
+        return self.apply(layout, inputs, outputs)
+
+    def apply(self, layout: tuple[tuple[int, Any], ...], inputs: list[Any], outputs: list[Any]) -> _T:
+        """The formula of the parameters ``layout`` places (see :meth:`place`) in a call of ``inputs``."""
         values = [inputs[i] if i >= 0 else value for i, value in layout]
         wanted = {name: outputs if name == OUTPUTS else (outputs[0] if outputs else None)
                   for name in self.formula.wants}
         return self.formula.fn(*values, **wanted)
 
+    def at_overload(self, name: str) -> Callable[[list[Any], list[Any]], _T]:
+        """This handle for calls that overload ``name`` placed (an event's ``overload``): the arguments read where
+        that overload has them, with no guess from their number and types (``max.unary_out(self, *, out)``
+        and ``max.other(self, other)`` place as many tensors). Itself when the operator has no such overload."""
+        found = self._at.get(name)
+        if found is None:
+            chosen = next((o for o in self.overloads or () if o.name == name), None)
+            found = self._at[name] = self if chosen is None else _AtOverload(self, chosen)
+        return found
+
     def _check(self, overloads: tuple[_Overload, ...]) -> None:
         for parameter in self.formula.parameters:
             if parameter.default is _MISSING and all(o.index(parameter.aliases) is None for o in overloads):
                 known = sorted({a.name for o in overloads for a in o.arguments})
-                raise TypeError(f"{self.formula.__name__} reads argument {_spelled(parameter)}, which {self.op} "
-                                f"does not have (its arguments: {', '.join(known) or 'none'})")
+                raise InvalidTypeError(f"{self.formula.__name__} reads argument {_spelled(parameter)}, which {self.op} "
+                                       f"does not have (its arguments: {', '.join(known) or 'none'})")
 
     def _layout(self, inputs: list[Any]) -> tuple[tuple[int, Any], ...]:
         """Where each parameter is in a call that placed ``inputs`` (remembered by their number, or by where they
@@ -150,9 +167,9 @@ class BoundFormula(Generic[_T]):
         if not self.formula.parameters:  # (a formula of the outputs only suits any operator, schema or not)
             return ()
         chosen = _overload_for(self._known_overloads(), inputs)
-        return tuple(self._place(parameter, chosen, len(inputs)) for parameter in self.formula.parameters)
+        return tuple(self.place(parameter, chosen, len(inputs)) for parameter in self.formula.parameters)
 
-    def _place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
+    def place(self, parameter: _Parameter, chosen: _Overload, given: int) -> tuple[int, Any]:
         """(position, None) of a parameter the call placed, else (-1, its default)."""
         index = chosen.index(parameter.aliases)
         if index is not None and index < given:
@@ -161,9 +178,9 @@ class BoundFormula(Generic[_T]):
         if index is not None and chosen.arguments[index].default is not _MISSING:
             default = chosen.arguments[index].default
         if default is _MISSING:
-            raise TypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which the "
-                            f"call did not give ({given} argument{'s' if given != 1 else ''}) and which has no "
-                            "default")
+            raise InvalidTypeError(f"{self.op}: {self.formula.__name__} needs argument {_spelled(parameter)}, which "
+                                   f"the call did not give ({given} argument{'s' if given != 1 else ''}) and which "
+                                   "has no default")
         return -1, default
 
     def _known_overloads(self) -> tuple[_Overload, ...]:
@@ -172,9 +189,33 @@ class BoundFormula(Generic[_T]):
             if self.overloads is not None:
                 self._check(self.overloads)
         if self.overloads is None:
-            raise TypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has no "
-                            f"schema for {self.op}")
+            raise InvalidTypeError(f"{self.op}: {self.formula.__name__} reads arguments by name, but this PyTorch has "
+                                   f"no schema for {self.op}")
         return self.overloads
+
+
+class _AtOverload(Generic[_T]):
+    """A :class:`BoundFormula` for the calls one overload placed (:meth:`BoundFormula.at_overload`)."""
+
+    def __init__(self, bound: BoundFormula[_T], chosen: _Overload) -> None:
+        self.bound, self.chosen, self.formula = bound, chosen, bound.formula
+        self.__name__ = bound.__name__
+        self._layouts: dict[int, tuple[tuple[int, Any], ...]] = {}  # per number of arguments placed
+
+    def __call__(self, inputs: list[Any], outputs: list[Any]) -> _T:
+        given = len(inputs)
+        layout = self._layouts.get(given)
+        if layout is None:
+            layout = self._layouts[given] = tuple(self.bound.place(parameter, self.chosen, given)
+                                                  for parameter in self.formula.parameters)
+        return self.bound.apply(layout, inputs, outputs)
+
+
+def at_overload(handle: Any, overload: str) -> Any:
+    """``handle`` for a call that ``overload`` placed (an event's ``overload``; "" when unknown): a handle that
+    reads arguments by name (its ``at_overload``) reads them where that overload has them; any other as it is."""
+    at = getattr(handle, "at_overload", None) if overload else None
+    return handle if at is None else at(overload)
 
 
 @overload
@@ -218,11 +259,11 @@ def _parameters(fn: Callable[..., Any], aliases: Mapping[str, tuple[str, ...]]) 
         elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name not in (RESULT, OUTPUTS):
             parameters.append(_Parameter(p.name, (p.name, *aliases.get(p.name, ())), default))
         else:
-            raise TypeError(f"{fn.__name__}: parameter {p.name!r} must name an argument (a plain parameter) or be "
-                            f"the keyword-only {RESULT!r} or {OUTPUTS!r}")
+            raise InvalidTypeError(f"{fn.__name__}: parameter {p.name!r} must name an argument (a plain parameter) or "
+                                   f"be the keyword-only {RESULT!r} or {OUTPUTS!r}")
     unknown = set(aliases) - {p.name for p in parameters}
     if unknown:
-        raise TypeError(f"{fn.__name__}: aliases for parameters it does not have: {', '.join(sorted(unknown))}")
+        raise InvalidTypeError(f"{fn.__name__}: aliases for parameters it does not have: {', '.join(sorted(unknown))}")
     return tuple(parameters), tuple(wants)
 
 
@@ -286,13 +327,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def out_arguments(op: str, inputs: list[Any]) -> tuple[int, ...]:
+def out_arguments(op: str, inputs: list[Any], overload: str = "") -> tuple[int, ...]:
     """Positions of the arguments that a call of ``op`` placing ``inputs`` writes its results into (the ``out=``
-    tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for."""
+    tensors of an ``.out`` form); empty for any other form, or an operator torch has no schema for. ``overload``,
+    when known, names the overload that placed them; else it is told by their number and types."""
     overloads = _overloads(op, None)
     if not overloads:
         return ()
-    return _overload_for(overloads, inputs).written
+    named = next((o for o in overloads if o.name == overload), None) if overload else None
+    return (named or _overload_for(overloads, inputs)).written
 
 
 def out_arguments_vary(op: str, given: int) -> bool:

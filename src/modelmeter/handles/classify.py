@@ -53,11 +53,19 @@ UNTAGGED_ELEMENTWISE_OPS = frozenset({
     "hardswish", "hardswish_", "prelu", "_prelu_kernel", "log_sigmoid", "log_sigmoid_forward", "glu",
     "floor_divide", "floor_divide_", "rrelu_with_noise", "rrelu_with_noise_", "polar",
     "dequantize",  # (q - zero_point) * scale, per element: a quantized model's way back to floats
+    "quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",  # and its way in
     # backward of element-wise activations
     "hardswish_backward", "hardsigmoid_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward",
     "mish_backward", "softplus_backward", "log_sigmoid_backward", "glu_backward", "_prelu_kernel_backward",
     "rrelu_with_noise_backward", "softshrink_backward", "hardshrink_backward",
 })
+
+# Element-wise operators of quantized tensors (``FloatFunctional``'s adds and products, quantized activations),
+# which torch tags with nothing: by their full names, as the same short names elsewhere may be anything.
+QUANTIZED_ELEMENTWISE_OPS = frozenset(f"quantized::{op}" for op in (
+    *(f"{op}{relu}{out}" for op in ("add", "add_scalar", "mul", "mul_scalar") for relu in ("", "_relu")
+      for out in ("", "_out")),
+    "celu", "clamp", "elu", "leaky_relu", "relu6", "sigmoid"))
 
 
 # Operators that move data into or out of torch, allocate, or read metadata: no computation of their own. A custom
@@ -121,7 +129,7 @@ class Classifier:
     def _elementwise_uncached(self, op: str) -> bool:
         if self.is_free(op):
             return False
-        if _short(op) in UNTAGGED_ELEMENTWISE_OPS:
+        if _short(op) in UNTAGGED_ELEMENTWISE_OPS or op in QUANTIZED_ELEMENTWISE_OPS:
             return True
         pointwise = "pointwise" in self.tags(op)
         if _in_place(op):

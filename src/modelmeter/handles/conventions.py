@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidValueError
 from . import attention, collectives, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
 from .binding import Formula
@@ -79,7 +80,7 @@ def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None,
     if convention is not None:
         _check_convention(convention)
     if "::" not in op:
-        raise ValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r}")
+        raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r}")
     _REGISTERED.setdefault(op, {})[convention] = handle.bind(op) if isinstance(handle, Formula) else handle
 
 
@@ -98,4 +99,4 @@ def has_registered_handles() -> bool:
 
 def _check_convention(name: str) -> None:
     if name not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}; got {name!r}")
+        raise InvalidValueError(f"convention must be one of {', '.join(CONVENTIONS)}; got {name!r}")

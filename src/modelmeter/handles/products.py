@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidValueError
 from .base import CountInside, Handle, get_shape, numel, prod, shape_of
 from .binding import Formula, by_name
 
@@ -73,9 +74,10 @@ def linear_cost(input: Any, bias: Any, *, result: Any) -> tuple[int, int]:
     return numel(result) * shape_of(input)[-1], _output_terms(result, get_shape(bias) is not None)
 
 
-@by_name
+@by_name(self="qa")
 def matmul_cost(self: Any, *, result: Any) -> tuple[int, int]:
-    """``matmul``/``mm``/``bmm``/``mv``/``dot``: every output element is a dot product over ``self.shape[-1]``.
+    """``matmul``/``mm``/``bmm``/``mv``/``dot`` (and ``quantized::matmul(qa, qb, ...)``): every output element is a dot
+    product over ``self.shape[-1]``.
 
     Broadcasting on either side and 1-D operands included.
     """
@@ -145,21 +147,35 @@ def dequantized_mm_cost(self: Any, *, result: Any) -> tuple[int, int]:
 
 @by_name(x="X")
 def quantized_linear_cost(x: Any, *, result: Any) -> tuple[int, int]:
-    """``quantized::linear(X, W_prepack, ...)`` and ``linear_dynamic``: in_features from ``X`` (the weight is packed).
+    """``quantized::linear(X, W_prepack, ...)``, its fused activations and its dynamic forms (int8 and float16
+    weights): in_features from ``X`` (the weight is packed).
 
     Requantisation and bias cost 2 per output element.
     """
     return numel(result) * shape_of(x)[-1], 2 * numel(result)
 
 
-@by_name(weight="packed_weight")
-def quantized_conv_cost(qx: Any, weight: Any, *, result: Any) -> tuple[int, int]:
-    """``quantized::conv{1,2,3}d(qx, weight, ...)``: needs the packed weight described as a tensor.
+def _quantized_conv(transposed: bool) -> Formula[tuple[int, int]]:
+    """The formula of the quantized convolutions, or of the transposed ones."""
 
-    Requantisation and bias cost 2 per output element.
-    """
-    w = shape_of(weight)
-    return conv_macs(_batched(shape_of(qx), w), w, _batched(shape_of(result), w), False), 2 * numel(result)
+    @by_name(weight="packed_weight")
+    def cost(qx: Any, weight: Any, *, result: Any) -> tuple[int, int]:
+        """``quantized::conv{1,2,3}d(qx, weight, ...)``, ``conv2d_add``, the fused ReLUs and ``conv_transpose{1,2,3}d``
+        (counted per input position): needs the packed weight described as a tensor.
+
+        A 1-D convolution's weight is packed as a 2-D one's, with a kernel height of 1 (its input and output have no
+        such dimension). Requantisation and bias cost 2 per output element.
+        """
+        x, w = shape_of(qx), list(shape_of(weight))
+        if len(w) == len(x) + 1 and w[2] == 1:  # a 1-D convolution's (its input always has a batch dimension)
+            del w[2]
+        return conv_macs(_batched(x, w), w, _batched(shape_of(result), w), transposed), 2 * numel(result)
+
+    return cost
+
+
+quantized_conv_cost = _quantized_conv(transposed=False)
+quantized_conv_transpose_cost = _quantized_conv(transposed=True)
 
 
 # --- conventions ----------------------------------------------------------------------------
@@ -195,8 +211,14 @@ COSTS: dict[str, tuple[Formula[tuple[int, int]], str | None]] = {
     "aten::_scaled_grouped_mm": (scaled_grouped_mm_cost, None),
     **{f"aten::{op}": (dequantized_mm_cost, None) for op in (
         "_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu", "_dyn_quant_matmul_4bit")},
-    **{f"quantized::{op}": (quantized_linear_cost, None) for op in ("linear", "linear_relu", "linear_dynamic")},
+    **{f"quantized::{op}": (quantized_linear_cost, None) for op in (
+        "linear", "linear_relu", "linear_leaky_relu", "linear_tanh", "linear_dynamic", "linear_relu_dynamic",
+        "linear_dynamic_fp16", "linear_relu_dynamic_fp16", "linear_with_input_q_dq_qweight_dq_output_fp32",
+        "linear_with_input_q_dq_qweight_dq_relu_output_fp32")},
     **{f"quantized::conv{d}d{relu}": (quantized_conv_cost, "conv") for d in (1, 2, 3) for relu in ("", "_relu")},
+    **{f"quantized::conv2d_add{relu}": (quantized_conv_cost, "conv") for relu in ("", "_relu")},
+    **{f"quantized::conv_transpose{d}d": (quantized_conv_transpose_cost, "conv") for d in (1, 2, 3)},
+    "quantized::matmul": (matmul_cost, None),
 }
 
 
@@ -204,7 +226,7 @@ def handles(convention: str, dense_attention: bool = False) -> dict[str, Handle 
     """The product operators' table under ``convention`` (``dense_attention`` does not apply to products)."""
     wrap = _real_flops if convention == "flops" else _multiply_adds
     if convention not in ("fvcore", "macs", "flops"):
-        raise ValueError(f"unknown convention {convention!r}")
+        raise InvalidValueError(f"unknown convention {convention!r}")
     table: dict[str, Handle | CountInside | None] = {
         op: wrap(cost.bind(op), key) for op, (cost, key) in COSTS.items()}
     table["aten::einsum"] = CountInside("einsum")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.trace import TensorMeta
+from ..errors import InvalidValueError
 
 # Bytes per element of every dtype torch has (``torch.dtype.itemsize``, as recorded by name in a trace; checked
 # against torch in the tests). Sub-byte types (``int4``, ``uint1`` ... ``uint7``, ``bits``) take a byte each, as
@@ -26,7 +27,7 @@ def itemsize(dtype: str) -> int:
     try:
         return ITEMSIZE[dtype]
     except KeyError:
-        raise ValueError(f"the bytes metric does not know the element size of dtype {dtype!r}") from None
+        raise InvalidValueError(f"the bytes metric does not know the element size of dtype {dtype!r}") from None
 
 
 def elements(meta: TensorMeta) -> int:

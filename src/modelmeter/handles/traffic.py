@@ -38,28 +38,44 @@ def kernel_rule(op: str) -> Handle:
     """The generic rule for kernel ``op`` (``"aten::add"``), the fallback of the bytes metric: :func:`kernel_bytes`,
     except that the tensors a call of an ``.out`` form writes into are not read, and that an in-place operator
     that returns nothing (``_foreach_mul_``) writes its first argument."""
-    in_place = op.endswith("_") and not op.endswith("__")
-    # the out arguments, by the number of arguments a call placed; None where that number does not tell (where the
-    # call placed tensors does: out_arguments_vary)
-    out_forms: dict[int, tuple[int, ...] | None] = {}
+    return _KernelRule(op, "")
 
-    def rule(inputs: list[Any], outputs: list[Any]) -> int:
-        given = len(inputs)
-        if given not in out_forms:
-            out_forms[given] = None if out_arguments_vary(op, given) else out_arguments(op, inputs)
-        written = out_forms[given]
+
+class _KernelRule:
+    """:func:`kernel_rule` of one operator, for calls ``overload`` placed ("": told by what they placed)."""
+
+    __doc__ = kernel_rule.__doc__
+
+    def __init__(self, op: str, overload: str) -> None:
+        self.op, self.overload = op, overload
+        self.in_place = op.endswith("_") and not op.endswith("__")
+        # the out arguments, by the number of arguments a call placed; None where that number does not tell (where
+        # the call placed tensors does: out_arguments_vary)
+        self.out_forms: dict[int, tuple[int, ...] | None] = {}
+        self.at: dict[str, _KernelRule] = {}
+
+    def at_overload(self, overload: str) -> _KernelRule:
+        """This rule for the calls ``overload`` placed (binding.at_overload)."""
+        found = self.at.get(overload)
+        if found is None:
+            found = self.at[overload] = _KernelRule(self.op, overload)
+        return found
+
+    def __call__(self, inputs: list[Any], outputs: list[Any]) -> int:
+        given, op = len(inputs), self.op
+        if given not in self.out_forms:
+            varies = out_arguments_vary(op, given) and not self.overload
+            self.out_forms[given] = None if varies else out_arguments(op, inputs, self.overload)
+        written = self.out_forms[given]
         if written is None:
             written = out_arguments(op, inputs)
         if written:
             read = all_bytes([value for i, value in enumerate(inputs) if i not in written])
             return read + all_bytes(outputs)
         total = kernel_bytes(inputs, outputs)
-        if in_place and inputs and not any(isinstance(value, TensorMeta) for value in outputs):
+        if self.in_place and inputs and not any(isinstance(value, TensorMeta) for value in outputs):
             total += all_bytes(inputs[:1])
         return total
-
-    rule.__doc__ = kernel_rule.__doc__
-    return rule
 
 
 # --- families -----------------------------------------------------------------------------------

@@ -6,13 +6,14 @@ which opens local paths, ``file://`` URLs and ``http(s)://`` URLs (downloaded on
 ...     data = f.read()
 """
 
-from .cache_dir import file_lock, get_cache_dir
+from .cache_dir import CacheDirError, file_lock, get_cache_dir
 from .download import DownloadError, HTTPURLHandler
 from .handlers import FileURLHandler, NativePathHandler, PathHandler
 from .lazy_path import LazyPath
 from .manager import PathManager, PathManagerBase
 
 __all__ = [
+    "CacheDirError",
     "DownloadError",
     "FileURLHandler",
     "HTTPURLHandler",

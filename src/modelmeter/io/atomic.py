@@ -6,15 +6,20 @@ Shared by the download cache, the trace cache and the checkpointer.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import hashlib
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Callable
 from typing import IO
 
 __all__ = [
     "atomic_write",
+    "exchange",
     "fsync_dir",
     "hidden_name",
     "is_temp_file",
@@ -93,6 +98,38 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], object]) -> None:
             os.remove(tmp)
         raise
     fsync_dir(os.path.dirname(path))
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_NO_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EPERM, getattr(errno, "ENOTSUP", errno.EINVAL)})
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+    except OSError:
+        return None
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the existing paths ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    False, with nothing changed, where the platform or the file system cannot; then the caller renames in two
+    steps and must cope with a crash between them. Other failures raise ``OSError``.
+    """
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), a, None, b)
 
 
 def remove_stale_temp_files(directory: str) -> None:

@@ -10,11 +10,15 @@ import stat
 import sys
 import tempfile
 import threading
-from contextlib import suppress
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 import filelock
 
-__all__ = ["LOCK_TIMEOUT", "file_lock", "get_cache_dir"]
+from ..errors import ModelMeterError
+
+__all__ = ["LOCK_TIMEOUT", "CacheDirError", "directory_lock", "file_lock", "get_cache_dir"]
 
 logger = logging.getLogger("modelmeter.io")
 
@@ -24,6 +28,11 @@ LOCK_TIMEOUT = 3600.0
 _APP = "modelmeter"
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
+
+
+class CacheDirError(ModelMeterError, OSError):
+    """No cache directory can be written: neither the one chosen (``MODELMETER_CACHE``, the platform's) nor the
+    private fallback. The message names both and why each failed."""
 
 
 def _env(name: str) -> str | None:
@@ -100,7 +109,7 @@ def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
     fallback = os.path.abspath(_fallback_cache_dir())
     fallback_problem = _make_writable_dir(fallback, private=True)
     if fallback_problem is not None:
-        raise OSError(
+        raise CacheDirError(
             f"No writable cache directory: {chosen} ({problem}) and the fallback {fallback} "
             f"({fallback_problem}). Set MODELMETER_CACHE to a writable directory."
         )
@@ -123,3 +132,36 @@ def file_lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT) -> fi
         with suppress(OSError):
             os.makedirs(parent, exist_ok=True)
     return filelock.FileLock(target + ".lock", timeout=timeout)
+
+
+@contextmanager
+def directory_lock(directory: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the directory itself while the block runs; no file is created in it.
+
+    Waits up to ``timeout`` seconds for another holder (``TimeoutError`` after that); the kernel releases the lock
+    when its holder dies. Yields False, without locking, where directories cannot be locked (Windows, file
+    systems that refuse ``flock`` on a directory, such as some NFS mounts).
+    """
+    try:
+        import fcntl
+
+        fd = os.open(os.fspath(directory), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (ImportError, OSError):
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{directory} stayed locked by another process for {timeout:g} s") from None
+                time.sleep(0.02)
+            except OSError:
+                yield False
+                return
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

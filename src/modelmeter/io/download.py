@@ -18,7 +18,7 @@ from typing import IO, Any, ClassVar, TextIO
 
 from tqdm import tqdm
 
-from ..errors import ModelMeterError
+from ..errors import InvalidValueError, ModelMeterError, UnsupportedError
 from .atomic import fsync_dir, owner_gone, owner_tag
 from .cache_dir import file_lock, get_cache_dir
 from .handlers import PathHandler, PathType, check_open_kwargs
@@ -97,7 +97,7 @@ def cache_relpath(url: str) -> str:
     try:
         port = parts.port
     except ValueError as e:
-        raise ValueError(f"Invalid port in URL {redact_url(url)}") from e
+        raise InvalidValueError(f"Invalid port in URL {redact_url(url)}") from e
     host_dir = sanitize_component(f"{host}_{port}" if port else host)
     path = urllib.parse.unquote(parts.path, errors="replace")
     pieces = [p for p in re.split(r"[/\\]", path) if p not in ("", ".", "..")]
@@ -236,7 +236,7 @@ class HTTPURLHandler(PathHandler):
         local = os.path.join(root, cache_relpath(url))
         real_root, real_local = os.path.realpath(root), os.path.realpath(local)
         if os.path.commonpath([real_root, real_local]) != real_root:  # cannot happen; never write outside
-            raise ValueError(f"Cache path {local} for {redact_url(url)} escapes {root}")
+            raise InvalidValueError(f"Cache path {local} for {redact_url(url)} escapes {root}")
         return local
 
     def get_local_path(self, path: PathType, force: bool = False) -> str:
@@ -256,7 +256,8 @@ class HTTPURLHandler(PathHandler):
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open the downloaded copy for reading (``"r"``/``"rb"``); write modes raise ``ValueError``."""
         if any(c in mode for c in "wax+"):
-            raise ValueError(f"HTTPURLHandler: URLs are read-only; cannot open {os.fspath(path)} in mode {mode!r}")
+            raise InvalidValueError(f"HTTPURLHandler: URLs are read-only; cannot open {os.fspath(path)} in mode "
+                                    f"{mode!r}")
         check_open_kwargs(kwargs)
         return open(self.get_local_path(path), mode, **kwargs)
 
@@ -288,16 +289,16 @@ class HTTPURLHandler(PathHandler):
         return False
 
     def ls(self, path: PathType) -> list[str]:
-        raise NotImplementedError(f"HTTPURLHandler cannot list URLs (ls {os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot list URLs (ls {os.fspath(path)})")
 
     def mkdirs(self, path: PathType) -> None:
-        raise NotImplementedError(f"HTTPURLHandler cannot create directories on a web server ({os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot create directories on a web server ({os.fspath(path)})")
 
     def rm(self, path: PathType) -> None:
-        raise NotImplementedError(f"HTTPURLHandler cannot remove URLs ({os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot remove URLs ({os.fspath(path)})")
 
     def copy(self, src_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
-        raise NotImplementedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
 
     def copy_from_local(self, local_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
-        raise NotImplementedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")

@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from typing import IO, Any, ClassVar
 
+from ..errors import InvalidValueError
 from .atomic import atomic_write
 
 __all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType"]
@@ -23,7 +24,7 @@ def check_open_kwargs(kwargs: dict[str, Any]) -> None:
     """Raise ``ValueError`` for keyword arguments the builtin ``open`` does not take."""
     unused = set(kwargs) - _OPEN_KWARGS
     if unused:
-        raise ValueError(f"Unused arguments: {sorted(unused)} (open() takes {sorted(_OPEN_KWARGS)})")
+        raise InvalidValueError(f"Unused arguments: {sorted(unused)} (open() takes {sorted(_OPEN_KWARGS)})")
 
 
 class PathHandler:
@@ -153,9 +154,9 @@ class FileURLHandler(NativePathHandler):
         url = os.fspath(path)
         parts = urllib.parse.urlsplit(url)
         if parts.scheme.lower() != "file":
-            raise ValueError(f"Not a file:// URL: {url}")
+            raise InvalidValueError(f"Not a file:// URL: {url}")
         if parts.netloc not in ("", "localhost"):
             if os.name == "nt":  # file://server/share/x -> \\server\share\x
                 return urllib.request.url2pathname(f"//{parts.netloc}{parts.path}")
-            raise ValueError(f"file:// URL with host {parts.netloc!r} is not supported: {url} (use file:///abs/path)")
+            raise InvalidValueError(f"file:// URL with host {parts.netloc!r} is not supported: {url} (use file:///abs/path)")
         return urllib.request.url2pathname(parts.path)

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..errors import InvalidTypeError
+
 __all__ = ["LazyPath"]
 
 
@@ -32,7 +34,8 @@ class LazyPath(os.PathLike[str]):
                     raw = self._func()
                     computed = os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else raw
                     if not isinstance(computed, str):
-                        raise TypeError(f"LazyPath function must return a str path, got {type(computed).__name__}")
+                        raise InvalidTypeError("LazyPath function must return a str path, got "
+                                               f"{type(computed).__name__}")
                     self._value = computed
                 value = self._value
         return value

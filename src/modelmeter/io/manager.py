@@ -7,6 +7,7 @@ import os
 import threading
 from typing import IO, Any
 
+from ..errors import InvalidTypeError, InvalidValueError
 from .download import HTTPURLHandler
 from .handlers import FileURLHandler, NativePathHandler, PathHandler, PathType
 
@@ -31,12 +32,12 @@ class PathManagerBase:
         A prefix already registered is taken over if ``allow_override`` (logged), else ``ValueError``.
         """
         if not isinstance(handler, PathHandler):
-            raise TypeError(f"register_handler needs a PathHandler, got {type(handler).__name__}")
+            raise InvalidTypeError(f"register_handler needs a PathHandler, got {type(handler).__name__}")
         prefixes = handler.supported_prefixes()
         with self._lock:
             taken = [p for p in prefixes if p in self._handlers]
             if taken and not allow_override:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Prefixes {taken} are already served by "
                     f"{sorted({type(self._handlers[p]).__name__ for p in taken})}; pass allow_override=True"
                 )

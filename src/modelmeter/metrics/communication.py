@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.trace import GroupMeta, Trace
+from ..errors import InvalidValueError
 from ..handles.collectives import BOOKKEEPING_OPS, collectives, group_of, rank_bytes
 from .counting import Ancestors
 
@@ -135,7 +136,7 @@ def communication(trace: Trace) -> Communication:
             continue
         group = group_of(event.inputs)
         if group is None:
-            raise ValueError(f"event {index} ({event.op}) names no process group the recorder could describe")
+            raise InvalidValueError(f"event {index} ({event.op}) names no process group the recorder could describe")
         payload = entry.payload(event.inputs, event.outputs)
         sent, received = rank_bytes(entry.kind, payload, group.size)
         scope = trace.scopes[event.scope]

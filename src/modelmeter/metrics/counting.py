@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
+from ..errors import InvalidValueError
 from ..handles.base import CountInside, Handle, backward_key
+from ..handles.binding import at_overload
 from ..handles.classify import BRIDGE_OPS, Classifier
 from ..handles.fvcore import CONVOLUTION_CALLS, PYTHON_OP, fvcore_alias
 
@@ -134,6 +136,7 @@ class _Visitor:
         self.kinds: dict[str, int] = {}
         self.results: dict[tuple[Any, ...], tuple[list[Any], str]] = {}  # see :meth:`counted`
         self.ours: dict[int, bool] = {}  # _ours(handle), per handle (by identity)
+        self.overloaded: dict[tuple[int, str], Handle] = {}  # see :meth:`at_overload`
 
     def lookup(self, op: str, mode: int) -> tuple[Any, bool]:
         """The handle of ``op`` in ``mode``, and whether it is a user handle."""
@@ -206,6 +209,8 @@ class _Visitor:
                 handle = self.elementwise
                 if handle is None or _integer_only(event.outputs):
                     return
+        if inputs is event.inputs:  # (not an alias's: those its parent placed)
+            handle = self.at_overload(handle, event.overload)
         if from_user:  # (the user's code, with arguments an alias may have made: called every time)
             self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
                            into)
@@ -235,6 +240,16 @@ class _Visitor:
             found = self.results[memo_key] = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
         return found
 
+    def at_overload(self, handle: Handle, overload: str) -> Handle:
+        """``handle`` for a call that ``overload`` placed (:func:`binding.at_overload`), remembered for this pass."""
+        if not overload:
+            return handle
+        memo_key = (id(handle), overload)  # (the tables hold every handle while the pass runs)
+        found = self.overloaded.get(memo_key)
+        if found is None:
+            found = self.overloaded[memo_key] = at_overload(handle, overload)
+        return found
+
     def kind(self, op: str) -> int:
         """Whether operator ``op`` (without a handle) is free, element-wise or neither (remembered)."""
         found = self.kinds.get(op)
@@ -259,7 +274,9 @@ class _Visitor:
         if event.origin not in self.covered:  # a formula of its own: counted once
             self.covered.add(event.origin)
             self.tally.add(index, event, self.ancestors(event.scope),
-                           _as_items(origin.op, whole(origin.inputs, origin.outputs)), into, whole_backward=True)
+                           _as_items(origin.op, self.at_overload(whole, origin.overload)(origin.inputs,
+                                                                                           origin.outputs)),
+                           into, whole_backward=True)
         return True
 
     def look_into(self, index: int, caller: int, into: Counter[str] | None, mode: int) -> None:
@@ -395,11 +412,12 @@ class _Tally:
 
 
 def _integer_only(outputs: list[Any]) -> bool:
-    """True when every output is an integer or boolean tensor (index and mask arithmetic is free)."""
+    """True when every output is an integer or boolean tensor (index and mask arithmetic is free); a quantized one
+    (``quint8``, ``qint8``...) stands for real numbers, so an operator making it is not free."""
     found = False
     for value in outputs:
         if isinstance(value, TensorMeta):
-            if value.is_floating_point:
+            if value.is_floating_point or value.dtype.startswith(("qint", "quint")):
                 return False
             found = True
     return found
@@ -430,8 +448,8 @@ def _check_number(op: str, value: Any) -> None:
         return
     itemsize = getattr(getattr(value, "dtype", None), "itemsize", 8)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or itemsize < 8:
-        raise ValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
-                         "must return an int or float (64-bit), or a Counter of them")
+        raise InvalidValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
+                                "must return an int or float (64-bit), or a Counter of them")
 
 
 class Ancestors:

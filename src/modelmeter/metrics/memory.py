@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from ..engine.trace import Storage, TensorMeta, Trace
+from ..errors import InvalidTypeError, InvalidValueError
 from ..handles.sizes import itemsize
 from .counting import Ancestors, Statistics
 
@@ -58,12 +59,12 @@ class OptimizerSpec:
         for name in ("states", "scalars", "temporaries", "carried", "foreach_temporaries", "overhead"):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
-                raise ValueError(f"OptimizerSpec {name} must be a whole number >= 0, got {value!r}")
+                raise InvalidValueError(f"OptimizerSpec {name} must be a whole number >= 0, got {value!r}")
         for name in ("foreach", "master_weights"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"OptimizerSpec {name} must be True or False, got {getattr(self, name)!r}")
+                raise InvalidTypeError(f"OptimizerSpec {name} must be True or False, got {getattr(self, name)!r}")
         if type(self.shards) is not int or self.shards < 1:
-            raise ValueError(f"shards must be a whole number of ranks, at least 1; got {self.shards!r}")
+            raise InvalidValueError(f"shards must be a whole number of ranks, at least 1; got {self.shards!r}")
 
 
 # torch.optim's SGD and Adam(W) in their default settings (no weight decay for Adam, no amsgrad, no nesterov),
@@ -92,14 +93,14 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
     else:
         key = str(name).lower()
         if key not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (or an OptimizerSpec); "
-                             f"got {name!r}")
+            raise InvalidValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (or an OptimizerSpec); "
+                                    f"got {name!r}")
         spec = OPTIMIZERS[key]
     if state_dtype is not None:
         state_dtype = str(state_dtype).removeprefix("torch.")
         if state_dtype not in STATE_DTYPES:
-            raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (8-bit types for 8-bit optimizer "
-                             f"states); got {state_dtype!r}")
+            raise InvalidValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (8-bit types for 8-bit "
+                                    f"optimizer states); got {state_dtype!r}")
     return replace(spec, foreach=spec.foreach if foreach is None else foreach,
                    state_dtype=state_dtype or spec.state_dtype,
                    master_weights=spec.master_weights if master_weights is None else master_weights,

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..engine.gc_pause import no_gc
 from ..engine.trace import Storage
+from ..errors import InvalidValueError
 from .memory import OPTIMIZER_PHASE, MemoryModel, OptimizerSpec, Point, dispatched, optimizer_bytes, step_point
 
 __all__ = ["TIMELINE_KINDS", "TIMELINE_POINTS", "memory_timeline"]
@@ -41,7 +42,7 @@ def memory_timeline(model: MemoryModel, spec: OptimizerSpec | None = None,
     run without operators.
     """
     if max_points < 1:
-        raise ValueError(f"max_points must be at least 1, got {max_points}")
+        raise InvalidValueError(f"max_points must be at least 1, got {max_points}")
     with no_gc():  # a list per event and a record per storage: in a large heap, collections would cost the most
         return _timeline(model, spec, max_points)
 

@@ -20,6 +20,7 @@ from typing import Any
 from ..devices import Device, DeviceError
 from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
+from ..errors import InvalidTypeError, InvalidValueError
 from ..handles import attention, products
 from ..handles.base import CountInside, backward_key
 from ..handles.classify import Classifier
@@ -57,18 +58,19 @@ class RooflineSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, Device):
-            raise TypeError(f"device must be a modelmeter.devices.Device (e.g. get_device('h100')), got "
-                            f"{type(self.device).__name__}")
+            raise InvalidTypeError(f"device must be a modelmeter.devices.Device (e.g. get_device('h100')), got "
+                                   f"{type(self.device).__name__}")
         if not _real(self.efficiency) or not 0 < self.efficiency <= 1:
-            raise ValueError(f"efficiency must be a number in (0, 1] (the fraction of the peak reached), "
-                             f"got {self.efficiency!r}")
+            raise InvalidValueError(f"efficiency must be a number in (0, 1] (the fraction of the peak reached), "
+                                    f"got {self.efficiency!r}")
         if not _real(self.launch_overhead) or not 0 <= self.launch_overhead < math.inf:
-            raise ValueError(f"launch_overhead must be a finite number of seconds >= 0, got {self.launch_overhead!r}")
+            raise InvalidValueError("launch_overhead must be a finite number of seconds >= 0, got "
+                                    f"{self.launch_overhead!r}")
         if not isinstance(self.tf32, bool):
-            raise TypeError(f"tf32 must be True or False, got {self.tf32!r}")
+            raise InvalidTypeError(f"tf32 must be True or False, got {self.tf32!r}")
         if self.measured_time is not None and (not _real(self.measured_time)
                                                or not 0 < self.measured_time < math.inf):
-            raise ValueError(f"measured_time must be a finite number of seconds > 0, got {self.measured_time!r}")
+            raise InvalidValueError(f"measured_time must be a finite number of seconds > 0, got {self.measured_time!r}")
 
 
 def _real(value: Any) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..devices import Device, get_device
 from ..engine.trace import Trace
-from ..errors import ModelMeterError
+from ..errors import InvalidValueError, ModelMeterError
 from ..handles.conventions import get_convention
 from ..handles.sizes import itemsize
 from ..metrics.counting import Unit, count
@@ -222,9 +222,9 @@ def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = 
     """
     schedule.check_counts(pp, micro_batches)
     if not trace.backward:
-        raise ValueError("stage_costs needs the trace of a training step: record it with backward=True")
+        raise InvalidValueError("stage_costs needs the trace of a training step: record it with backward=True")
     if sum(option is not None for option in (times, device, flops_per_second)) > 1:
-        raise ValueError("pass one of times, device and flops_per_second, not several")
+        raise InvalidValueError("pass one of times, device and flops_per_second, not several")
     cut = _cut(trace, pp, layout)
     stages = _stages(trace, cut, convention)
     if device is not None:
@@ -235,9 +235,9 @@ def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = 
     transfer = None
     if bandwidth is not None:
         if unit != "s":
-            raise ValueError("bandwidth needs times in seconds: pass times, device or flops_per_second with it")
+            raise InvalidValueError("bandwidth needs times in seconds: pass times, device or flops_per_second with it")
         if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
-            raise ValueError(f"bandwidth must be a number of bytes per second > 0, got {bandwidth!r}")
+            raise InvalidValueError(f"bandwidth must be a number of bytes per second > 0, got {bandwidth!r}")
         transfer = [max(stage.activation_out, stages[s + 1].gradient_out) / bandwidth
                     for s, stage in enumerate(stages[:-1])]
     timeline = schedule.simulate(forward, backward, micro_batches, transfer=transfer)
@@ -464,14 +464,14 @@ def _stage_times(stages: list[Stage], flops_per_second: float | None,
     if times is not None:
         pairs = [tuple(pair) for pair in times]
         if len(pairs) != len(stages) or any(len(pair) != 2 for pair in pairs):
-            raise ValueError(f"times must give (forward, backward) seconds for each of the {len(stages)} stages, "
-                             f"got {times!r}")
+            raise InvalidValueError(f"times must give (forward, backward) seconds for each of the {len(stages)} "
+                                    f"stages, got {times!r}")
         return [pair[0] for pair in pairs], [pair[1] for pair in pairs], "s"
     rate, unit = 1.0, "flop"
     if flops_per_second is not None:
         if isinstance(flops_per_second, bool) or not isinstance(flops_per_second, (int, float)) \
                 or not flops_per_second > 0:
-            raise ValueError(f"flops_per_second must be a number > 0, got {flops_per_second!r}")
+            raise InvalidValueError(f"flops_per_second must be a number > 0, got {flops_per_second!r}")
         rate, unit = float(flops_per_second), "s"
     return ([stage.forward_flops / rate for stage in stages],
             [(stage.backward_flops + stage.recompute_flops) / rate for stage in stages], unit)

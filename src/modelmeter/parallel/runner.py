@@ -25,7 +25,7 @@ from ..engine.naming import ModuleNames
 from ..engine.spec import RunSpec
 from ..engine.trace import ModuleInfo, Trace
 from ..engine.tracer import fake_like, record_trace
-from ..errors import ParallelPlanError
+from ..errors import InvalidValueError, ParallelPlanError
 from .apply import materialize, meta_copy, parallelize
 from .mesh import group_names, simulated_mesh
 from .plan import ParallelPlan
@@ -36,7 +36,7 @@ def record_parallel(spec: RunSpec) -> Trace:
     is only read (a copy runs), and torch's distributed state is as before, also when the run raises."""
     plan = spec.parallel
     if plan is None:
-        raise ValueError("record_parallel needs a spec with a parallel plan")
+        raise InvalidValueError("record_parallel needs a spec with a parallel plan")
     if spec.execution == "real":
         raise ParallelPlanError("execution='real' cannot run a parallel plan: its ranks are simulated on "
                                 "FakeTensors (use execution='auto' or 'fake')")

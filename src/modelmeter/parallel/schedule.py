@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..errors import InvalidValueError
+
 Kind = Literal["F", "B"]
 FORWARD: Kind = "F"
 BACKWARD: Kind = "B"
@@ -64,14 +66,14 @@ def check_counts(stages: object, micro_batches: object) -> None:
     """A ValueError naming the argument unless both are integers >= 1."""
     for name, value in (("pp", stages), ("micro_batches", micro_batches)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            raise InvalidValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def one_f_one_b(stages: int, micro_batches: int, stage: int) -> list[Action]:
     """The actions of ``stage`` (0-based) of ``stages`` in 1F1B order, for ``micro_batches`` micro-batches."""
     check_counts(stages, micro_batches)
     if not 0 <= stage < stages:
-        raise ValueError(f"stage must be in [0, {stages}), got {stage!r}")
+        raise InvalidValueError(f"stage must be in [0, {stages}), got {stage!r}")
     warmup = min(stages - stage - 1, micro_batches)
     order = [Action(FORWARD, i) for i in range(warmup)]
     for i in range(micro_batches - warmup):
@@ -148,8 +150,8 @@ def _ready(done: dict[tuple[int, Action], float], stage: int, action: Action, st
 
 def _check_times(name: str, times: Sequence[float], length: int) -> None:
     if len(times) != length:
-        raise ValueError(f"{name} must have {length} times (one per stage{' boundary' if name == 'transfer' else ''}),"
-                         f" got {len(times)}")
+        per = "stage boundary" if name == "transfer" else "stage"
+        raise InvalidValueError(f"{name} must have {length} times (one per {per}), got {len(times)}")
     for value in times:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-            raise ValueError(f"{name} times must be finite numbers >= 0, got {value!r}")
+            raise InvalidValueError(f"{name} times must be finite numbers >= 0, got {value!r}")

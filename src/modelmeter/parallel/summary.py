@@ -19,6 +19,7 @@ from typing import Any
 
 from ..devices.interconnect import Interconnect, get_interconnect
 from ..engine.trace import Trace
+from ..errors import InvalidValueError
 from ..handles.conventions import get_convention
 from ..metrics.communication import CollectiveCall, Communication, communication
 from ..metrics.counting import count
@@ -134,7 +135,7 @@ def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, 
     """
     parallel = trace.parallel
     if not isinstance(parallel, dict):
-        raise ValueError("rank_costs needs the trace of a parallel run: analyse with parallel=")
+        raise InvalidValueError("rank_costs needs the trace of a parallel run: analyse with parallel=")
     links = None
     if time is not None:
         links = interconnect if interconnect is not None else get_interconnect(time.device)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..errors import InvalidValueError
 from .format import Align, format_bytes, format_time, printable
 from .fvcore_tables import format_size
 from .result import BYTE_METRICS, MEMORY_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
@@ -96,8 +97,8 @@ def chosen_keys(result: Result, columns: Sequence[str], shapes: bool) -> list[st
         return available
     unknown = [key for key in columns if key not in available]
     if unknown:
-        raise ValueError(f"no column {', '.join(map(repr, unknown))} in this result; its columns: "
-                         f"{', '.join(available)} (or all)")
+        raise InvalidValueError(f"no column {', '.join(map(repr, unknown))} in this result; its columns: "
+                                f"{', '.join(available)} (or all)")
     return list(dict.fromkeys(columns))
 
 

@@ -10,6 +10,8 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Literal
 
+from ..errors import InvalidValueError
+
 Align = Literal["left", "right"]
 
 
@@ -59,11 +61,11 @@ def parse_duration(text: str) -> float:
     anything else (a negative, infinite or NaN duration included)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(e-?\d+)?\s*(s|ms|us|µs|ns)?\s*", text.strip().lower())
     if match is None:
-        raise ValueError(f"not a duration: {text!r} (e.g. 5ms, 120us, 0.25s, 0.25)")
+        raise InvalidValueError(f"not a duration: {text!r} (e.g. 5ms, 120us, 0.25s, 0.25)")
     number, exponent, unit = match.groups()
     value = float(number + (exponent or "")) * _DURATION_UNITS[unit or ""]
     if not math.isfinite(value):
-        raise ValueError(f"out of range: {text!r}")
+        raise InvalidValueError(f"out of range: {text!r}")
     return value
 
 

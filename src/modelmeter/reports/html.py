@@ -12,7 +12,6 @@ one with the memory analysis the step's memory timeline and the operator mix (:m
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 import re
@@ -21,8 +20,9 @@ from typing import Any
 
 from .. import _version
 from ..io.atomic import atomic_write
-from . import html_memory, html_parallel
+from . import html_memory, html_parallel, jsontext
 from .columns import shapes_cell
+from .format import printable
 from .fvcore_tables import format_size
 from .render import convention_note, memory_note
 from .result import BYTE_METRICS, NOT_ADDITIVE, RATIO_METRICS, TIME_METRICS, Result
@@ -37,17 +37,18 @@ assert set(_RATIO_UNITS) == RATIO_METRICS
 def _input_text(spec: dict[str, Any]) -> str:
     """``"1x3x64x64 float32"`` for a tensor input, its JSON otherwise."""
     if "shape" in spec:
-        return "x".join(str(d) for d in spec["shape"]) + f" {spec.get('dtype', '')}".rstrip()
-    return json.dumps(spec, default=str)
+        dtype = spec.get("dtype")
+        return "x".join(str(d) for d in spec["shape"]) + (f" {dtype}" if dtype else "")
+    return jsontext.dumps(spec, default=str)
 
 
-def _values(result: Result, name: str) -> dict[str, float]:
-    """``{"params": ..., metric: ...}`` of module ``name`` in ``result``; a module it lacks counts 0."""
-    try:
-        row = result.row(name)
-    except KeyError:
-        return {}
-    return {"params": row.params, **row.metrics}
+def _values_by_name(result: Result) -> dict[str, dict[str, float]]:
+    """``{module name: {"params": ..., metric: ...}}`` of ``result``, built once: a lookup per module would make a
+    comparison of two large models quadratic."""
+    values: dict[str, dict[str, float]] = {}
+    for row in result.modules:
+        values.setdefault(row.name, {"params": row.params, **row.metrics})  # as Result.row, the first of a name
+    return values
 
 
 def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float | None]]:
@@ -56,12 +57,11 @@ def module_deltas(result: Result, compare: Result) -> dict[str, dict[str, float 
     A module only one side has counts 0 on the other; a metric ``compare`` did not measure gives ``None``.
     """
     keys = ["params", *result.metrics]
-    names = [row.name for row in result.modules]
-    names += [row.name for row in compare.modules if row.name not in set(names)]
+    now, before = _values_by_name(result), _values_by_name(compare)
     deltas = {}
-    for name in names:
-        now, before = _values(result, name), _values(compare, name)
-        deltas[name] = {key: (now.get(key, 0) - before.get(key, 0)
+    for name in {**now, **before}:  # result's modules in its order, then those only compare has
+        mine, theirs = now.get(name, {}), before.get(name, {})
+        deltas[name] = {key: (mine.get(key, 0) - theirs.get(key, 0)
                               if key == "params" or key in compare.metrics else None) for key in keys}
     return deltas
 
@@ -114,7 +114,9 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     output shapes as the table prints them. Only a result with roofline metrics has ``units`` (``{metric: "time",
     "intensity" or "share"}``) and ``roofline`` (:func:`roofline_chart`), and only a result with the memory
     analysis has ``operator_mix`` and, when it holds a timeline, ``memory_timeline``
-    (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were.
+    (:mod:`~modelmeter.reports.html_memory`), so other pages stay as they were. ``exact`` (only when some integer
+    of the data is 2**53 or beyond, which the page's JSON.parse would round) maps the double each became, in digits,
+    to the integer's digits (None where two became one double), so the page shows every digit.
     """
     rows: list[list[Any]] = [
         [row.name, row.type, row.called, row.params, *(row.metrics.get(m, 0) for m in result.metrics)]
@@ -163,7 +165,33 @@ def html_data(result: Result, compare: Result | None = None, torch_version: str 
     shapes = {row.name: shapes_cell(row) for row in result.modules if row.output_shapes}
     if shapes:
         data["shapes"] = [shapes.get(row[0], "-") for row in rows]
+    exact = _unsafe_integers(data)
+    if exact:
+        data["exact"] = exact
     return data
+
+
+# Number.MAX_SAFE_INTEGER: JavaScript's numbers hold every integer up to it; from 2**53 on a double stands for
+# several integers (JSON.parse reads 2**53 + 1 as 2**53), so the page needs the digits of every larger one
+_SAFE = 2**53 - 1
+
+
+def _unsafe_integers(data: Any) -> dict[str, str | None]:
+    """``{the double an integer from 2**53 on becomes, in digits: the integer's digits}`` for every such integer in
+    ``data``, so that the page shows the result's exact values (``None`` where two integers become one double)."""
+    found: dict[str, str | None] = {}
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        kind = type(value)  # the data is plain JSON: exact types, looked at once (it is walked per page)
+        if kind is dict:
+            stack.extend(value.values())
+        elif kind is list or kind is tuple:
+            stack.extend(value)
+        elif kind is int and not -_SAFE <= value <= _SAFE:
+            rounded, digits = str(int(float(value))), str(value)
+            found[rounded] = digits if found.get(rounded, digits) == digits else None
+    return found
 
 
 # the roofline chart ----------------------------------------------------------------------------
@@ -262,7 +290,7 @@ def roofline_chart(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _json_for_script(data: dict[str, Any]) -> str:
     """JSON that cannot end its ``<script>`` element early: ``<``, ``>`` and ``&`` become ``\\u`` escapes."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    text = jsontext.dumps(data, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -281,7 +309,7 @@ def render_html(result: Result, *, compare: Result | None = None, torch_version:
     parallel = result.parallel  # a parallel plan's ranks: a section of static markup
     # the memory bars of the ranks take the timeline's colours
     style = _STYLE + (html_memory.STYLE if memory or parallel else "") + (html_parallel.STYLE if parallel else "")
-    parts = {"TITLE": html.escape(title), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
+    parts = {"TITLE": html.escape(printable(title)), "ROOFLINE": _ROOFLINE_SECTION if result.roofline else "",
              "MEMORY": html_memory.sections(data), "STYLE": style,
              "PARALLEL": html_parallel.parallel_section(parallel) if parallel else "",
              "SCRIPT": _SCRIPT + (html_memory.SCRIPT if memory else ""), "DATA": _json_for_script(data)}
@@ -376,11 +404,25 @@ code { background: #f4f4f4; padding: 0 3px; }
 _SCRIPT = r"""
 "use strict";
 const D = JSON.parse(document.getElementById("data").textContent);
+// A name from the model as the text reports print it (reports.format.printable): each character that is not
+// printable (a newline, a control character, a bidi override, a lone surrogate) written as its escape, so that no
+// name can start a line of its own, reverse the numbers after it or hide in the page. The data keeps it exact.
+const ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"};
+function shown(text) {
+  return String(text).replace(/(?! )[\p{C}\p{Z}]/gu, c => {
+    if (ESCAPES[c]) return ESCAPES[c];
+    const code = c.codePointAt(0);
+    if (code < 0x100) return "\\x" + code.toString(16).padStart(2, "0");
+    if (code < 0x10000) return "\\u" + code.toString(16).padStart(4, "0");
+    return "\\U" + code.toString(16).padStart(8, "0");
+  });
+}
 const KEYS = ["params"].concat(D.metrics);
 const C = D.compare;
 const byName = new Map();
 const mods = D.modules.map((r, i) => {
-  const m = {i, name: r[0], type: r[1], called: r[2], v: {}, d: {}, status: C ? C.status[i] : "", kids: []};
+  const m = {i, name: r[0], type: r[1], called: r[2], v: {}, d: {}, status: C ? C.status[i] : "", kids: [],
+             shownType: shown(r[1])};
   KEYS.forEach((k, j) => { m.v[k] = r[3 + j]; m.d[k] = C ? C.deltas[i][j] : null; });
   m.depth = m.name === "" ? 0 : m.name.split(".").length;
   byName.set(m.name, m);
@@ -409,13 +451,26 @@ function svgEl(tag, attrs) {
   return e;
 }
 const UNITS = [[1e14, 1e15, "P"], [1e11, 1e12, "T"], [1e8, 1e9, "G"], [1e5, 1e6, "M"], [1e2, 1e3, "K"]];
-function fixed(v) { const t = v.toFixed(3); return t.includes(".") ? t.replace(/0+$/, "").replace(/\.$/, "") : t; }
+function fixed(v) {  // three decimals, trailing zeros stripped; a value too small for them is not shown as 0
+  const t = v.toFixed(3), shortened = t.includes(".") ? t.replace(/0+$/, "").replace(/\.$/, "") : t;
+  if (v !== 0 && Number(shortened) === 0) return v > 0 ? "<0.001" : ">-0.001";
+  return shortened;
+}
 function size(x) {
   for (const [threshold, scale, suffix] of UNITS) if (Math.abs(x) > threshold) return fixed(x / scale) + suffix;
   return fixed(x);
 }
-function exact(x) {
-  return Number.isInteger(x) ? x.toLocaleString("en-US") : x.toLocaleString("en-US", {maximumFractionDigits: 6});
+const EXACT = D.exact || {};  // the digits of the integers from 2**53 on (JSON.parse rounds them), by their double
+function exact(x) {  // every digit of a value: an integer grouped in thousands, a fraction as its shortest exact form
+  if (Number.isInteger(x)) {
+    if (Number.isSafeInteger(x)) return x.toLocaleString("en-US");
+    const digits = EXACT[BigInt(x).toString()];  // null: two integers of the page became this double
+    return digits ? BigInt(digits).toLocaleString("en-US") : "≈" + x.toLocaleString("en-US");
+  }
+  const text = String(x);
+  if (text.includes("e")) return text;
+  const [whole, fraction] = text.split(".");
+  return Number(whole).toLocaleString("en-US") + "." + fraction;
 }
 function signed(x, f) { return (x > 0 ? "+" : "") + f(x); }
 const BYTES = new Set(D.byte_metrics);
@@ -451,19 +506,20 @@ function full(k, x) {
   return exact(x);
 }
 function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
-function label(m) { return m.name === "" ? D.model : m.name; }
+const MODEL = shown(D.model), OTHER = C ? shown(C.model) : "";
+function label(m) { return m.name === "" ? MODEL : shown(m.name); }
 
 // header and notes -------------------------------------------------------------------------------
 (function header() {
   const h = document.getElementById("header");
-  h.append(el("h1", {}, D.model));
+  h.append(el("h1", {}, MODEL));
   const dl = el("dl");
   const rows = [["inputs", D.inputs.join(", ") || "none"], ["convention", D.convention], ["execution", D.execution],
                 ["versions", "modelmeter " + D.version + ", torch " + D.torch]];
   if (D.memory) rows.push(["memory", D.memory]);
-  if (C) rows.push(["compared with", C.model + " (" + (C.inputs.join(", ") || "no inputs") +
+  if (C) rows.push(["compared with", OTHER + " (" + (C.inputs.join(", ") || "no inputs") +
                     "): differences are this run's value minus that run's"]);
-  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, shown(v)));  // names of the model, of a file
   h.append(dl);
   const notes = document.getElementById("notes");
   if (D.unsupported.length) {
@@ -471,7 +527,7 @@ function label(m) { return m.name === "" ? D.model : m.name; }
     const ul = el("ul", {id: "unsupported"});
     for (const [op, n] of D.unsupported) {
       const li = el("li");
-      li.append(el("code", {}, op), document.createTextNode(" " + n + " call" + (n === 1 ? "" : "s")));
+      li.append(el("code", {}, shown(op)), document.createTextNode(" " + n + " call" + (n === 1 ? "" : "s")));
       ul.append(li);
     }
     notes.append(ul);
@@ -479,7 +535,7 @@ function label(m) { return m.name === "" ? D.model : m.name; }
   if (D.assumptions.length) {
     notes.append(el("h3", {}, "Assumptions of the run"));
     const ul = el("ul", {id: "assumptions"});
-    for (const a of D.assumptions) ul.append(el("li", {}, a));
+    for (const a of D.assumptions) ul.append(el("li", {}, shown(a)));
     notes.append(ul);
   } else notes.append(el("p", {id: "assumptions"}, "The run made no assumptions."));
 })();
@@ -517,8 +573,8 @@ function draw() {
     const rect = svgEl("rect", {x, y: level * ROW, width: w, height: ROW - 1, fill: colour(m, metric)});
     rect.dataset.module = m.name;
     chart.append(rect);
-    const last = m.name.slice(m.name.lastIndexOf(".") + 1);
-    const name = level === 0 ? label(m) : /^\d+$/.test(last) ? last + ": " + m.type : last;
+    const last = shown(m.name.slice(m.name.lastIndexOf(".") + 1));
+    const name = level === 0 ? label(m) : /^\d+$/.test(last) ? last + ": " + m.shownType : last;
     const text = name + " " + short(metric, m.v[metric]);
     if (w > 30) {
       const t = svgEl("text", {x: x + 4, y: level * ROW + 17});
@@ -540,13 +596,13 @@ function draw() {
   for (let m = focus; m; m = m.parent) path.unshift(m);
   path.forEach((m, i) => {
     if (i) bc.append(el("span", {}, " › "));
-    const b = el("button", {type: "button"}, m === root ? D.model : m.name.slice(m.name.lastIndexOf(".") + 1));
+    const b = el("button", {type: "button"}, m === root ? MODEL : shown(m.name.slice(m.name.lastIndexOf(".") + 1)));
     b.addEventListener("click", () => { focus = m; draw(); });
     bc.append(b);
   });
   document.getElementById("legend").textContent = C
     ? "Width: " + metric + " of this run. Colour: red grew, green shrank, grey unchanged, compared with " +
-      C.model + "."
+      OTHER + "."
     : "Width: " + metric + " (a module's children share its width; the rest is its own work). Click to zoom in, " +
       "click the top bar or the path above to zoom out.";
 }
@@ -555,14 +611,14 @@ function describe(m, metric) {
   const total = root.v[metric];
   const v = m.v[metric];
   const value = BYTES.has(metric) || UNIT[metric] === "time" ? full(metric, v) + " = " + short(metric, v) : exact(v);
-  const lines = [label(m) + "  (" + m.type + ")", metric + ": " + value + "  (" + pct(m.v[metric], total) +
+  const lines = [label(m) + "  (" + m.shownType + ")", metric + ": " + value + "  (" + pct(m.v[metric], total) +
                  " of total)"];
   if (!m.called) lines.push("not called as a module: N/A");
   if (C) {
     const d = m.d[metric], before = m.v[metric] - d;
-    const rel = m.status === "+" ? "new: not in " + C.model
-      : before ? pct(d, before) + " of " + C.model + "'s" : C.model + " had 0";
-    lines.push(d === null ? "difference: not measured in " + C.model
+    const rel = m.status === "+" ? "new: not in " + OTHER
+      : before ? pct(d, before) + " of " + OTHER + "'s" : OTHER + " had 0";
+    lines.push(d === null ? "difference: not measured in " + OTHER
       : "difference: " + signed(d, x => full(metric, x)) + "  (" + rel + ")");
   }
   return lines.join("\n");
@@ -641,16 +697,16 @@ function table(id, columns, rows) {
   KEYS.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
   if (D.shapes) cols.push(["output shapes", "text"]);
   const rows = mods.map(m => {
-    const nameCell = el("td", {title: m.name}, label(m));
+    const nameCell = el("td", {title: shown(m.name)}, label(m));
     nameCell.style.paddingLeft = (8 + 12 * m.depth) + "px";
-    if (m.status) nameCell.append(el("span", {class: "badge"}, m.status === "+" ? "new" : "only in " + C.model));
-    const key = [m.name, m.type], cells = [nameCell, el("td", {}, m.type)];
+    if (m.status) nameCell.append(el("span", {class: "badge"}, m.status === "+" ? "new" : "only in " + OTHER));
+    const key = [m.name, m.type], cells = [nameCell, el("td", {}, m.shownType)];
     KEYS.forEach(k => {
       const v = k === "params" || m.called ? m.v[k] : null;
       key.push(v); cells.push(cell(v, "value", k));
       if (C) { key.push(m.d[k]); cells.push(cell(m.d[k], "delta", k)); }
     });
-    if (D.shapes) { key.push(D.shapes[m.i]); cells.push(el("td", {}, D.shapes[m.i])); }
+    if (D.shapes) { key.push(D.shapes[m.i]); cells.push(el("td", {}, shown(D.shapes[m.i]))); }
     return {key, cells};
   });
   table("modules", cols, rows);
@@ -660,7 +716,7 @@ function table(id, columns, rows) {
   const cols = [["operator", "text"]];
   D.operator_metrics.forEach(k => { cols.push([k, "value"]); if (C) cols.push(["Δ" + k, "delta"]); });
   const rows = D.operators.map(([op, values, deltas]) => {
-    const key = [op], cells = [el("td", {}, op)];
+    const key = [op], cells = [el("td", {}, shown(op))];
     values.forEach((v, j) => {
       const k = D.operator_metrics[j];
       key.push(v); cells.push(cell(v, "value", k));
@@ -676,7 +732,7 @@ function table(id, columns, rows) {
   const R = D.roofline;
   if (!R) return;
   const S = R.summary, dev = S.device, svg = document.getElementById("roofline-chart");
-  document.getElementById("roofline-title").textContent = R.title;
+  document.getElementById("roofline-title").textContent = shown(R.title);
   const phases = Object.entries(S.time).filter(([k]) => k !== "total").map(([k, v]) => k + " " + seconds(v));
   const rows = [
     ["device", dev.label + ": " + size(dev.peak) + "FLOP/s " + (S.dtype ? S.dtype + " " : "") + "matrix, " +
@@ -698,7 +754,7 @@ function table(id, columns, rows) {
   if (set.launch_overhead) rows.push(["launch overhead", seconds(set.launch_overhead) + " a kernel"]);
   if (set.tf32) rows.push(["tf32", "float32 matrix work at the TF32 peak"]);
   const dl = document.getElementById("roofline-summary");
-  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, shown(v)));
 
   const [left, top, right, bottom] = R.plot;
   svg.setAttribute("viewBox", `0 0 ${R.width} ${R.height}`);
@@ -742,7 +798,8 @@ function table(id, columns, rows) {
     const c = e.target.closest("circle[data-point]");
     if (!c) { tip.hidden = true; return; }
     const p = R.points[Number(c.dataset.point)];
-    showTip(e, [p.operator + "  (" + p.dtype + ", " + (p.compute_bound ? "compute" : "memory") + "-bound)",
+    const bound = p.compute_bound ? "compute" : "memory";
+    showTip(e, [shown(p.operator) + "  (" + shown(p.dtype) + ", " + bound + "-bound)",
                 "FLOPs: " + exact(p.flops) + " = " + size(p.flops), "bytes: " + exact(p.bytes) + " = " + bytes(p.bytes),
                 "time: " + seconds(p.time), "intensity: " + plain(p.intensity) + " FLOPs/byte",
                 "attained: " + size(p.rate) + "FLOP/s"].join("\n"));

@@ -234,7 +234,7 @@ function viewX(svg, e, width) {  // the mouse's x in the viewBox's pixels
     add("circle", {class: "peak-dot", cx: P.x, cy: P.y, r: 4});
     const east = P.x < (left + right) / 2;  // the label reads away from the nearer edge, under the dashed line
     add("text", {id: "memory-peak", x: P.x + (east ? 8 : -8), y: P.y + 16, "text-anchor": east ? "start" : "end"},
-        P.label);
+        shown(P.label));
   }
   const cursor = add("line", {class: "cursor", x1: 0, x2: 0, y1: top, y2: bottom, visibility: "hidden"});
 
@@ -265,7 +265,7 @@ function viewX(svg, e, width) {  // the mouse's x in the viewBox's pixels
     const i = pointAt(vx), position = L.position[i], module = L.modules[L.module[i]];
     const total = L.kinds.reduce((s, k) => s + L.bytes[k][i], 0);
     const lines = ["operator " + (position + 1) + " of " + L.length + " (" + phaseOf(position) + ")",
-                   (module === "" ? D.model : module) + "  at " + L.operators[L.operator[i]],
+                   (module === "" ? MODEL : shown(module)) + "  at " + shown(L.operators[L.operator[i]]),
                    "live: " + exact(total) + " bytes = " + bytes(total)];
     for (const k of L.kinds) if (L.bytes[k][i]) lines.push("  " + k.replace("_", " ") + " " + bytes(L.bytes[k][i]));
     if (L.bucket > 1) {
@@ -291,7 +291,7 @@ function viewX(svg, e, width) {  // the mouse's x in the viewBox's pixels
     const add = drawer(svg), metric = sel.value;
     M.bars[metric].forEach((bar, i) => {
       const middle = bar.y + M.bar / 2 + 4;
-      const name = bar.operator.length > 34 ? bar.operator.slice(0, 33) + "…" : bar.operator;
+      const operator = shown(bar.operator), name = operator.length > 34 ? operator.slice(0, 33) + "…" : operator;
       add("text", {x: left - 6, y: middle, "text-anchor": "end"}, name);
       add("rect", {x: left, y: bar.y, width: Math.max(bar.width, 1), height: M.bar, "data-bar": i,
                    class: bar.others ? "other" : "op"});
@@ -302,7 +302,7 @@ function viewX(svg, e, width) {  // the mouse's x in the viewBox's pixels
     const r = e.target.closest("rect[data-bar]");
     if (!r) { tip.hidden = true; return; }
     const metric = sel.value, bar = M.bars[metric][Number(r.dataset.bar)];
-    showTip(e, bar.operator + "\n" + metric + ": " + full(metric, bar.value) + "  (" + pct(bar.share, 1) +
+    showTip(e, shown(bar.operator) + "\n" + metric + ": " + full(metric, bar.value) + "  (" + pct(bar.share, 1) +
             " of the model's)");
   });
   svg.addEventListener("mouseleave", () => { tip.hidden = true; });

@@ -11,7 +11,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-from .format import format_bytes
+from .format import format_bytes, printable
 from .ranks import folded_ranks, plan_notes, rank_columns
 
 __all__ = ["STYLE", "memory_bars", "parallel_section"]
@@ -52,21 +52,27 @@ def memory_bars(parallel: Mapping[str, Any]) -> dict[str, Any] | None:
             "kinds": list(kinds)}
 
 
+def _text(text: str) -> str:
+    """``text`` for the markup: escaped, and each character that is not printable written as its escape (as the
+    text reports and the page's script show a name: no control character or bidi override reaches the page)."""
+    return html.escape(printable(text))
+
+
 def parallel_section(parallel: Mapping[str, Any]) -> str:
     """The section's markup: a title, the per-rank table, the memory bars and the plan's notes."""
     notes = plan_notes(parallel)
     columns = rank_columns(parallel)
-    head = "".join(f'<th class="{"text" if c.align == "left" else "num"}">{html.escape(c.header)}</th>'
+    head = "".join(f'<th class="{"text" if c.align == "left" else "num"}">{_text(c.header)}</th>'
                    for c in columns)
-    body = "".join("<tr>" + "".join(f'<td class="{"text" if c.align == "left" else "num"}">{html.escape(cell)}</td>'
+    body = "".join("<tr>" + "".join(f'<td class="{"text" if c.align == "left" else "num"}">{_text(cell)}</td>'
                                     for c, cell in zip(columns, cells, strict=True)) + "</tr>\n"
                    for cells in zip(*(c.cells for c in columns), strict=True))
-    parts = ['<section id="parallel">', "<h2>Parallel plan</h2>", f'<p class="note">{html.escape(notes[0])}</p>',
+    parts = ['<section id="parallel">', "<h2>Parallel plan</h2>", f'<p class="note">{_text(notes[0])}</p>',
              f'<table id="ranks"><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>']
     bars = memory_bars(parallel)
     if bars is not None:
         parts.append(_bars_svg(bars))
-    parts += [f'<p class="note">{html.escape(note)}</p>' for note in notes[1:]]
+    parts += [f'<p class="note">{_text(note)}</p>' for note in notes[1:]]
     return "\n".join([*parts, "</section>", ""])
 
 
@@ -75,14 +81,14 @@ def _bars_svg(bars: Mapping[str, Any]) -> str:
     shapes = []
     for row in bars["rows"]:
         middle = row["y"] + height / 2 + 4
-        shapes.append(f'<text x="{_BAR_LEFT - 6}" y="{middle}" text-anchor="end">{html.escape(row["label"])}</text>')
+        shapes.append(f'<text x="{_BAR_LEFT - 6}" y="{middle}" text-anchor="end">{_text(row["label"])}</text>')
         for part in row["parts"]:
             tip = f"{row['label']}: {part['kind'].replace('_', ' ')} {format_bytes(part['bytes'])}"
-            shapes.append(f'<rect class="k-{html.escape(part["kind"])}" x="{part["x"]}" y="{row["y"]}" '
-                          f'width="{part["width"]}" height="{height}"><title>{html.escape(tip)}</title></rect>')
+            shapes.append(f'<rect class="k-{_text(part["kind"])}" x="{part["x"]}" y="{row["y"]}" '
+                          f'width="{part["width"]}" height="{height}"><title>{_text(tip)}</title></rect>')
         shapes.append(f'<text x="{row["end"] + 6}" y="{middle}">peak {format_bytes(row["peak"])}</text>')
-    legend = "".join(f'<span class="legend-item"><span class="swatch k-{html.escape(kind)}"></span>'
-                     f'{html.escape(kind.replace("_", " "))}</span>' for kind in bars["kinds"])
+    legend = "".join(f'<span class="legend-item"><span class="swatch k-{_text(kind)}"></span>'
+                     f'{_text(kind.replace("_", " "))}</span>' for kind in bars["kinds"])
     return (f'<svg id="rank-memory" viewBox="0 0 {bars["width"]} {bars["height"]}" role="img" '
             f'aria-label="peak memory per rank, by part">{"".join(shapes)}</svg>\n'
             f'<p class="note">{legend}<br>Each row\'s peak memory, stacked by its parts.</p>')

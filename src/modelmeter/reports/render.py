@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import InvalidValueError
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
 from .columns import (
     PHASE_COLUMNS,
@@ -28,7 +30,7 @@ from .columns import (
 from .format import aligned_table, format_bytes, format_rate, format_time, printable
 from .fvcore_tables import UNCALLED_NOTE, Align, annotated_repr, format_size, pipe_table
 from .ranks import rank_table
-from .result import RATIO_METRICS, TIME_METRICS, TRAFFIC_METRICS, ModuleRow, Result
+from .result import BYTE_METRICS, RATIO_METRICS, TIME_METRICS, ModuleRow, Result
 
 __all__ = ["FORMATS", "format_bound", "format_bytes", "format_metric", "format_size", "render"]
 
@@ -51,11 +53,11 @@ def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | N
     """
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
-        raise ValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+        raise InvalidValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth must be a non-negative integer, got {depth!r}")
+        raise InvalidValueError(f"depth must be a non-negative integer, got {depth!r}")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-        raise ValueError(f"width must be a positive integer or None, got {width!r}")
+        raise InvalidValueError(f"width must be a positive integer or None, got {width!r}")
     text = renderer(result, _Layout(depth, width, tuple(columns) if columns is not None else None, shapes))
     parallel = result.parallel  # a parallel plan's ranks (docs/parallel.md, "The command")
     if parallel and fmt in _WITH_RANKS:
@@ -79,14 +81,19 @@ def convention_note(name: str) -> str:
 
 
 def format_change(metric: str, delta: float) -> str:
-    """A signed change of a metric: seconds and bytes in their units (``+14.7ns``, ``-1.5KiB``), counts as whole
-    numbers with separators (``+22,208,512``)."""
+    """A signed change of a metric: seconds and bytes (moved, or held by the memory analysis) in their units
+    (``+14.7ns``, ``-1.5KiB``), a ratio with three significant figures (``+0.25``), counts as whole numbers with
+    separators (``+22,208,512``, every digit of an integer) and a fraction of a count in full (``+0.5``, not ``+0``)."""
     sign = "-" if delta < 0 else "+"
     if metric in TIME_METRICS:
         return sign + format_time(abs(delta))
-    if metric in TRAFFIC_METRICS:
+    if metric in BYTE_METRICS:
         return sign + format_bytes(abs(delta))
-    return f"{delta:+,.0f}"
+    if metric in RATIO_METRICS:
+        return f"{delta:+.3g}"
+    if isinstance(delta, int) or delta.is_integer():
+        return f"{int(delta):+,}"
+    return f"{delta:+,}"
 
 
 INTENSITY_NOTE = ("flops/byte and the time count real FLOPs (a multiply-add is 2, element-wise work included), "
@@ -115,29 +122,34 @@ def _grid(columns: list[Column], short: bool) -> tuple[list[str], list[Align], l
     return headers, [column.align for column in columns], rows
 
 
-def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str]) -> list[str]:
+def _footer(result: Result, rows: list[ModuleRow], code: Callable[[str], str],
+            text: Callable[[str], str] = str) -> list[str]:
     """The notes under a table: the convention (unless fvcore's, the default), what N/A means, operators not
-    counted, assumptions the run made."""
-    lines = [] if result.convention == "fvcore" else [f"Convention: {convention_note(result.convention)}"]
+    counted, assumptions the run made. Each part is :func:`printable` (an operator's name or an assumption read from
+    a file); ``code`` then writes an operator's name, ``text`` all else (markdown escapes each its own way)."""
+    def note(line: str) -> str:
+        return text(printable(line))
+
+    lines = [] if result.convention == "fvcore" else [note(f"Convention: {convention_note(result.convention)}")]
     if any(not row.called for row in rows):
-        lines.append(UNCALLED_NOTE)
+        lines.append(note(UNCALLED_NOTE))
     if result.unsupported:
         ops = sorted(result.unsupported.items(), key=lambda item: (-item[1], item[0]))
-        lines.append("Unsupported operators (not counted): "
-                     + ", ".join(f"{code(op)} ({n} call{'s' if n != 1 else ''})" for op, n in ops))
+        lines.append(note("Unsupported operators (not counted): ")
+                     + ", ".join(f"{code(printable(op))} ({n} call{'s' if n != 1 else ''})" for op, n in ops))
     if result.memory:
-        lines.append(memory_note(result.memory))
+        lines.append(note(memory_note(result.memory)))
     if result.roofline:
-        lines.append(roofline_note(result.roofline))
+        lines.append(note(roofline_note(result.roofline)))
         if result.convention != "flops":  # a ReLU of 0 fvcore flops has 0.125 flops/byte: say which flops
-            lines.append(INTENSITY_NOTE)
+            lines.append(note(INTENSITY_NOTE))
         if result.memory and result.memory["peak"] > result.roofline["device"]["memory"]:
             device = result.roofline["device"]
-            lines.append(f"Warning: the predicted peak memory, {format_bytes(result.memory['peak'])}, is over the "
-                         f"memory of {device['label']} ({device['memory'] / 1e9:.3g} GB = "
-                         f"{format_bytes(device['memory'])}): the run does not fit on one such device as it is")
-    lines += [f"Assumption: {text}" for text in result.assumptions]
-    return [printable(line) for line in lines]  # an operator's name or an assumption read from a file
+            lines.append(note(f"Warning: the predicted peak memory, {format_bytes(result.memory['peak'])}, is over "
+                              f"the memory of {device['label']} ({device['memory'] / 1e9:.3g} GB = "
+                              f"{format_bytes(device['memory'])}): the run does not fit on one such device as it is"))
+    lines += [note(f"Assumption: {assumption}") for assumption in result.assumptions]
+    return lines
 
 
 def memory_note(memory: dict[str, Any]) -> str:
@@ -199,13 +211,33 @@ def _table(result: Result, layout: _Layout) -> str:
     return text + "\n\n" + "\n".join(footer) if footer else text
 
 
+# What markdown could read as markup in a name: a character that ends a table's cell, opens a code span or starts
+# an HTML tag or entity, and a backslash that would escape the punctuation after it (CommonMark escapes only ASCII
+# punctuation: the `\n` of a printable name stays as it is). Each is written with a backslash before it, so a renderer
+# shows the name as text and never as a tag.
+_MARKDOWN_SPECIAL = re.compile(r"[`|<>&]|\\(?=[!-/:-@\[-`{-~])")
+
+
+def _markdown_text(text: str) -> str:
+    """``text`` for markdown: each of :data:`_MARKDOWN_SPECIAL` backslash-escaped (``a\\|b``, ``\\<img>``)."""
+    return _MARKDOWN_SPECIAL.sub(lambda match: "\\" + match.group(), text)
+
+
+def _code_span(text: str) -> str:
+    """``text`` as a markdown code span no backtick of it ends: fenced by a run of backticks longer than any inside,
+    padded with a space when it holds one (CommonMark strips one space from each side)."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if "`" in text else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _markdown(result: Result, layout: _Layout) -> str:
     rows = _shown(result, layout.depth)
     columns, _, _ = _summary(result, rows, replace(layout, width=None))
     headers, aligns, cells = _grid(columns, short=False)
-    cells = [[cell.replace("|", "\\|") for cell in row] for row in cells]  # a "|" in a name ends no cell
+    cells = [[_markdown_text(cell) for cell in row] for row in cells]
     text = pipe_table(headers, cells, aligns)
-    footer = _footer(result, rows, code=lambda s: f"`{s}`")
+    footer = _footer(result, rows, code=_code_span, text=_markdown_text)
     return text + "\n\n" + "\n".join(f"- {note}" for note in footer) if footer else text
 
 

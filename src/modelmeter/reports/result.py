@@ -8,8 +8,12 @@ model.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
+from . import jsontext
 
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
@@ -101,7 +105,7 @@ class Result:
         for module in self.modules:
             if module.name == name:
                 return module
-        raise KeyError(f"no module named {name!r} in the result")
+        raise InvalidNameError(f"no module named {name!r} in the result")
 
     def share(self, name: str, metric: str) -> float:
         """A module's fraction of the model's total (0 when the total is 0)."""
@@ -117,7 +121,8 @@ class Result:
         return asdict(self)
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """Strict JSON: a cost that is not a finite number (a user handle's NaN) is written as ``null``."""
+        return jsontext.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:
@@ -126,17 +131,18 @@ class Result:
         row's ``params``, metric or operator value) that is not a number from 0 to :data:`MAX_COST`;
         ``TypeError`` for a field it does not know or a required one missing."""
         if type(data) is not dict:
-            raise ValueError(f"a result is a JSON object, got {type(data).__name__}")
+            raise InvalidValueError(f"a result is a JSON object, got {type(data).__name__}")
         version = data.get("schema_version")
         if type(version) is not int or version != SCHEMA_VERSION:
-            raise ValueError(f"unsupported result schema_version {version!r:.40}; this modelmeter reads "
-                             f"{SCHEMA_VERSION}")
+            raise InvalidValueError(f"unsupported result schema_version {version!r:.40}; this modelmeter reads "
+                                    f"{SCHEMA_VERSION}")
         _check_types(data, _FIELD_TYPES, "the result")
         if not all(type(metric) is str for metric in data.get("metrics", [])):
-            raise ValueError("the result's metrics are not names")
+            raise InvalidValueError("the result's metrics are not names")
+        _check_notes(data)
         rows = [_row_from_dict(row) for row in data.get("modules", [])]
         if not rows or rows[0].name:
-            raise ValueError("the result's first module row must be the model's (name '')")
+            raise InvalidValueError("the result's first module row must be the model's (name '')")
         return cls(**{**data, "modules": rows})
 
     @classmethod
@@ -146,7 +152,7 @@ class Result:
         try:
             data = json.loads(text, parse_constant=_refuse_constant)
         except RecursionError:
-            raise ValueError("the result's JSON is nested too deeply") from None
+            raise InvalidValueError("the result's JSON is nested too deeply") from None
         return cls.from_dict(data)
 
 
@@ -161,37 +167,76 @@ _ROW_TYPES: dict[str, tuple[type, ...]] = {
     "output_shapes": (dict,)}
 
 
+def _check_notes(data: dict[str, Any]) -> None:
+    """The result's flat fields that every report prints, each as :meth:`Result.to_dict` writes it: the inputs
+    objects, the assumptions text, the unsupported operators' calls and the totals by dtype costs."""
+    if not all(type(spec) is dict for spec in data.get("inputs", [])):
+        raise InvalidValueError("the result's inputs are not objects")
+    if not all(type(text) is str for text in data.get("assumptions", [])):
+        raise InvalidValueError("the result's assumptions are not text")
+    if not all(type(calls) is int and calls >= 0 for calls in data.get("unsupported", {}).values()):
+        raise InvalidValueError("the result's unsupported operators' calls are not counts")
+    for metric, by_dtype in data.get("dtypes", {}).items():
+        if type(by_dtype) is not dict:
+            raise InvalidValueError(f"the result's dtypes of {metric!r:.80} are not an object")
+        _check_costs(by_dtype, f"the result's dtypes of {metric!r:.80}")
+    memory = data.get("memory")
+    if memory:  # the peak's line, which every report prints
+        _check_types(memory, _MEMORY_TYPES, "the result's memory", known_only=False)
+        if "peak" not in memory:
+            raise InvalidValueError("the result's memory lacks its peak")
+        costs = {name: memory[name] for name in ("peak", "saved_bytes") if name in memory}
+        _check_costs({**memory.get("by_kind", {}), **costs}, "the result's memory")
+
+
+# The types of the memory summary's fields the reports read (all but the peak optional: a file of an older
+# modelmeter may lack one; the timeline is drawn only by the HTML page).
+_MEMORY_TYPES: dict[str, tuple[type, ...]] = {
+    "peak": (int, float), "phase": (str,), "module": (str,), "operator": (str,), "by_kind": (dict,),
+    "training": (bool,), "optimizer": (dict, type(None)), "saved_bytes": (int, float)}
+
+
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a value a result holds")
+    raise InvalidValueError(f"{name} is not a value a result holds")
 
 
-def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], what: str) -> None:
-    """Each field of ``data`` that ``types`` names is of one of its types (a missing one is left to the class)."""
+def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], what: str, known_only: bool = True) -> None:
+    """Each field of ``data`` that ``types`` names is of one of its types (a missing one is left to the caller);
+    ``known_only``: a field ``types`` does not name is a ``TypeError``."""
     unknown = sorted(set(data) - set(types))
-    if unknown:
-        raise TypeError(f"{what} has unknown fields: {', '.join(map(repr, unknown))}"[:200])
+    if unknown and known_only:
+        raise InvalidTypeError(f"{what} has unknown fields: {', '.join(map(repr, unknown))}"[:200])
     for name, kinds in types.items():
         if name in data and type(data[name]) not in kinds:
-            raise ValueError(f"{what}: {name} is a {type(data[name]).__name__}, not a {kinds[0].__name__}")
+            raise InvalidValueError(f"{what}: {name} is a {type(data[name]).__name__}, not a {kinds[0].__name__}")
 
 
 def _row_from_dict(row: Any) -> ModuleRow:
     if type(row) is not dict:
-        raise ValueError(f"a module row of the result is a {type(row).__name__}, not an object")
+        raise InvalidValueError(f"a module row of the result is a {type(row).__name__}, not an object")
     where = f"module {row.get('name')!r:.80} of the result"
     _check_types(row, _ROW_TYPES, where)
     _check_costs({"params": row.get("params", 0), **row.get("metrics", {})}, where)
     for operator, values in row.get("by_operator", {}).items():
         if type(values) is not dict:
-            raise ValueError(f"{where}: by_operator {operator!r:.80} is not an object")
+            raise InvalidValueError(f"{where}: by_operator {operator!r:.80} is not an object")
         _check_costs(values, f"{where}, by_operator {operator!r:.80}")
     if not all(type(n) is int and n > 0 for n in row.get("output_shapes", {}).values()):
-        raise ValueError(f"{where}: output_shapes holds a count that is not a positive integer")
-    return ModuleRow(**row)
+        raise InvalidValueError(f"{where}: output_shapes holds a count that is not a positive integer")
+    by_operator = {operator: _nulls_as_nan(values) for operator, values in row.get("by_operator", {}).items()}
+    return ModuleRow(**{**row, "metrics": _nulls_as_nan(row.get("metrics", {})), "by_operator": by_operator})
+
+
+def _nulls_as_nan(values: dict[str, Any]) -> dict[str, Any]:
+    """A row's costs with each ``null`` (what :meth:`Result.to_json` writes for a non-finite one) as NaN."""
+    return {name: math.nan if value is None else value for name, value in values.items()}
 
 
 def _check_costs(values: dict[str, Any], where: str) -> None:
-    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`."""
+    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`, or ``null`` (a cost that
+    was not a finite number, as :meth:`Result.to_json` writes it)."""
     for name, value in values.items():
+        if value is None:
+            continue
         if type(value) not in (int, float) or not 0 <= value <= MAX_COST:  # NaN fails both comparisons
-            raise ValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")
+            raise InvalidValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")

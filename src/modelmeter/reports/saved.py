@@ -25,9 +25,10 @@ from typing import Any
 from ..engine.gc_pause import no_gc
 from ..engine.serialize import MAX_ENTRY_BYTES, gunzip, trace_from_dict, trace_to_dict
 from ..engine.trace import Trace
-from ..errors import ModelMeterError
+from ..errors import InvalidValueError, ModelMeterError
 from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from ..io.atomic import atomic_write
+from . import jsontext
 from .result import Result
 
 FORMAT = "modelmeter-saved-trace"
@@ -70,7 +71,7 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings`` completed with the defaults; a :class:`ValueError` for a setting no file records."""
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-        raise ValueError(f"unknown saved-trace settings: {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+        raise InvalidValueError(f"unknown saved-trace settings: {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
     return {**SETTINGS, **settings}
 
 
@@ -89,7 +90,7 @@ def write_saved_trace(saved: SavedTrace, path: str | os.PathLike[str]) -> None:
         data = {"format": FORMAT, "version": FORMAT_VERSION, "saved_by": dict(saved.saved_by),
                 "settings": check_settings(saved.settings), "result": saved.result.to_dict(),
                 "trace": trace_to_dict(saved.trace)}
-        text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = jsontext.dumps(data, separators=(",", ":"), ensure_ascii=False)
     raw = gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
     atomic_write(os.fspath(path), lambda f: f.write(raw))
 
@@ -114,20 +115,20 @@ def read_saved_trace(path: str | os.PathLike[str]) -> SavedTrace:
 
 def _parse(raw: bytes) -> SavedTrace:
     if raw[:2] != b"\x1f\x8b":
-        raise ValueError("not gzip data (a saved trace is written by --save-trace or save_trace())")
+        raise InvalidValueError("not gzip data (a saved trace is written by --save-trace or save_trace())")
     data = json.loads(gunzip(raw), parse_constant=_refuse_constant)
     if type(data) is not dict or data.get("format") != FORMAT:
-        raise ValueError(f"its format is not {FORMAT!r}")
+        raise InvalidValueError(f"its format is not {FORMAT!r}")
     version = data.get("version")
     if type(version) is not int or version != FORMAT_VERSION:  # not True, not 1.0
-        raise ValueError(f"format version {version!r:.40}; this modelmeter reads {FORMAT_VERSION}")
+        raise InvalidValueError(f"format version {version!r:.40}; this modelmeter reads {FORMAT_VERSION}")
     settings, saved_by = data.get("settings"), data.get("saved_by")
     if type(settings) is not dict or type(saved_by) is not dict \
             or not all(type(k) is str and type(v) is str for k, v in saved_by.items()):
-        raise ValueError("malformed settings or saved_by")
+        raise InvalidValueError("malformed settings or saved_by")
     result = data.get("result")
     if type(result) is not dict:
-        raise ValueError("it holds no result")
+        raise InvalidValueError("it holds no result")
     return SavedTrace(trace=trace_from_dict(data.get("trace")), result=_result(result),
                       settings=_file_settings(settings), saved_by=saved_by)
 
@@ -135,7 +136,7 @@ def _parse(raw: bytes) -> SavedTrace:
 def _refuse_constant(name: str) -> Any:
     """JSON's NaN and Infinity, which Python's parser reads but no saved trace holds (the trace tags a
     non-finite float, the result has none)."""
-    raise ValueError(f"{name} is not a value a saved trace holds")
+    raise InvalidValueError(f"{name} is not a value a saved trace holds")
 
 
 def _file_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -145,13 +146,13 @@ def _file_settings(settings: dict[str, Any]) -> dict[str, Any]:
     for name, kinds in _SETTING_TYPES.items():
         value = settings[name]
         if type(value) not in kinds:
-            raise ValueError(f"the setting {name} is a {type(value).__name__}: {value!r:.40}")
+            raise InvalidValueError(f"the setting {name} is a {type(value).__name__}: {value!r:.40}")
     for name, known in _SETTING_NAMES.items():
         if settings[name] not in known:
-            raise ValueError(f"the setting {name} is {settings[name]!r:.40}, not one of {', '.join(known)}")
+            raise InvalidValueError(f"the setting {name} is {settings[name]!r:.40}, not one of {', '.join(known)}")
     time = {name: settings[name] for name in _TIME_SETTINGS}
     if settings["device"] is None and time != _TIME_SETTINGS:  # what save_trace writes without a device
-        raise ValueError(f"the settings of the time on a device without a device: {time}")
+        raise InvalidValueError(f"the settings of the time on a device without a device: {time}")
     return settings
 
 
@@ -159,5 +160,5 @@ def _result(data: dict[str, Any]) -> Result:
     """The saved result, every field present (a report prints it as it is: checked by :meth:`Result.from_dict`)."""
     missing = sorted({f.name for f in fields(Result)} - data.keys())
     if missing:
-        raise ValueError(f"its result lacks {', '.join(missing)}")
+        raise InvalidValueError(f"its result lacks {', '.join(missing)}")
     return Result.from_dict(data)

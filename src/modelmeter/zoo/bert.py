@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InvalidValueError
+
 __all__ = ["Bert", "BertConfig", "BertEmbeddings", "BertLayer", "bert_base", "bert_tiny"]
 
 
@@ -67,7 +69,7 @@ class BertSelfAttention(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
         if cfg.hidden_size % cfg.num_heads:
-            raise ValueError(f"hidden_size {cfg.hidden_size} is not a multiple of num_heads {cfg.num_heads}")
+            raise InvalidValueError(f"hidden_size {cfg.hidden_size} is not a multiple of num_heads {cfg.num_heads}")
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.hidden_size // cfg.num_heads
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)

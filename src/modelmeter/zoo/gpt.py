@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InvalidValueError
+
 __all__ = ["GPT", "GPTConfig", "gpt2", "gpt2_tiny"]
 
 
@@ -37,7 +39,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         if cfg.n_embd % cfg.n_head:
-            raise ValueError(f"n_embd {cfg.n_embd} is not a multiple of n_head {cfg.n_head}")
+            raise InvalidValueError(f"n_embd {cfg.n_embd} is not a multiple of n_head {cfg.n_head}")
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)

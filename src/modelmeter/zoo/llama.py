@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InvalidValueError
+
 __all__ = [
     "Llama",
     "LlamaAttention",
@@ -103,8 +105,8 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
-            raise ValueError(f"hidden_size {cfg.hidden_size}, num_heads {cfg.num_heads} and num_kv_heads "
-                             f"{cfg.num_kv_heads} must divide one another")
+            raise InvalidValueError(f"hidden_size {cfg.hidden_size}, num_heads {cfg.num_heads} and num_kv_heads "
+                                    f"{cfg.num_kv_heads} must divide one another")
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InvalidValueError
+
 __all__ = ["ConvBNReLU6", "InvertedResidual", "MobileNetV2", "mobilenet_v2"]
 
 # (expansion t, output channels c, repeats n, first stride s) of the seven bottleneck stages.
@@ -50,7 +52,7 @@ class InvertedResidual(nn.Module):
     def __init__(self, inp: int, oup: int, stride: int, expand_ratio: int):
         super().__init__()
         if stride not in (1, 2):
-            raise ValueError(f"stride should be 1 or 2, got {stride}")
+            raise InvalidValueError(f"stride should be 1 or 2, got {stride}")
         self.stride = stride
         hidden = round(inp * expand_ratio)
         self.use_res_connect = stride == 1 and inp == oup

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..errors import InvalidNameError
 from .catalog import CATALOG
 
 __all__ = ["ZOO", "ZooEntry", "available_models", "get_model", "input_shape"]
@@ -53,7 +54,7 @@ def _entry(name: str) -> ZooEntry:
     try:
         return ZOO[name]
     except KeyError:
-        raise KeyError(f"unknown model {name!r}; available: {', '.join(available_models())}") from None
+        raise InvalidNameError(f"unknown model {name!r}; available: {', '.join(available_models())}") from None
 
 
 def available_models() -> list[str]:

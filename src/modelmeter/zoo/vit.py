@@ -11,6 +11,8 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
+from ..errors import InvalidValueError
+
 __all__ = ["Encoder", "EncoderBlock", "VisionTransformer", "vit_b_16", "vit_b_32", "vit_l_16"]
 
 
@@ -90,7 +92,7 @@ class VisionTransformer(nn.Module):
     ):
         super().__init__()
         if image_size % patch_size:
-            raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
+            raise InvalidValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
         self.image_size = image_size
         self.patch_size = patch_size
         self.hidden_dim = hidden_dim

@@ -1,0 +1,31 @@
+"""Strict JSON for every report modelmeter writes: a non-finite number is written as ``null``.
+
+``json.dumps`` writes ``NaN`` and ``Infinity`` by default, which strict readers (JavaScript's ``JSON.parse``,
+``jq``, ``json.loads`` with ``parse_constant`` refusing them) reject, and with ``allow_nan=False`` it raises.
+A result holds one only where a handle the user registered returned it (modelmeter's own formulas and ratios are
+finite); it is written as ``null``, JSON's "no value", and :meth:`Result.from_dict` reads that ``null`` back
+as NaN (docs/reports.md, "JSON").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def finite(value: Any) -> Any:
+    """``value`` (JSON-like data: dicts, lists, tuples, numbers, strings) with every non-finite float as None."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {key: finite(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [finite(item) for item in value]
+    return value
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """``json.dumps(value, **options)`` as strict JSON: non-finite floats written as ``null``."""
+    return json.dumps(finite(value), allow_nan=False, **options)
