@@ -39,7 +39,7 @@ from .._torch_compat import (
     schema_of,
     sharded_tensor_type,
 )
-from ..errors import UnsupportedError
+from ..errors import ModelRunError, UnsupportedError
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
@@ -723,8 +723,8 @@ def _nonzero_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
 
 def _guessed(rec: Recorder, text: str) -> None:
     if len(rec.guessed_values) >= GUESSES:  # a loop until a value changes (``while err > tol``) would never end
-        raise RuntimeError(f"the model read {GUESSES} values of meta tensors, each assumed: it likely loops until a "
-                           "value it computes changes, which an assumed value never does")
+        raise ModelRunError(f"the model read {GUESSES} values of meta tensors, each assumed: it likely loops until a "
+                            "value it computes changes, which an assumed value never does", None, None)
     rec.trace.assumptions.append(text)
     rec.guessed_values.append(text)
 
