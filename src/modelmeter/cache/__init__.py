@@ -113,7 +113,7 @@ def cached_trace(cache: TraceCache, spec: RunSpec,
             return False
         if read_values:
             logger.info("Not caching the trace: the fake run read values of the inputs or buffers (an attention "
-                        "mask, .item() of a counter), which the cache key does not cover.")
+                        "mask, .item() of a counter) or drew random numbers, which the cache key does not cover.")
             return False
         if executed is None:
             logger.info("Not caching the trace: another profiler is active, so the code the run executed "

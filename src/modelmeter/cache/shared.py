@@ -51,7 +51,7 @@ from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from ..engine.values import watch_given_reads
+from ..engine.values import DREW, watch_given_reads
 from .fingerprint import (
     NOT_CODE,
     CodeWalk,
@@ -504,6 +504,8 @@ class SharedRecordings:
             return Shared(found[0].trace, recorded=False, kept=found[0].kept)
         with watch_given_reads() as read:
             shared = Shared(record(), recorded=True)
+        if DREW in read:  # a run that drew random numbers: the next call draws others
+            return shared
         real = shared.trace.execution != "fake"
         values = _values_digest(spec, held, real) if read or real else None
         if values is not None or not (read or real):

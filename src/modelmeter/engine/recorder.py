@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 import sys
 import threading
 import types
@@ -38,7 +39,7 @@ from .._torch_compat import (
     schema_of,
     sharded_tensor_type,
 )
-from ..errors import UnsupportedError
+from ..errors import ModelRunError, UnsupportedError
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .inputs import tensors_in
@@ -50,7 +51,7 @@ from .recurrent import RECURRENT_CALLS, Target, emulate
 from .replay import CallMemo, replayable
 from .storages import StorageTracker
 from .trace import Level, OpEvent, Phase, Trace
-from .values import Shadows
+from .values import Shadows, written_arguments
 
 _redispatch = getattr(torch.overrides, "redispatch_function", None)
 _NODE_TAG = "modelmeter.origin"  # autograd node metadata: (scope, user-level call or -1) of the call that made it
@@ -426,6 +427,9 @@ class FunctionRecorder(TorchFunctionMode):
              higher_order: bool) -> Any:
         """Run a user-level call. Python-level functions run with the mode re-entered, so the calls they make are
         seen too; a function that reaches the mode again through its own C implementation runs plainly."""
+        if func is _COND:  # as eager code runs it: the branch its predicate picks, every call in it seen
+            with self:
+                return _eager_cond(*args, **kwargs)
         if python_function and func not in self._active and _redispatch is not None:
             self._active.append(func)
             try:
@@ -483,7 +487,9 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
     except (KeyError, TypeError):  # not seen yet, or not hashable
         pass
     op = None if isinstance(func, OpOverload) else function_op_name(func)
-    call = None if op is None else (op, isinstance(func, types.FunctionType), isinstance(func, HigherOrderOperator))
+    # (torch.export's conditional runs as Python code does: _eager_cond)
+    call = None if op is None else (op, isinstance(func, types.FunctionType) or func is _COND,
+                                    isinstance(func, HigherOrderOperator) and func is not _COND)
     with contextlib.suppress(TypeError):
         _FUNCTION_CALLS[func] = call
     return call
@@ -491,6 +497,15 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
 _thread_id = threading.get_ident
+_COND = torch.ops.higher_order.cond  # an exported program's ``torch.cond``
+
+
+def _eager_cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Any) -> Any:
+    """``cond`` as torch's eager kernel runs it (its predicate read as a value: known, assumed on the meta device, or
+    the fake run falls back to real kernels); set aside with the dispatch recorder, its branch ran unseen (a zero)."""
+    return true_fn(*operands) if bool(pred) else false_fn(*operands)
+
+
 # Calls never replayed (engine/replay.py): attention reads its mask's values, a recurrent call writes its events itself.
 _NOT_REPLAYED = frozenset({*ATTENTION_CALLS, *(function_op_name(f) for f in RECURRENT_CALLS)})
 # Indexing runs one operator per index (``slice``, ``select``, ``index``): Python-level, as far as the record goes.
@@ -558,8 +573,8 @@ class DispatchRecorder(EagerDispatchMode):
                 rec.unreplayable += 1
             if operator.check is not None:  # what the CPU kernel refuses and the meta kernel lets through
                 operator.check(args, kwargs)
-            known = shadows.item(args[0]) if shadows is not None and func is _ITEM else None
-            if known is not None:  # .item() of a value-determined tensor: no need for real kernels
+            known = shadows.answer(func, args, kwargs) if shadows is not None else None
+            if known is not None:  # .item() or nonzero of value-determined tensors: no need for real kernels
                 result = known
             elif rec.placeholders and func in _PLACEHOLDERS:
                 result = _PLACEHOLDERS[func](rec, args)
@@ -567,7 +582,7 @@ class DispatchRecorder(EagerDispatchMode):
                 result = _grouped_mm_in_float32(func, args, kwargs)
             else:
                 if operator.mutable and rec.before_write is not None:
-                    rec.before_write(_written_arguments(operator.schema, args, kwargs))
+                    rec.before_write(written_arguments(operator.schema, args, kwargs))
                 result = _kernel(operator, func, args, kwargs)
             if len(sys.modules) != rec.modules_loaded:
                 rec.after_import()
@@ -623,6 +638,12 @@ def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs
     direct = operator.direct
     if direct is not None and direct[0](args):
         return direct[1](*args, **kwargs)
+    if operator.collective:  # a fake process group's work draws its id from Python's random: not a draw of the model's
+        state = random.getstate()  # (a run that draws is neither shared nor cached: tracer.py)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            random.setstate(state)
     return with_cpu_dtypes(func, args, func(*args, **kwargs))
 
 
@@ -639,17 +660,7 @@ def _operator(func: OpOverload) -> _Operator:
 def _written(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
              ) -> list[torch.Tensor]:
     """The tensors an operator wrote: the arguments its schema marks as written (``Tensor(a!)``), and its outputs."""
-    return [*_tensors(result), *_written_arguments(schema, args, kwargs)]
-
-
-def _written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
-                       ) -> list[torch.Tensor]:
-    """The arguments an operator's schema marks as written (``Tensor(a!)``)."""
-    written = []
-    for i, argument in enumerate(schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            written += _tensors(args[i] if i < len(args) else kwargs.get(argument.name))
-    return written
+    return [*_tensors(result), *written_arguments(schema, args, kwargs)]
 
 
 _OPERATORS: dict[Any, _Operator] = {}
@@ -711,8 +722,14 @@ def _nonzero_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
 
 
 def _guessed(rec: Recorder, text: str) -> None:
+    if len(rec.guessed_values) >= GUESSES:  # a loop until a value changes (``while err > tol``) would never end
+        raise ModelRunError(f"the model read {GUESSES} values of meta tensors, each assumed: it likely loops until a "
+                            "value it computes changes, which an assumed value never does", None, None)
     rec.trace.assumptions.append(text)
     rec.guessed_values.append(text)
+
+
+GUESSES = 10_000  # the placeholder values one run may assume
 
 
 def _where(rec: Recorder) -> str:

@@ -15,6 +15,8 @@ nearly always all empty, are checked together in one call, and flags and sizes a
 
 from __future__ import annotations
 
+import random
+import sys
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES
+from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES, disable_current_modes
 from ..errors import InvalidValueError
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
@@ -37,11 +39,15 @@ class ModelSnapshot:
     """The contents of every table reachable from ``modules``, their classes, and the ``requires_grad`` and
     ``.grad`` of every leaf tensor there; :meth:`restore` puts them back (after each run, also one that raised).
 
+    ``objects``: objects the run is given besides its tensors (an input's key-value cache): each one's attribute
+    dictionary is a table too, and so are those of the objects reachable from it (of any class), with the values
+    of the tensors there — a forward that appends to a cache it is passed must leave it as it was.
+
     Found on the way: where each parameter, buffer and plain tensor attribute of a module is held (what a run
     swaps for a stand-in).
     """
 
-    def __init__(self, modules: list[nn.Module]) -> None:
+    def __init__(self, modules: list[nn.Module], objects: Iterable[Any] = ()) -> None:
         self.dicts: list[tuple[dict[Any, Any], dict[Any, Any]]] = []  # (a dict, its entries as they were)
         self.sequences: list[tuple[list[Any] | deque[Any], list[Any]]] = []  # lists and deques
         self.sets: list[tuple[set[Any], set[Any]]] = []
@@ -55,6 +61,7 @@ class ModelSnapshot:
         self._seen = {id(module) for module in modules}
         for module in modules:
             self._module(module)
+        self._walk(objects, into_objects=True)
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
@@ -89,9 +96,9 @@ class ModelSnapshot:
                                 if isinstance(attributes[name], torch.Tensor)]
             self._walk([attributes[name] for name in added])
 
-    def _walk(self, values: Iterable[Any]) -> None:
+    def _walk(self, values: Iterable[Any], into_objects: bool = False) -> None:
         """Remember every table, every module kept outside the submodules, and every tensor among ``values`` and
-        inside them."""
+        inside them; ``into_objects``: the attribute dictionaries of objects of other classes too."""
         pending = list(values)
         seen = self._seen
         while pending:
@@ -121,6 +128,8 @@ class ModelSnapshot:
                 pending += value
             elif isinstance(value, (tuple, frozenset)):  # cannot change, but may hold what can
                 pending += value
+            elif into_objects and not isinstance(value, type) and isinstance(getattr(value, "__dict__", None), dict):
+                pending.append(value.__dict__)
 
     def restore(self) -> None:
         """Put back every entry, class and tensor flag as it was when the snapshot was taken."""
@@ -260,23 +269,58 @@ def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
                                 "call the model once on a sample input before analysing it") from failure
 
 
-@contextmanager
-def kept_random_states() -> Iterator[None]:
-    """Put torch's random number generators back as they were when the block began, also when it raises.
+class RandomStates:
+    """The states of the random number generators a model's ``forward`` may draw from, taken when made;
+    :meth:`restore` puts them back.
 
     A run draws from them as the model's ``forward`` does (dropout in training mode under real kernels,
-    ``torch.randn`` on the CPU under any execution): without this, the caller's next random numbers after an
-    analysis would differ from those it would have drawn. The CPU generator always; the CUDA ones only where CUDA
-    was started (a run without it cannot have drawn from them, and starting it here would cost seconds).
+    ``torch.rand`` on the CPU under any execution, ``random.random()`` for a LayerDrop): without this, the caller's
+    next random numbers after an analysis would differ from those it would have drawn, and a run after a failed one
+    (the fallback to real kernels) would draw other numbers than the call it stands for, and take another path. The
+    CPU generator of torch, Python's ``random`` and numpy's global generator (once numpy is imported) always; the CUDA
+    ones only where CUDA was started (a run without it cannot have drawn from them, and starting it here would cost
+    seconds).
     """
-    cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def __init__(self) -> None:
+        self.cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = None if numpy is None else (numpy, numpy.random.get_state())
+
+    def drawn(self) -> bool:
+        """Whether a generator moved since the states were taken: random numbers were drawn."""
+        if random.getstate() != self.python:
+            return True
+        if self.numpy is not None:
+            numpy, state = self.numpy
+            if any(not numpy.array_equal(a, b) for a, b in zip(numpy.random.get_state(), state, strict=True)):
+                return True
+        with disable_current_modes():  # the states are real tensors, also inside a fake mode (a parallel plan's)
+            if not torch.equal(torch.default_generator.get_state(), self.cpu):
+                return True
+            return self.cuda is not None and not all(map(torch.equal, torch.cuda.get_rng_state_all(), self.cuda))
+
+    def restore(self) -> None:
+        torch.default_generator.set_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            numpy, state = self.numpy
+            numpy.random.set_state(state)
+
+
+@contextmanager
+def kept_random_states() -> Iterator[RandomStates]:
+    """The random number generators' states (:class:`RandomStates`) as the block began, put back when it ends,
+    also when it raises."""
+    states = RandomStates()
     try:
-        yield
+        yield states
     finally:
-        torch.default_generator.set_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        states.restore()
 
 
 # Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).

@@ -32,6 +32,7 @@ from .._torch_compat import (
     no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
+    pytree,
     saved_tensors_hooks_set_aside,
     unseen_global_shape_runs,
     unset_fake_temporarily,
@@ -55,10 +56,10 @@ from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
 from .replay import CallMemo
 from .snapshot import Held as _Held
-from .snapshot import KeptValues, ModelSnapshot, TensorHooks, kept_random_states
+from .snapshot import KeptValues, ModelSnapshot, RandomStates, TensorHooks, kept_random_states
 from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
-from .values import Shadows
+from .values import Shadows, note_random_draws
 
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
@@ -81,19 +82,19 @@ def record_trace(spec: RunSpec) -> Trace:
         raise InvalidValueError(f"execution must be 'auto', 'fake' or 'real', got {spec.execution!r}")
     # a model sharded by the user (DTensor) records its rank's operators, not DTensor's runs at global shapes
     # one run at a time in a process: what it replaces is process-wide (engine/exclusive.py)
-    with RECORDING, no_gc(), unseen_global_shape_runs(), kept_random_states():
+    with RECORDING, no_gc(), unseen_global_shape_runs(), kept_random_states() as random_states:
         return _record(spec.model, spec.args, spec.kwargs, ModuleNames(spec.model), spec.execution, spec.backward,
-                       spec.loss_fn)
+                       spec.loss_fn, random_states)
 
 
 def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: ModuleNames,
-            execution: Execution, backward: bool, loss_fn: LossFn | None) -> Trace:
+            execution: Execution, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    parts = _Parts(names)
+    parts = _Parts(names, _objects_in((args, kwargs)))
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
-    run = _Run(model, parts, args, kwargs, names, backward, loss_fn)
+    run = _Run(model, parts, args, kwargs, names, backward, loss_fn, random_states)
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
         return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
                               "the lengths of their sequences are values")
@@ -199,9 +200,9 @@ class _Parts:
     stand-ins. ``pristine`` is everything the modules hold, as found (one walk finds the tensors too): each run
     puts it back."""
 
-    def __init__(self, names: ModuleNames) -> None:
+    def __init__(self, names: ModuleNames, objects: list[Any]) -> None:
         self.modules = list(names.modules.values())
-        self.pristine = ModelSnapshot(self.modules)
+        self.pristine = ModelSnapshot(self.modules, objects)
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
         self.wrappers: list[_Transparent] = []
@@ -224,6 +225,16 @@ class _Parts:
         return [stand_ins.get(id(t), t) for t in tensors]
 
 
+def _objects_in(inputs: Any) -> list[Any]:
+    """The inputs that are neither tensors nor the containers that hold them nor plain values (a key-value cache):
+    the run may change them, and :class:`ModelSnapshot` puts them back."""
+    return [leaf for leaf in pytree.tree_leaves(inputs)
+            if not isinstance(leaf, (torch.Tensor, *_PLAIN_INPUTS)) and hasattr(leaf, "__dict__")]
+
+
+_PLAIN_INPUTS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+
+
 def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """Each tensor once (by identity), in order."""
     return list({id(t): t for t in tensors}.values())
@@ -243,9 +254,10 @@ class _Run:
     """One recorded run of the model (forward, and backward when asked), fake or real."""
 
     def __init__(self, model: nn.Module, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 names: ModuleNames, backward: bool, loss_fn: LossFn | None) -> None:
+                 names: ModuleNames, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> None:
         self.model, self.parts, self.args, self.kwargs, self.names = model, parts, args, kwargs, names
         self.backward, self.loss_fn = backward, loss_fn
+        self.random_states = random_states  # as the caller left them: every run draws what its call would draw
         self.cuda_requests = False  # a fake run sends the model's requests for CUDA to its own device
 
     def __call__(self, *, fake: bool, model_on_meta: bool, no_values: bool, on_meta: bool = False,
@@ -324,6 +336,9 @@ class _Run:
                     raise _describe_failure(model, names, recorder, exc) from exc
         finally:  # every run starts from the model as found (a fallback too) and leaves it so, also when it raises
             parts.pristine.restore()
+            if self.random_states.drawn():  # the trace may follow the numbers drawn: the caches must know
+                note_random_draws()
+                self.random_states.restore()
         trace = recorder.trace
         trace.execution = "fake" if fake else "real"
         trace.inputs = [describe(_packed(t)) for t in tensors_in((args, kwargs))]

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import FakeTensor, OpOverload, disable_current_modes
+from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
@@ -24,15 +24,19 @@ _VALUES = "_modelmeter_values"  # the attribute of a fake tensor that holds its 
 _GIVEN = "_modelmeter_given"  # marks a fake tensor whose values derive from the caller's (an input's, a buffer's)
 #: The lists of the :func:`watch_given_reads` blocks open, in every thread (a run may read values in threads it
 #: starts; a read in another analysis's thread marks this one too, which only costs a cache entry).
-_WATCHERS: dict[int, list[bool]] = {}  # id -> the list (lists compare by value)
+_WATCHERS: dict[int, list[str]] = {}  # id -> the list (lists compare by value)
+READ = "read"  # what a watcher holds once the run read values derived from the caller's tensors
+DREW = "drew"  # once the run drew random numbers from the caller's generators
 
 
 @contextmanager
-def watch_given_reads() -> Iterator[list[bool]]:
-    """A list that holds ``True`` once the run inside read (``.item()``, an attention mask's summary) values derived
-    from the caller's tensors — inputs, buffers, tensor attributes —, which may then have steered the trace: the
-    caches' keys cover their metadata, not their values. Blocks nest (the disk cache's in the shared one's)."""
-    read: list[bool] = []
+def watch_given_reads() -> Iterator[list[str]]:
+    """A list that holds :data:`READ` once the run inside read (``.item()``, an attention mask's summary) values
+    derived from the caller's tensors — inputs, buffers, tensor attributes —, and :data:`DREW` once it drew random
+    numbers (``torch.rand``, ``random.random()``: :func:`note_random_draws`), either of which may then have steered
+    the trace: the caches' keys cover the tensors' metadata, not their values, nor the generators' states. Blocks nest
+    (the disk cache's in the shared one's)."""
+    read: list[str] = []
     _WATCHERS[id(read)] = read
     try:
         yield read
@@ -42,9 +46,18 @@ def watch_given_reads() -> Iterator[list[bool]]:
 
 def _note_read(tensor: torch.Tensor) -> None:
     if getattr(tensor, _GIVEN, False):
-        for read in list(_WATCHERS.values()):
-            if not read:
-                read.append(True)
+        _note(READ)
+
+
+def note_random_draws() -> None:
+    """The run drew random numbers from the caller's generators (a LayerDrop's ``random.random()``)."""
+    _note(DREW)
+
+
+def _note(what: str) -> None:
+    for read in list(_WATCHERS.values()):
+        if what not in read:
+            read.append(what)
 
 
 class Shadows:
@@ -83,8 +96,12 @@ class Shadows:
         if not isinstance(tensor, torch.Tensor):
             return None
         values = getattr(tensor, _VALUES, None)
-        if values is not None:
-            _note_read(tensor)
+        if values is None:
+            return None
+        if _overwritten(values):
+            _forget([tensor])
+            return None
+        _note_read(tensor)
         return values
 
     def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -95,19 +112,23 @@ class Shadows:
         if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not mutable:
             return  # the common case, decided at once: the first operand (an activation, a weight) has no values
         outputs = _tensors(result)
-        if not outputs:
+        if not outputs and not mutable:
             return
-        # stops at the first tensor without values: most operators read an activation or a parameter first
-        if not all(hasattr(t, _VALUES) for t in _each_tensor((args, kwargs))) \
-                or any(t.numel() > LIMIT for t in outputs):
-            if mutable:  # an in-place update by unknown values: the old values are wrong now
-                _forget(outputs)
+        # stops at the first tensor without values: most operators read an activation or a parameter first;
+        # random numbers are unknown (computed again, they would be other numbers, and the caller's generator moved)
+        if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs) \
+                or _draws(func):
+            if mutable:  # an in-place update by unknown values: the old values are wrong now, in every view of them
+                _invalidate([*outputs, *written_arguments(schema_of(func), args, kwargs)])
             return
         try:
             with disable_current_modes(), torch.no_grad():
                 values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
-            _forget(outputs)
+            if mutable:
+                _invalidate([*outputs, *written_arguments(schema_of(func), args, kwargs)])
+            else:
+                _forget(outputs)
             return
         given = any(getattr(t, _GIVEN, False) for t in _each_tensor((args, kwargs)))
         for fake, real in zip(outputs, _tensors(values), strict=False):
@@ -115,15 +136,36 @@ class Shadows:
             if given:
                 setattr(fake, _GIVEN, True)
 
-    def item(self, tensor: torch.Tensor) -> Any:
-        """``tensor.item()`` from its values, or None when they are unknown."""
-        values = self.get(tensor)
-        return None if values is None else values.item()
+    def answer(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The result of an operator whose result is made of its operands' values — ``.item()``, ``nonzero``,
+        ``unique``, ``masked_select``, indexing by a boolean mask, ``repeat_interleave`` by counts: no meta kernel
+        can run them — when every operand's values are known: its tensors stand-ins on the operands' device (meta or
+        fake), with the values; None otherwise (the run then assumes a value, or falls back to real kernels)."""
+        if not _reads_values(func):
+            return None
+        tensors = _tensors((args, kwargs))
+        if not tensors or any(self.get(t) is None for t in tensors):  # (a read of the caller's values is noted)
+            return None
+        with disable_current_modes(), torch.no_grad():
+            real = func(*_real(args), **_real(kwargs))
+        given = any(getattr(t, _GIVEN, False) for t in tensors)
+        return _map_tensors(lambda values: _stand_in(values, tensors[0].device, given), real)
 
 
 def has_values(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s values are known (it has a shadow)."""
-    return hasattr(tensor, _VALUES)
+    """Whether ``tensor``'s values are known (it has a shadow, not overwritten by unknown values since)."""
+    values = getattr(tensor, _VALUES, None)
+    return values is not None and not _overwritten(values)
+
+
+def written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
+                      ) -> list[torch.Tensor]:
+    """The arguments an operator's schema marks as written (``Tensor(a!)``)."""
+    written = []
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written += _tensors(args[i] if i < len(args) else kwargs.get(argument.name))
+    return written
 
 
 def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -155,6 +197,64 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _forget(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.__dict__.pop(_VALUES, None)
+
+
+def _reads_values(func: OpOverload) -> bool:
+    """Whether ``func``'s result, or its shape, is made of its operands' values (torch's tags say so)."""
+    reads = _READS.get(func)
+    if reads is None:
+        tags = func.tags
+        reads = _READS[func] = torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
+    return reads
+
+
+_READS: dict[OpOverload, bool] = {}
+
+
+def _stand_in(values: torch.Tensor, device: torch.device, given: bool) -> torch.Tensor:
+    """A tensor without values on ``device`` (meta, or fake under the run's fake mode) as ``values``, which it holds
+    as its shadow. Made by an aten call, which the function recorder does not see: it is no call of the model's."""
+    stand_in = torch.ops.aten.empty_strided.default(values.shape, values.stride(), dtype=values.dtype, device=device)
+    setattr(stand_in, _VALUES, values)
+    if given:
+        setattr(stand_in, _GIVEN, True)
+    return stand_in
+
+
+def _map_tensors(function: Any, value: Any) -> Any:
+    """``value`` with ``function`` applied to each of its tensors (in tuples and lists)."""
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)([_map_tensors(function, v) for v in value])  # (torch.return_types take a list)
+    return value
+
+
+def _draws(func: OpOverload) -> bool:
+    """Whether ``func`` draws random numbers (``rand``, ``uniform_``, ``bernoulli``, ``randperm``)."""
+    draws = _DRAWS.get(func)
+    if draws is None:
+        draws = _DRAWS[func] = torch.Tag.nondeterministic_seeded in func.tags
+    return draws
+
+
+_DRAWS: dict[OpOverload, bool] = {}
+
+
+def _invalidate(written: list[torch.Tensor]) -> None:
+    """Forget the values of tensors written with unknown values, and of every view of them: the shadows of views
+    share their base's real storage (real kernels made them), which is emptied, so any shadow on it reads as
+    overwritten (:func:`_overwritten`) — a mask changed through a slice must not keep the values it had."""
+    for t in written:
+        values = t.__dict__.pop(_VALUES, None)
+        if values is not None:
+            values.untyped_storage().resize_(0)  # a shadow's storage is the run's own (seeds are copies)
+
+
+def _overwritten(values: torch.Tensor) -> bool:
+    """Whether a shadow's storage was emptied by :func:`_invalidate` (its elements must not be read then: a kernel
+    on a tensor without data crashes)."""
+    return values.numel() > 0 and values.untyped_storage().nbytes() == 0
 
 
 def _real(value: Any) -> Any:
