@@ -59,7 +59,7 @@ __all__ = [  # what the package imports from here
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
     "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
-    "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "flattened_mesh",
+    "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "flat_dcp_state", "flattened_mesh",
     "forward_hook_tables", "function_modes", "global_forward_hooks", "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
     "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
@@ -343,6 +343,16 @@ def state_dict_metadata(state_dict: Any) -> Any:
 
 def set_state_dict_metadata(state_dict: Any, metadata: Any) -> None:
     state_dict._metadata = metadata
+
+
+def flat_dcp_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` flattened as torch.distributed.checkpoint names its entries in a checkpoint's metadata
+    (``optimizer:<name>.state.<param>.exp_avg``): the private ``_nested_dict.flatten_state_dict`` (since 2.0) that
+    DCP's save and load use themselves."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(state)
+    return dict(flat)
 
 
 # --- torch.load (torch._weights_only_unpickler, torch._utils) --------------------------------------------------------

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .._torch_compat import flat_dcp_state
 from ._storage import corrupt_error, exception_chain, is_inside, missing_error, torch_load_bytes, unsafe_error
 from .errors import CheckpointError
 
@@ -194,10 +195,7 @@ def _mismatch(state: dict[str, Any], shapes: Mapping[str, tuple[int, ...] | None
 
     The keys are DCP's flattened ones (``optimizer:<name>.state.<param>.exp_avg``), as its metadata lists them.
     """
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-
-    flat, _ = flatten_state_dict(state)
-    for key, value in flat.items():
+    for key, value in flat_dcp_state(state).items():
         if key not in shapes:
             return f"it holds no {key!r}"
         saved = shapes[key]

@@ -50,9 +50,8 @@ from functools import cache
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
-from .._torch_compat import FakeTensorMode, conv_memory_format, fake_from_meta
+from .._torch_compat import FakeTensor, FakeTensorMode, conv_memory_format, fake_from_meta
 from .metadata import recorded_device
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
