@@ -1082,8 +1082,8 @@ class PeriodicCheckpointer:
         assert self.max_to_keep is not None
         while len(self.recent_checkpoints) > self.max_to_keep:
             to_delete = self.recent_checkpoints.pop(0)
-            if self.checkpointer.is_writer():
-                with self.checkpointer._save_lock():  # another process may be pointing last_checkpoint at it
+            if self.checkpointer.is_writer():  # under the saves' lock: another process may be naming it
+                with directory_lock(self.checkpointer.save_dir or "."):
                     self._delete_unless_protected(to_delete)
 
     def _delete_unless_protected(self, to_delete: str) -> None:
