@@ -65,7 +65,7 @@ class ModelSnapshot:
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
-        self.tensor_hooks = TensorHooks(t for t, _, _ in self.leaves)
+        self.tensor_hooks = TensorHooks([t for t, _, _ in self.leaves])
         # No run swaps the tensors kept in containers for stand-ins: their values are kept instead. Not those that
         # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
         # every analysis would double the model's memory, and real kernels copy a parameter when it is written
