@@ -157,7 +157,7 @@ class Recorder:
 
     def enter_module(self, module: nn.Module, *_: Any) -> None:
         name = self._by_id.get(id(module))
-        if name is None or not self._in_run(name):
+        if name is None or (_thread_id() != self._thread and not self._elsewhere_in_run(name)):
             return
         outer = self._scope
         self._stack.append(name)
@@ -171,7 +171,7 @@ class Recorder:
 
     def exit_module(self, module: nn.Module, _args: Any = None, output: Any = None) -> None:
         name = self._by_id.get(id(module))
-        if name is None or not self._stack or not self._in_run(name):
+        if name is None or not self._stack or (_thread_id() != self._thread and not self._elsewhere_in_run(name)):
             return
         with no_torch_function():  # what the hook reads of the output is no call of the model's
             if self.track_autograd:  # nodes made by operators no user-level call covered belong to this module
@@ -184,14 +184,14 @@ class Recorder:
             if self._stack.pop() == name:
                 break
 
-    def _in_run(self, name: str) -> bool:
-        """Whether a call of the model's module ``name`` belongs to the run: made on the recording thread, or on one of
-        autograd's threads running the run's backward pass (it has the recording thread's modes). The module hooks
-        are process-wide: a call on another thread — one the model's ``forward`` started, or the user's own, running
-        the model meanwhile — runs operators no recorder sees (the modes are the recording thread's), and must not
-        push its module on the run's stack: it is noted (:attr:`elsewhere`), and the run fails when it ends."""
-        if _thread_id() == self._thread or any(isinstance(mode, FunctionRecorder) and mode.recorder is self
-                                               for mode in function_modes()):
+    def _elsewhere_in_run(self, name: str) -> bool:
+        """Whether a call of the model's module ``name`` made on another thread than the recording one belongs to the
+        run: made on one of autograd's threads running the run's backward pass (it has the recording thread's modes).
+        The module hooks are process-wide: a call on another thread — one the model's ``forward`` started, or the
+        user's own, running the model meanwhile — runs operators no recorder sees (the modes are the recording
+        thread's), and must not push its module on the run's stack: it is noted (:attr:`elsewhere`), and the run
+        fails when it ends. (The hooks check the thread first: nearly every call is the recording thread's.)"""
+        if any(isinstance(mode, FunctionRecorder) and mode.recorder is self for mode in function_modes()):
             return True
         if name not in self.elsewhere:
             self.elsewhere.append(name)

@@ -44,7 +44,8 @@ class ModelSnapshot:
     of the tensors there — a forward that appends to a cache it is passed must leave it as it was.
 
     Found on the way: where each parameter, buffer and plain tensor attribute of a module is held (what a run
-    swaps for a stand-in).
+    swaps for a stand-in), and whether a module holds a script object (``packed``: a quantized layer's packed
+    weights).
     """
 
     def __init__(self, modules: list[nn.Module], objects: Iterable[Any] = ()) -> None:
@@ -57,6 +58,7 @@ class ModelSnapshot:
         self.parameters: list[Held] = []
         self.buffers: list[Held] = []
         self.attributes: list[Held] = []  # tensors a module class keeps as plain attributes
+        self.packed = False
         self._tensors: list[torch.Tensor] = []  # the others, in containers
         self._seen = {id(module) for module in modules}
         for module in modules:
@@ -128,6 +130,8 @@ class ModelSnapshot:
                 pending += value
             elif isinstance(value, (tuple, frozenset)):  # cannot change, but may hold what can
                 pending += value
+            elif isinstance(value, torch.ScriptObject):
+                self.packed = True
             elif into_objects and not isinstance(value, type) and isinstance(getattr(value, "__dict__", None), dict):
                 pending.append(value.__dict__)
 

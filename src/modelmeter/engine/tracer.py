@@ -210,8 +210,7 @@ class _Parts:
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
-        # packed weights (quantized layers' ScriptObjects), which FakeTensors' cache cannot key
-        self.packed = any(isinstance(v, torch.ScriptObject) for m in self.modules for v in vars(m).values())
+        self.packed = self.pristine.packed  # (packed weights: FakeTensors' cache cannot key them)
         self.parameters = _unique(t for _, _, t in self.held_parameters)
         self.buffers = _unique(t for _, _, t in self.pristine.buffers)
         self.stand_ins: dict[int, torch.Tensor] = {}  # id(original) -> its stand-in, during a run
@@ -660,7 +659,7 @@ def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwa
 
 class _ModuleHooks:
     """Global forward hooks that keep the recorder's module stack. A run in which a module of the model was called
-    on another thread (:meth:`Recorder._in_run`) fails when it ends: that call's operators were not recorded."""
+    on another thread (:meth:`Recorder._elsewhere_in_run`) fails when it ends: that call's operators were not recorded."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
