@@ -659,7 +659,8 @@ def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwa
 
 class _ModuleHooks:
     """Global forward hooks that keep the recorder's module stack. A run in which a module of the model was called
-    on another thread (:meth:`Recorder._elsewhere_in_run`) fails when it ends: that call's operators were not recorded."""
+    on another thread (:meth:`Recorder._elsewhere_in_run`) fails when it ends: that call's operators were not
+    recorded."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
