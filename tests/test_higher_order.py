@@ -122,3 +122,26 @@ def test_a_higher_order_operator_not_counted_is_refused_by_name() -> None:
     with pytest.raises(ModelRunError, match="the higher-order operator associative_scan cannot be counted") as raised:
         analyze(_Opaque(), (torch.randn(4, 3, 3),), execution="real", quiet=True)
     assert isinstance(raised.value.__cause__, UnsupportedError)
+
+
+class _Direct(nn.Module):
+    """Higher-order operators called as an exported program's graph calls them."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.layer = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        op = _hop(self.name)
+        if self.name == "invoke_subgraph":
+            return op(self.layer, "layer", op(self.layer, "layer", x))  # type: ignore[operator]
+        n = torch.tensor(3)
+        return op(lambda i, y: i < n, lambda i, y: (i + 1, self.layer(y)),  # type: ignore[operator]
+                  (torch.zeros((), dtype=torch.int64), x), ())[1]
+
+
+@pytest.mark.parametrize(("name", "calls"), [("invoke_subgraph", 2), ("while_loop_stack_output", 3)])
+def test_a_higher_order_operator_called_directly_counts_every_call_of_its_body(name: str, calls: int) -> None:
+    analysis = analyze(_Direct(name), (torch.randn(5, 8),), convention="macs", execution="real", quiet=True)
+    assert analysis.flops.total() == calls * 5 * 8 * 8
