@@ -145,3 +145,17 @@ class _Direct(nn.Module):
 def test_a_higher_order_operator_called_directly_counts_every_call_of_its_body(name: str, calls: int) -> None:
     analysis = analyze(_Direct(name), (torch.randn(5, 8),), convention="macs", execution="real", quiet=True)
     assert analysis.flops.total() == calls * 5 * 8 * 8
+
+
+class _Printing(nn.Module):
+    """torch's ``print`` higher-order operator, which does no work, beside a product."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _hop("print")("x is {x}", x=x)  # type: ignore[operator]
+        return x @ x.T
+
+
+def test_a_higher_order_operator_that_does_no_work_is_not_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # (capsys: the operator prints)
+    analysis = analyze(_Printing(), (torch.ones(4, 8),), convention="macs", execution="real", quiet=True)
+    assert analysis.flops.total() == 4 * 4 * 8

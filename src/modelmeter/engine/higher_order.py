@@ -16,8 +16,9 @@ import torch
 from .._torch_compat import pytree
 from ..errors import UnsupportedError
 
-# Counted as a whole by their own rules (handles/attention.py): their bodies are score modifiers, not layers.
-COUNTED_WHOLE = frozenset({"flex_attention"})
+# Run as a whole, set aside with the recorders: flex_attention is counted by its own rule (handles/attention.py; its
+# bodies are score modifiers, not layers), print and _export_tracepoint (an unflattened program's) do no work.
+COUNTED_WHOLE = frozenset({"flex_attention", "print", "_export_tracepoint"})
 
 
 def _cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Any) -> Any:

@@ -439,7 +439,7 @@ class FunctionRecorder(TorchFunctionMode):
                     return _redispatch(func, types_, args, kwargs)
             finally:
                 self._active.pop()
-        if higher_order:  # flex_attention has no rule for a Python dispatch mode: counted as a whole by its own
+        if higher_order:  # run as a whole, set aside: flex_attention counted by its own rule, print doing no work
             if func.name() not in COUNTED_WHOLE:
                 raise refuse(func.name())
             with pop_mode_temporarily():
