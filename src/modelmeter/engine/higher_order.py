@@ -2,7 +2,8 @@
 exported program keeps) run as torch's eager kernels run them, so the operators of their bodies are recorded.
 
 Set aside with the recorders, a body would run unseen: a silent zero. A higher-order operator that is neither run
-here nor counted as a whole by a rule (``flex_attention``) is refused by name (:func:`refuse`).
+here nor run as a whole (``flex_attention``, counted by its rule; ``print``, no work) is refused by name
+(:func:`refuse`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], 
 
 def _loop(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Any,
           additional: Any) -> Iterator[tuple[Any, ...]]:
-    """The carried values of every iteration of ``while_loop`` after the first (its condition read as a value)."""
+    """The carried values after each iteration of ``while_loop`` (its condition read as a value before each)."""
     carried = tuple(carried)
     while bool(cond_fn(*carried, *additional)):
         carried = tuple(body_fn(*carried, *additional))
@@ -118,4 +119,5 @@ def refuse(name: str) -> UnsupportedError:
 
 
 def _counted() -> set[str]:
+    """The names of the higher-order operators run here or as a whole."""
     return {op.name() for op in RUNNERS} | set(COUNTED_WHOLE)
