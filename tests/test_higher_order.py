@@ -159,3 +159,16 @@ def test_a_higher_order_operator_that_does_no_work_is_not_refused(capsys: pytest
     # (capsys: the operator prints)
     analysis = analyze(_Printing(), (torch.ones(4, 8),), convention="macs", execution="real", quiet=True)
     assert analysis.flops.total() == 4 * 4 * 8
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["eager", "exported"])
+def test_a_loops_backward_pass_counts_every_iteration(exported: bool) -> None:
+    # 3 iterations of a 4x8 @ 8x8 product: forward 3 * 256; weight gradients 3 * 256; input gradients for the two
+    # iterations whose input came from the layer (the caller's x needs none) 2 * 256.
+    _hop("while_loop")
+    model: nn.Module = _Loop()
+    inputs = (torch.randn(4, 8), torch.tensor(3))
+    if exported:
+        model = torch.export.export(model, inputs).module()
+    analysis = analyze(model, inputs, convention="macs", execution="real", backward=True, quiet=True)
+    assert analysis.flops.total() == (3 + 3 + 2) * 4 * 8 * 8
