@@ -42,6 +42,7 @@ from .._torch_compat import (
 from ..errors import ModelRunError, UnsupportedError
 from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
+from .higher_order import COUNTED_WHOLE, RUNNERS, refuse, run_body
 from .inputs import tensors_in
 from .kernel_checks import Check, kernel_check
 from .meta_kernels import direct_kernel, fused_on_meta, with_cpu_dtypes
@@ -427,9 +428,10 @@ class FunctionRecorder(TorchFunctionMode):
              higher_order: bool) -> Any:
         """Run a user-level call. Python-level functions run with the mode re-entered, so the calls they make are
         seen too; a function that reaches the mode again through its own C implementation runs plainly."""
-        if func is _COND:  # as eager code runs it: the branch its predicate picks, every call in it seen
+        body = RUNNERS.get(func) if python_function else None
+        if body is not None:  # as torch's eager kernel runs it: the body's operators, every call in them seen
             with self:
-                return _eager_cond(*args, **kwargs)
+                return run_body(body, args, kwargs)
         if python_function and func not in self._active and _redispatch is not None:
             self._active.append(func)
             try:
@@ -437,7 +439,9 @@ class FunctionRecorder(TorchFunctionMode):
                     return _redispatch(func, types_, args, kwargs)
             finally:
                 self._active.pop()
-        if higher_order:  # flex_attention & co. have no rule for a Python dispatch mode: counted as a whole
+        if higher_order:  # run as a whole, set aside: flex_attention counted by its own rule, print doing no work
+            if func.name() not in COUNTED_WHOLE:
+                raise refuse(func.name())
             with pop_mode_temporarily():
                 return func(*args, **kwargs)
         if func in RECURRENT_CALLS:  # LSTM, GRU, RNN on meta tensors: their decomposition written, not run
@@ -487,9 +491,9 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
     except (KeyError, TypeError):  # not seen yet, or not hashable
         pass
     op = None if isinstance(func, OpOverload) else function_op_name(func)
-    # (torch.export's conditional runs as Python code does: _eager_cond)
-    call = None if op is None else (op, isinstance(func, types.FunctionType) or func is _COND,
-                                    isinstance(func, HigherOrderOperator) and func is not _COND)
+    # (a higher-order operator run here runs as Python code does: engine/higher_order.py)
+    call = None if op is None else (op, isinstance(func, types.FunctionType) or func in RUNNERS,
+                                    isinstance(func, HigherOrderOperator) and func not in RUNNERS)
     with contextlib.suppress(TypeError):
         _FUNCTION_CALLS[func] = call
     return call
@@ -497,14 +501,6 @@ def _function_call(func: Any) -> tuple[str, bool, bool] | None:
 
 _FUNCTION_CALLS: dict[Any, tuple[str, bool, bool] | None] = {}
 _thread_id = threading.get_ident
-_COND = torch.ops.higher_order.cond  # an exported program's ``torch.cond``
-
-
-def _eager_cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Any) -> Any:
-    """``cond`` as torch's eager kernel runs it (its predicate read as a value: known, assumed on the meta device, or
-    the fake run falls back to real kernels); set aside with the dispatch recorder, its branch ran unseen (a zero)."""
-    return true_fn(*operands) if bool(pred) else false_fn(*operands)
-
 
 # Calls never replayed (engine/replay.py): attention reads its mask's values, a recurrent call writes its events itself.
 _NOT_REPLAYED = frozenset({*ATTENTION_CALLS, *(function_op_name(f) for f in RECURRENT_CALLS)})
