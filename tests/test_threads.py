@@ -452,3 +452,33 @@ def test_every_attempt_starts_from_the_callers_states_while_another_thread_draws
     assert read == [first[1]] * (len(read) - 1) + [second[0]]
     assert other == (first[0], second[1], first[2])
     assert after == (second[0], first[1], second[2])
+
+
+class Seeding(nn.Module):
+    """Linear(8, 8) whose forward seeds torch's, Python's and numpy's generators (no operator draws)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(123)
+        random.seed(123)
+        np.random.seed(123)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("execution", ["fake", "real"])
+def test_a_forward_that_seeds_the_generators_leaves_the_callers_states(execution: str) -> None:
+    """Seeding is no operator (no recorder sees it): the seeding functions called on the recording thread count as
+    the run's draws, so the caller's next numbers are those it would have drawn without the analysis."""
+    first, _ = _two_draws_in_turn()
+    model, x = Seeding(), torch.randn(3, 8)
+    _seeded()
+    with SHARED.set_aside():
+        assert _total_with(model, x, execution) == LINEAR
+    assert _draws() == first
+
+
+def _total_with(model: nn.Module, x: torch.Tensor, execution: str) -> int:
+    return int(FlopCountAnalysis(model, x, convention="macs", execution=execution).total())  # type: ignore[arg-type]

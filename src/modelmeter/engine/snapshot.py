@@ -15,14 +15,13 @@ nearly always all empty, are checked together in one call, and flags and sizes a
 
 from __future__ import annotations
 
-import inspect
 import random
 import sys
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from functools import wraps
+from functools import cache
 from itertools import chain
 from operator import is_, itemgetter
 from typing import Any
@@ -290,10 +289,11 @@ class RandomStates:
 
     The generators are the process's: another thread draws from them meanwhile (a training loop's dropout), and its
     numbers must not be drawn again. So a generator is put back only when the run drew from it. Torch's: the
-    recorder saw a seeded operator on the default generator (it tells :meth:`restore`). Python's and numpy's: while
-    :meth:`watched`, their module functions (bound methods of one hidden generator each) note the calling thread;
-    one that moved with no call seen (a function imported by name before) counts as the run's, as it did before.
-    A generator left as it is becomes the state the next attempt starts from.
+    recorder saw a seeded operator's real kernel draw from the default generator (it tells :meth:`restore`), or the
+    recording thread called ``torch.manual_seed``, ``torch.seed`` or ``torch.set_rng_state``. Python's and numpy's:
+    while :meth:`watched`, their module functions (bound methods of one hidden generator each) note the calling
+    thread; one that moved with no call seen on another thread (the run drew through a function imported by name
+    before) counts as the run's, as before. A generator left as it is becomes the state the next attempt starts from.
     """
 
     def __init__(self) -> None:
@@ -321,7 +321,7 @@ class RandomStates:
     def restore(self, torch_drawn: bool) -> None:
         """Put back the generators the run drew from (torch's: ``torch_drawn``, told by the recorder); take the
         others' states as they are now, for the next attempt."""
-        if torch_drawn:
+        if torch_drawn or "torch" in self.drew[True]:  # an operator's kernel drew, or the forward seeded it
             torch.default_generator.set_state(self.cpu)
             if self.cuda is not None:
                 torch.cuda.set_rng_state_all(self.cuda)
@@ -346,22 +346,20 @@ class RandomStates:
 
     @contextmanager
     def watched(self) -> Iterator[None]:
-        """While open, the module functions of Python's ``random`` and numpy's ``numpy.random`` note which thread
-        draws (replaced on the modules, put back when it ends)."""
-        numpy = sys.modules.get("numpy")
-        modules = [(random, "random")] if numpy is None else [(random, "random"), (numpy.random, "numpy")]
-        replaced = [(module, name, function, generator) for module, generator in modules
-                    for name, function in _drawing_functions(module).items()]
-        for module, name, function, generator in replaced:
-            setattr(module, name, self._noting(function, generator))
+        """While open, the module functions that draw from Python's ``random`` and numpy's global generator, and
+        torch's seeding functions (not operators: no recorder sees them), note which thread calls them; replaced on
+        their modules where they are the originals (not where the user replaced one), put back when it ends."""
+        replaced = [(module, name, original, generator) for module, generator, originals in _watched_functions()
+                    for name, original in originals.items() if getattr(module, name, None) is original]
+        for module, name, original, generator in replaced:
+            setattr(module, name, self._noting(original, generator))
         try:
             yield
         finally:
-            for module, name, function, _ in replaced:
-                setattr(module, name, function)
+            for module, name, original, _ in replaced:
+                setattr(module, name, original)
 
     def _noting(self, function: Any, generator: str) -> Any:
-        @wraps(function)
         def drawing(*args: Any, **kwargs: Any) -> Any:
             self.drew[threading.get_ident() == self.thread].add(generator)
             return function(*args, **kwargs)
@@ -370,19 +368,38 @@ class RandomStates:
 
 _PYTHON_RANDOM: random.Random = random.random.__self__  # type: ignore[attr-defined]  # the module's generator
 _READS = frozenset({"getstate", "get_state"})  # functions of a generator that do not move it
+_TORCH_SEEDING = {name: getattr(torch.random, name) for name in ("manual_seed", "seed", "set_rng_state")}
 
 
 def _numpy_random(numpy: Any) -> Any:
-    """numpy's global generator (``numpy.random.rand`` is its bound method), also while its functions are watched."""
-    return inspect.unwrap(numpy.random.rand).__self__
+    """numpy's global generator: the one its module functions (``numpy.random.rand``) are bound methods of."""
+    return numpy.random.mtrand._rand
 
 
-def _drawing_functions(module: Any) -> dict[str, Any]:
-    """The module functions that are bound methods of the module's one generator (the one ``random`` draws with),
-    but those that only read its state."""
-    generator = inspect.unwrap(module.random).__self__
+def _bound_functions(module: Any, generator: Any) -> dict[str, Any]:
+    """The functions of ``module`` that are bound methods of ``generator`` but only read its state."""
     return {name: value for name, value in vars(module).items()
             if getattr(value, "__self__", None) is generator and name not in _READS}
+
+
+_WATCHED: list[tuple[Any, str, dict[str, Any]]] = [
+    (random, "random", _bound_functions(random, _PYTHON_RANDOM)),
+    (torch, "torch", _TORCH_SEEDING), (torch.random, "torch", _TORCH_SEEDING)]
+
+
+def _watched_functions() -> list[tuple[Any, str, dict[str, Any]]]:
+    """(module, generator, its original functions by name) for each module :meth:`RandomStates.watched` watches:
+    numpy's too once it is imported."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return _WATCHED
+    return [*_WATCHED, (numpy.random, "numpy", _numpy_functions(numpy.random))]
+
+
+@cache
+def _numpy_functions(module: Any) -> dict[str, Any]:
+    """The functions of ``numpy.random`` that move its global generator: its bound methods, and ``seed``."""
+    return {**_bound_functions(module, module.mtrand._rand), "seed": module.seed}
 
 
 @contextmanager
