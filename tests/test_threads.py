@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import gc
+import random
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -350,3 +352,133 @@ def test_a_submodule_imported_meanwhile_keeps_the_recording_shared(recordings: l
     assert FlopCountAnalysis(model, x).trace is first and len(recordings) == 1
     monkeypatch.setattr(F, "modelmeter_test_function", mine, raising=False)
     assert FlopCountAnalysis(model, x).trace is not first and len(recordings) == 2
+
+
+Draws = tuple[float, float, float]  # one number from each of torch's, Python's and numpy's generators
+
+
+def _seeded() -> None:
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+
+
+def _draws() -> Draws:
+    """One number from each of torch's CPU generator, Python's ``random`` and numpy's global generator."""
+    return float(torch.rand(())), random.random(), float(np.random.rand())
+
+
+def _two_draws_in_turn() -> tuple[Draws, Draws]:
+    """The oracle: the first and second numbers of each generator after :func:`_seeded`, drawn by one thread."""
+    _seeded()
+    return _draws(), _draws()
+
+
+class Drawing(nn.Module):
+    """Linear(8, 8) whose forward draws from Python's ``random`` (``"random"`` in ``generators``), marks ``inside``,
+    waits (at most ``WAIT`` seconds) for ``go``, then reads a number drawn by torch (``"torch"``: a fake run fails on
+    the read and the real one runs); ``read`` is told the numbers (a list's ``append``: a run puts
+    back the lists a model holds)."""
+
+    def __init__(self, generators: tuple[str, ...], inside: threading.Event, go: threading.Event,
+                 read: Callable[[float], None]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.generators, self.inside, self.go, self.read = generators, inside, go, read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "random" in self.generators:
+            self.read(random.random())
+        self.inside.set()
+        self.go.wait(WAIT)
+        if "torch" in self.generators:
+            self.read(torch.rand_like(x)[0, 0].item())
+        return self.lin(x)
+
+
+def _analysed_while_another_thread_draws(model_draws: tuple[str, ...], execution: str
+                                         ) -> tuple[list[float], Draws, Draws]:
+    """Seed, analyse a :class:`Drawing` model while another thread draws once from each generator inside the first
+    attempt's forward, then draw once more here: (what the model read, the other thread's draws, the draws after)."""
+    inside, go = threading.Event(), threading.Event()
+    read: list[float] = []
+    model, x = Drawing(model_draws, inside, go, read.append), torch.randn(3, 8)
+    drawn: list[Draws] = []
+
+    def draw() -> None:
+        assert inside.wait(WAIT)
+        drawn.append(_draws())
+        go.set()
+
+    thread = threading.Thread(target=draw)
+    _seeded()
+    thread.start()
+    with SHARED.set_aside():
+        analysis = FlopCountAnalysis(model, x, convention="macs", execution=execution)  # type: ignore[arg-type]
+        assert analysis.total() == LINEAR
+    _join(thread)
+    return read, drawn[0], _draws()
+
+
+@pytest.mark.parametrize("execution", ["fake", "real", "auto"])
+def test_another_threads_draws_during_an_analysis_are_not_drawn_again(execution: str) -> None:
+    """Thread B draws from torch's, Python's and numpy's generators while an analysis's forward (of a model that
+    draws nothing) waits: afterwards the next numbers are the ones after B's, not B's again (the run puts back only
+    the generators it drew from)."""
+    first, second = _two_draws_in_turn()
+    assert _analysed_while_another_thread_draws((), execution) == ([], first, second)
+
+
+def test_generators_the_run_drew_from_are_put_back_and_the_others_not() -> None:
+    """The model draws from Python's ``random``, thread B from all three during the forward: Python's generator is
+    put back as the caller left it (the run drew: B's number is drawn again, as documented), torch's and numpy's
+    keep B's draws."""
+    first, second = _two_draws_in_turn()
+    read, other, after = _analysed_while_another_thread_draws(("random",), "fake")
+    assert read == [first[1]]
+    assert other == (first[0], second[1], first[2])  # B drew after the model's random.random()
+    assert after == (second[0], first[1], second[2])
+
+
+def test_every_attempt_starts_from_the_callers_states_while_another_thread_draws() -> None:
+    """The model draws from Python's ``random``, waits for thread B's draws (in the first attempt only), then reads a
+    number drawn by torch: the fake attempts fail on the read (their ``rand_like`` drew nothing: no kernels) and the
+    real one runs. Every attempt reads Python's first number (put back after each); the real one reads torch's
+    number after B's (the fake ones left B's draw in place), and torch's generator is put back to it; numpy's keeps
+    B's draw."""
+    first, second = _two_draws_in_turn()
+    read, other, after = _analysed_while_another_thread_draws(("random", "torch"), "auto")
+    assert len(read) > 2  # random's number in each attempt, torch's in the real one
+    assert read == [first[1]] * (len(read) - 1) + [second[0]]
+    assert other == (first[0], second[1], first[2])
+    assert after == (second[0], first[1], second[2])
+
+
+class Seeding(nn.Module):
+    """Linear(8, 8) whose forward seeds torch's, Python's and numpy's generators (no operator draws)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(123)
+        random.seed(123)
+        np.random.seed(123)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("execution", ["fake", "real"])
+def test_a_forward_that_seeds_the_generators_leaves_the_callers_states(execution: str) -> None:
+    """Seeding is no operator (no recorder sees it): the seeding functions called on the recording thread count as
+    the run's draws, so the caller's next numbers are those it would have drawn without the analysis."""
+    first, _ = _two_draws_in_turn()
+    model, x = Seeding(), torch.randn(3, 8)
+    _seeded()
+    with SHARED.set_aside():
+        assert _total_with(model, x, execution) == LINEAR
+    assert _draws() == first
+
+
+def _total_with(model: nn.Module, x: torch.Tensor, execution: str) -> int:
+    return int(FlopCountAnalysis(model, x, convention="macs", execution=execution).total())  # type: ignore[arg-type]

@@ -147,6 +147,7 @@ class Recorder:
         self.imports = 0  # operators that imported modules
         self._thread = _thread_id()  # the recording thread: the recorder modes are its own
         self.elsewhere: list[str] = []  # the model's modules called on another thread during the run (unrecorded)
+        self.drew_random = False  # a seeded operator's real kernel drew from torch's default generator
 
     # module scopes ---------------------------------------------------------------------------
     def _scope_index(self, stack: tuple[str, ...]) -> int:
@@ -590,6 +591,8 @@ class DispatchRecorder(EagerDispatchMode):
         except BaseException:
             rec.note_failure(operator.name, "dispatch")
             raise
+        if operator.seeded and kwargs.get("generator") is None and not any(map(_without_values, _tensors(result))):
+            rec.drew_random = True  # a real kernel drew from torch's default generator: the run puts it back
         rec.storages.outputs(result, len(rec.trace.events) - 1)
         if operator.collective:
             rec.storages.communication(_written(operator.schema, args, kwargs, result))
@@ -620,6 +623,7 @@ class _Operator(NamedTuple):
     groups: tuple[int, ...]  # where a functional collective takes its group's name
     collective: bool
     replayable: bool  # its record is its arguments' metadata alone (engine/replay.py)
+    seeded: bool  # draws from a random number generator (torch's tag)
 
 
 
@@ -649,7 +653,8 @@ def _operator(func: OpOverload) -> _Operator:
     collective = func.namespace in _COLLECTIVE_NAMESPACES
     found = _OPERATORS[func] = _Operator(dispatch_op_name(func), schema, func.namespace == "prim", schema.is_mutable,
                                          direct_kernel(func), kernel_check(func), groups, collective,
-                                         replayable(func, collective or bool(groups)) and func not in _PLACEHOLDERS)
+                                         replayable(func, collective or bool(groups)) and func not in _PLACEHOLDERS,
+                                         torch.Tag.nondeterministic_seeded in func.tags)
     return found
 
 

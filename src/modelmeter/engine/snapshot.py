@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from itertools import chain
 from operator import is_, itemgetter
 from typing import Any
@@ -275,7 +277,7 @@ def refuse_uninitialised(model: nn.Module, failure: Exception) -> None:
 
 class RandomStates:
     """The states of the random number generators a model's ``forward`` may draw from, taken when made;
-    :meth:`restore` puts them back.
+    :meth:`restore` puts back those the run drew from.
 
     A run draws from them as the model's ``forward`` does (dropout in training mode under real kernels,
     ``torch.rand`` on the CPU under any execution, ``random.random()`` for a LayerDrop): without this, the caller's
@@ -284,47 +286,133 @@ class RandomStates:
     CPU generator of torch, Python's ``random`` and numpy's global generator (once numpy is imported) always; the CUDA
     ones only where CUDA was started (a run without it cannot have drawn from them, and starting it here would cost
     seconds).
+
+    The generators are the process's: another thread draws from them meanwhile (a training loop's dropout), and its
+    numbers must not be drawn again. So a generator is put back only when the run drew from it. Torch's: the
+    recorder saw a seeded operator's real kernel draw from the default generator (it tells :meth:`restore`), or the
+    recording thread called ``torch.manual_seed``, ``torch.seed`` or ``torch.set_rng_state``. Python's and numpy's:
+    while :meth:`watched`, their module functions (bound methods of one hidden generator each) note the calling
+    thread; one that moved with no call seen on another thread (the run drew through a function imported by name
+    before) counts as the run's, as before. A generator left as it is becomes the state the next attempt starts from.
     """
 
     def __init__(self) -> None:
         self.cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.python = random.getstate()
+        self.python = _PYTHON_RANDOM.getstate()  # the generator itself: the module's functions may be watched
         numpy = sys.modules.get("numpy")
         self.numpy = None if numpy is None else (numpy, numpy.random.get_state())
+        self.thread = threading.get_ident()
+        self.drew: dict[bool, set[str]] = {True: set(), False: set()}  # on the recording thread? -> which generators
 
     def drawn(self) -> bool:
-        """Whether a generator moved since the states were taken: random numbers were drawn."""
-        if random.getstate() != self.python:
+        """Whether a generator moved since the states were taken: random numbers were drawn (by any thread)."""
+        if _PYTHON_RANDOM.getstate() != self.python:
             return True
         if self.numpy is not None:
             numpy, state = self.numpy
-            if any(not numpy.array_equal(a, b) for a, b in zip(numpy.random.get_state(), state, strict=True)):
+            if any(not numpy.array_equal(a, b) for a, b in zip(_numpy_random(numpy).get_state(), state, strict=True)):
                 return True
         with disable_current_modes():  # the states are real tensors, also inside a fake mode (a parallel plan's)
             if not torch.equal(torch.default_generator.get_state(), self.cpu):
                 return True
             return self.cuda is not None and not all(map(torch.equal, torch.cuda.get_rng_state_all(), self.cuda))
 
-    def restore(self) -> None:
-        torch.default_generator.set_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-        random.setstate(self.python)
+    def restore(self, torch_drawn: bool) -> None:
+        """Put back the generators the run drew from (torch's: ``torch_drawn``, told by the recorder); take the
+        others' states as they are now, for the next attempt."""
+        if torch_drawn or "torch" in self.drew[True]:  # an operator's kernel drew, or the forward seeded it
+            torch.default_generator.set_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state_all(self.cuda)
+        else:
+            self.cpu = torch.default_generator.get_state()
+            self.cuda = torch.cuda.get_rng_state_all() if self.cuda is not None else None
+        if self._ran("random"):
+            _PYTHON_RANDOM.setstate(self.python)
+        else:
+            self.python = _PYTHON_RANDOM.getstate()
         if self.numpy is not None:
             numpy, state = self.numpy
-            numpy.random.set_state(state)
+            if self._ran("numpy"):
+                _numpy_random(numpy).set_state(state)
+            else:
+                self.numpy = numpy, _numpy_random(numpy).get_state()
+        self.drew = {True: set(), False: set()}
+
+    def _ran(self, generator: str) -> bool:
+        """Whether the run drew from ``generator``: seen drawing on the recording thread, or not seen elsewhere."""
+        return generator in self.drew[True] or generator not in self.drew[False]
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        """While open, the module functions that draw from Python's ``random`` and numpy's global generator, and
+        torch's seeding functions (not operators: no recorder sees them), note which thread calls them; replaced on
+        their modules where they are the originals (not where the user replaced one), put back when it ends."""
+        replaced = [(module, name, original, generator) for module, generator, originals in _watched_functions()
+                    for name, original in originals.items() if getattr(module, name, None) is original]
+        for module, name, original, generator in replaced:
+            setattr(module, name, self._noting(original, generator))
+        try:
+            yield
+        finally:
+            for module, name, original, _ in replaced:
+                setattr(module, name, original)
+
+    def _noting(self, function: Any, generator: str) -> Any:
+        def drawing(*args: Any, **kwargs: Any) -> Any:
+            self.drew[threading.get_ident() == self.thread].add(generator)
+            return function(*args, **kwargs)
+        return drawing
+
+
+_PYTHON_RANDOM: random.Random = random.random.__self__  # type: ignore[attr-defined]  # the module's generator
+_READS = frozenset({"getstate", "get_state"})  # functions of a generator that do not move it
+_TORCH_SEEDING = {name: getattr(torch.random, name) for name in ("manual_seed", "seed", "set_rng_state")}
+
+
+def _numpy_random(numpy: Any) -> Any:
+    """numpy's global generator: the one its module functions (``numpy.random.rand``) are bound methods of."""
+    return numpy.random.mtrand._rand
+
+
+def _bound_functions(module: Any, generator: Any) -> dict[str, Any]:
+    """The functions of ``module`` that are bound methods of ``generator`` but only read its state."""
+    return {name: value for name, value in vars(module).items()
+            if getattr(value, "__self__", None) is generator and name not in _READS}
+
+
+_WATCHED: list[tuple[Any, str, dict[str, Any]]] = [
+    (random, "random", _bound_functions(random, _PYTHON_RANDOM)),
+    (torch, "torch", _TORCH_SEEDING), (torch.random, "torch", _TORCH_SEEDING)]
+
+
+def _watched_functions() -> list[tuple[Any, str, dict[str, Any]]]:
+    """(module, generator, its original functions by name) for each module :meth:`RandomStates.watched` watches:
+    numpy's too once it is imported."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return _WATCHED
+    return [*_WATCHED, (numpy.random, "numpy", _numpy_functions(numpy.random))]
+
+
+@cache
+def _numpy_functions(module: Any) -> dict[str, Any]:
+    """The functions of ``numpy.random`` that move its global generator: its bound methods, and ``seed``."""
+    return {**_bound_functions(module, module.mtrand._rand), "seed": module.seed}
 
 
 @contextmanager
 def kept_random_states() -> Iterator[RandomStates]:
-    """The random number generators' states (:class:`RandomStates`) as the block began, put back when it ends,
-    also when it raises."""
+    """The random number generators' states (:class:`RandomStates`) as the block began, watched while it runs; the
+    Python and numpy ones the block drew from are put back when it ends, also when it raises (a run puts back
+    torch's itself: only its recorder sees torch's draws)."""
     states = RandomStates()
     try:
-        yield states
+        with states.watched():
+            yield states
     finally:
-        states.restore()
+        states.restore(torch_drawn=False)
 
 
 # Values that hold nothing to walk: skipped at once (most of a module's attributes are flags and sizes).

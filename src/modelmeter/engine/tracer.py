@@ -337,7 +337,7 @@ class _Run:
             parts.pristine.restore()
             if self.random_states.drawn():  # the trace may follow the numbers drawn: the caches must know
                 note_random_draws()
-                self.random_states.restore()
+                self.random_states.restore(torch_drawn=recorder.drew_random)
         trace = recorder.trace
         trace.execution = "fake" if fake else "real"
         trace.inputs = [describe(_packed(t)) for t in tensors_in((args, kwargs))]
