@@ -136,6 +136,7 @@ class Recorder:
         self._failed_level: str | None = None
         self.placeholders = False
         self.guessed_values: list[str] = []  # values of meta tensors the run read and assumed (placeholders), in order
+        self.noted_guesses: set[str] = set()  # the distinct ones, each listed once in the trace's assumptions
         self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
         self._noted_masks = False
         self.storages = StorageTracker(lambda: len(self.trace.events))
@@ -726,7 +727,9 @@ def _guessed(rec: Recorder, text: str) -> None:
     if len(rec.guessed_values) >= GUESSES:  # a loop until a value changes (``while err > tol``) would never end
         raise ModelRunError(f"the model read {GUESSES} values of meta tensors, each assumed: it likely loops until a "
                             "value it computes changes, which an assumed value never does", None, None)
-    rec.trace.assumptions.append(text)
+    if text not in rec.noted_guesses:  # a loop reading the same value lists its assumption once
+        rec.noted_guesses.add(text)
+        rec.trace.assumptions.append(text)
     rec.guessed_values.append(text)
 
 

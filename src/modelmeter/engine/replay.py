@@ -67,6 +67,7 @@ class Recording(Protocol):
     storages: StorageTracker
     unreplayable: int  # operators run so far whose record is not their arguments' metadata alone
     imports: int  # operators run so far that imported modules
+    guessed_values: list[str]  # every value assumed so far, repeats too (the trace lists each assumption once)
 
     def open_call(self) -> int: ...
 
@@ -205,7 +206,7 @@ class CallMemo:
 
     def _mark(self, tensors: list[torch.Tensor]) -> Mark:
         rec = self.rec
-        return Mark(len(rec.trace.events), len(rec.storages.records), rec.unreplayable, len(rec.trace.assumptions),
+        return Mark(len(rec.trace.events), len(rec.storages.records), rec.unreplayable, _assumed(rec),
                     len(rec.trace.called), rec.current_scope(), rec.open_call(), rec.imports, rec.storages.deaths,
                     [version_counter(t) for t in tensors])
 
@@ -259,11 +260,16 @@ class _Parts:
         return True
 
 
+def _assumed(rec: Recording) -> int:
+    """How many assumptions the run has made: those the trace lists and every value assumed, repeated ones too."""
+    return len(rec.trace.assumptions) + len(rec.guessed_values)
+
+
 def _template(rec: Recording, mark: Mark, parts: _Parts, result: Any) -> _Template | None:
     """The template of the call on ``parts`` recorded since ``mark`` that returned ``result``, or None when a copy
     would not be the record a run makes (see the module's docstring)."""
     trace = rec.trace
-    if (rec.unreplayable != mark.unreplayable or len(trace.assumptions) != mark.assumptions
+    if (rec.unreplayable != mark.unreplayable or _assumed(rec) != mark.assumptions
             or len(trace.called) != mark.called or rec.current_scope() != mark.scope):
         return None  # an operator whose record is not the metadata's alone ran, something was assumed, a module ran
     events = trace.events[mark.events:]

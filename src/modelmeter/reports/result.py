@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
 from . import jsontext
+from .summaries import MAX_NUMBER, check_summaries
 
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
@@ -140,6 +141,7 @@ class Result:
         if not all(type(metric) is str for metric in data.get("metrics", [])):
             raise InvalidValueError("the result's metrics are not names")
         _check_notes(data)
+        check_summaries(data)
         rows = [_row_from_dict(row) for row in data.get("modules", [])]
         if not rows or rows[0].name:
             raise InvalidValueError("the result's first module row must be the model's (name '')")
@@ -156,7 +158,7 @@ class Result:
         return cls.from_dict(data)
 
 
-MAX_COST = 1e30  # no model's cost comes near this (the guard's limit too): a larger one is a damaged file
+MAX_COST = MAX_NUMBER  # the largest cost a result holds: a larger one is a damaged file
 # The types of a Result's fields and of its rows', as JSON holds them.
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "inputs": (list,), "metrics": (list,), "modules": (list,), "convention": (str,),
