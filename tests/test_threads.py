@@ -480,5 +480,36 @@ def test_a_forward_that_seeds_the_generators_leaves_the_callers_states(execution
     assert _draws() == first
 
 
+@pytest.mark.parametrize("seeding", ["wrapped manual_seed", "the generator's own"])
+def test_a_forward_that_seeds_torch_however_leaves_the_callers_state(seeding: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing torch._dynamo replaces ``torch.manual_seed`` with a wrapper of its own (no longer the function a
+    watch would replace), and ``torch.default_generator.manual_seed`` is no function of torch's module at all: a
+    seeding is told by the generator's new seed instead."""
+    original = torch.manual_seed
+    if seeding == "wrapped manual_seed":
+        monkeypatch.setattr(torch, "manual_seed", lambda seed: original(seed))  # as torch._dynamo's wrapper
+
+    class Seeds(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if seeding == "wrapped manual_seed":
+                torch.manual_seed(123)
+            else:
+                torch.default_generator.manual_seed(123)
+            return self.lin(x)
+
+    model, x = Seeds(), torch.randn(3, 8)
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    with SHARED.set_aside():
+        assert _total_with(model, x, "fake") == LINEAR
+    assert torch.equal(torch.rand(4), expected)
+
+
 def _total_with(model: nn.Module, x: torch.Tensor, execution: str) -> int:
     return int(FlopCountAnalysis(model, x, convention="macs", execution=execution).total())  # type: ignore[arg-type]

@@ -298,6 +298,7 @@ class RandomStates:
 
     def __init__(self) -> None:
         self.cpu = torch.default_generator.get_state()  # not torch.get_rng_state: a run observes that one's calls
+        self.seed = torch.default_generator.initial_seed()  # a seeding (manual_seed, however wrapped) changes it
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.python = _PYTHON_RANDOM.getstate()  # the generator itself: the module's functions may be watched
         numpy = sys.modules.get("numpy")
@@ -321,7 +322,8 @@ class RandomStates:
     def restore(self, torch_drawn: bool) -> None:
         """Put back the generators the run drew from (torch's: ``torch_drawn``, told by the recorder); take the
         others' states as they are now, for the next attempt."""
-        if torch_drawn or "torch" in self.drew[True]:  # an operator's kernel drew, or the forward seeded it
+        seeded = torch.default_generator.initial_seed() != self.seed  # (torch._dynamo wraps torch.manual_seed)
+        if torch_drawn or seeded or "torch" in self.drew[True]:  # an operator's kernel drew, or the forward seeded it
             torch.default_generator.set_state(self.cpu)
             if self.cuda is not None:
                 torch.cuda.set_rng_state_all(self.cuda)
