@@ -21,21 +21,20 @@ from modelmeter import errors
 
 PACKAGE = Path(modelmeter.__file__).parent
 
+_MODELS_OWN = "the model's own check, as the original model makes it"
+_PROTOCOL = "Python's attribute protocol"
+_ERRNO = "the file system's own error, with its errno"
+
 # (file, enclosing function or "*", built-in error) -> why that raise is not a ModelMeterError
 ALLOWED = {
     ("engine/kernel_checks.py", "*", "RuntimeError"): "torch's own error, imitated where a meta kernel lacks the check",
     ("engine/meta_kernels.py", "*", "RuntimeError"): "torch's own error, imitated by a meta kernel",
-    ("zoo/bert.py", "forward", "AssertionError"): "the model's own check, as the original model makes it",
-    ("zoo/gpt.py", "forward", "AssertionError"): "the model's own check, as the original model makes it",
-    ("zoo/llama.py", "forward", "AssertionError"): "the model's own check, as the original model makes it",
-    ("zoo/vit.py", "forward", "AssertionError"): "the model's own check, as the original model makes it",
-    ("__init__.py", "__getattr__", "AttributeError"): "Python's attribute protocol",
-    ("zoo/__init__.py", "__getattr__", "AttributeError"): "Python's attribute protocol",
-    ("engine/trace.py", "__getattr__", "AttributeError"): "Python's attribute protocol",
-    ("io/lazy_path.py", "__getattr__", "AttributeError"): "Python's attribute protocol",
-    ("io/handlers.py", "*", "IsADirectoryError"): "the file system's own error, with its errno",
-    ("io/handlers.py", "*", "FileExistsError"): "the file system's own error, with its errno",
-    ("io/atomic.py", "exchange", "OSError"): "the file system's own error, with its errno",
+    **{(f"zoo/{model}.py", "forward", "AssertionError"): _MODELS_OWN for model in ("bert", "gpt", "llama", "vit")},
+    **{(path, "__getattr__", "AttributeError"): _PROTOCOL
+       for path in ("__init__.py", "zoo/__init__.py", "engine/trace.py", "io/lazy_path.py")},
+    ("io/handlers.py", "*", "IsADirectoryError"): _ERRNO,
+    ("io/handlers.py", "*", "FileExistsError"): _ERRNO,
+    ("io/atomic.py", "exchange", "OSError"): _ERRNO,
     ("io/cache_dir.py", "directory_lock", "TimeoutError"): "a lock that stayed taken, as file_lock's filelock.Timeout "
                                                            "(a TimeoutError) says",
     ("cache/shared.py", "_unreadable", "KeyError"): "control flow inside the key, caught where it is raised",
