@@ -246,4 +246,4 @@ def test_plugin_never_passes_a_nan_tolerance_a_model_that_exits_or_a_broken_base
     out = result.stdout.str()
     assert "ValueError: tolerance must be a finite number >= 0 (a fraction: 0.01 is 1%), got nan" in out
     assert "\nMLP: the model's code called sys.exit(0) before its analysis finished\n" in out
-    assert "broken.json' is not valid JSON: NaN is not a number a cost can have\n" in out
+    assert "broken.json' is not valid JSON: NaN is not a value a baseline or saved analysis holds\n" in out

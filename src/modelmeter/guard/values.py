@@ -3,14 +3,15 @@ nothing (every comparison with NaN is false), so every amount it reads is checke
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError
+from ..reports import jsontext
+from ..reports.summaries import MAX_NUMBER
 
-MAX_AMOUNT = 1e30  # no model's cost comes near this; a larger number in a file or a flag is a mistake
+MAX_AMOUNT = MAX_NUMBER  # no model's cost comes near it: a larger number in a file or a flag is a mistake
 MAX_FILE_BYTES = 64 * 2**20  # a baseline of hundreds of large models is a few MiB
 
 
@@ -66,7 +67,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
                              f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f, parse_constant=_refuse_constant)
+            return jsontext.loads(f.read(), "a baseline or saved analysis")
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -77,10 +78,6 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise GuardFileError(f"{where} is nested too deeply to be a baseline or saved analysis") from None
     except ValueError as exc:  # json.JSONDecodeError, an integer of too many digits, NaN / Infinity
         raise GuardFileError(f"{where} is not valid JSON: {str(exc)[:200]}") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise InvalidValueError(f"{name} is not a number a cost can have")
 
 
 def shorten(value: object, limit: int = 40) -> str:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, NoReturn
+
+from ..errors import InvalidValueError
 
 
 def finite(value: Any) -> Any:
@@ -29,3 +31,11 @@ def finite(value: Any) -> Any:
 def dumps(value: Any, **options: Any) -> str:
     """``json.dumps(value, **options)`` as strict JSON: non-finite floats written as ``null``."""
     return json.dumps(finite(value), allow_nan=False, **options)
+
+
+def loads(text: str | bytes, holder: str) -> Any:
+    """``json.loads(text)`` as strict JSON: JSON's ``NaN`` and ``Infinity``, which Python's parser reads and no file
+    modelmeter writes holds, are an InvalidValueError saying that ``holder`` (``"a saved trace"``) holds none."""
+    def refuse(name: str) -> NoReturn:
+        raise InvalidValueError(f"{name} is not a value {holder} holds")
+    return json.loads(text, parse_constant=refuse)

@@ -7,7 +7,6 @@ model.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -129,7 +128,7 @@ class Result:
     def from_dict(cls, data: dict[str, Any]) -> Result:
         """The Result :meth:`to_dict` wrote. Strict, since what it reads is printed as it is: ``ValueError`` for
         another ``schema_version``, a field of the wrong type, a first row that is not the model's or a cost (a
-        row's ``params``, metric or operator value) that is not a number from 0 to :data:`MAX_COST`;
+        row's ``params``, metric or operator value) that is not a number from 0 to :data:`~.summaries.MAX_NUMBER`;
         ``TypeError`` for a field it does not know or a required one missing."""
         if type(data) is not dict:
             raise InvalidValueError(f"a result is a JSON object, got {type(data).__name__}")
@@ -152,13 +151,12 @@ class Result:
         """:meth:`from_dict` of JSON text; ``ValueError`` for JSON that is invalid, holds NaN or Infinity or is
         nested too deeply to parse."""
         try:
-            data = json.loads(text, parse_constant=_refuse_constant)
+            data = jsontext.loads(text, "a result")
         except RecursionError:
             raise InvalidValueError("the result's JSON is nested too deeply") from None
         return cls.from_dict(data)
 
 
-MAX_COST = MAX_NUMBER  # the largest cost a result holds: a larger one is a damaged file
 # The types of a Result's fields and of its rows', as JSON holds them.
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "inputs": (list,), "metrics": (list,), "modules": (list,), "convention": (str,),
@@ -198,10 +196,6 @@ _MEMORY_TYPES: dict[str, tuple[type, ...]] = {
     "training": (bool,), "optimizer": (dict, type(None)), "saved_bytes": (int, float)}
 
 
-def _refuse_constant(name: str) -> Any:
-    raise InvalidValueError(f"{name} is not a value a result holds")
-
-
 def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], what: str, known_only: bool = True) -> None:
     """Each field of ``data`` that ``types`` names is of one of its types (a missing one is left to the caller);
     ``known_only``: a field ``types`` does not name is a ``TypeError``."""
@@ -235,10 +229,10 @@ def _nulls_as_nan(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_costs(values: dict[str, Any], where: str) -> None:
-    """Every value of ``values`` a number (not a boolean) from 0 to :data:`MAX_COST`, or ``null`` (a cost that
-    was not a finite number, as :meth:`Result.to_json` writes it)."""
+    """Every value of ``values`` a number (not a boolean) from 0 to :data:`~.summaries.MAX_NUMBER`, or ``null`` (a
+    cost that was not a finite number, as :meth:`Result.to_json` writes it)."""
     for name, value in values.items():
         if value is None:
             continue
-        if type(value) not in (int, float) or not 0 <= value <= MAX_COST:  # NaN fails both comparisons
-            raise InvalidValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_COST:g}")
+        if type(value) not in (int, float) or not 0 <= value <= MAX_NUMBER:  # NaN fails both comparisons
+            raise InvalidValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_NUMBER:g}")

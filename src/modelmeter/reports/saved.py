@@ -17,7 +17,6 @@ naming the file, never a half-read file.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -116,7 +115,7 @@ def read_saved_trace(path: str | os.PathLike[str]) -> SavedTrace:
 def _parse(raw: bytes) -> SavedTrace:
     if raw[:2] != b"\x1f\x8b":
         raise InvalidValueError("not gzip data (a saved trace is written by --save-trace or save_trace())")
-    data = json.loads(gunzip(raw), parse_constant=_refuse_constant)
+    data = jsontext.loads(gunzip(raw), "a saved trace")
     if type(data) is not dict or data.get("format") != FORMAT:
         raise InvalidValueError(f"its format is not {FORMAT!r}")
     version = data.get("version")
@@ -133,10 +132,6 @@ def _parse(raw: bytes) -> SavedTrace:
                       settings=_file_settings(settings), saved_by=saved_by)
 
 
-def _refuse_constant(name: str) -> Any:
-    """JSON's NaN and Infinity, which Python's parser reads but no saved trace holds (the trace tags a
-    non-finite float, the result has none)."""
-    raise InvalidValueError(f"{name} is not a value a saved trace holds")
 
 
 def _file_settings(settings: dict[str, Any]) -> dict[str, Any]:
