@@ -4,14 +4,12 @@ Imports no torch."""
 from __future__ import annotations
 
 import argparse
-import functools
-import textwrap
 from typing import Any
 
 from ..devices import Device, DeviceError, device_to_dict, list_devices, load_devices
 from ..reports import jsontext
 from ..reports.columns import Column, fit
-from ..reports.format import Align, aligned_table, markdown_table
+from ..reports.format import Align, aligned_table, markdown_table, wrapped
 from .errors import ModelSpecError
 from .options import subcommand_parser
 from .output import add_output_options, emit, report_width
@@ -71,8 +69,7 @@ def _table(rows: list[list[str]], notes: list[str], width: int) -> list[str]:
     if dropped:
         notes = [f"left out to fit {width} characters: {', '.join(dropped)} (--format json has every field)", *notes]
     title = "accelerators (dense peaks in TFLOP/s, without sparsity; ridge in FLOPs/byte at bf16):"
-    wrap = functools.partial(textwrap.wrap, width=width, subsequent_indent="  ", break_on_hyphens=False)
-    return [*wrap(title), *table, "", *(part for note in notes for part in wrap(note))]
+    return [*wrapped([title], width), *table, "", *wrapped(notes, width)]
 
 
 def _row(device: Device, mine: bool) -> list[str]:

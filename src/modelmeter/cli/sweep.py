@@ -6,14 +6,13 @@ import argparse
 import math
 import os
 import sys
-import textwrap
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ..reports import jsontext
 from ..reports.columns import Column, UnitKind, fit, format_bound, unit_column
-from ..reports.format import format_rate, titled_table
+from ..reports.format import format_rate, titled_table, wrapped
 from .errors import ModelSpecError
 from .job import Job, model_code, worker_row
 from .models import load_model
@@ -106,7 +105,7 @@ def _sweep_report(job: Job, axis: str, values: list[int], rows: list[dict[str, A
         notes += ["", *filter(None, growth)]
     lines += notes
     if fmt == "table" and width is not None:  # the title and the notes wrapped to the width too
-        lines = [*_wrapped(lines[:1], width), *lines[1:len(table) + 2], *_wrapped(lines[len(table) + 2:], width)]
+        lines = [*wrapped(lines[:1], width), *lines[1:len(table) + 2], *wrapped(lines[len(table) + 2:], width)]
     return "\n".join(lines)
 
 
@@ -116,11 +115,6 @@ def _cells(key: str, amounts: list[Any], how: UnitKind | Callable[[Any], str]) -
     if callable(how):
         return [how(amount) for amount in amounts]
     return unit_column(key, key, amounts, how).cells
-
-
-def _wrapped(lines: list[str], width: int) -> list[str]:
-    return [part for line in lines
-            for part in textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False) or [""]]
 
 
 def _rate(per_second: float | None) -> str:

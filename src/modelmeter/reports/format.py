@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 import unicodedata
 from collections.abc import Sequence
 from typing import Literal
@@ -93,6 +94,15 @@ def _char_width(char: str) -> int:
 def _padded(cell: str, width: int, align: Align) -> str:
     fill = " " * (width - text_width(cell))
     return cell + fill if align == "left" else fill + cell
+
+
+def wrapped(lines: Sequence[str], width: int | None) -> list[str]:
+    """``lines`` wrapped to ``width`` (as they are when None), continuations indented two spaces; a word longer
+    than the width (a path, a name) is not cut, and an empty line stays."""
+    if width is None:
+        return list(lines)
+    return [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ",
+                                                             break_long_words=False, break_on_hyphens=False) or [""]]
 
 
 def aligned_table(rows: Sequence[Sequence[str]], aligns: Sequence[Align], rule: bool = False) -> list[str]:

@@ -7,12 +7,11 @@ Plain data in, text out: the dict is read as it is, never recomputed."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .columns import Column, fit, unit_column
-from .format import aligned_table
+from .format import aligned_table, wrapped
 from .fvcore_tables import pipe_table
 
 __all__ = ["folded_ranks", "plan_notes", "rank_columns", "rank_table"]
@@ -97,15 +96,8 @@ def rank_table(parallel: Mapping[str, Any], fmt: str = "table", width: int | Non
     footer = notes[1:]
     if dropped:
         footer.insert(0, f"Left out to fit {width} characters: {', '.join(dropped)} (all columns: --wide)")
-    return "\n".join([*_wrapped([notes[0]], width), *table, *_wrapped(footer, width)])
+    return "\n".join([*wrapped([notes[0]], width), *table, *wrapped(footer, width)])
 
 
 def _rows(columns: Sequence[Column]) -> list[list[str]]:
     return [list(cells) for cells in zip(*(column.cells for column in columns), strict=True)]
-
-
-def _wrapped(lines: list[str], width: int | None) -> list[str]:
-    if width is None:
-        return lines
-    return [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ",
-                                                             break_long_words=False, break_on_hyphens=False)]
