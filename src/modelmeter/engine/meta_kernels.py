@@ -452,8 +452,7 @@ def _group_norm(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
     """``native_group_norm``: the statistics of torch's meta kernel, the output in the input's channels-last layout
     (``empty_like(x, x.suggest_memory_format())``, as the CPU kernel makes it)."""
     out, mean, rstd = _aten.native_group_norm.default(x, *args)
-    layout = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-    return _in_format(out, layout), mean, rstd  # type: ignore[return-value]
+    return _in_format(out, _CHANNELS_LAST[x.dim()]), mean, rstd  # type: ignore[return-value]
 
 
 def _group_norm_backward_fits(args: tuple[Any, ...]) -> bool:
@@ -469,7 +468,7 @@ def _group_norm_backward(grad: torch.Tensor, x: torch.Tensor, *args: Any) -> tup
     grads = _aten.native_group_norm_backward.default(grad, x, *args)
     layout = torch.contiguous_format
     if _channels_last_strides(x):
-        layout = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        layout = _CHANNELS_LAST[x.dim()]
     return _in_format(grads[0], layout), grads[1], grads[2]
 
 
@@ -826,8 +825,11 @@ def _batch_norm_backward_fits(args: tuple[Any, ...]) -> bool:
 
 
 def _channels_last(x: torch.Tensor) -> bool:
-    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    memory_format = _CHANNELS_LAST.get(x.dim())
     return memory_format is not None and x.is_contiguous(memory_format=memory_format)
+
+
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}  # by the number of dimensions
 
 
 def _layer_norm_backward_fits(args: tuple[Any, ...]) -> bool:

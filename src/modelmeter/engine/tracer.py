@@ -228,10 +228,7 @@ def _objects_in(inputs: Any) -> list[Any]:
     """The inputs that are neither tensors nor the containers that hold them nor plain values (a key-value cache):
     the run may change them, and :class:`ModelSnapshot` puts them back."""
     return [leaf for leaf in pytree.tree_leaves(inputs)
-            if not isinstance(leaf, (torch.Tensor, *_PLAIN_INPUTS)) and hasattr(leaf, "__dict__")]
-
-
-_PLAIN_INPUTS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+            if not isinstance(leaf, torch.Tensor) and hasattr(leaf, "__dict__")]  # (plain values have none)
 
 
 def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
+from .inputs import map_tensors
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
@@ -119,14 +120,14 @@ class Shadows:
         if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs) \
                 or _draws(func):
             if mutable:  # an in-place update by unknown values: the old values are wrong now, in every view of them
-                _invalidate([*outputs, *written_arguments(schema_of(func), args, kwargs)])
+                _invalidate(_written(func, args, kwargs, outputs))
             return
         try:
             with disable_current_modes(), torch.no_grad():
                 values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
             if mutable:
-                _invalidate([*outputs, *written_arguments(schema_of(func), args, kwargs)])
+                _invalidate(_written(func, args, kwargs, outputs))
             else:
                 _forget(outputs)
             return
@@ -149,13 +150,19 @@ class Shadows:
         with disable_current_modes(), torch.no_grad():
             real = func(*_real(args), **_real(kwargs))
         given = any(getattr(t, _GIVEN, False) for t in tensors)
-        return _map_tensors(lambda values: _stand_in(values, tensors[0].device, given), real)
+        return map_tensors(lambda values: _stand_in(values, tensors[0].device, given), real)
 
 
 def has_values(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s values are known (it has a shadow, not overwritten by unknown values since)."""
     values = getattr(tensor, _VALUES, None)
     return values is not None and not _overwritten(values)
+
+
+def _written(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[torch.Tensor]
+             ) -> list[torch.Tensor]:
+    """What an in-place operator wrote: its outputs and the arguments its schema marks as written."""
+    return [*outputs, *written_arguments(schema_of(func), args, kwargs)]
 
 
 def written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -219,15 +226,6 @@ def _stand_in(values: torch.Tensor, device: torch.device, given: bool) -> torch.
     if given:
         setattr(stand_in, _GIVEN, True)
     return stand_in
-
-
-def _map_tensors(function: Any, value: Any) -> Any:
-    """``value`` with ``function`` applied to each of its tensors (in tuples and lists)."""
-    if isinstance(value, torch.Tensor):
-        return function(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)([_map_tensors(function, v) for v in value])  # (torch.return_types take a list)
-    return value
 
 
 def _draws(func: OpOverload) -> bool:
