@@ -585,7 +585,7 @@ class DispatchRecorder(EagerDispatchMode):
             if len(sys.modules) != rec.modules_loaded:
                 rec.after_import()
             if shadows is not None and not rec.in_attention_call():
-                shadows.propagate(func, args, kwargs, result, operator.mutable)
+                shadows.propagate(func, args, kwargs, result, operator.schema, operator.mutable, operator.seeded)
             rec.add_dispatch(operator.name, operator.schema, args, kwargs, result)  # fails on what it cannot describe
             if operator.groups:  # a functional collective: its group by name
                 name_groups(rec.trace.events[-1].inputs, operator.groups)

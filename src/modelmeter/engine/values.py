@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import FakeTensor, OpOverload, disable_current_modes, schema_of
+from .._torch_compat import FakeTensor, OpOverload, disable_current_modes
 from .inputs import map_tensors
 
 LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
@@ -105,10 +105,11 @@ class Shadows:
         _note_read(tensor)
         return values
 
-    def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  result: Any, mutable: bool) -> None:
+    def propagate(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                  schema: torch.FunctionSchema, mutable: bool, seeded: bool) -> None:
         """Give ``result`` values when every tensor ``func`` read has them; forget stale values otherwise.
-        ``mutable``: ``func`` changes an argument in place (its schema says so)."""
+        ``mutable``: ``func`` changes an argument in place (its ``schema`` says so); ``seeded``: it draws random
+        numbers (torch's tag; the recorder knows both of every operator)."""
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and not hasattr(first, _VALUES) and not mutable:
             return  # the common case, decided at once: the first operand (an activation, a weight) has no values
@@ -118,16 +119,16 @@ class Shadows:
         # stops at the first tensor without values: most operators read an activation or a parameter first;
         # random numbers are unknown (computed again, they would be other numbers, and the caller's generator moved)
         if not all(map(has_values, _each_tensor((args, kwargs)))) or any(t.numel() > LIMIT for t in outputs) \
-                or _draws(func):
+                or seeded:
             if mutable:  # an in-place update by unknown values: the old values are wrong now, in every view of them
-                _invalidate(_written(func, args, kwargs, outputs))
+                _invalidate([*outputs, *written_arguments(schema, args, kwargs)])
             return
         try:
             with disable_current_modes(), torch.no_grad():
                 values = func(*_real(args), **_real(kwargs))
         except Exception:  # an operator without a CPU kernel, say: the values stay unknown
             if mutable:
-                _invalidate(_written(func, args, kwargs, outputs))
+                _invalidate([*outputs, *written_arguments(schema, args, kwargs)])
             else:
                 _forget(outputs)
             return
@@ -157,12 +158,6 @@ def has_values(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s values are known (it has a shadow, not overwritten by unknown values since)."""
     values = getattr(tensor, _VALUES, None)
     return values is not None and not _overwritten(values)
-
-
-def _written(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[torch.Tensor]
-             ) -> list[torch.Tensor]:
-    """What an in-place operator wrote: its outputs and the arguments its schema marks as written."""
-    return [*outputs, *written_arguments(schema_of(func), args, kwargs)]
 
 
 def written_arguments(schema: torch.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -228,15 +223,6 @@ def _stand_in(values: torch.Tensor, device: torch.device, given: bool) -> torch.
     return stand_in
 
 
-def _draws(func: OpOverload) -> bool:
-    """Whether ``func`` draws random numbers (``rand``, ``uniform_``, ``bernoulli``, ``randperm``)."""
-    draws = _DRAWS.get(func)
-    if draws is None:
-        draws = _DRAWS[func] = torch.Tag.nondeterministic_seeded in func.tags
-    return draws
-
-
-_DRAWS: dict[OpOverload, bool] = {}
 
 
 def _invalidate(written: list[torch.Tensor]) -> None:
