@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from memory_oracle import inference, measure_peak, resident_bytes, training_step, warm_up
-from modelmeter import MemoryAnalysis, Result, analyze
+from modelmeter import MemoryAnalysis, ModelRunError, Result, analyze
 from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.tracer import record_trace
 from modelmeter.guard.baseline import BaselineFile, entry_from_result
@@ -217,3 +218,41 @@ def test_a_gru_in_inference_is_the_allocators_peak() -> None:
     x = torch.randn(10, 4, 8)
     predicted = MemoryAnalysis(model, (x,)).peak()
     assert predicted == resident_bytes(model, (x,)) + measure_peak(inference(model, (x,))).peak_delta  # 11,648 before
+
+
+def _frames() -> int:
+    frame, count = sys._getframe(), 0
+    while frame is not None:
+        frame, count = frame.f_back, count + 1
+    return count
+
+
+def _nested(depth: int) -> nn.Module:
+    model: nn.Module = nn.Linear(4, 4)
+    for _ in range(depth):
+        model = nn.Sequential(model)
+    return model
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_model_nested_as_deep_as_torch_runs_it_is_analysed(backward: bool) -> None:
+    # Nearly as deep as a plain forward goes from here (three frames and a C call per module call): a run under the
+    # recorder's hooks takes a frame more per call, and failed with a RecursionError from 200 modules deep.
+    depth = (sys.getrecursionlimit() - _frames()) // 4 - 10
+    model, x = _nested(depth), torch.randn(2, 4)
+    model(x)  # the oracle: PyTorch runs it
+    limit = sys.getrecursionlimit()
+    result = analyze(model, x, backward=backward, cache=False, quiet=True).result()
+    # fvcore's convention, one per multiply-add: the forward's x @ W.T, and the backward's gradient of W
+    assert result.total("flops") == (2 if backward else 1) * 2 * 4 * 4
+    assert sys.getrecursionlimit() == limit
+
+
+def test_a_model_too_deep_for_torch_fails_clearly_and_the_limit_is_put_back() -> None:
+    model, x = _nested(2 * sys.getrecursionlimit() // 3), torch.randn(2, 4)
+    with pytest.raises(RecursionError):
+        model(x)
+    limit = sys.getrecursionlimit()
+    with pytest.raises(ModelRunError, match="RecursionError"):
+        analyze(model, x, cache=False, quiet=True).result()
+    assert sys.getrecursionlimit() == limit

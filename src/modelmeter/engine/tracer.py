@@ -54,6 +54,7 @@ from .metadata import describe, meta_stands_for
 from .naming import ModuleNames
 from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
+from .recursion import recursion_headroom
 from .replay import CallMemo
 from .snapshot import Held as _Held
 from .snapshot import KeptValues, ModelSnapshot, RandomStates, TensorHooks, kept_random_states
@@ -295,6 +296,7 @@ class _Run:
                     recorder.before_write = stack.enter_context(KeptValues(parts.parameters, when_written=True)).written
                     args, kwargs = _real_inputs((args, kwargs))
                     stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
+                stack.enter_context(recursion_headroom())
                 stack.enter_context(_ModuleHooks(recorder))
                 stack.enter_context(warnings.catch_warnings())
                 # Our global hooks are meant; the compiled wrapper is bypassed anyway.
