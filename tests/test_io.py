@@ -363,7 +363,8 @@ def test_native_operations(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         pm.rm(d / "b.txt")
     assert isinstance(pm.get_path_handler(str(d)), NativePathHandler)
-    assert isinstance(pm.get_path_handler("s3://bucket/x"), NativePathHandler)  # no handler: a local path
+    with pytest.raises(NotImplementedError, match="No handler serves s3://"):  # not a local path "./s3:/bucket/x"
+        pm.get_path_handler("s3://bucket/x")
 
 
 def test_copy_and_overwrite(tmp_path: Path) -> None:
@@ -474,7 +475,8 @@ def test_register_handler_custom_prefix(tmp_path: Path) -> None:
     assert pm.get_path_handler("mem://special/a") is special  # longest prefix wins
     assert pm.get_path_handler("mem://specia") is general
     assert isinstance(pm.get_path_handler("mem:/a"), NativePathHandler)
-    assert isinstance(pm.get_path_handler("http://x"), NativePathHandler)  # a bare manager: native only
+    with pytest.raises(NotImplementedError, match="No handler serves http://"):  # a bare manager: native only
+        pm.get_path_handler("http://x")
     with pm.open("mem://special/a", "rb") as f:
         assert f.read() == b"special"
     with pm.open("mem://a") as f:

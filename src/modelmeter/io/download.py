@@ -59,6 +59,11 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
 
 
+def _shown(path: PathType) -> str:
+    """``path`` as an error message shows it: credentials hidden."""
+    return redact_url(os.fspath(path))
+
+
 def _short_hash(text: str, n: int) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
@@ -140,7 +145,6 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
     bytes or of unknown size, when stderr is a terminal.
     """
     directory, name = os.path.split(dst)
-    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{name[:64]}.{owner_tag()}.{secrets.token_hex(6)}{_PART_SUFFIX}")
     request = urllib.request.Request(_quote_url(url), headers={"User-Agent": _USER_AGENT})
     logger.info("Downloading %s to %s", redact_url(url), dst)
@@ -148,6 +152,7 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
         expected: int | None = None
         received = 0
         try:
+            os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as response:
                 expected = _content_length(response)
@@ -181,12 +186,21 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
             raise DownloadError(
                 url, f"received {received} bytes but Content-Length is {expected} (connection closed early?)"
             )
-        os.replace(tmp, dst)
+        _store(url, tmp, dst)
         fsync_dir(directory)
     except BaseException:
         with suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _store(url: str, tmp: str, dst: str) -> None:
+    """Rename the complete download ``tmp`` to ``dst``; :class:`DownloadError` naming ``dst`` if it cannot be
+    (a directory or another user's file in its place)."""
+    try:
+        os.replace(tmp, dst)
+    except OSError as e:
+        raise DownloadError(url, f"cannot store it as {dst}: {type(e).__name__}: {e.strerror}") from e
 
 
 def remove_abandoned_parts(dst: str) -> int:
@@ -232,6 +246,8 @@ class HTTPURLHandler(PathHandler):
     def cache_path(self, path: PathType) -> str:
         """The local file that does or will hold the download of the URL ``path``."""
         url = os.fspath(path)
+        if urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise InvalidValueError(f"HTTPURLHandler serves http:// and https:// URLs only, not {redact_url(url)}")
         root = os.path.join(get_cache_dir(self.cache_dir), "downloads")
         local = os.path.join(root, cache_relpath(url))
         real_root, real_local = os.path.realpath(root), os.path.realpath(local)
@@ -256,7 +272,7 @@ class HTTPURLHandler(PathHandler):
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open the downloaded copy for reading (``"r"``/``"rb"``); write modes raise ``ValueError``."""
         if any(c in mode for c in "wax+"):
-            raise InvalidValueError(f"HTTPURLHandler: URLs are read-only; cannot open {os.fspath(path)} in mode "
+            raise InvalidValueError(f"HTTPURLHandler: URLs are read-only; cannot open {_shown(path)} in mode "
                                     f"{mode!r}")
         check_open_kwargs(kwargs)
         return open(self.get_local_path(path), mode, **kwargs)
@@ -289,16 +305,16 @@ class HTTPURLHandler(PathHandler):
         return False
 
     def ls(self, path: PathType) -> list[str]:
-        raise UnsupportedError(f"HTTPURLHandler cannot list URLs (ls {os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot list URLs (ls {_shown(path)})")
 
     def mkdirs(self, path: PathType) -> None:
-        raise UnsupportedError(f"HTTPURLHandler cannot create directories on a web server ({os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot create directories on a web server ({_shown(path)})")
 
     def rm(self, path: PathType) -> None:
-        raise UnsupportedError(f"HTTPURLHandler cannot remove URLs ({os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot remove URLs ({_shown(path)})")
 
     def copy(self, src_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
-        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {_shown(dst_path)})")
 
     def copy_from_local(self, local_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
-        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {_shown(dst_path)})")

@@ -9,7 +9,7 @@ import urllib.parse
 import urllib.request
 from typing import IO, Any, ClassVar
 
-from ..errors import InvalidValueError
+from ..errors import InvalidValueError, UnsupportedError
 from .atomic import atomic_write
 
 __all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType"]
@@ -31,7 +31,8 @@ class PathHandler:
     """Base class of a storage backend, chosen by :class:`PathManagerBase` by the prefixes it supports.
 
     Subclasses set ``PREFIXES`` (or override :meth:`supported_prefixes`) and override the methods they support;
-    the others raise ``NotImplementedError`` naming the handler, the operation and the path.
+    the others raise :class:`~modelmeter.errors.UnsupportedError` (a ``NotImplementedError``) naming the handler,
+    the operation and the path.
     """
 
     PREFIXES: ClassVar[tuple[str, ...]] = ()
@@ -40,8 +41,8 @@ class PathHandler:
         """The path prefixes this handler serves, e.g. ``["http://", "https://"]``."""
         return list(self.PREFIXES)
 
-    def _unsupported(self, operation: str, path: PathType) -> NotImplementedError:
-        return NotImplementedError(f"{type(self).__name__} does not support {operation}() (path: {os.fspath(path)})")
+    def _unsupported(self, operation: str, path: PathType) -> UnsupportedError:
+        return UnsupportedError(f"{type(self).__name__} does not support {operation}() (path: {os.fspath(path)})")
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open ``path``; ``kwargs`` as for the builtin ``open``."""
@@ -155,8 +156,15 @@ class FileURLHandler(NativePathHandler):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme.lower() != "file":
             raise InvalidValueError(f"Not a file:// URL: {url}")
+        if "?" in url or "#" in url:
+            # A file URL has no query: a '?' or '#' there is part of a file name that was not percent-encoded.
+            raise InvalidValueError(f"file:// URL with '?' or '#': {url} (percent-encode them as %3F and %23, as "
+                                    "pathlib.Path.as_uri() does)")
         if parts.netloc not in ("", "localhost"):
             if os.name == "nt":  # file://server/share/x -> \\server\share\x
                 return urllib.request.url2pathname(f"//{parts.netloc}{parts.path}")
             raise InvalidValueError(f"file:// URL with host {parts.netloc!r} is not supported: {url} (use file:///abs/path)")
-        return urllib.request.url2pathname(parts.path)
+        local = urllib.request.url2pathname(parts.path)
+        if "\0" in local:
+            raise InvalidValueError(f"file:// URL with a NUL character (%00), which no file name holds: {url}")
+        return local
