@@ -199,6 +199,44 @@ def test_copy_to_a_missing_directory_names_the_destination(tmp_path: Path) -> No
     assert info.value.filename == str(dst) and str(dst) in str(info.value)  # not the hidden temporary file
 
 
+def _fresh(directory: Path, mode: str) -> Path:
+    """A new path in ``directory``, an existing file when ``mode`` reads (so that only the mode can fail)."""
+    target = directory / f"m{len(list(directory.iterdir()))}"
+    if "r" in mode:
+        target.write_text("x")
+    return target
+
+
+def _builtin_takes(mode: str, directory: Path) -> bool:
+    """Whether the builtin ``open`` takes ``mode``: the oracle."""
+    try:
+        open(_fresh(directory, mode), mode).close()
+    except ValueError:
+        return False
+    return True
+
+
+def test_open_modes_are_checked_as_the_builtin_does_and_name_the_path(tmp_path: Path) -> None:
+    oracle, ours = tmp_path / "oracle", tmp_path / "ours"
+    oracle.mkdir()
+    ours.mkdir()
+    letters = "rwxabt+U"
+    modes = [""] + [a + b for a in letters for b in ["", *letters]] + ["r+b", "rb+", "wbt", "a+t", "xb+", "r++"]
+    for mode in modes:
+        target = _fresh(ours, mode)
+        if _builtin_takes(mode, oracle):
+            PathManager.open(target, mode).close()
+            continue
+        with pytest.raises(InvalidValueError, match="invalid mode") as info:
+            PathManager.open(target, mode)
+        assert str(target) in str(info.value), mode
+    with pytest.raises(InvalidTypeError, match="mode must be a str"):
+        PathManager.open(ours / "x", 3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match=r"binary mode 'rb' takes no encoding") as info:
+        PathManager.open(_fresh(ours, "r"), "rb", encoding="utf-8")
+    assert str(ours) in str(info.value)
+
+
 # --------------------------------------------------------------------------------------------- HTTP
 
 
@@ -236,6 +274,27 @@ def test_a_directory_where_the_cached_file_goes_is_a_download_error(server: _Ser
     assert _files(tmp_path) == []  # no .part file left beside it
     local.rmdir()
     assert Path(handler.get_local_path(url)).read_bytes() == b"payload of /blocked.bin\n"
+
+
+def test_a_bad_open_mode_on_a_url_is_refused_before_downloading(server: _Server, tmp_path: Path) -> None:
+    manager = PathManagerBase()
+    manager.register_handler(HTTPURLHandler(cache_dir=tmp_path, timeout=10))
+    for mode in ("z", "", "bt", "rr"):
+        with pytest.raises(InvalidValueError, match="invalid mode") as info:
+            manager.open(server.base + "/m.bin", mode)
+        assert server.base + "/m.bin" in str(info.value)
+    assert not server.gets and _files(tmp_path) == []
+
+
+def test_a_file_where_a_cache_directory_goes_is_a_download_error(server: _Server, tmp_path: Path) -> None:
+    handler = HTTPURLHandler(cache_dir=tmp_path, timeout=10)
+    url = server.base + "/dir/x.bin"
+    local = Path(handler.cache_path(url))
+    local.parent.parent.mkdir(parents=True)
+    local.parent.write_text("in the way")
+    with pytest.raises(DownloadError, match=f"cannot lock its cache file {local}"):
+        handler.get_local_path(url)
+    assert not server.gets
 
 
 def test_redirects_cut_transfers_and_threads(server: _Server, tmp_path: Path) -> None:

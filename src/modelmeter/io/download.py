@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..errors import InvalidValueError, ModelMeterError, UnsupportedError
 from .atomic import fsync_dir, owner_gone, owner_tag
 from .cache_dir import file_lock, get_cache_dir
-from .handlers import PathHandler, PathType, check_open_kwargs
+from .handlers import PathHandler, PathType, check_open
 
 __all__ = ["DownloadError", "HTTPURLHandler", "cache_relpath"]
 
@@ -261,20 +261,27 @@ class HTTPURLHandler(PathHandler):
         local = self.cache_path(url)
         if not force and os.path.isfile(local):
             return local
-        with file_lock(local):
+        lock = file_lock(local)
+        try:
+            lock.acquire()
+        except OSError as e:  # a file where a directory of the cache path goes; a lock held for LOCK_TIMEOUT
+            raise DownloadError(url, f"cannot lock its cache file {local}: {type(e).__name__}: {e}") from e
+        try:
             remove_abandoned_parts(local)  # killed downloads of this file (a live one would hold the lock)
             if force or not os.path.isfile(local):  # another process may have finished it while we waited
                 download(url, local, timeout=self.timeout)
             else:
                 logger.debug("%s was downloaded by another process", redact_url(url))
+        finally:
+            lock.release()
         return local
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open the downloaded copy for reading (``"r"``/``"rb"``); write modes raise ``ValueError``."""
+        check_open(_shown(path), mode, kwargs)  # before downloading
         if any(c in mode for c in "wax+"):
             raise InvalidValueError(f"HTTPURLHandler: URLs are read-only; cannot open {_shown(path)} in mode "
                                     f"{mode!r}")
-        check_open_kwargs(kwargs)
         return open(self.get_local_path(path), mode, **kwargs)
 
     def exists(self, path: PathType) -> bool:

@@ -9,22 +9,33 @@ import urllib.parse
 import urllib.request
 from typing import IO, Any, ClassVar
 
-from ..errors import InvalidValueError, UnsupportedError
+from ..errors import InvalidTypeError, InvalidValueError, UnsupportedError
 from .atomic import atomic_write
 
-__all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType"]
+__all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType", "check_open"]
 
 #: What the path methods accept: a ``str``, a :class:`LazyPath` or any other ``os.PathLike[str]``.
 PathType = str | os.PathLike[str]
 
 _OPEN_KWARGS = frozenset({"buffering", "encoding", "errors", "newline", "closefd", "opener"})
+_TEXT_KWARGS = ("encoding", "errors", "newline")
 
 
-def check_open_kwargs(kwargs: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for keyword arguments the builtin ``open`` does not take."""
+def check_open(path: PathType, mode: object, kwargs: dict[str, Any]) -> None:
+    """Refuse, naming ``path``, a ``mode`` or keyword arguments the builtin ``open`` would refuse (its own errors
+    name neither), before anything is opened or downloaded."""
+    if not isinstance(mode, str):
+        raise InvalidTypeError(f"open({os.fspath(path)}): mode must be a str such as 'rb', got {type(mode).__name__}")
+    kinds = [c for c in mode if c in "rwxa"]
+    if set(mode) - set("rwxabt+") or len(set(mode)) != len(mode) or len(kinds) != 1 or {"b", "t"} <= set(mode):
+        raise InvalidValueError(f"open({os.fspath(path)}): invalid mode {mode!r}: one of r, w, x, a, optionally "
+                                "with + and one of b, t")
     unused = set(kwargs) - _OPEN_KWARGS
     if unused:
         raise InvalidValueError(f"Unused arguments: {sorted(unused)} (open() takes {sorted(_OPEN_KWARGS)})")
+    text_only = [name for name in _TEXT_KWARGS if kwargs.get(name) is not None]
+    if "b" in mode and text_only:
+        raise InvalidValueError(f"open({os.fspath(path)}): binary mode {mode!r} takes no {', '.join(text_only)}")
 
 
 class PathHandler:
@@ -108,8 +119,8 @@ class NativePathHandler(PathHandler):
         return os.fspath(path)
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
-        """The builtin ``open``; unknown keyword arguments raise ``ValueError``."""
-        check_open_kwargs(kwargs)
+        """The builtin ``open``; an invalid mode or unknown keyword arguments raise ``ValueError`` naming ``path``."""
+        check_open(path, mode, kwargs)
         return open(self._local(path), mode, **kwargs)
 
     def get_local_path(self, path: PathType, force: bool = False) -> str:
