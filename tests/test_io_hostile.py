@@ -31,6 +31,7 @@ from modelmeter.io import (
     get_cache_dir,
 )
 from modelmeter.io.cache_dir import chosen_cache_dir
+from test_io import _no_proxy, serving  # noqa: F401 - _no_proxy: the autouse fixture clearing proxies
 
 
 class _Replies(BaseHTTPRequestHandler):
@@ -78,19 +79,9 @@ class _Server(ThreadingHTTPServer):
 
 
 @pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Server]:
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+def server() -> Iterator[_Server]:
+    with serving(_Server()) as srv:
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=5)
 
 
 def _files(root: Path) -> list[Path]:
