@@ -182,6 +182,18 @@ def test_a_file_url_with_a_query_or_fragment_is_refused_not_cut(tmp_path: Path, 
     assert PathManager.open(odd.as_uri()).read() == "right"  # Path.as_uri() encodes them
 
 
+def test_a_short_file_url_is_a_file_url_not_a_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "weights 1.bin"
+    target.write_bytes(b"w")
+    short = "file:" + target.as_uri()[len("file://"):]  # file:/tmp/.../weights%201.bin, as Java writes it
+    assert PathManager.exists(short) and PathManager.isfile(short)
+    assert PathManager.get_local_path(short) == str(target)
+    with PathManager.open(short, "rb") as f:
+        assert f.read() == b"w"
+    assert (tmp_path / "file:").exists() is False
+
+
 def test_copy_to_a_missing_directory_names_the_destination(tmp_path: Path) -> None:
     (tmp_path / "src").write_text("x")
     dst = tmp_path / "missing" / "dst"

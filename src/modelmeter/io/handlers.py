@@ -158,9 +158,10 @@ class NativePathHandler(PathHandler):
 
 
 class FileURLHandler(NativePathHandler):
-    """``file://`` URLs (``file:///abs/path``, percent-encoded), served as local paths."""
+    """``file://`` URLs (``file:///abs/path``, percent-encoded), served as local paths; also RFC 8089's short
+    ``file:/abs/path`` (Java's ``File.toURI()`` writes it), which would otherwise be a relative local path."""
 
-    PREFIXES: ClassVar[tuple[str, ...]] = ("file://",)
+    PREFIXES: ClassVar[tuple[str, ...]] = ("file://", "file:/")
 
     def _local(self, path: PathType) -> str:
         url = os.fspath(path)
