@@ -19,10 +19,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BytesIO, TextIOWrapper
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import filelock
 import pytest
@@ -42,6 +43,8 @@ from modelmeter.io import (
 )
 from modelmeter.io import download as download_module
 from modelmeter.io.cache_dir import _fallback_cache_dir, _platform_cache_dir
+
+ServerT = TypeVar("ServerT", bound=ThreadingHTTPServer)
 
 BIG = bytes(range(256)) * (2 * 1024 * 1024 // 256 + 7)  # a bit over 2 MiB
 
@@ -115,9 +118,9 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 
-@pytest.fixture
-def server() -> Iterator[_Server]:
-    srv = _Server()
+@contextmanager
+def serving(srv: ServerT) -> Iterator[ServerT]:
+    """``srv`` answering on a daemon thread while the block runs, then shut down and closed."""
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -126,6 +129,12 @@ def server() -> Iterator[_Server]:
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    with serving(_Server()) as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -363,7 +372,8 @@ def test_native_operations(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         pm.rm(d / "b.txt")
     assert isinstance(pm.get_path_handler(str(d)), NativePathHandler)
-    assert isinstance(pm.get_path_handler("s3://bucket/x"), NativePathHandler)  # no handler: a local path
+    with pytest.raises(NotImplementedError, match="No handler serves s3://"):  # not a local path "./s3:/bucket/x"
+        pm.get_path_handler("s3://bucket/x")
 
 
 def test_copy_and_overwrite(tmp_path: Path) -> None:
@@ -474,7 +484,8 @@ def test_register_handler_custom_prefix(tmp_path: Path) -> None:
     assert pm.get_path_handler("mem://special/a") is special  # longest prefix wins
     assert pm.get_path_handler("mem://specia") is general
     assert isinstance(pm.get_path_handler("mem:/a"), NativePathHandler)
-    assert isinstance(pm.get_path_handler("http://x"), NativePathHandler)  # a bare manager: native only
+    with pytest.raises(NotImplementedError, match="No handler serves http://"):  # a bare manager: native only
+        pm.get_path_handler("http://x")
     with pm.open("mem://special/a", "rb") as f:
         assert f.read() == b"special"
     with pm.open("mem://a") as f:

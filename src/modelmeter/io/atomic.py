@@ -80,6 +80,16 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _create(tmp: str, path: str) -> IO[bytes]:
+    """Open the new temporary file ``tmp`` for writing; an error names ``path``, the file the caller asked for
+    (a missing or unwritable directory is the same for both), not the hidden temporary name."""
+    try:
+        return open(tmp, "xb")
+    except OSError as e:
+        e.filename = path
+        raise
+
+
 def atomic_write(path: str, write: Callable[[IO[bytes]], object]) -> None:
     """Write ``path`` so that it is either the old file or the complete new one, whatever happens.
 
@@ -88,7 +98,7 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], object]) -> None:
     """
     tmp = _temp_path(path)
     try:
-        with open(tmp, "xb") as f:
+        with _create(tmp, path) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 
 import filelock
 
-from ..errors import ModelMeterError
+from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError
 
 __all__ = ["LOCK_TIMEOUT", "CacheDirError", "directory_lock", "file_lock", "get_cache_dir"]
 
@@ -26,6 +26,7 @@ logger = logging.getLogger("modelmeter.io")
 LOCK_TIMEOUT = 3600.0
 
 _APP = "modelmeter"
+_CACHE_VARIABLES = ("MODELMETER_CACHE", "FVCORE_CACHE")  # in this order, before the platform's directory
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 
@@ -85,13 +86,31 @@ def _make_writable_dir(path: str, *, private: bool = False) -> str | None:
     return None
 
 
+def _configured_cache_dir() -> tuple[str, str]:
+    """(where it was set, the directory) for the first of the environment variables set, else the platform's."""
+    for name in _CACHE_VARIABLES:
+        value = _env(name)
+        if value is not None:
+            return f"${name}", value
+    return "the platform's cache directory", _platform_cache_dir()
+
+
 def chosen_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
-    """The directory :func:`get_cache_dir` tries first, as an absolute path, neither created nor checked."""
+    """The directory :func:`get_cache_dir` tries first, as an absolute path, neither created nor checked.
+
+    ``~`` and environment variables (``$SCRATCH/cache``) are expanded; ``InvalidTypeError`` or
+    ``InvalidValueError`` name a ``cache_dir`` or variable that cannot be a directory.
+    """
     if cache_dir is not None:
-        chosen = os.fspath(cache_dir)
+        source = "cache_dir"
+        raw = os.fspath(cache_dir) if isinstance(cache_dir, (str, os.PathLike)) else cache_dir
+        if not isinstance(raw, str):
+            raise InvalidTypeError(f"cache_dir must be a str or an os.PathLike of str, got {type(cache_dir).__name__}")
     else:
-        chosen = _env("MODELMETER_CACHE") or _env("FVCORE_CACHE") or _platform_cache_dir()
-    return os.path.abspath(os.path.expanduser(chosen))
+        source, raw = _configured_cache_dir()
+    if "\0" in raw:
+        raise InvalidValueError(f"{source} holds a NUL character, which no directory name holds: {raw!r}")
+    return os.path.abspath(os.path.expanduser(os.path.expandvars(raw)))
 
 
 def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
@@ -99,8 +118,9 @@ def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
 
     Order: ``cache_dir``, ``$MODELMETER_CACHE``, ``$FVCORE_CACHE``, the platform's user cache directory
     (``$XDG_CACHE_HOME/modelmeter`` or ``~/.cache/modelmeter`` on Linux, ``~/Library/Caches/modelmeter`` on
-    macOS, ``%LOCALAPPDATA%\\modelmeter\\Cache`` on Windows). ``~`` is expanded. If that directory cannot be
-    written, ``<tempdir>/modelmeter_cache_<user>`` is used with a logged WARNING; if neither works, ``OSError``.
+    macOS, ``%LOCALAPPDATA%\\modelmeter\\Cache`` on Windows). ``~`` and ``$VARIABLES`` are expanded. If that
+    directory cannot be written, ``<tempdir>/modelmeter_cache_<user>`` is used with a logged WARNING; if neither
+    works, ``OSError``.
     """
     chosen = chosen_cache_dir(cache_dir)
     problem = _make_writable_dir(chosen)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..errors import InvalidValueError, ModelMeterError, UnsupportedError
 from .atomic import fsync_dir, owner_gone, owner_tag
 from .cache_dir import file_lock, get_cache_dir
-from .handlers import PathHandler, PathType, check_open_kwargs
+from .handlers import PathHandler, PathType, check_open
 
 __all__ = ["DownloadError", "HTTPURLHandler", "cache_relpath"]
 
@@ -57,6 +57,11 @@ def redact_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+def _shown(path: PathType) -> str:
+    """``path`` as an error message shows it: credentials hidden."""
+    return redact_url(os.fspath(path))
 
 
 def _short_hash(text: str, n: int) -> str:
@@ -140,7 +145,6 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
     bytes or of unknown size, when stderr is a terminal.
     """
     directory, name = os.path.split(dst)
-    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{name[:64]}.{owner_tag()}.{secrets.token_hex(6)}{_PART_SUFFIX}")
     request = urllib.request.Request(_quote_url(url), headers={"User-Agent": _USER_AGENT})
     logger.info("Downloading %s to %s", redact_url(url), dst)
@@ -148,6 +152,7 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
         expected: int | None = None
         received = 0
         try:
+            os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as response:
                 expected = _content_length(response)
@@ -181,12 +186,21 @@ def download(url: str, dst: str, *, timeout: float, chunk_size: int = 1 << 20, p
             raise DownloadError(
                 url, f"received {received} bytes but Content-Length is {expected} (connection closed early?)"
             )
-        os.replace(tmp, dst)
+        _store(url, tmp, dst)
         fsync_dir(directory)
     except BaseException:
         with suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _store(url: str, tmp: str, dst: str) -> None:
+    """Rename the complete download ``tmp`` to ``dst``; :class:`DownloadError` naming ``dst`` if it cannot be
+    (a directory or another user's file in its place)."""
+    try:
+        os.replace(tmp, dst)
+    except OSError as e:
+        raise DownloadError(url, f"cannot store it as {dst}: {type(e).__name__}: {e.strerror}") from e
 
 
 def remove_abandoned_parts(dst: str) -> int:
@@ -232,6 +246,8 @@ class HTTPURLHandler(PathHandler):
     def cache_path(self, path: PathType) -> str:
         """The local file that does or will hold the download of the URL ``path``."""
         url = os.fspath(path)
+        if urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise InvalidValueError(f"HTTPURLHandler serves http:// and https:// URLs only, not {redact_url(url)}")
         root = os.path.join(get_cache_dir(self.cache_dir), "downloads")
         local = os.path.join(root, cache_relpath(url))
         real_root, real_local = os.path.realpath(root), os.path.realpath(local)
@@ -245,20 +261,27 @@ class HTTPURLHandler(PathHandler):
         local = self.cache_path(url)
         if not force and os.path.isfile(local):
             return local
-        with file_lock(local):
+        lock = file_lock(local)
+        try:
+            lock.acquire()
+        except OSError as e:  # a file where a directory of the cache path goes; a lock held for LOCK_TIMEOUT
+            raise DownloadError(url, f"cannot lock its cache file {local}: {type(e).__name__}: {e}") from e
+        try:
             remove_abandoned_parts(local)  # killed downloads of this file (a live one would hold the lock)
             if force or not os.path.isfile(local):  # another process may have finished it while we waited
                 download(url, local, timeout=self.timeout)
             else:
                 logger.debug("%s was downloaded by another process", redact_url(url))
+        finally:
+            lock.release()
         return local
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open the downloaded copy for reading (``"r"``/``"rb"``); write modes raise ``ValueError``."""
+        check_open(_shown(path), mode, kwargs)  # before downloading
         if any(c in mode for c in "wax+"):
-            raise InvalidValueError(f"HTTPURLHandler: URLs are read-only; cannot open {os.fspath(path)} in mode "
+            raise InvalidValueError(f"HTTPURLHandler: URLs are read-only; cannot open {_shown(path)} in mode "
                                     f"{mode!r}")
-        check_open_kwargs(kwargs)
         return open(self.get_local_path(path), mode, **kwargs)
 
     def exists(self, path: PathType) -> bool:
@@ -289,16 +312,16 @@ class HTTPURLHandler(PathHandler):
         return False
 
     def ls(self, path: PathType) -> list[str]:
-        raise UnsupportedError(f"HTTPURLHandler cannot list URLs (ls {os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot list URLs (ls {_shown(path)})")
 
     def mkdirs(self, path: PathType) -> None:
-        raise UnsupportedError(f"HTTPURLHandler cannot create directories on a web server ({os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot create directories on a web server ({_shown(path)})")
 
     def rm(self, path: PathType) -> None:
-        raise UnsupportedError(f"HTTPURLHandler cannot remove URLs ({os.fspath(path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot remove URLs ({_shown(path)})")
 
     def copy(self, src_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
-        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {_shown(dst_path)})")
 
     def copy_from_local(self, local_path: PathType, dst_path: PathType, overwrite: bool = False) -> bool:
-        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {os.fspath(dst_path)})")
+        raise UnsupportedError(f"HTTPURLHandler cannot upload to URLs (copy to {_shown(dst_path)})")

@@ -9,29 +9,41 @@ import urllib.parse
 import urllib.request
 from typing import IO, Any, ClassVar
 
-from ..errors import InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, UnsupportedError
 from .atomic import atomic_write
 
-__all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType"]
+__all__ = ["FileURLHandler", "NativePathHandler", "PathHandler", "PathType", "check_open"]
 
 #: What the path methods accept: a ``str``, a :class:`LazyPath` or any other ``os.PathLike[str]``.
 PathType = str | os.PathLike[str]
 
 _OPEN_KWARGS = frozenset({"buffering", "encoding", "errors", "newline", "closefd", "opener"})
+_TEXT_KWARGS = ("encoding", "errors", "newline")
 
 
-def check_open_kwargs(kwargs: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for keyword arguments the builtin ``open`` does not take."""
+def check_open(path: PathType, mode: object, kwargs: dict[str, Any]) -> None:
+    """Refuse, naming ``path``, a ``mode`` or keyword arguments the builtin ``open`` would refuse (its own errors
+    name neither), before anything is opened or downloaded."""
+    if not isinstance(mode, str):
+        raise InvalidTypeError(f"open({os.fspath(path)}): mode must be a str such as 'rb', got {type(mode).__name__}")
+    kinds = [c for c in mode if c in "rwxa"]
+    if set(mode) - set("rwxabt+") or len(set(mode)) != len(mode) or len(kinds) != 1 or {"b", "t"} <= set(mode):
+        raise InvalidValueError(f"open({os.fspath(path)}): invalid mode {mode!r}: one of r, w, x, a, optionally "
+                                "with + and one of b, t")
     unused = set(kwargs) - _OPEN_KWARGS
     if unused:
         raise InvalidValueError(f"Unused arguments: {sorted(unused)} (open() takes {sorted(_OPEN_KWARGS)})")
+    text_only = [name for name in _TEXT_KWARGS if kwargs.get(name) is not None]
+    if "b" in mode and text_only:
+        raise InvalidValueError(f"open({os.fspath(path)}): binary mode {mode!r} takes no {', '.join(text_only)}")
 
 
 class PathHandler:
     """Base class of a storage backend, chosen by :class:`PathManagerBase` by the prefixes it supports.
 
     Subclasses set ``PREFIXES`` (or override :meth:`supported_prefixes`) and override the methods they support;
-    the others raise ``NotImplementedError`` naming the handler, the operation and the path.
+    the others raise :class:`~modelmeter.errors.UnsupportedError` (a ``NotImplementedError``) naming the handler,
+    the operation and the path.
     """
 
     PREFIXES: ClassVar[tuple[str, ...]] = ()
@@ -40,8 +52,8 @@ class PathHandler:
         """The path prefixes this handler serves, e.g. ``["http://", "https://"]``."""
         return list(self.PREFIXES)
 
-    def _unsupported(self, operation: str, path: PathType) -> NotImplementedError:
-        return NotImplementedError(f"{type(self).__name__} does not support {operation}() (path: {os.fspath(path)})")
+    def _unsupported(self, operation: str, path: PathType) -> UnsupportedError:
+        return UnsupportedError(f"{type(self).__name__} does not support {operation}() (path: {os.fspath(path)})")
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open ``path``; ``kwargs`` as for the builtin ``open``."""
@@ -107,8 +119,8 @@ class NativePathHandler(PathHandler):
         return os.fspath(path)
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
-        """The builtin ``open``; unknown keyword arguments raise ``ValueError``."""
-        check_open_kwargs(kwargs)
+        """The builtin ``open``; an invalid mode or unknown keyword arguments raise ``ValueError`` naming ``path``."""
+        check_open(path, mode, kwargs)
         return open(self._local(path), mode, **kwargs)
 
     def get_local_path(self, path: PathType, force: bool = False) -> str:
@@ -146,17 +158,25 @@ class NativePathHandler(PathHandler):
 
 
 class FileURLHandler(NativePathHandler):
-    """``file://`` URLs (``file:///abs/path``, percent-encoded), served as local paths."""
+    """``file://`` URLs (``file:///abs/path``, percent-encoded), served as local paths; also RFC 8089's short
+    ``file:/abs/path`` (Java's ``File.toURI()`` writes it), which would otherwise be a relative local path."""
 
-    PREFIXES: ClassVar[tuple[str, ...]] = ("file://",)
+    PREFIXES: ClassVar[tuple[str, ...]] = ("file://", "file:/")
 
     def _local(self, path: PathType) -> str:
         url = os.fspath(path)
         parts = urllib.parse.urlsplit(url)
         if parts.scheme.lower() != "file":
             raise InvalidValueError(f"Not a file:// URL: {url}")
+        if "?" in url or "#" in url:
+            # A file URL has no query: a '?' or '#' there is part of a file name that was not percent-encoded.
+            raise InvalidValueError(f"file:// URL with '?' or '#': {url} (percent-encode them as %3F and %23, as "
+                                    "pathlib.Path.as_uri() does)")
         if parts.netloc not in ("", "localhost"):
             if os.name == "nt":  # file://server/share/x -> \\server\share\x
                 return urllib.request.url2pathname(f"//{parts.netloc}{parts.path}")
             raise InvalidValueError(f"file:// URL with host {parts.netloc!r} is not supported: {url} (use file:///abs/path)")
-        return urllib.request.url2pathname(parts.path)
+        local = urllib.request.url2pathname(parts.path)
+        if "\0" in local:
+            raise InvalidValueError(f"file:// URL with a NUL character (%00), which no file name holds: {url}")
+        return local

@@ -4,16 +4,52 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+from collections.abc import Iterable
 from typing import IO, Any
 
-from ..errors import InvalidTypeError, InvalidValueError
-from .download import HTTPURLHandler
+from ..errors import InvalidTypeError, InvalidValueError, UnsupportedError
+from .download import HTTPURLHandler, redact_url
 from .handlers import FileURLHandler, NativePathHandler, PathHandler, PathType
 
 __all__ = ["PathManager", "PathManagerBase"]
 
 logger = logging.getLogger("modelmeter.io")
+
+# ``scheme://`` at the start of a path (RFC 3986 schemes; two letters at least, so ``C://`` stays a drive).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+def _fold_scheme(text: str) -> str:
+    """``text`` with its ``scheme://`` lower-cased: schemes are case-insensitive (``HTTP://`` is ``http://``)."""
+    match = _SCHEME.match(text)
+    return text if match is None else match.group(0).lower() + text[match.end():]
+
+
+def _path_text(path: object) -> str:
+    """``os.fspath(path)`` for a ``str`` or ``os.PathLike[str]``; ``InvalidTypeError`` naming anything else."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise InvalidTypeError(f"A path must be a str or an os.PathLike of str, got {type(path).__name__} {path!r}")
+    if "\0" in text:
+        raise InvalidValueError(f"A path cannot hold a NUL character: {text!r}")
+    return text
+
+
+def _checked_prefixes(handler: PathHandler) -> list[str]:
+    """``handler.supported_prefixes()``, each a non-empty ``str``: a bare string or an empty prefix would take
+    over every path."""
+    prefixes = handler.supported_prefixes()
+    if isinstance(prefixes, (str, bytes)) or not isinstance(prefixes, Iterable):
+        raise InvalidTypeError(f"{type(handler).__name__}.supported_prefixes() must return a list of str, got "
+                               f"{prefixes!r}")
+    listed = list(prefixes)
+    bad = [p for p in listed if not isinstance(p, str) or not p]
+    if bad:
+        raise InvalidValueError(f"{type(handler).__name__}.supported_prefixes() has prefixes that are not non-empty "
+                                f"str: {bad!r}")
+    return [_fold_scheme(p) for p in listed]
 
 
 class PathManagerBase:
@@ -29,11 +65,12 @@ class PathManagerBase:
     def register_handler(self, handler: PathHandler, allow_override: bool = True) -> None:
         """Serve ``handler.supported_prefixes()`` with ``handler``.
 
-        A prefix already registered is taken over if ``allow_override`` (logged), else ``ValueError``.
+        A prefix already registered is taken over if ``allow_override`` (logged), else ``ValueError``. The
+        ``scheme://`` part of a prefix matches in any case.
         """
         if not isinstance(handler, PathHandler):
             raise InvalidTypeError(f"register_handler needs a PathHandler, got {type(handler).__name__}")
-        prefixes = handler.supported_prefixes()
+        prefixes = _checked_prefixes(handler)
         with self._lock:
             taken = [p for p in prefixes if p in self._handlers]
             if taken and not allow_override:
@@ -48,11 +85,20 @@ class PathManagerBase:
             self._prefixes = sorted(self._handlers, key=len, reverse=True)
 
     def get_path_handler(self, path: PathType) -> PathHandler:
-        """The handler for ``path``: the longest registered prefix it starts with, else the native handler."""
-        text = os.fspath(path)
+        """The handler for ``path``: the longest registered prefix it starts with, else the native handler.
+
+        ``InvalidTypeError`` for what is not a path; ``UnsupportedError`` for a ``scheme://`` URL that no handler
+        serves (``s3://...`` is not a local file: it would be created as ``./s3:/...``).
+        """
+        text = _fold_scheme(_path_text(path))
         for prefix in self._prefixes:
             if text.startswith(prefix):
                 return self._handlers[prefix]
+        scheme = _SCHEME.match(text)
+        if scheme is not None:
+            raise UnsupportedError(f"No handler serves {scheme.group(0)} paths such as {redact_url(text)}; "
+                                   f"registered: {', '.join(sorted(self._prefixes)) or 'none'} "
+                                   "(register one with register_handler)")
         return self._native
 
     def open(self, path: PathType, mode: str = "r", **kwargs: Any) -> IO[Any]:
