@@ -811,3 +811,18 @@ def test_safetensors_checkpoint_from_a_url_whose_name_needs_quoting(
         target = helpers.TinyNet()
         assert Checkpointer(target).load(url) == {"iteration": 6}, url
         assert _model_equal(target, model)
+
+
+def test_urls_are_read_as_the_path_manager_reads_them(tmp_path: pathlib.Path) -> None:
+    """The checkpointer knew ``http://``, ``https://`` and ``file://`` only: the short file URL (``file:/abs``) and a
+    scheme in capitals were looked for as local files ("not found"), and a scheme no handler serves (``s3://``) as
+    well, where PathManager, which serves the checkpointer's URLs, reads the first two and refuses the third."""
+    model = helpers.TinyNet()
+    Checkpointer(model, str(tmp_path)).save("model", iteration=3)
+    path = (tmp_path / "model.pth").resolve()
+    for url in (f"file:{path}", f"FILE://{path}"):
+        target = helpers.TinyNet()
+        assert Checkpointer(target).load(url) == {"iteration": 3}, url
+        assert _model_equal(target, model)
+    with pytest.raises(CheckpointError, match="No handler serves s3://"):
+        Checkpointer(helpers.TinyNet()).load("s3://bucket/model.pth")

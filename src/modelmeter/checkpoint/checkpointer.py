@@ -102,8 +102,13 @@ def _has_dtensor(model: nn.Module) -> bool:
     return any(isinstance(t, DTensor) for t in tensors)
 
 
+# A scheme of two letters or more, then ":/" (``https://``, ``HTTP://``, ``s3://``, the short ``file:/abs``), as
+# modelmeter.io's PathManager reads a path; ``C:/`` is a drive. PathManager serves it, or says no handler does.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
 def _is_url(path: str) -> bool:
-    return path.startswith(("http://", "https://", "file://"))
+    return _URL.match(path) is not None
 
 
 def _is_dcp_checkpoint(path: str) -> bool:
