@@ -1,0 +1,154 @@
+"""Parallel plans a hostile user gives: models and plan texts the other tests never tried.
+
+Oracles: hand arithmetic on single Linears and small stacks (parameter elements, the bytes a collective moves), the
+single-device analysis of the same per-rank input (data parallelism changes no rank's FLOPs; tensor parallelism
+halves a plain MLP's products), and the user's model and torch's distributed state compared before and after.
+Every plan that cannot apply must be refused with a :class:`~modelmeter.ParallelPlanError` that names what is wrong,
+never counted as if it applied, never a bare error from inside torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+import modelmeter
+from modelmeter import ParallelPlan, ParallelPlanError
+from test_model_unchanged import differences, reachable
+from test_parallel_plan import _distributed_state
+
+
+@pytest.fixture
+def torch_state() -> Any:
+    """Torch's global distributed state before the test, which every analysis must leave as it was (checked)."""
+    before = _distributed_state()
+    yield before
+    assert _distributed_state() == before
+
+
+def _tied_across_layers() -> nn.Module:
+    """Two 16 -> 16 Linears sharing one weight (their biases their own): 16 * 16 + 2 * 16 = 288 parameters."""
+    first, second = nn.Linear(16, 16), nn.Linear(16, 16)
+    second.weight = first.weight
+    return nn.Sequential(first, nn.ReLU(), second)
+
+
+def _analyze(model: nn.Module, x: torch.Tensor, plan: str | ParallelPlan) -> modelmeter.Analysis:
+    return modelmeter.analyze(model, x, backward=True, parallel=plan, quiet=True)
+
+
+# --- the plan's text -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["tp=2_0", "fsdp=\u0662", "tp=\uff12", "dp=2 ", "fsdp=0x4"])
+def test_a_number_int_would_read_in_an_odd_spelling_is_refused(text: str) -> None:
+    """``int`` reads ``2_0`` as 20 and other scripts' digits as numbers: a plan of twenty ranks from a typo."""
+    if text == "dp=2 ":  # surrounding spaces are the plan's own separators: fine
+        assert ParallelPlan.parse(text) == ParallelPlan(dp=2)
+        return
+    with pytest.raises(ParallelPlanError, match="is not a whole number"):
+        ParallelPlan.parse(text)
+
+
+def test_dtype_names_are_read_in_any_case_as_the_other_names_are() -> None:
+    assert ParallelPlan.parse("FSDP=2,Param_Dtype=BF16,reduce_dtype=FP32") == \
+        ParallelPlan(fsdp=2, param_dtype="bfloat16", reduce_dtype="float32")
+    assert ParallelPlan.parse("fsdp=2,mp=Torch.BFloat16").param_dtype == "bfloat16"
+
+
+# --- data parallelism: ties and what fully_shard refuses -------------------------------------------------------------
+@pytest.mark.parametrize(("plan", "held", "collectives"), [
+    # FSDP2: one group (the root), its 288 float32 parameters gathered once and their gradients reduce-scattered once
+    ("fsdp=2", 144, {"all_gather": (1, 288 * 4), "reduce_scatter": (1, 288 * 4)}),
+    ("fsdp=2,zero=2", 144, {"all_gather": (1, 288 * 4), "reduce_scatter": (1, 288 * 4)}),
+    ("dp=2", 288, {"all_reduce": (1, 288 * 4)}),  # replicate: one all-reduce of the root's gradients
+    ("fsdp=2,zero=1", 288, {"all_reduce": (1, 288 * 4)}),
+])
+def test_a_weight_tied_across_layers_is_sharded_in_the_roots_group(plan: str, held: int,
+                                                                   collectives: dict[str, tuple[int, int]],
+                                                                   torch_state: Any) -> None:
+    """FSDP2 and replicate manage a parameter in one group only (torch refused the tie at the first forward, which
+    was reported as the model failing): the two Linears are left to the root's group."""
+    model, x = _tied_across_layers(), torch.randn(4, 16)
+    before = reachable(model)
+    analysis = _analyze(model, x, plan)
+    assert analysis.parameters[""] == held
+    assert analysis.flops.by_phase() == modelmeter.FlopCountAnalysis(model, x, backward=True).by_phase()
+    assert {kind: (v.count, v.payload) for kind, v in analysis.communication.by_kind().items()} == collectives
+    assert differences(before, reachable(model)) == []
+
+
+def test_layers_that_tie_nothing_outside_them_stay_groups_of_their_own(torch_state: Any) -> None:
+    """Only the layers holding a tied weight leave their group: three Linears, the last two tied, make two groups
+    (the first Linear's, and the root's with the other two)."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), *_tied_across_layers())
+    analysis = _analyze(model, torch.randn(4, 16), "fsdp=2")
+    assert analysis.communication.by_kind()["reduce_scatter"].count == 2
+    assert analysis.parameters[""] == (16 * 16 + 16 + 288) // 2
+
+
+class _Scaled(nn.Module):
+    """A Linear and a learned scalar (CLIP's logit scale): FSDP2 shards no 0-dimensional parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scale
+
+
+@pytest.mark.parametrize(("plan", "api"), [("fsdp=2", "fully_shard"), ("dp=2", "replicate"),
+                                           ("fsdp=2,zero=1", "replicate")])
+def test_what_torchs_data_parallelism_refuses_is_a_plan_error_naming_the_module(plan: str, api: str,
+                                                                                torch_state: Any) -> None:
+    model = _Scaled()
+    before = reachable(model)
+    with pytest.raises(ParallelPlanError, match=rf"{api} refused the model \(_Scaled\): .*scalar parameters"):
+        _analyze(model, torch.randn(2, 8), plan)
+    assert differences(before, reachable(model)) == []
+    assert _distributed_state() == torch_state
+
+
+# --- tensor parallelism: a plan that shards nothing, or cannot apply -------------------------------------------------
+def _mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+
+
+@pytest.mark.parametrize(("tp_plan", "message"), [
+    ({"5": ColwiseParallel()}, "entry '5' names no module of Sequential"),  # torch skips it with a warning
+    ({"layers.*": ColwiseParallel(), "0": ColwiseParallel(), "2": RowwiseParallel()}, "entry 'layers.*' names no"),
+    ({}, "the tensor-parallel plan given shards nothing"),
+    ({"0": "colwise"}, "entry '0' is a str, not a torch.distributed.tensor.parallel ParallelStyle"),
+    ({"1": ColwiseParallel()}, "entry '1': torch's ColwiseParallel cannot apply to it: NotImplementedError"),
+    ({"*": ColwiseParallel()}, r"entry '\*': torch's ColwiseParallel cannot apply"),  # the ReLU among the matches
+])
+def test_a_tensor_parallel_plan_that_cannot_apply_is_refused_not_counted(tp_plan: dict[str, Any], message: str,
+                                                                         torch_state: Any) -> None:
+    """A key naming no module was skipped and the plan counted as applied: the whole model's FLOPs on every rank
+    of ``tp=2`` and no collective, with nothing said."""
+    model = _mlp()
+    before = reachable(model)
+    with pytest.raises(ParallelPlanError, match=message):
+        _analyze(model, torch.randn(4, 16), ParallelPlan.parse("tp=2", tp_plan=tp_plan))
+    assert differences(before, reachable(model)) == []
+    assert _distributed_state() == torch_state
+
+
+def test_a_model_the_default_plan_shards_nothing_of_is_refused(torch_state: Any) -> None:
+    with pytest.raises(ParallelPlanError, match="default tensor-parallel plan of LayerNorm shards nothing"):
+        _analyze(nn.LayerNorm(16), torch.randn(4, 16), "tp=2")
+
+
+def test_a_plan_naming_its_modules_by_pattern_still_applies(torch_state: Any) -> None:
+    """Hand arithmetic (fvcore's multiply-adds): each of the four Linears is 4 x 16 x 64 products forward, and as
+    many for its weight's gradient and for its input's (but the first Linear's: the input needs none); tp=2 halves
+    each product."""
+    model, x = nn.Sequential(_mlp(), _mlp()), torch.randn(4, 16)
+    plan = ParallelPlan.parse("tp=2", tp_plan={"*.0": ColwiseParallel(), "*.2": RowwiseParallel()})
+    analysis = _analyze(model, x, plan)
+    single = modelmeter.FlopCountAnalysis(model, x, backward=True)
+    assert analysis.flops.total() * 2 == single.total() == 4 * 16 * 64 * (4 + 4 + 3)
