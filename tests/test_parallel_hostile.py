@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -152,3 +153,37 @@ def test_a_plan_naming_its_modules_by_pattern_still_applies(torch_state: Any) ->
     analysis = _analyze(model, x, plan)
     single = modelmeter.FlopCountAnalysis(model, x, backward=True)
     assert analysis.flops.total() * 2 == single.total() == 4 * 16 * 64 * (4 + 4 + 3)
+
+
+class _Attention(nn.Module):
+    """q/k/v/o projections viewed into heads of its ``head_dim`` (``view(..., -1, head_dim)``), no head counts kept."""
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int = 8, hidden: int = 48) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "message"), [
+    (6, 6, "has 6 query heads, which tp=4 does not divide"),
+    (8, 2, "has 2 key/value heads, which tp=4 does not divide"),  # grouped-query: fewer key/value heads than tp
+])
+def test_head_counts_are_read_from_the_projections_widths_over_head_dim(heads: int, kv_heads: int, message: str,
+                                                                         torch_state: Any) -> None:
+    """An attention without head-count attributes failed inside torch's ``view`` (a ModelRunError naming no head)."""
+    with pytest.raises(ParallelPlanError, match=rf"the attention model \(_Attention\) {message}"):
+        _analyze(_Attention(heads, kv_heads), torch.randn(2, 8, 48), "tp=4")
+
+
+def test_an_attention_whose_heads_tp_divides_runs_a_quarter_of_every_product(torch_state: Any) -> None:
+    model, x = _Attention(8, 4), torch.randn(2, 8, 48)
+    rank = _analyze(model, x, "tp=4")
+    assert rank.flops.total() * 4 == modelmeter.FlopCountAnalysis(model, x, backward=True).total()

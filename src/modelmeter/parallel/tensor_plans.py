@@ -306,8 +306,9 @@ def _check_heads(name: str, module: nn.Module, ranks: int) -> None:
     key/value heads are not replicated across ranks as Megatron-LM can do for grouped-query attention)."""
     for what, count in _head_counts(module).items():
         if count % ranks:
+            where = f"attention module {name!r}" if name else f"the attention model ({type(module).__name__})"
             raise ParallelPlanError(
-                f"attention module {name!r} has {count} {what} heads, which tp={ranks} does not divide: each rank "
+                f"{where} has {count} {what} heads, which tp={ranks} does not divide: each rank "
                 f"computes whole heads; choose a tp that divides {count}")
 
 
@@ -336,11 +337,25 @@ def _matches(name: str, key: str) -> bool:
 
 
 def _head_counts(module: nn.Module) -> dict[str, int]:
-    """Query and key/value head counts: from the module's attributes, else from its Hugging Face config."""
+    """Query and key/value head counts: from the module's attributes, else from its Hugging Face config, else from
+    its q and k projections' widths over a ``head_dim`` it keeps (an attention that views ``(..., -1, head_dim)``)."""
     config = getattr(module, "config", None)
-    query = _first_count(module, _QUERY_HEADS) or _first_count(config, ("num_attention_heads",))
-    kv = _first_count(module, _KV_HEADS) or _first_count(config, ("num_key_value_heads",)) or query
+    query = _first_count(module, _QUERY_HEADS) or _first_count(config, ("num_attention_heads",)) or \
+        _heads_by_width(module, 0)
+    kv = _first_count(module, _KV_HEADS) or _first_count(config, ("num_key_value_heads",)) or \
+        _heads_by_width(module, 1) or query
     return {what: count for what, count in (("query", query), ("key/value", kv)) if count}
+
+
+def _heads_by_width(module: nn.Module, column: int) -> int | None:
+    """The heads the block's ``column``-th projection (0: q, 1: k) makes: its output features over the module's
+    ``head_dim``; None without one, or when it does not divide them."""
+    head_dim = _first_count(module, ("head_dim",))
+    block = _block_of(module)
+    if not head_dim or block is None:
+        return None
+    features: int = getattr(module, block.columns[column]).out_features
+    return features // head_dim if features % head_dim == 0 else None
 
 
 def _first_count(owner: Any, names: tuple[str, ...]) -> int | None:
