@@ -187,3 +187,47 @@ def test_an_attention_whose_heads_tp_divides_runs_a_quarter_of_every_product(tor
     model, x = _Attention(8, 4), torch.randn(2, 8, 48)
     rank = _analyze(model, x, "tp=4")
     assert rank.flops.total() * 4 == modelmeter.FlopCountAnalysis(model, x, backward=True).total()
+
+
+# --- the pipeline: where the model is cut -------------------------------------------------------------------------
+class _Experts(nn.Module):
+    """A dense mixture of four 16 -> 32 -> 16 experts after a LayerNorm, its output added to its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + sum(expert(h) for expert in self.experts) / 4
+
+
+class _MixtureModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.layers = nn.ModuleList(_Experts() for _ in range(2))
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def test_a_pipeline_is_cut_between_layers_not_among_a_layers_experts(torch_state: Any) -> None:
+    """Each layer's four experts are a longer list than the two layers: the pipeline was cut between layer 0's second
+    and third expert, stage 1 holding the rest of layer 0 and all of layer 1. Hand arithmetic (fvcore, 2 x 8
+    tokens): a layer's forward is 4 experts x 16 x (16 x 32 + 32 x 16) products + its LayerNorm's 5 x 16 x 16; its
+    parameters 4 x (16 x 32 + 32 + 32 x 16 + 16) + 2 x 16."""
+    model, tokens = _MixtureModel(), torch.randint(0, 50, (2, 8))
+    costs = _analyze(model, tokens, "pp=2").rank_costs()
+    assert costs is not None
+    layer_flops, layer_params = 4 * 16 * (16 * 32 + 32 * 16) + 5 * 16 * 16, 4 * (16 * 32 + 32 + 32 * 16 + 16) + 32
+    assert [(e.stage, e.forward_flops, e.parameters) for e in costs.entries] == [
+        (0, layer_flops, 50 * 16 + layer_params),  # the embedding and layer 0
+        (1, layer_flops + 16 * 16 * 50, layer_params + 16 * 50 + 50)]  # layer 1 and the head
+    with pytest.raises(modelmeter.PipelineSplitError, match="'layers' holds 2 _Experts blocks"):
+        _analyze(model, tokens, "pp=4").rank_costs()  # not four stages of experts
