@@ -231,3 +231,42 @@ def test_a_pipeline_is_cut_between_layers_not_among_a_layers_experts(torch_state
         (1, layer_flops + 16 * 16 * 50, layer_params + 16 * 50 + 50)]  # layer 1 and the head
     with pytest.raises(modelmeter.PipelineSplitError, match="'layers' holds 2 _Experts blocks"):
         _analyze(model, tokens, "pp=4").rank_costs()  # not four stages of experts
+
+
+# --- a model that fails under a plan: the error in the user's terms ---------------------------------------------
+class _ReadsItsMask(nn.Module):
+    """Reads a buffer's value, which a plan's copy (FakeTensors, buffers made with ``to_empty``) does not have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("mask", torch.ones(8, dtype=torch.bool))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if self.mask.all() else x
+
+
+class _Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("this block is broken")
+
+
+@pytest.mark.parametrize("plan", ["fsdp=2", "dp=2"])
+def test_a_model_needing_values_is_told_no_plan_can_run_it_in_its_own_class_names(plan: str,
+                                                                                torch_state: Any) -> None:
+    """The engine's advice, execution='real', is refused under a plan; the class was FSDP2's (FSDP_ReadsItsMask)."""
+    with pytest.raises(modelmeter.ModelRunError) as failure:
+        _analyze(_ReadsItsMask(), torch.randn(2, 8), plan)
+    message = str(failure.value)
+    assert "in _ReadsItsMask.forward" in message and "cannot run under one" in message
+    assert "FSDP" not in message and "Replicate" not in message and "execution=" not in message
+
+
+def test_a_failing_block_is_named_by_its_own_class(torch_state: Any) -> None:
+    model = nn.Sequential(_Fails(), _Fails())  # two blocks: each fully_shard's own group, of class FSDP_Fails
+    with pytest.raises(modelmeter.ModelRunError, match=r"module '0' \(_Fails\): RuntimeError: this block is broken"):
+        _analyze(model, torch.randn(2, 8), "fsdp=2")
