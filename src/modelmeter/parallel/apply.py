@@ -56,9 +56,12 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The blocks each data-parallel group is made of, as torchtitan groups a transformer: the modules with
     parameters of every ``ModuleList``/``Sequential`` — the model itself included — holding two or more of one class
     and none of another (its layers; modules without parameters between them, activations say, are left to the
-    enclosing group), outermost such containers only (blocks are not split further)."""
+    enclosing group), outermost such containers only (blocks are not split further).
+
+    A block holding a parameter that a module outside it holds too (a weight tied across layers) is left to the
+    root's group: FSDP2 and ``replicate`` manage a parameter in one group only, and refuse a tie across two."""
     if _identical_blocks(model):
-        return _parameterised(model)
+        return _self_contained(model, _parameterised(model))
     found: list[nn.Module] = []
 
     def walk(module: nn.Module) -> None:
@@ -69,7 +72,22 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
                 walk(child)
 
     walk(model)
-    return found
+    return _self_contained(model, found)
+
+
+def _self_contained(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The ``blocks`` none of whose parameters a module of ``model`` outside the block holds as well."""
+    held_by: dict[int, set[int]] = {}  # parameter -> the modules holding it as their own
+    for module in model.modules():
+        for parameter in parameters_of(module).values():
+            if parameter is not None:
+                held_by.setdefault(id(parameter), set()).add(id(module))
+    kept = []
+    for block in blocks:
+        inside = {id(module) for module in block.modules()}
+        if all(held_by.get(id(parameter), set()) <= inside for parameter in block.parameters()):
+            kept.append(block)
+    return kept
 
 
 def _parameterised(container: nn.Module) -> list[nn.Module]:
@@ -117,7 +135,8 @@ def _data_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh,
     policy = MixedPrecisionPolicy(param_dtype=_dtype(plan.param_dtype), reduce_dtype=_dtype(plan.reduce_dtype))
     apply: Callable[[nn.Module, bool], Any]
     made: dict[str, DeviceMesh] = {}
-    if "fsdp" in dims and plan.zero >= 2:
+    sharded = "fsdp" in dims and plan.zero >= 2
+    if sharded:
         data_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
 
         def apply(module: nn.Module, root: bool) -> Any:
@@ -133,9 +152,15 @@ def _data_parallel(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh,
 
         def apply(module: nn.Module, root: bool) -> Any:
             return replicate(module, mesh=replica_mesh, mp_policy=policy)
-    for block in repeated_blocks(model):
-        apply(block, False)
-    apply(model, True)
+    names = {id(module): name for name, module in model.named_modules()}
+    for block in [*repeated_blocks(model), model]:
+        try:
+            apply(block, block is model)
+        except Exception as exc:  # torch's refusal (a scalar parameter, say), named by the module it was given
+            api = "fully_shard" if sharded else "replicate"
+            where = f"module {names[id(block)]!r}" if block is not model else "the model"
+            raise ParallelPlanError(f"the plan's {'/'.join(dims)} dimension cannot be applied: torch's {api} refused "
+                                    f"{where} ({type(block).__name__}): {type(exc).__name__}: {exc}") from exc
     return made
 
 

@@ -114,9 +114,10 @@ class PipelineCost:
 
 def find_blocks(trace: Trace) -> BlockList:
     """The model's repeated block list: the largest ModuleList, ModuleDict or Sequential whose children are two or
-    more distinct modules of one class that all ran (the first such, on a tie)."""
+    more distinct modules of one class that all ran (the first such, on a tie), among those that lie in no block of
+    another: a layer's own list (its experts, a stage's blocks) is not where a pipeline is cut."""
     table = trace.module_table()
-    best: BlockList | None = None
+    found: list[BlockList] = []
     for info in trace.modules:
         children = tuple(child for _, child in info.children if child is not None)
         if info.type not in BLOCK_CONTAINERS or len(children) < 2 or len(children) != len(info.children):
@@ -124,14 +125,23 @@ def find_blocks(trace: Trace) -> BlockList:
         kinds = {table[child].type for child in children}
         if len(kinds) != 1 or len(set(children)) != len(children) or not trace.called.issuperset(children):
             continue
-        if best is None or len(children) > len(best.blocks):
-            best = BlockList(info.name, kinds.pop(), children)
+        found.append(BlockList(info.name, kinds.pop(), children))
+    best: BlockList | None = None
+    for candidate in found:
+        nested = any(_within(candidate.container, block) for other in found for block in other.blocks)
+        if not nested and (best is None or len(candidate.blocks) > len(best.blocks)):
+            best = candidate
     if best is None:
         raise PipelineSplitError(
             f"{trace.model or 'the model'} has no repeated block list to cut into pipeline stages: pipeline "
             f"parallelism needs a {', '.join(BLOCK_CONTAINERS[:-1])} or {BLOCK_CONTAINERS[-1]} of two or more "
             "modules of one class (the model's layers) that its forward calls")
     return best
+
+
+def _within(name: str, module: str) -> bool:
+    """Whether module ``name`` is ``module`` or lies inside it."""
+    return name == module or name.startswith(f"{module}.")
 
 
 def even_layout(blocks: int, pp: int) -> list[int]:

@@ -22,6 +22,7 @@ innermost, where ranks share a node's fast links):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -199,17 +200,23 @@ def _check_positive(name: str, value: Any) -> None:
 
 
 def _dtype(name: str, value: Any) -> str:
-    dtype = _DTYPE_ALIASES.get(str(value).removeprefix("torch."), str(value).removeprefix("torch."))
+    text = str(value).lower().removeprefix("torch.")
+    dtype = _DTYPE_ALIASES.get(text, text)
     if dtype not in DTYPES:
         raise ParallelPlanError(f"{name}={value!r}: one of {', '.join(DTYPES)} (or bf16, fp16, fp32)")
     return dtype
 
 
 def _integer(part: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ParallelPlanError(f"part {part!r} of the parallel plan: {value!r} is not a whole number") from None
+    """``value`` in ASCII decimal digits, with an optional sign: not every spelling ``int`` reads (``2_0`` is 20
+    to it, a typo more likely than twenty ranks; other scripts' digits)."""
+    if not _DECIMAL.fullmatch(value):
+        raise ParallelPlanError(f"part {part!r} of the parallel plan: {value!r} is not a whole number (decimal "
+                                "digits 0-9)")
+    return int(value)
+
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
 
 
 def _positive(name: str) -> Any:

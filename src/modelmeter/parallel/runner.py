@@ -18,14 +18,21 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import nn
 
-from .._torch_compat import FakeTensorMode, class_name
+from .._torch_compat import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedFakeTensorException,
+    class_name,
+)
 from ..engine.inputs import map_tensors
 from ..engine.naming import ModuleNames
 from ..engine.spec import RunSpec
 from ..engine.trace import ModuleInfo, Trace
 from ..engine.tracer import fake_like, record_trace
-from ..errors import InvalidValueError, ParallelPlanError
+from ..errors import InvalidValueError, ModelRunError, ParallelPlanError
 from .apply import materialize, meta_copy, parallelize
 from .mesh import group_names, simulated_mesh
 from .plan import ParallelPlan
@@ -48,8 +55,11 @@ def record_parallel(spec: RunSpec) -> Trace:
         sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
         with mode:
             args, kwargs = (map_tensors(lambda t: fake_like(mode, t, _CPU), part) for part in (spec.args, spec.kwargs))
-            # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
-            trace = record_trace(RunSpec(copy, args, kwargs, None, "real", spec.backward, spec.loss_fn))
+            try:
+                # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
+                trace = record_trace(RunSpec(copy, args, kwargs, None, "real", spec.backward, spec.loss_fn))
+            except ModelRunError as exc:
+                raise _in_users_terms(exc, copy, spec.model) from exc
         groups = group_names(mesh, flattened)
     trace.execution = "fake"
     trace.model = type(spec.model).__name__
@@ -59,6 +69,28 @@ def record_parallel(spec: RunSpec) -> Trace:
 
 
 _CPU = torch.device("cpu")
+# What the engine advises a model that needs tensor values, and what is true under a plan instead
+_VALUES_ADVICE = "use execution='auto' or 'real'"
+_VALUES_UNDER_A_PLAN = ("a parallel plan's ranks run on FakeTensors only, so it cannot run under one "
+                        "(docs/parallel.md, \"Limits\")")
+
+
+def _in_users_terms(exc: ModelRunError, copy: nn.Module, model: nn.Module) -> ModelRunError:
+    """``exc``, raised by the copy's run, in the user's terms: the classes ``fully_shard`` and ``replicate`` give the
+    copy's modules (``FSDPLinear``) named as the model's own, and a model that needs tensor values told that no plan
+    can run it (``execution='real'``, which the engine advises, is refused under a plan)."""
+    message = str(exc)
+    own = ModuleNames(model).modules
+    for name, module in copy.named_modules():
+        declared = own.get(name)
+        if declared is not None and type(declared).__name__ != type(module).__name__:
+            message = message.replace(type(module).__name__, type(declared).__name__)
+    if isinstance(exc.__cause__, _NEEDS_VALUES):
+        message = message.replace(_VALUES_ADVICE, _VALUES_UNDER_A_PLAN)
+    return type(exc)(message, exc.module, exc.operator)
+
+
+_NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
 
 def describe_plan(plan: ParallelPlan, groups: dict[str, str]) -> dict[str, Any]:

@@ -134,6 +134,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
     """
     ranks = mesh.size()
     chosen = default_tp_plan(model, sequence_parallel) if plan is None else dict(plan)
+    _check_plan(model, chosen, given=plan is not None)
     attention = [(name, module) for name, module in model.named_modules()
                  if _sharded_attention(name, module, chosen)]
     for name, module in attention:
@@ -143,8 +144,14 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str,
         for attribute in _head_attributes(module):
             setattr(module, attribute, getattr(module, attribute) // ranks)
     tied = _tied_parameters(model)
-    # src_data_rank=None: each rank initialises its own shard (no scatter from rank 0), as a run on meta tensors does
-    parallelize_module(model, mesh, chosen, src_data_rank=None)
+    for key, style in chosen.items():  # one entry at a time, as parallelize_module goes through a plan
+        try:
+            # src_data_rank=None: each rank initialises its own shard (no scatter from rank 0), as a run on meta
+            # tensors does
+            parallelize_module(model, mesh, {key: style}, src_data_rank=None)
+        except Exception as exc:  # torch's refusal (a style on a module it does not shard), named by the entry
+            raise ParallelPlanError(f"tensor-parallel plan entry {key!r}: torch's {type(style).__name__} cannot "
+                                    f"apply to it: {type(exc).__name__}: {exc}") from exc
     for group in tied:
         _tie_again(model, group)
     return model
@@ -274,13 +281,34 @@ def _sharded_attention(name: str, module: nn.Module, plan: Mapping[str, Any]) ->
         isinstance(plan.get(_join(name, block.columns[0])), ColwiseParallel)
 
 
+def _check_plan(model: nn.Module, plan: Mapping[str, Any], *, given: bool) -> None:
+    """Raise unless ``plan`` (``given`` by the user, or the default one) has entries, each a ``ParallelStyle`` for
+    a key that names a module of ``model``: ``parallelize_module`` skips a key that names nothing with a warning,
+    and a plan that shards nothing would be counted as tensor parallelism that does nothing."""
+    if not plan:
+        whose = "the tensor-parallel plan given"
+        if not given:
+            whose = f"the default tensor-parallel plan of {type(model).__name__}"
+        raise ParallelPlanError(f"{whose} shards nothing (no entries); {_EXPLICIT}")
+    names = [name for name, _ in model.named_modules(remove_duplicate=False)]
+    for key, style in plan.items():
+        if not isinstance(style, ParallelStyle):
+            raise ParallelPlanError(f"tensor-parallel plan entry {key!r} is a {type(style).__name__}, not a "
+                                    "torch.distributed.tensor.parallel ParallelStyle (ColwiseParallel(), ...)")
+        if not any(_matches(name, key) for name in names):
+            raise ParallelPlanError(f"tensor-parallel plan entry {key!r} names no module of {type(model).__name__} "
+                                    "(its keys are module names, as model.named_modules() gives them, or fnmatch "
+                                    "patterns of them)")
+
+
 def _check_heads(name: str, module: nn.Module, ranks: int) -> None:
     """Raise unless ``ranks`` divides the module's query and key/value head counts (each rank computes whole heads;
     key/value heads are not replicated across ranks as Megatron-LM can do for grouped-query attention)."""
     for what, count in _head_counts(module).items():
         if count % ranks:
+            where = f"attention module {name!r}" if name else f"the attention model ({type(module).__name__})"
             raise ParallelPlanError(
-                f"attention module {name!r} has {count} {what} heads, which tp={ranks} does not divide: each rank "
+                f"{where} has {count} {what} heads, which tp={ranks} does not divide: each rank "
                 f"computes whole heads; choose a tp that divides {count}")
 
 
@@ -309,11 +337,25 @@ def _matches(name: str, key: str) -> bool:
 
 
 def _head_counts(module: nn.Module) -> dict[str, int]:
-    """Query and key/value head counts: from the module's attributes, else from its Hugging Face config."""
+    """Query and key/value head counts: from the module's attributes, else from its Hugging Face config, else from
+    its q and k projections' widths over a ``head_dim`` it keeps (an attention that views ``(..., -1, head_dim)``)."""
     config = getattr(module, "config", None)
-    query = _first_count(module, _QUERY_HEADS) or _first_count(config, ("num_attention_heads",))
-    kv = _first_count(module, _KV_HEADS) or _first_count(config, ("num_key_value_heads",)) or query
+    query = _first_count(module, _QUERY_HEADS) or _first_count(config, ("num_attention_heads",)) or \
+        _heads_by_width(module, 0)
+    kv = _first_count(module, _KV_HEADS) or _first_count(config, ("num_key_value_heads",)) or \
+        _heads_by_width(module, 1) or query
     return {what: count for what, count in (("query", query), ("key/value", kv)) if count}
+
+
+def _heads_by_width(module: nn.Module, column: int) -> int | None:
+    """The heads the block's ``column``-th projection (0: q, 1: k) makes: its output features over the module's
+    ``head_dim``; None without one, or when it does not divide them."""
+    head_dim = _first_count(module, ("head_dim",))
+    block = _block_of(module)
+    if not head_dim or block is None:
+        return None
+    features: int = getattr(module, block.columns[column]).out_features
+    return features // head_dim if features % head_dim == 0 else None
 
 
 def _first_count(owner: Any, names: tuple[str, ...]) -> int | None:
