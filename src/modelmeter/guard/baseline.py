@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -25,9 +26,20 @@ from .. import _version
 from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
-from ..reports.render import format_change, format_metric
+from ..reports.render import format_change
 from ..reports.result import RATIO_METRICS, Result
-from .values import MAX_AMOUNT, GuardFileError, check_amount, check_name, check_tolerance, read_json, shorten
+from .budget import missing_metrics_hint
+from .values import (
+    MAX_AMOUNT,
+    GuardFileError,
+    check_amount,
+    check_name,
+    check_tolerance,
+    percent,
+    read_json,
+    shorten,
+    with_exact,
+)
 
 FORMAT = "modelmeter-baseline"
 SCHEMA_VERSION = 1
@@ -83,10 +95,10 @@ class Change:
 
     def __str__(self) -> str:
         where = f"module {self.module!r}" if self.module else "the model"
-        share = f"{100 * self.relative:+.1f}%" if self.before else "new"
-        return (f"{where}: {self.metric} {format_metric(self.metric, self.before)} -> "
-                f"{format_metric(self.metric, self.after)} "
-                f"({format_change(self.metric, self.after - self.before)}, {share})")
+        share = percent(self.relative) if self.before else "new"
+        before, after = (with_exact(self.metric, value) for value in (self.before, self.after))
+        change = format_change(self.metric, self.after - self.before)
+        return f"{where}: {self.metric} {before} -> {after} ({change}, {share})"
 
 
 @dataclass
@@ -139,6 +151,7 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
         if before != after:
             raise BaselineMismatch(f"{name}: the baseline was recorded with {what} {_show(before)}, this run has "
                                    f"{_show(after)}; {hint}")
+    _check_metrics_computed(name, baseline, current, hint)
     grew: list[Change] = []
     shrank: list[Change] = []
     for module, before in baseline.modules.items():
@@ -146,20 +159,38 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
         if after is None:
             continue
         for metric, old in before.items():
-            new = after.get(metric)
-            if new is None or old == new:
+            new = after.get(metric, 0)  # (recompute_* only: the rest is in both, _check_metrics_computed)
+            if old == new:
                 continue
             change = Change(module, metric, old, new)
-            if new > old and (old == 0 or change.relative > tolerance):
-                grew.append(change)
-            elif new < old and (old == 0 or -change.relative > tolerance):
-                shrank.append(change)
+            if _beyond(old, new, tolerance):
+                (grew if new > old else shrank).append(change)
     order = {module: i for i, module in enumerate(current.modules)}
     for changes in (grew, shrank):
         changes.sort(key=lambda c: (c.module != "", -abs(c.after - c.before), order.get(c.module, 0)))
     added = [m for m in current.modules if m not in baseline.modules]
     removed = [m for m in baseline.modules if m not in current.modules]
     return Comparison(name, tolerance, grew, shrank, added, removed)
+
+
+def _beyond(old: float, new: float, tolerance: float) -> bool:
+    """``new`` differs from ``old`` by more than ``tolerance`` (a fraction of ``old``), exactly: a change of
+    exactly 0.7% is within a tolerance of 0.7% (the decimal it is written as, not the float just below it),
+    where (new - old) / old in floats can come out over it."""
+    if old == 0:
+        return new != 0
+    return abs(Fraction(new) - Fraction(old)) > Fraction(repr(tolerance)) * Fraction(old)
+
+
+def _check_metrics_computed(name: str, baseline: Entry, current: Entry, hint: str) -> None:
+    """Every metric of the baseline is one this run computed: a metric left out (the memory analysis's without
+    ``--memory``, a time without the device) would go unchecked, a silent pass. ``recompute_*`` are the
+    exception: a run holds them only with activation checkpointing, and without it they are 0."""
+    missing = sorted(metric for metric in baseline.modules.get("", {})
+                     if metric not in current.modules.get("", {}) and not metric.startswith("recompute_"))
+    if missing:
+        raise BaselineMismatch(f"{name}: the baseline holds {', '.join(missing)}, which this run did not compute"
+                               f"{missing_metrics_hint(missing)}; {hint}")
 
 
 def _device(roofline: dict[str, Any]) -> str:

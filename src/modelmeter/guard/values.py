@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from fractions import Fraction
 from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError
 from ..reports import jsontext
+from ..reports.render import format_metric
+from ..reports.result import BYTE_METRICS, TIME_METRICS
 from ..reports.summaries import MAX_NUMBER
 
 MAX_AMOUNT = MAX_NUMBER  # no model's cost comes near it: a larger number in a file or a flag is a mistake
@@ -43,6 +47,19 @@ def check_tolerance(value: object, what: str = "tolerance") -> float:
     if not math.isfinite(value) or value < 0:
         raise InvalidValueError(f"{what} must be a finite number >= 0 (a fraction: 0.01 is 1%), got {value}")
     return float(value)
+
+
+def parse_tolerance(text: str) -> float:
+    """``"0.7%"`` or ``"0.007"`` as the float nearest the decimal written (0.7 / 100 in floats is just below it,
+    and a growth of exactly 0.7% would fail); a ``ValueError`` for what is not a finite number >= 0."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(e[+-]?[0-9]{1,5})?\s*(%?)", text.strip().lower())
+    if match is None:
+        raise InvalidValueError(f"not a tolerance: {text!r} (a finite number >= 0, e.g. 1% or 0.01)")
+    number, exponent, sign = match.groups()
+    value = Fraction(number + (exponent or "")) / (100 if sign else 1)
+    if value > MAX_AMOUNT:  # (float() of a larger Fraction may overflow)
+        raise InvalidValueError(f"{text!r} is out of range for a tolerance (at most {MAX_AMOUNT:g})")
+    return check_tolerance(float(value))
 
 
 def check_name(name: str, what: str) -> None:
@@ -86,3 +103,23 @@ def shorten(value: object, limit: int = 40) -> str:
         return f"(an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits)"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def with_exact(metric: str, value: float) -> str:
+    """``value`` of ``metric`` as the reports round it, and with every digit when that differs, for a guard's
+    failure: ``4.112G (4,111,512,576)``, ``2.12KiB (2,176 bytes)``, ``1.23ms (0.0012345678901 s)``, ``96``."""
+    short = format_metric(metric, value)
+    if metric in TIME_METRICS:
+        full = f"{float(value)!r} s"
+    elif isinstance(value, int) or value.is_integer():
+        full = f"{int(value):,}" + " bytes" * (metric in BYTE_METRICS)
+    else:
+        full = repr(value) + " bytes" * (metric in BYTE_METRICS)
+    return short if short == full else f"{short} ({full})"
+
+
+def percent(fraction: float) -> str:
+    """A signed relative change, ``+2.8%``; two significant digits below 0.1% (``+0.0012%``), where ``+0.0%``
+    would tell a failing change from none."""
+    share = 100 * fraction
+    return f"{share:+.1f}%" if abs(share) >= 0.1 or share == 0 else f"{share:+.2g}%"
