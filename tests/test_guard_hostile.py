@@ -224,3 +224,19 @@ def test_a_failed_check_names_every_digit_of_the_values(capsys: pytest.CaptureFi
     _, err = cli(capsys, "m.py:wide", "outputs=1001", "--name", "m.py:wide", "--input", "1x1001",
                  "--check-baseline", "b.json", "--tolerance", "0.1%")
     assert "within its baseline" in err  # +1,001 of 1,001,000 is 0.1% exactly
+
+
+@pytest.mark.parametrize(("saved", "checked", "shown"), [
+    (("--optimizer", "adam"), ("--optimizer", "sgd"), "'--optimizer adam', this run has '--optimizer sgd'"),
+    (("--optimizer", "adam"), ("--backward", "--memory"), "'--optimizer adam', this run has 'none'"),
+    (("--backward", "--memory"), ("--optimizer", "sgd"), "'none', this run has '--optimizer sgd'"),
+])
+@pytest.mark.usefixtures("model_dir")
+def test_a_run_with_other_run_options_is_not_compared(capsys: pytest.CaptureFixture[str], saved: tuple[str, ...],
+                                                       checked: tuple[str, ...], shown: str) -> None:
+    """The peak of a training step with Adam (two states per parameter) checked by a run with SGD or without an
+    optimizer "shrank" by half: a model whose memory grew by up to that passed."""
+    cli(capsys, "m.py:wide", "--input", "1x1001", *saved, "--save-baseline", "b.json")
+    _, err = cli(capsys, "m.py:wide", "--input", "1x1001", *checked, "--check-baseline", "b.json", code=2)
+    assert f"the baseline was recorded with run options {shown}" in err
+    cli(capsys, "m.py:wide", "--input", "1x1001", *saved, "--check-baseline", "b.json")

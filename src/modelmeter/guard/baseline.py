@@ -14,6 +14,7 @@ reports, per metric and module, what grew beyond the tolerance (a failure) and w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -144,7 +145,8 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
             _check_costs(module, metrics, f"{name}: {what}")
     pairs: list[tuple[str, Any, Any]] = [("inputs", baseline.inputs, current.inputs),
                                          ("convention", baseline.convention, current.convention),
-                                         ("backward pass", baseline.backward, current.backward)]
+                                         ("backward pass", baseline.backward, current.backward),
+                                         ("run options", run_options(baseline.spec), run_options(current.spec))]
     if baseline.roofline:  # a baseline without a device has no time to compare: a run with one is checked too
         pairs.append(("device", _device(baseline.roofline), _device(current.roofline)))
     for what, before, after in pairs:
@@ -171,6 +173,20 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
     added = [m for m in current.modules if m not in baseline.modules]
     removed = [m for m in baseline.modules if m not in current.modules]
     return Comparison(name, tolerance, grew, shrank, added, removed)
+
+
+# What a command-line run writes into its spec that changes what it measures, beyond the inputs, convention,
+# passes and device compared on their own: an optimizer's step in the peak, the attention's FLOPs, a rank's share
+_RUN_FLAGS = ("--foreach", "--dense-attention")
+_RUN_VALUES = ("--optimizer", "--state-dtype", "--attention-kernel", "--parallel")
+
+
+def run_options(spec: list[str]) -> str:
+    """The options of ``spec`` (an entry's command-line arguments) that change what a run measures, as written
+    (``"--optimizer adamw --foreach"``), or ``"none"``: an entry without a spec (``assert_cost``'s) has none."""
+    picked = [[token] for token in spec if token in _RUN_FLAGS]
+    picked += [[token, value] for token, value in itertools.pairwise(spec) if token in _RUN_VALUES]
+    return " ".join(sorted(" ".join(option) for option in picked)) or "none"
 
 
 def _beyond(old: float, new: float, tolerance: float) -> bool:
