@@ -240,3 +240,25 @@ def test_a_run_with_other_run_options_is_not_compared(capsys: pytest.CaptureFixt
     _, err = cli(capsys, "m.py:wide", "--input", "1x1001", *checked, "--check-baseline", "b.json", code=2)
     assert f"the baseline was recorded with run options {shown}" in err
     cli(capsys, "m.py:wide", "--input", "1x1001", *saved, "--check-baseline", "b.json")
+
+
+@pytest.mark.parametrize("option", [("--device", "h100"), ("--parallel", "dp=2"), ("--efficiency", "0.5"),
+                                    ("--tf32",), ("--launch-overhead", "4us"), ("--devices-file", "d.json"),
+                                    ("--measured-time", "5ms")])
+@pytest.mark.usefixtures("model_dir")
+def test_check_all_refuses_the_device_and_plan_options_it_would_ignore(capsys: pytest.CaptureFixture[str],
+                                                                       option: tuple[str, ...]) -> None:
+    """`modelmeter --check-baseline costs.json --device h100` ran each entry as saved, without a device, and
+    passed: the times the user meant to guard were never predicted."""
+    cli(capsys, "m.py:wide", "--input", "1x1001", "--save-baseline", "b.json")
+    _, err = cli(capsys, "--check-baseline", "b.json", *option, code=2)
+    assert f"{option[0]}: a check of every model of b.json runs each entry as it was saved" in err
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_an_entry_saved_with_a_parallel_plan_is_checked_by_check_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command wrote --parallel into the entry and check-all refused it as an option no baseline holds."""
+    cli(capsys, "m.py:wide", "--input", "2x1001", "--parallel", "dp=2", "--save-baseline", "b.json")
+    assert "--parallel" in json.loads(Path("b.json").read_text())["models"]["m.py:wide"]["spec"]
+    _, err = cli(capsys, "--check-baseline", "b.json")
+    assert "1 within the baseline" in err
