@@ -262,3 +262,14 @@ def test_an_entry_saved_with_a_parallel_plan_is_checked_by_check_all(capsys: pyt
     assert "--parallel" in json.loads(Path("b.json").read_text())["models"]["m.py:wide"]["spec"]
     _, err = cli(capsys, "--check-baseline", "b.json")
     assert "1 within the baseline" in err
+
+
+def test_a_recompute_budget_without_checkpointing_is_zero_not_a_missing_metric() -> None:
+    """--backward --budget recompute_flops=...: a model without activation checkpointing recomputes nothing, and
+    the budget was a usage error telling the user to add the --backward they had given."""
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    trained = analyze(model, x, quiet=True, backward=True).result()
+    assert "recompute_flops" not in trained.metrics
+    assert check_budget(trained, parse_budget("recompute_flops=0")) == []
+    with pytest.raises(ValueError, match="no metric 'recompute_flops'"):
+        check_budget(analyze(model, x, quiet=True).result(), parse_budget("recompute_flops=0"))

@@ -79,9 +79,15 @@ class Over:
 
 
 def metric_values(result: Result) -> dict[str, float]:
-    """The model's totals by metric name: every metric of the result, and ``params`` (the model's
-    ``peak_memory`` is the run's peak). Counts stay ints: as floats, two counts over 2**53 could round to one."""
-    return {"params": result.root.params, **{m: result.total(m) for m in result.metrics}}
+    """The model's totals by metric name: every metric of the result, ``params`` (the model's ``peak_memory``
+    is the run's peak), and with a backward pass ``recompute_*``, 0 without activation checkpointing. Counts
+    stay ints: as floats, two counts over 2**53 could round to one."""
+    values = {"params": result.root.params, **{m: result.total(m) for m in result.metrics}}
+    # a backward pass without activation checkpointing recomputes nothing: its recompute_* are 0, not missing
+    for metric in result.metrics:
+        if metric.startswith("backward_"):
+            values.setdefault("recompute_" + metric.removeprefix("backward_"), 0)
+    return values
 
 
 def check_budget(result: Result, budget: Budget) -> list[Over]:
