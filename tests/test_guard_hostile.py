@@ -273,3 +273,12 @@ def test_a_recompute_budget_without_checkpointing_is_zero_not_a_missing_metric()
     assert check_budget(trained, parse_budget("recompute_flops=0")) == []
     with pytest.raises(ValueError, match="no metric 'recompute_flops'"):
         check_budget(analyze(model, x, quiet=True).result(), parse_budget("recompute_flops=0"))
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_a_passing_check_says_what_it_compared(capsys: pytest.CaptureFixture[str]) -> None:
+    """"within its baseline" alone cannot be told from a check that compared nothing."""
+    cli(capsys, "m.py:wide", "--input", "1x1001", "--memory", "--save-baseline", "b.json")
+    _, err = cli(capsys, "m.py:wide", "--input", "1x1001", "--memory", "--check-baseline", "b.json")
+    assert ("m.py:wide: within its baseline (tolerance 0.00%): params, flops, activations, activation_bytes, "
+            "peak_memory of the model and 0 modules compared") in err

@@ -112,6 +112,10 @@ class Comparison:
     shrank: list[Change]
     added: list[str]
     removed: list[str]
+    # what was compared: the metrics, and how many modules (not counting the model) both runs have, so that
+    # a pass says what it checked
+    metrics: list[str] = field(default_factory=list)
+    modules: int = 0
 
     @property
     def ok(self) -> bool:
@@ -119,6 +123,9 @@ class Comparison:
 
     def report(self) -> str:
         head = f"{self.name}: " + ("within" if self.ok else "over") + f" its baseline (tolerance {self.tolerance:.2%})"
+        if self.ok and self.metrics:
+            head += (f": {', '.join(self.metrics)} of the model and {self.modules} module{'s' * (self.modules != 1)} "
+                     "compared")
         lines = [head]
         lines += [f"  grew   {change}" for change in self.grew]
         lines += [f"  shrank {change}" for change in self.shrank]
@@ -172,7 +179,8 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
         changes.sort(key=lambda c: (c.module != "", -abs(c.after - c.before), order.get(c.module, 0)))
     added = [m for m in current.modules if m not in baseline.modules]
     removed = [m for m in baseline.modules if m not in current.modules]
-    return Comparison(name, tolerance, grew, shrank, added, removed)
+    compared = sum(module in current.modules for module in baseline.modules if module)
+    return Comparison(name, tolerance, grew, shrank, added, removed, list(baseline.modules.get("", {})), compared)
 
 
 # What a command-line run writes into its spec that changes what it measures, beyond the inputs, convention,
