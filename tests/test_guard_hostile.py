@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from modelmeter import analyze
-from modelmeter.cli import main
 from modelmeter.guard import (
     BaselineMismatch,
     CostAssertionError,
@@ -32,6 +31,7 @@ from modelmeter.guard import (
     record,
 )
 from modelmeter.guard.values import parse_tolerance
+from test_guard import cli
 
 MODEL_FILE = textwrap.dedent("""
     from torch import nn
@@ -41,15 +41,9 @@ MODEL_FILE = textwrap.dedent("""
 """)
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> tuple[str, str]:
-    status = main([*argv, "--no-cache", "--depth", "0"])
-    out, err = capsys.readouterr()
-    assert status == code, f"exit {status}, stderr: {err}"
-    return out, err
-
-
 @pytest.fixture
 def model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding ``m.py``: ``m.py:wide`` is Linear(1001, 1000) without a bias."""
     monkeypatch.chdir(tmp_path)
     Path("m.py").write_text(MODEL_FILE)
     return tmp_path
