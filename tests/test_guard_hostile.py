@@ -31,6 +31,7 @@ from modelmeter.guard import (
     record,
 )
 from modelmeter.guard.values import parse_tolerance
+from modelmeter.handles.conventions import register_handle, unregister_handle
 from test_guard import cli
 
 MODEL_FILE = textwrap.dedent("""
@@ -276,3 +277,32 @@ def test_a_passing_check_says_what_it_compared(capsys: pytest.CaptureFixture[str
     _, err = cli(capsys, "m.py:wide", "--input", "1x1001", "--memory", "--check-baseline", "b.json")
     assert ("m.py:wide: within its baseline (tolerance 0.00%): params, flops, activations, activation_bytes, "
             "peak_memory of the model and 0 modules compared") in err
+
+
+@torch.library.custom_op("guard_hostile::copy", mutates_args=())
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@_copy.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class _Copies(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _copy(x)
+
+
+@pytest.mark.parametrize(("count", "message"), [(float("nan"), "must be a finite number, got nan"),
+                                                (-1e9, "cannot be negative")])
+def test_a_budget_refuses_a_cost_no_limit_can_judge(count: float, message: str) -> None:
+    """A registered handle that returns NaN (over no limit) or a negative count (under every limit): the budget
+    passed it."""
+    register_handle("guard_hostile::copy", lambda inputs, outputs: count)
+    try:
+        result = analyze(_Copies(), torch.randn(2, 4), quiet=True, cache=False).result()
+    finally:
+        unregister_handle("guard_hostile::copy")
+    with pytest.raises(ValueError, match=f"this run's flops {message}"):
+        check_budget(result, parse_budget("flops=1G"))

@@ -116,6 +116,11 @@ def _budgeted_values(result: Result, budget: Budget) -> dict[str, float]:
     if unknown:
         raise InvalidValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis"
                                 f"{missing_metrics_hint(unknown)}; known: {', '.join(sorted(values))}")
+    for metric in budget:  # NaN is over no limit and a negative count is under every one
+        try:
+            check_amount(values[metric], f"this run's {metric}")
+        except ValueError as exc:
+            raise InvalidValueError(f"{exc}: a registered handle returned it, and no budget can judge it") from None
     return values
 
 
