@@ -306,3 +306,25 @@ def test_a_budget_refuses_a_cost_no_limit_can_judge(count: float, message: str) 
         unregister_handle("guard_hostile::copy")
     with pytest.raises(ValueError, match=f"this run's flops {message}"):
         check_budget(result, parse_budget("flops=1G"))
+
+
+@pytest.mark.usefixtures("model_dir")
+def test_the_command_never_writes_a_baseline_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
+    """--name with a newline was written, and from then on every check of every model of the file failed on it."""
+    cli(capsys, "m.py:wide", "--input", "1x1001", "--save-baseline", "b.json")
+    saved = Path("b.json").read_bytes()
+    _, err = cli(capsys, "m.py:wide", "--input", "1x1001", "--name", "a\nb", "--save-baseline", "b.json", code=2)
+    assert "is not a printable name" in err and "the baseline is not written" in err
+    assert Path("b.json").read_bytes() == saved
+    cli(capsys, "--check-baseline", "b.json")
+
+
+def test_assert_cost_never_records_a_count_its_check_would_refuse(tmp_path: Path) -> None:
+    """A registered handle's negative count was recorded; the file then failed every check of every model."""
+    register_handle("guard_hostile::copy", lambda inputs, outputs: -5)
+    try:
+        with pytest.raises(ValueError, match="flops cannot be negative, got -5; the baseline is not written"):
+            assert_cost(_Copies(), torch.randn(2, 4), tmp_path / "c.json", update=True)
+    finally:
+        unregister_handle("guard_hostile::copy")
+    assert not (tmp_path / "c.json").exists()

@@ -352,6 +352,9 @@ class BaselineFile:
         return cls({name: _parse_entry(value, f"{where}: the entry {name!r}") for name, value in models.items()})
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the entries to ``path`` atomically; a :class:`GuardFileError` instead when :meth:`load` would
+        refuse the file (a name with control characters, a negative count from a registered handle): the file
+        is shared by every model in it, and one unreadable entry would fail all of their checks."""
         data = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "modelmeter": _version.__version__,
                 "torch": torch.__version__.split("+")[0],
                 "models": {name: _entry_data(entry) for name, entry in sorted(self.entries.items())}}
@@ -361,6 +364,10 @@ class BaselineFile:
         except ValueError:  # (a user handle's NaN or infinity: no check could compare against it)
             raise GuardFileError(f"a baseline for {os.fspath(path)!r} holds a cost that is not a finite number "
                                  "(NaN or infinite: a registered handle returned it); it is not written") from None
+        try:
+            BaselineFile.from_data(json.loads(text), path)
+        except GuardFileError as exc:
+            raise GuardFileError(f"{exc}; the baseline is not written (a check could not read it)") from None
         os.makedirs(os.path.dirname(target), exist_ok=True)
         atomic_write(target, lambda f: f.write(text))
 
