@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
@@ -23,6 +24,7 @@ from modelmeter.guard import (
     CostAssertionError,
     Entry,
     assert_cost,
+    baseline,
     check_budget,
     compare,
     entry_from_result,
@@ -328,3 +330,26 @@ def test_assert_cost_never_records_a_count_its_check_would_refuse(tmp_path: Path
     finally:
         unregister_handle("guard_hostile::copy")
     assert not (tmp_path / "c.json").exists()
+
+
+def test_writers_with_other_cache_directories_keep_every_entry(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 writers at once, each with its own cache directory (CI jobs given one each): the lock in the cache
+    directory did not make them take turns, and 15 of the 16 entries were lost."""
+    entry = entry_from_result(analyze(nn.Linear(2, 2), torch.randn(1, 2), quiet=True).result())
+    own = threading.local()
+    monkeypatch.setattr(baseline, "get_cache_dir", lambda: own.cache)
+    start = threading.Barrier(16)
+
+    def write(i: int) -> None:
+        own.cache = str(tmp_path / f"cache{i}")
+        start.wait()
+        record(tmp_path / "costs.json", f"model{i}", entry)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(json.loads((tmp_path / "costs.json").read_text())["models"]) == {f"model{i}" for i in range(16)}
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("cache")) == ["costs.json"]

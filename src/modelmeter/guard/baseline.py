@@ -27,6 +27,7 @@ from .. import _version
 from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
+from ..io.cache_dir import directory_lock
 from ..reports.render import format_change
 from ..reports.result import RATIO_METRICS, Result
 from .budget import missing_metrics_hint
@@ -392,9 +393,11 @@ def _entry_data(entry: Entry) -> dict[str, Any]:
 def record(baseline: str | os.PathLike[str], name: str, entry: Entry) -> None:
     """Write ``entry`` as ``name`` into the baseline file, keeping its other entries; parallel writers (e.g.
     pytest-xdist workers) take turns through one lock in the user's cache directory, not a lock file left
-    next to the baseline in the project."""
+    next to the baseline in the project, and a ``flock`` on the baseline's directory (no file: writers with
+    other cache directories, such as CI jobs each given their own, lost each other's entries)."""
     path = os.path.abspath(baseline)
-    with file_lock(os.path.join(get_cache_dir(), "baselines")):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with file_lock(os.path.join(get_cache_dir(), "baselines")), directory_lock(os.path.dirname(path)):
         file = BaselineFile.load(path) if os.path.exists(path) else BaselineFile()
         file.entries[name] = entry
         file.save(path)
