@@ -353,3 +353,10 @@ def test_writers_with_other_cache_directories_keep_every_entry(tmp_path: Path,
         thread.join()
     assert set(json.loads((tmp_path / "costs.json").read_text())["models"]) == {f"model{i}" for i in range(16)}
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("cache")) == ["costs.json"]
+
+
+def test_the_report_shows_the_tolerance_applied() -> None:
+    """0.005% was shown as 0.01%, a tolerance twice the one applied."""
+    base = entry_from_result(analyze(nn.Linear(2, 2), torch.randn(1, 2), quiet=True).result())
+    assert "(tolerance 0.005%)" in compare("m", base, base, parse_tolerance("0.005%")).report()
+    assert "(tolerance 1.00%)" in compare("m", base, base, 0.01).report()

@@ -123,7 +123,8 @@ class Comparison:
         return not self.grew
 
     def report(self) -> str:
-        head = f"{self.name}: " + ("within" if self.ok else "over") + f" its baseline (tolerance {self.tolerance:.2%})"
+        verdict = "within" if self.ok else "over"
+        head = f"{self.name}: {verdict} its baseline (tolerance {_tolerance_text(self.tolerance)})"
         if self.ok and self.metrics:
             head += (f": {', '.join(self.metrics)} of the model and {self.modules} module{'s' * (self.modules != 1)} "
                      "compared")
@@ -137,6 +138,12 @@ class Comparison:
         if self.shrank and self.ok:
             lines.append("  (costs went down: save the baseline again to keep the gain)")
         return "\n".join(lines)
+
+
+def _tolerance_text(tolerance: float) -> str:
+    """A tolerance as a percentage, ``1.00%``, with the digits it has beyond two (``0.005%``, not ``0.01%``)."""
+    hundredths = Fraction(repr(tolerance)) * 10000
+    return f"{tolerance:.2%}" if hundredths.denominator == 1 else f"{float(hundredths / 100):.12g}%"
 
 
 SAVE_HINT = "save a new baseline for it (--save-baseline) or run as before"
