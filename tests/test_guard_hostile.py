@@ -7,6 +7,7 @@ exact ``Fraction``."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import threading
 from collections.abc import Callable
@@ -360,3 +361,20 @@ def test_the_report_shows_the_tolerance_applied() -> None:
     base = entry_from_result(analyze(nn.Linear(2, 2), torch.randn(1, 2), quiet=True).result())
     assert "(tolerance 0.005%)" in compare("m", base, base, parse_tolerance("0.005%")).report()
     assert "(tolerance 1.00%)" in compare("m", base, base, 0.01).report()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.usefixtures("model_dir")
+def test_a_pipe_or_a_device_is_refused_without_opening_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """A pipe named as the baseline blocked the guard forever (CI's timeout, not a failure), and /dev/zero
+    filled its memory (a MemoryError's stack trace)."""
+    os.mkfifo("pipe.json")
+    os.symlink("/dev/zero", "zero.json")
+    for name in ("pipe.json", "zero.json"):
+        message = f"{name!r} is not a regular file (a device, a pipe or a socket)"
+        for argv in (("m.py:wide", "--input", "1x1001", "--check-baseline", name), ("--check-baseline", name),
+                     ("diff", name, name), ("m.py:wide", "--input", "1x1001", "--save-baseline", name)):
+            _, err = cli(capsys, *argv, code=2)
+            assert message in err and err.count("\n") == 1, err
+        with pytest.raises(CostAssertionError, match="not a regular file"):
+            assert_cost(nn.Linear(1001, 1000, bias=False), torch.randn(1, 1001), name, name="m.py:wide")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from fractions import Fraction
 from typing import Any
 
@@ -73,18 +74,14 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON in ``path``, at most :data:`MAX_FILE_BYTES`; NaN and Infinity (which Python's json reads) are
     refused. :class:`GuardFileError` naming the file for anything else, FileNotFoundError passes through."""
     where = repr(os.fspath(path))
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise GuardFileError(f"cannot read {where}: {exc.strerror or exc}") from None
-    if size > MAX_FILE_BYTES:
-        raise GuardFileError(f"{where} is {size:,} bytes: too large for a baseline or saved analysis "
-                             f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
+    check_file(path)
     try:
         with open(path, encoding="utf-8") as f:
-            return jsontext.loads(f.read(), "a baseline or saved analysis")
+            text = f.read(MAX_FILE_BYTES + 1)  # (a file that grew since it was checked)
+        if len(text) > MAX_FILE_BYTES:
+            raise GuardFileError(f"{where} is over {MAX_FILE_BYTES // 2**20} MiB: too large for a baseline or "
+                                 "saved analysis")
+        return jsontext.loads(text, "a baseline or saved analysis")
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -95,6 +92,27 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise GuardFileError(f"{where} is nested too deeply to be a baseline or saved analysis") from None
     except ValueError as exc:  # json.JSONDecodeError, an integer of too many digits, NaN / Infinity
         raise GuardFileError(f"{where} is not valid JSON: {str(exc)[:200]}") from None
+
+
+def check_file(path: str | os.PathLike[str]) -> None:
+    """``path`` is a regular file of at most :data:`MAX_FILE_BYTES`, found without opening it: a pipe would
+    block the guard forever and ``/dev/zero`` fill its memory. :class:`GuardFileError` otherwise;
+    FileNotFoundError passes through."""
+    where = repr(os.fspath(path))
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise GuardFileError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(status.st_mode):
+        raise GuardFileError(f"cannot read {where}: Is a directory")
+    if not stat.S_ISREG(status.st_mode):
+        raise GuardFileError(f"{where} is not a regular file (a device, a pipe or a socket): a baseline or saved "
+                             "analysis is a file")
+    if status.st_size > MAX_FILE_BYTES:
+        raise GuardFileError(f"{where} is {status.st_size:,} bytes: too large for a baseline or saved analysis "
+                             f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
 
 
 def shorten(value: object, limit: int = 40) -> str:
