@@ -378,3 +378,12 @@ def test_a_pipe_or_a_device_is_refused_without_opening_it(capsys: pytest.Capture
             assert message in err and err.count("\n") == 1, err
         with pytest.raises(CostAssertionError, match="not a regular file"):
             assert_cost(nn.Linear(1001, 1000, bias=False), torch.randn(1, 1001), name, name="m.py:wide")
+
+
+def test_a_metric_in_capitals_is_named_as_unknown_not_as_a_bad_amount() -> None:
+    """"TIME=5ms" said "not a quantity: '5ms'", sending the user to fix an amount that was right."""
+    result = analyze(nn.Linear(2, 2), torch.randn(1, 2), quiet=True).result()
+    with pytest.raises(ValueError, match="no metric 'TIME' in this analysis"):
+        check_budget(result, parse_budget("TIME=5ms"))
+    with pytest.raises(ValueError, match="Intensity is a ratio"):
+        parse_budget("Intensity=5")

@@ -50,10 +50,10 @@ def parse_budget(text: str) -> Budget:
             raise InvalidValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
         if metric in budget:
             raise InvalidValueError(f"the budget names {metric!r} twice; give each metric once")
-        if metric in RATIO_METRICS:
+        if metric.lower() in RATIO_METRICS:
             raise InvalidValueError(f"{metric} is a ratio, not a cost: budget the time or the bytes instead")
         try:
-            budget[metric] = parse_duration(amount) if metric in TIME_METRICS else parse_quantity(amount)
+            budget[metric] = parse_duration(amount) if metric.lower() in TIME_METRICS else parse_quantity(amount)
             check_amount(budget[metric], "the amount")  # (a duration of 1e31 s is a float parse_duration takes)
         except ValueError as exc:
             raise InvalidValueError(f"the budget of {metric}: {exc}") from None
