@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import html.parser
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -344,3 +345,46 @@ def test_a_result_whose_notes_cannot_be_printed_is_refused(step: Result, field: 
     with pytest.raises(ValueError, match=message):
         Result.from_dict(data)
     assert Result.from_dict(step.to_dict()) == step
+
+
+def _returns_within(seconds: float, work: Any) -> Any:
+    """``work()``'s result or error, or a test failure when it has not returned after ``seconds`` (a read that
+    opened a named pipe waits for a writer forever: the thread is left blocked, a daemon)."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # the error is the outcome the caller checks
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "blocked: the file was opened"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def test_a_pipe_or_a_device_is_never_opened_as_a_saved_trace_or_result(tmp_path: Path) -> None:
+    """A named pipe given as a saved trace (``modelmeter report``, ``read_saved_trace``) or as ``--compare``'s result
+    blocked the reader forever (the guards refused one since the fourth round): refused now from its status."""
+    from modelmeter.cli import main
+    from modelmeter.reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
+
+    fifo = tmp_path / "pipe.mmtrace"
+    os.mkfifo(fifo)
+    with pytest.raises(SavedTraceError, match="not a regular file"):
+        _returns_within(20, lambda: read_saved_trace(fifo))
+    assert _returns_within(20, lambda: is_saved_trace(fifo)) is False
+    assert _returns_within(20, lambda: main(["report", str(fifo)])) == 2
+    saved = tmp_path / "run.mmtrace"
+    modelmeter.save_trace(modelmeter.analyze(nn.Linear(3, 2), torch.randn(1, 3), cache=False, quiet=True), saved)
+    page = tmp_path / "page.html"
+    assert _returns_within(20, lambda: main(["report", str(saved), "--html", str(page), "--compare", str(fifo)])) == 2
+    assert not page.exists()
+    with pytest.raises(SavedTraceError, match="not a regular file"):
+        read_saved_trace("/dev/zero")

@@ -114,6 +114,8 @@ def print_error(exc: BaseException) -> None:
 def read_result(path: str, option: str) -> Result:
     """The Result in ``path``, a saved trace's or one saved with ``--format json``; a usage error naming ``option``
     for anything else."""
+    from ..engine.serialize import MAX_ENTRY_BYTES
+    from ..reports.files import file_problem
     from ..reports.result import Result
     from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 
@@ -122,6 +124,12 @@ def read_result(path: str, option: str) -> Result:
             return read_saved_trace(path).result
         except SavedTraceError as exc:
             raise ModelSpecError(f"{option}: {exc}") from None
+    try:
+        problem = file_problem(path, MAX_ENTRY_BYTES, "a saved analysis")  # before opening it: a pipe would block
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read {option} {path}: {exc.strerror or exc}") from None
+    if problem is not None:
+        raise ModelSpecError(f"{option}: {problem}")
     try:
         with open(path, encoding="utf-8") as f:
             return Result.from_json(f.read())

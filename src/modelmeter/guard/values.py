@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 from fractions import Fraction
 from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError
 from ..reports import jsontext
+from ..reports.files import file_problem
 from ..reports.render import format_metric
 from ..reports.result import BYTE_METRICS, TIME_METRICS
 from ..reports.summaries import MAX_NUMBER
@@ -98,21 +98,9 @@ def check_file(path: str | os.PathLike[str]) -> None:
     """``path`` is a regular file of at most :data:`MAX_FILE_BYTES`, found without opening it: a pipe would
     block the guard forever and ``/dev/zero`` fill its memory. :class:`GuardFileError` otherwise;
     FileNotFoundError passes through."""
-    where = repr(os.fspath(path))
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise GuardFileError(f"cannot read {where}: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(status.st_mode):
-        raise GuardFileError(f"cannot read {where}: Is a directory")
-    if not stat.S_ISREG(status.st_mode):
-        raise GuardFileError(f"{where} is not a regular file (a device, a pipe or a socket): a baseline or saved "
-                             "analysis is a file")
-    if status.st_size > MAX_FILE_BYTES:
-        raise GuardFileError(f"{where} is {status.st_size:,} bytes: too large for a baseline or saved analysis "
-                             f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
+    problem = file_problem(path, MAX_FILE_BYTES, "a baseline or saved analysis")
+    if problem is not None:
+        raise GuardFileError(problem)
 
 
 def shorten(value: object, limit: int = 40) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..errors import InvalidValueError, ModelMeterError
 from ..handles.catalog import ATTENTION_KERNELS, CONVENTIONS
 from ..io.atomic import atomic_write
 from . import jsontext
+from .files import file_problem
 from .result import Result
 
 FORMAT = "modelmeter-saved-trace"
@@ -75,8 +77,11 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_saved_trace(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` starts like a saved trace (gzip), so callers can tell it from a JSON result."""
+    """True when ``path`` starts like a saved trace (gzip), so callers can tell it from a JSON result; False for what
+    is not a regular file, which is not opened (a pipe would block)."""
     try:
+        if file_problem(path, sys.maxsize, "a saved trace") is not None:
+            return False
         with open(path, "rb") as f:
             return f.read(2) == b"\x1f\x8b"
     except OSError:
@@ -98,6 +103,9 @@ def read_saved_trace(path: str | os.PathLike[str]) -> SavedTrace:
     """The saved trace in ``path``; :class:`SavedTraceError` naming the file for anything unreadable."""
     where = repr(os.fspath(path))
     try:
+        problem = file_problem(path, MAX_ENTRY_BYTES, "a saved trace")
+        if problem is not None:
+            raise SavedTraceError(problem)
         with open(path, "rb") as f:
             raw = f.read(MAX_ENTRY_BYTES + 1)
     except OSError as exc:
