@@ -24,6 +24,7 @@ from modelmeter.guard.values import GuardFileError
 from modelmeter.handles.conventions import register_handle, unregister_handle
 from modelmeter.metrics.traffic import count_bytes
 from modelmeter.reports.html import render_html
+from modelmeter.reports.render import render
 from modelmeter.reports.saved import SavedTrace, read_saved_trace, write_saved_trace
 
 
@@ -256,3 +257,13 @@ def test_a_model_too_deep_for_torch_fails_clearly_and_the_limit_is_put_back() ->
     with pytest.raises(ModelRunError, match="RecursionError"):
         analyze(model, x, cache=False, quiet=True).result()
     assert sys.getrecursionlimit() == limit
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_a_table_of_a_nan_cost_prints_it(nan_result: Any, fmt: str) -> None:
+    """The table's unit is chosen from the column's largest value: a NaN failed it with ``cannot convert float NaN
+    to integer`` (which the command printed as a ``--columns`` error); the finite values keep their unit."""
+    text = render(nan_result.result(), fmt, width=200)
+    assert "nan" in text.splitlines()[2]  # the model's row: the ReLU's NaN counted in
+    linear = next(line for line in text.splitlines() if line.lstrip("| ").startswith("0 "))
+    assert "32" in linear  # fvcore's 2 x 4 x 4 multiply-adds of the Linear, in its plain unit

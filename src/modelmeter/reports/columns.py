@@ -7,6 +7,7 @@ metric's name (its share of the model's total, ``%flops``). docs/reports.md, "Fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -202,8 +203,8 @@ def _numbers(key: str, header: str, values: list[float], unit_of: Callable[[floa
     """Values in the one unit of the column's largest, trailing zeros stripped: a count with three decimals, as
     ``format_size`` prints it (the model's row reads as fvcore's), bytes and times with the decimals that give the
     largest four significant figures. A value too small to show is ``<0.01G``, a zero ``0``, a module never
-    called ``N/A``."""
-    largest = max((abs(v) for v, c in zip(values, called, strict=True) if c), default=0.0)
+    called ``N/A``; a value that is not finite (a handle's NaN) as Python prints it, leaving the unit to the others."""
+    largest = max((abs(v) for v, c in zip(values, called, strict=True) if c and math.isfinite(v)), default=0.0)
     scale, suffix = unit_of(largest)
     whole = len(str(int(largest / scale))) if largest else 1
     decimals = 3 if unit_of is _count_unit else max(0, 4 - whole)
@@ -213,6 +214,8 @@ def _numbers(key: str, header: str, values: list[float], unit_of: Callable[[floa
             cells.append("N/A")
         elif value == 0:
             cells.append("0")
+        elif not math.isfinite(value):
+            cells.append(str(value))
         else:
             cells.append(_fixed(value / scale, decimals, suffix))
     return _right(key, header, cells)
