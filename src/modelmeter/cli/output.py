@@ -80,6 +80,8 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def _check_writable(option: str, path: str) -> None:
+    if not path:  # Path("") is the working directory: the error would say a folder is given
+        raise ModelSpecError(f"{option} {path!r}: an empty path names no file")
     target = Path(path).expanduser()
     folder = target.parent
     if target.is_dir():
