@@ -217,3 +217,16 @@ def test_a_config_that_builds_no_model_is_not_suggested_as_itself(capsys: pytest
     err = one_line_error(capsys, ["transformers:AutoConfig"], 2)
     assert "unknown transformers config 'AutoConfig'" in err and "did you mean AutoConfig" not in err
     assert "did you mean LlamaConfig" in one_line_error(capsys, ["transformers:LlamaConfg"], 2)
+
+
+def test_default_tokens_fit_the_models_positions(capsys: pytest.CaptureFixture[str]) -> None:
+    """A config with 16 positions took 128 default tokens, counted on fake tensors (no lookup past the position
+    table's end fails there; a real run raises IndexError): the default is now the positions' count, the same run as
+    ``--seq-len 16``."""
+    pytest.importorskip("transformers")
+    small = ["transformers:gpt2", "n_positions=16", "n_layer=1", "n_embd=32", "n_head=2"]
+    shapes, flops = _total(capsys, small)
+    assert shapes == [[1, 16]]
+    assert _total(capsys, [*small, "--seq-len", "16"]) == (shapes, flops)
+    assert _total(capsys, ["transformers:bert", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2",
+                           "intermediate_size=64"])[0] == [[1, 128]]  # 512 positions: the usual 128 tokens

@@ -3,7 +3,8 @@
 A spec is one of
 
 * a zoo name (``resnet50``; ``modelmeter list`` shows them);
-* ``torchvision:NAME`` — ``torchvision.models.get_model(NAME, weights=None)``;
+* ``torchvision:NAME`` — ``torchvision.models.get_model(NAME, weights=None)`` (and ``weights_backbone=None``
+  where the builder takes it);
 * ``timm:NAME`` — ``timm.create_model(NAME, pretrained=False)``;
 * ``transformers:CONFIG`` — a config class (``LlamaConfig``) or model type (``llama``) of Hugging Face
   transformers, built with ``AutoModelForCausalLM.from_config`` (decoder-only configs) or
@@ -14,7 +15,9 @@ A spec is one of
 
 ``key=value`` overrides go to the config (transformers) or as keyword arguments to the builder or
 factory (everything else). Values are read as Python literals (ints, floats, lists, ``None``), ``true`` /
-``false`` as booleans, anything else as a string. Nothing is downloaded: no weights, no hub configs.
+``false`` as booleans, anything else as a string. Nothing is downloaded: no weights (a ``key=value`` asking
+for them is a usage error), no hub configs. An image model built for a size (``image_size=64``) gets default
+inputs of that size.
 
 Models are built on the meta device (``device="meta"``, the default: shapes without storage, so a 70B
 model costs nothing) or wherever ``device`` says; ``file.py:factory`` models are built where the factory
@@ -458,7 +461,17 @@ def _load_transformers(name: str, kwargs: dict[str, Any], device: torch.device,
         return LoadedModel(model, name_shown, "image", (1, config.num_channels, height, width),
                            input_names=("pixel_values",))
     names = ("input_ids", "decoder_input_ids") if getattr(config, "is_encoder_decoder", False) else ("input_ids",)
-    return LoadedModel(model, name_shown, "tokens", (1, _DEFAULT_SEQ_LEN), torch.long, input_names=names)
+    return LoadedModel(model, name_shown, "tokens", (1, _default_seq_len(config)), torch.long, input_names=names)
+
+
+def _default_seq_len(config: Any) -> int:
+    """The default sequence length: 128 tokens, or fewer when the config's positions are fewer (a learned position
+    table of 16 rows takes 16 tokens at most; on fake tensors no lookup past its end fails, so 128 would be counted
+    for a model that cannot run them)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < _DEFAULT_SEQ_LEN:
+        return limit
+    return _DEFAULT_SEQ_LEN
 
 
 def _config_class(transformers: Any, name: str) -> Any:
