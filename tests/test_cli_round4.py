@@ -230,3 +230,17 @@ def test_default_tokens_fit_the_models_positions(capsys: pytest.CaptureFixture[s
     assert _total(capsys, [*small, "--seq-len", "16"]) == (shapes, flops)
     assert _total(capsys, ["transformers:bert", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2",
                            "intermediate_size=64"])[0] == [[1, 128]]  # 512 positions: the usual 128 tokens
+
+
+@pytest.mark.parametrize(("first", "second"), [("--output", "--html"), ("--output", "--save-trace"),
+                                               ("--html", "--save-baseline")])
+def test_two_outputs_to_one_file_are_refused(capsys: pytest.CaptureFixture[str], no_run: None,  # noqa: F811
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str,
+                                             second: str) -> None:
+    """``-o same --html same`` wrote the table, then the page over it, and said "wrote same" twice (with
+    ``--save-trace``, the trace was lost under the table): one is refused, before the run, however each is spelt."""
+    monkeypatch.chdir(tmp_path)
+    spelt = f"../{tmp_path.name}/./same.out"  # the same file, by another way
+    err = one_line_error(capsys, ["resnet18", first, "same.out", second, spelt], 2)
+    assert f"{first} and {second} both write {spelt}: the second would overwrite the first" in err
+    assert not (tmp_path / "same.out").exists()

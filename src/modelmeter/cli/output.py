@@ -72,11 +72,24 @@ def check_paths(args: argparse.Namespace) -> None:
         path = paths[option]
         if path is not None:
             _check_writable(option, path)
+    _check_distinct({option: paths[option] for option in WRITTEN_PATHS if paths[option] is not None})
     cache_dir = paths["--cache-dir"]
     if cache_dir is not None:
         folder = Path(cache_dir).expanduser()
         if folder.exists() and not folder.is_dir():
             raise ModelSpecError(f"--cache-dir {cache_dir} is not a directory")
+
+
+def _check_distinct(written: dict[str, str]) -> None:
+    """Two options that write the same file (``-o out --html out``): the second would overwrite the first, whose
+    "wrote" line would still be printed."""
+    seen: dict[Path, str] = {}
+    for option, path in written.items():
+        target = Path(path).expanduser().resolve()
+        if target in seen:
+            raise ModelSpecError(f"{seen[target]} and {option} both write {path}: the second would overwrite the "
+                                 "first; give each its own file")
+        seen[target] = option
 
 
 def _check_writable(option: str, path: str) -> None:
