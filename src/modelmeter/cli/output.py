@@ -68,11 +68,13 @@ def check_paths(args: argparse.Namespace) -> None:
     for option, path in paths.items():
         if path is not None and "\0" in path:
             raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
+    written: dict[str, str] = {}
     for option in WRITTEN_PATHS:
         path = paths[option]
         if path is not None:
             _check_writable(option, path)
-    _check_distinct({option: paths[option] for option in WRITTEN_PATHS if paths[option] is not None})
+            written[option] = path
+    _check_distinct(written)
     cache_dir = paths["--cache-dir"]
     if cache_dir is not None:
         folder = Path(cache_dir).expanduser()
