@@ -244,3 +244,22 @@ def test_two_outputs_to_one_file_are_refused(capsys: pytest.CaptureFixture[str],
     err = one_line_error(capsys, ["resnet18", first, "same.out", second, spelt], 2)
     assert f"{first} and {second} both write {spelt}: the second would overwrite the first" in err
     assert not (tmp_path / "same.out").exists()
+
+
+@pytest.mark.parametrize("argv", [["resnet18", "num_classes=10", "num_classes=20"],
+                                  ["torchvision:resnet18,num_classes=10", "num_classes=20"],
+                                  ["resnet18", "num_classes=10,num_classes=20"]])
+def test_a_key_given_twice_is_refused(capsys: pytest.CaptureFixture[str], no_run: None,  # noqa: F811
+                                      argv: list[str]) -> None:
+    """The last value won, silently (the header named it alone)."""
+    err = one_line_error(capsys, argv, 2)
+    assert "num_classes is given twice (num_classes=10 and num_classes=20): keep one" in err
+
+
+def test_a_factorys_own_inputs_under_fit_name_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--fit`` on a factory that returns its inputs said "--batch does not apply", an option not given."""
+    path = tmp_path / "pair.py"
+    path.write_text("import torch\nfrom torch import nn\n\n\ndef pair():\n"
+                    "    return nn.Linear(4, 2), torch.zeros(1, 4)\n")
+    err = one_line_error(capsys, [f"{path}:pair", "--fit", "1GiB"], 2)
+    assert "inputs cannot be set (by --batch, --sweep batch=... or --fit): its factory returned them" in err

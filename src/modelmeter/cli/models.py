@@ -119,14 +119,15 @@ class LoadedModel:
             raise ModelSpecError(f"--seq-len applies to token models; {self.name} takes {self._what()}")
         if self.kind == "custom":
             if batch is not None:
-                raise ModelSpecError(f"--batch does not apply to {self.name}: its factory returned the inputs; "
-                                     "give shapes with --input instead")
+                raise ModelSpecError(f"the batch of {self.name}'s inputs cannot be set (by --batch, --sweep "
+                                     "batch=... or --fit): its factory returned them; give their shapes with --input "
+                                     "instead (one run)")
             if dtype is None:
                 return self.custom_inputs
             return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, self.custom_inputs)
         if not self.default_shape:
-            raise ModelSpecError(f"{self.name} has no default input: give its shape with --input, or return "
-                                 "(model, inputs) from the factory")
+            raise ModelSpecError(f"{self.name} has no default input: give its shape with --input (one run: --sweep "
+                                 "and --fit vary the default input), or return (model, inputs) from the factory")
         shape = list(self.default_shape)
         if batch is not None:
             shape[0] = batch
@@ -217,6 +218,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             key = key.strip()
             if not sep or not key.isidentifier():
                 raise ModelSpecError(f"expected key=value, got {part!r}")
+            if key in out:  # the last would win, silently
+                raise ModelSpecError(f"{key} is given twice ({key}={out[key]!r} and {part.strip()}): keep one")
             out[key] = parse_value(value)
     return out
 
