@@ -263,3 +263,31 @@ def test_a_factorys_own_inputs_under_fit_name_fit(capsys: pytest.CaptureFixture[
                     "    return nn.Linear(4, 2), torch.zeros(1, 4)\n")
     err = one_line_error(capsys, [f"{path}:pair", "--fit", "1GiB"], 2)
     assert "inputs cannot be set (by --batch, --sweep batch=... or --fit): its factory returned them" in err
+
+
+# --- the zoo's arguments -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "words"), [
+    (["gpt2_tiny", "vocab_size=0"], "gpt2_tiny: vocab_size=0 is out of range (at least 1)"),  # counted, exit 0
+    (["mobilenet_v2", "width_mult=-1"], "width_mult=-1 is out of range (above 0)"),  # clamped to 8 channels
+    (["mobilenet_v2", "width_mult=nan"], "mobilenet_v2: width_mult is a number, got 'nan'"),  # read as text
+    (["resnet18", "num_classes=True"], "resnet18: num_classes is a whole number, got True"),  # was exit 1
+    (["resnet18", "num_classes=2.5"], "num_classes is a whole number, got 2.5"),
+    (["gpt2_tiny", "dropout=2"], "dropout=2 is out of range (0 <= dropout < 1)"),
+    (["vit_b_16", "image_size=60"], "image_size 60 is not a multiple of patch_size 16"),  # the builder's own
+])
+def test_a_zoo_argument_no_model_has_is_a_usage_error(capsys: pytest.CaptureFixture[str], no_run: None,  # noqa: F811
+                                                      argv: list[str], words: str) -> None:
+    assert words in one_line_error(capsys, argv, 2)
+
+
+def test_the_zoos_python_api_checks_its_arguments_too() -> None:
+    from modelmeter.errors import InvalidTypeError, InvalidValueError
+    from modelmeter.zoo import get_model
+
+    with pytest.raises(InvalidValueError, match=r"bert_tiny: max_position_embeddings=0 is out of range"):
+        get_model("bert_tiny", device="meta", max_position_embeddings=0)
+    with pytest.raises(InvalidTypeError, match=r"resnet18: num_classes is a whole number, got '10'"):
+        get_model("resnet18", device="meta", num_classes="10")
+    with pytest.raises(InvalidValueError, match=r"width_mult=inf is out of range \(above 0\)"):
+        get_model("mobilenet_v2", device="meta", width_mult=float("inf"))
+    assert get_model("mobilenet_v2", device="meta", width_mult=0.5, dropout=0.0).classifier[1].out_features == 1000

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ..engine.inputs import map_tensors
-from ..errors import ModelMeterError, cuda_failure
+from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError, cuda_failure
 from .errors import MAX_TENSOR_BYTES, ModelSpecError, one_line, suggest
 
 __all__ = [
@@ -352,8 +352,11 @@ def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolutio
         kind = "tokens"
     else:
         kind = "tensor"
-    with _building(name):
-        model = _build(lambda **kw: get_model(name, device=device, **kw), kwargs, device, size_key, resolution)
+    try:
+        with _building(name):
+            model = _build(lambda **kw: get_model(name, device=device, **kw), kwargs, device, size_key, resolution)
+    except (InvalidValueError, InvalidTypeError) as exc:  # the zoo's builders raise these for their arguments
+        raise ModelSpecError(str(exc)) from None
     return LoadedModel(model, _display(name, kwargs), kind, shape, dtype)
 
 
