@@ -132,6 +132,10 @@ FACTORIES = textwrap.dedent("""
     def talks():
         print("building")
         return Talks()
+
+
+    def pair():
+        return nn.Linear(4, 2), torch.zeros(1, 4)
 """)
 TALKING_MODULE = 'print("importing the factories")\nfrom factories import talks\n'
 
@@ -256,12 +260,9 @@ def test_a_key_given_twice_is_refused(capsys: pytest.CaptureFixture[str], no_run
     assert "num_classes is given twice (num_classes=10 and num_classes=20): keep one" in err
 
 
-def test_a_factorys_own_inputs_under_fit_name_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_factorys_own_inputs_under_fit_name_fit(capsys: pytest.CaptureFixture[str], factories: Path) -> None:
     """``--fit`` on a factory that returns its inputs said "--batch does not apply", an option not given."""
-    path = tmp_path / "pair.py"
-    path.write_text("import torch\nfrom torch import nn\n\n\ndef pair():\n"
-                    "    return nn.Linear(4, 2), torch.zeros(1, 4)\n")
-    err = one_line_error(capsys, [f"{path}:pair", "--fit", "1GiB"], 2)
+    err = one_line_error(capsys, [f"{factories}:pair", "--fit", "1GiB"], 2)
     assert "inputs cannot be set (by --batch, --sweep batch=... or --fit): its factory returned them" in err
 
 
@@ -291,3 +292,15 @@ def test_the_zoos_python_api_checks_its_arguments_too() -> None:
     with pytest.raises(InvalidValueError, match=r"width_mult=inf is out of range \(above 0\)"):
         get_model("mobilenet_v2", device="meta", width_mult=float("inf"))
     assert get_model("mobilenet_v2", device="meta", width_mult=0.5, dropout=0.0).classifier[1].out_features == 1000
+
+
+@pytest.mark.parametrize("argv", [["list"], ["gpt2_tiny", "--seq-len", "8", "--format", "json", "--no-cache"]])
+def test_output_dash_is_stdout(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               argv: list[str]) -> None:
+    """``-o -`` wrote a file named ``-`` (and said "wrote -"): it is stdout, as for most commands."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "-o", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert main(argv) == 0
+    assert out == capsys.readouterr().out and out and err == ""
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # The width a table is fitted to when the output is not a terminal (a pipe, a file) and COLUMNS is not set
 DEFAULT_WIDTH = 120
+STDOUT = "-"  # --output's name for stdout
 # Every option of the command that names a file or folder
 PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir",
                 "--save-trace", "--devices-file")
@@ -43,9 +44,12 @@ def add_output_options(parser: argparse.ArgumentParser, formats: Sequence[str], 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
     """``argv`` parsed, or the exit status when argparse stopped (a usage error, or ``--help``)."""
     try:
-        return parser.parse_intermixed_args(attach_negative_values(parser, argv))
+        args = parser.parse_intermixed_args(attach_negative_values(parser, argv))
     except SystemExit as exc:  # argparse printed the usage error (or --help)
         return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "output", None) == STDOUT:  # `-o -`: stdout, as for most commands (it wrote a file named -)
+        args.output = None
+    return args
 
 
 def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
