@@ -231,9 +231,11 @@ def analyse(job: Job, save_trace: str | None = None) -> tuple[Result, LoadedMode
 def model_code(what: str) -> Iterator[None]:
     """SystemExit (``sys.exit``) and the other BaseExceptions that are neither Exceptions nor KeyboardInterrupt,
     raised by the model's code, end the analysis as a failure naming the model (exit 1), never as a quiet exit
-    (os._exit cannot be caught: docs/guard.md)."""
+    (os._exit cannot be caught: docs/guard.md). What the model's code prints goes to stderr: stdout holds the
+    report alone (``--format json | jq`` reads JSON)."""
     try:
-        yield
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     except (Exception, KeyboardInterrupt):
         raise
     except BaseException as exc:

@@ -3,7 +3,8 @@
 A spec is one of
 
 * a zoo name (``resnet50``; ``modelmeter list`` shows them);
-* ``torchvision:NAME`` — ``torchvision.models.get_model(NAME, weights=None)``;
+* ``torchvision:NAME`` — ``torchvision.models.get_model(NAME, weights=None)`` (and ``weights_backbone=None``
+  where the builder takes it);
 * ``timm:NAME`` — ``timm.create_model(NAME, pretrained=False)``;
 * ``transformers:CONFIG`` — a config class (``LlamaConfig``) or model type (``llama``) of Hugging Face
   transformers, built with ``AutoModelForCausalLM.from_config`` (decoder-only configs) or
@@ -14,7 +15,9 @@ A spec is one of
 
 ``key=value`` overrides go to the config (transformers) or as keyword arguments to the builder or
 factory (everything else). Values are read as Python literals (ints, floats, lists, ``None``), ``true`` /
-``false`` as booleans, anything else as a string. Nothing is downloaded: no weights, no hub configs.
+``false`` as booleans, anything else as a string. Nothing is downloaded: no weights (a ``key=value`` asking
+for them is a usage error), no hub configs. An image model built for a size (``image_size=64``) gets default
+inputs of that size.
 
 Models are built on the meta device (``device="meta"``, the default: shapes without storage, so a 70B
 model costs nothing) or wherever ``device`` says; ``file.py:factory`` models are built where the factory
@@ -41,7 +44,7 @@ import torch
 from torch import nn
 
 from ..engine.inputs import map_tensors
-from ..errors import ModelMeterError, cuda_failure
+from ..errors import InvalidTypeError, InvalidValueError, ModelMeterError, cuda_failure
 from .errors import MAX_TENSOR_BYTES, ModelSpecError, one_line, suggest
 
 __all__ = [
@@ -116,14 +119,15 @@ class LoadedModel:
             raise ModelSpecError(f"--seq-len applies to token models; {self.name} takes {self._what()}")
         if self.kind == "custom":
             if batch is not None:
-                raise ModelSpecError(f"--batch does not apply to {self.name}: its factory returned the inputs; "
-                                     "give shapes with --input instead")
+                raise ModelSpecError(f"the batch of {self.name}'s inputs cannot be set (by --batch, --sweep "
+                                     "batch=... or --fit): its factory returned them; give their shapes with --input "
+                                     "instead (one run)")
             if dtype is None:
                 return self.custom_inputs
             return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, self.custom_inputs)
         if not self.default_shape:
-            raise ModelSpecError(f"{self.name} has no default input: give its shape with --input, or return "
-                                 "(model, inputs) from the factory")
+            raise ModelSpecError(f"{self.name} has no default input: give its shape with --input (one run: --sweep "
+                                 "and --fit vary the default input), or return (model, inputs) from the factory")
         shape = list(self.default_shape)
         if batch is not None:
             shape[0] = batch
@@ -214,6 +218,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             key = key.strip()
             if not sep or not key.isidentifier():
                 raise ModelSpecError(f"expected key=value, got {part!r}")
+            if key in out:  # the last would win, silently
+                raise ModelSpecError(f"{key} is given twice ({key}={out[key]!r} and {part.strip()}): keep one")
             out[key] = parse_value(value)
     return out
 
@@ -309,6 +315,11 @@ def _check_keywords(builder: Callable[..., Any], kwargs: dict[str, Any], what: s
         parameters = inspect.signature(builder).parameters.values()
     except (TypeError, ValueError):  # no signature to read (some builtins)
         return
+    missing = [p.name for p in parameters if p.default is p.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:  # the command calls it with the key=value arguments alone
+        needed = " ".join(f"{name}=VALUE" for name in missing)
+        raise ModelSpecError(f"{what} has required arguments: write `{what} {needed}`")
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -332,16 +343,20 @@ def _load_zoo(name: str, kwargs: dict[str, Any], device: torch.device, resolutio
     entry = ZOO[name]
     _check_keywords(entry.builder, kwargs, name)
     size_key = "image_size" if "image_size" in inspect.signature(entry.builder).parameters else None
-    with _building(name):
-        model = _build(lambda **kw: get_model(name, device=device, **kw), kwargs, device, size_key, resolution)
     shape = tuple(entry.input_shape)
     dtype = entry.input_dtype
     if len(shape) == 4 and dtype.is_floating_point:
         kind: InputKind = "image"
+        shape = _image_input(kwargs, size_key, resolution, shape) if size_key else shape
     elif len(shape) == 2 and not dtype.is_floating_point:
         kind = "tokens"
     else:
         kind = "tensor"
+    try:
+        with _building(name):
+            model = _build(lambda **kw: get_model(name, device=device, **kw), kwargs, device, size_key, resolution)
+    except (InvalidValueError, InvalidTypeError) as exc:  # the zoo's builders raise these for their arguments
+        raise ModelSpecError(str(exc)) from None
     return LoadedModel(model, _display(name, kwargs), kind, shape, dtype)
 
 
@@ -351,34 +366,77 @@ def _load_torchvision(name: str, kwargs: dict[str, Any], device: torch.device,
     names = torchvision.models.list_models()
     if name not in names:
         raise _unknown("torchvision model", name, names, "torchvision.models.list_models() lists them")
-    kwargs.setdefault("weights", None)
-    with _building(f"torchvision:{name}"):
-        model = _build(lambda **kw: torchvision.models.get_model(name, **kw), kwargs, device, "image_size",
-                       resolution)
-    shown = {k: v for k, v in kwargs.items() if not (k == "weights" and v is None)}
-    return LoadedModel(model, _display(f"torchvision:{name}", shown), "image", (1, *_DEFAULT_IMAGE))
+    what = f"torchvision:{name}"
+    builder = torchvision.models.get_model_builder(name)
+    weightless = _without_weights(what, kwargs, [p for p in _TORCHVISION_WEIGHTS
+                                                 if p in inspect.signature(builder).parameters])
+    shape = _image_input(kwargs, "image_size", resolution, (1, *_DEFAULT_IMAGE))
+    with _building(what):
+        model = _build(lambda **kw: builder(**kw), {**kwargs, **weightless}, device, "image_size", resolution)
+    return LoadedModel(model, _display(what, kwargs), "image", shape)
 
 
 def _load_timm(name: str, kwargs: dict[str, Any], device: torch.device, resolution: int | None) -> LoadedModel:
     timm = _require("timm")
     if not timm.is_model(name):
         raise _unknown("timm model", name, timm.list_models(), "timm.list_models() lists them")
-    kwargs["pretrained"] = False
     what = f"timm:{name}"
+    built = {**kwargs, **_without_weights(what, kwargs, ["pretrained"], none=False)}
+    _built_side(kwargs, "img_size", resolution)  # before the build: a contradiction is a usage error
     notes = []
     with _building(what):
         try:
-            model = _build(lambda **kw: timm.create_model(name, **kw), kwargs, device, "img_size", resolution)
+            model = _build(lambda **kw: timm.create_model(name, **kw), built, device, "img_size", resolution)
         except Exception as exc:  # some timm constructors read tensor values (.item()); build those for real
             if device.type != "meta":
                 raise
-            model = _build(lambda **kw: timm.create_model(name, **kw), kwargs, torch.device("cpu"), "img_size",
+            model = _build(lambda **kw: timm.create_model(name, **kw), built, torch.device("cpu"), "img_size",
                            resolution)
             notes.append(f"built on cpu: building on meta failed ({type(exc).__name__}: {one_line(exc)})")
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
-    size = tuple(cfg.get("input_size") or _DEFAULT_IMAGE)
-    shown = {k: v for k, v in kwargs.items() if k != "pretrained"}
-    return LoadedModel(model, _display(what, shown), "image", (1, *size), notes=notes)
+    shape = _image_input(kwargs, "img_size", resolution, (1, *(cfg.get("input_size") or _DEFAULT_IMAGE)))
+    return LoadedModel(model, _display(what, kwargs), "image", shape, notes=notes)
+
+
+# the arguments of torchvision's builders that load (and download) pretrained weights
+_TORCHVISION_WEIGHTS = ("weights", "weights_backbone")
+
+
+def _without_weights(what: str, kwargs: dict[str, Any], keys: Sequence[str], none: Any = None) -> dict[str, Any]:
+    """The ``keys`` of a builder that load pretrained weights, each set to ``none`` (no weights); a usage error
+    when a ``key=value`` asks for weights: the command builds no weights and downloads nothing (the counts do not
+    depend on them), so a model with weights is not what it would analyse."""
+    for key in keys:
+        if key in kwargs and kwargs[key] not in (None, none):
+            raise ModelSpecError(f"{what} {key}={kwargs[key]!r}: modelmeter loads no weights and downloads nothing "
+                                 f"(the counts do not depend on them): drop {key}=")
+    return dict.fromkeys(keys, none)
+
+
+def _image_input(kwargs: dict[str, Any], size_key: str, resolution: int | None,
+                 default: tuple[int, ...]) -> tuple[int, ...]:
+    """The default input of an image model: ``default``, or images of the side the model was built for with
+    ``size_key=N`` (``image_size=64`` builds a ViT that takes nothing else)."""
+    side = _built_side(kwargs, size_key, resolution)
+    if side is None:
+        return default
+    if isinstance(side, int) and not isinstance(side, bool):
+        height, width = side, side
+    elif isinstance(side, (tuple, list)) and len(side) == 2 and all(type(s) is int for s in side):
+        height, width = side
+    else:  # not a size: the builder says what it takes
+        return default
+    return (*default[:-2], height, width)
+
+
+def _built_side(kwargs: dict[str, Any], size_key: str, resolution: int | None) -> Any:
+    """The image side a ``size_key=N`` argument builds the model for (None if not given); a usage error when
+    ``--resolution`` asks for another."""
+    side = kwargs.get(size_key)
+    if side is not None and resolution is not None and side != resolution:
+        raise ModelSpecError(f"{size_key}={side!r} builds the model for images of that size, and --resolution "
+                             f"{resolution} asks for {resolution}x{resolution} ones: keep one")
+    return side
 
 
 def _load_transformers(name: str, kwargs: dict[str, Any], device: torch.device,
@@ -394,6 +452,7 @@ def _load_transformers(name: str, kwargs: dict[str, Any], device: torch.device,
                            f"see {config_cls.__name__}'s documentation")
     vision = hasattr(defaults, "image_size") and hasattr(defaults, "num_channels")
     if vision and resolution is not None:
+        _built_side(kwargs, "image_size", resolution)
         kwargs.setdefault("image_size", resolution)
     what = f"transformers:{config_cls.__name__}"
     with _building(what):
@@ -408,7 +467,17 @@ def _load_transformers(name: str, kwargs: dict[str, Any], device: torch.device,
         return LoadedModel(model, name_shown, "image", (1, config.num_channels, height, width),
                            input_names=("pixel_values",))
     names = ("input_ids", "decoder_input_ids") if getattr(config, "is_encoder_decoder", False) else ("input_ids",)
-    return LoadedModel(model, name_shown, "tokens", (1, _DEFAULT_SEQ_LEN), torch.long, input_names=names)
+    return LoadedModel(model, name_shown, "tokens", (1, _default_seq_len(config)), torch.long, input_names=names)
+
+
+def _default_seq_len(config: Any) -> int:
+    """The default sequence length: 128 tokens, or fewer when the config's positions are fewer (a learned position
+    table of 16 rows takes 16 tokens at most; on fake tensors no lookup past its end fails, so 128 would be counted
+    for a model that cannot run them)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < _DEFAULT_SEQ_LEN:
+        return limit
+    return _DEFAULT_SEQ_LEN
 
 
 def _config_class(transformers: Any, name: str) -> Any:
@@ -423,8 +492,11 @@ def _config_class(transformers: Any, name: str) -> Any:
             candidate = mapping[name]
     if isinstance(candidate, type) and issubclass(candidate, _config_base(transformers)):
         return candidate
-    choices = [n for n in dir(transformers) if n.endswith("Config") and n[:1].isupper()]
-    raise _unknown("transformers config", name, [*choices, *transformers.CONFIG_MAPPING.keys()],
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    # the models' config classes, by name (not AutoConfig nor quantization configs, which build no model)
+    choices = sorted({*CONFIG_MAPPING_NAMES.values(), *CONFIG_MAPPING_NAMES.keys()} - {name})
+    raise _unknown("transformers config", name, choices,
                    "name a config class such as LlamaConfig, or a model type such as llama")
 
 

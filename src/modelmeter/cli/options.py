@@ -156,7 +156,7 @@ def build_parser(usage: str | None = None, commands: str = "") -> argparse.Argum
                "cached on disk (`modelmeter cache info` shows where, `modelmeter cache clear` empties it). Exit "
                "status: 0 success, 2 usage error (or inputs the model cannot take), 1 the model failed to build or "
                "run, a cost is over --budget or grew over --check-baseline, or batch 1 does not fit --fit SIZE; 130 "
-               "interrupted.",
+               "interrupted; 141 the reader of the output left early (| head).",
         parents=[analysis_options()],
     )
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # The width a table is fitted to when the output is not a terminal (a pipe, a file) and COLUMNS is not set
 DEFAULT_WIDTH = 120
+STDOUT = "-"  # --output's name for stdout
 # Every option of the command that names a file or folder
 PATH_OPTIONS = ("--output", "--html", "--compare", "--save-baseline", "--check-baseline", "--cache-dir",
                 "--save-trace", "--devices-file")
@@ -43,9 +44,12 @@ def add_output_options(parser: argparse.ArgumentParser, formats: Sequence[str], 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
     """``argv`` parsed, or the exit status when argparse stopped (a usage error, or ``--help``)."""
     try:
-        return parser.parse_intermixed_args(attach_negative_values(parser, argv))
+        args = parser.parse_intermixed_args(attach_negative_values(parser, argv))
     except SystemExit as exc:  # argparse printed the usage error (or --help)
         return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "output", None) == STDOUT:  # `-o -`: stdout, as for most commands (it wrote a file named -)
+        args.output = None
+    return args
 
 
 def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
@@ -68,10 +72,13 @@ def check_paths(args: argparse.Namespace) -> None:
     for option, path in paths.items():
         if path is not None and "\0" in path:
             raise ModelSpecError(f"{option} {path!r}: a path cannot hold a NUL character")
+    written: dict[str, str] = {}
     for option in WRITTEN_PATHS:
         path = paths[option]
         if path is not None:
             _check_writable(option, path)
+            written[option] = path
+    _check_distinct(written)
     cache_dir = paths["--cache-dir"]
     if cache_dir is not None:
         folder = Path(cache_dir).expanduser()
@@ -79,7 +86,21 @@ def check_paths(args: argparse.Namespace) -> None:
             raise ModelSpecError(f"--cache-dir {cache_dir} is not a directory")
 
 
+def _check_distinct(written: dict[str, str]) -> None:
+    """Two options that write the same file (``-o out --html out``): the second would overwrite the first, whose
+    "wrote" line would still be printed."""
+    seen: dict[Path, str] = {}
+    for option, path in written.items():
+        target = Path(path).expanduser().resolve()
+        if target in seen:
+            raise ModelSpecError(f"{seen[target]} and {option} both write {path}: the second would overwrite the "
+                                 "first; give each its own file")
+        seen[target] = option
+
+
 def _check_writable(option: str, path: str) -> None:
+    if not path:  # Path("") is the working directory: the error would say a folder is given
+        raise ModelSpecError(f"{option} {path!r}: an empty path names no file")
     target = Path(path).expanduser()
     folder = target.parent
     if target.is_dir():

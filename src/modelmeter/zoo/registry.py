@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any
+from typing import Any, get_type_hints
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..errors import InvalidNameError
+from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
 from .catalog import CATALOG
 
 __all__ = ["ZOO", "ZooEntry", "available_models", "get_model", "input_shape"]
@@ -71,6 +72,7 @@ def get_model(name: str, *, device: str | torch.device | None = None, **kwargs: 
     default device for the others.
     """
     entry = _entry(name)
+    _check_arguments(name, entry.builder, kwargs)
     device = entry.default_device if device is None else device
     if device is None:
         return entry.builder(**kwargs)
@@ -79,6 +81,36 @@ def get_model(name: str, *, device: str | torch.device | None = None, **kwargs: 
             return entry.builder(**kwargs)
     with torch.device(device), _NoInitialisationOnMeta():
         return entry.builder(**kwargs)
+
+
+def _check_arguments(name: str, builder: Callable[..., nn.Module], kwargs: dict[str, object]) -> None:
+    """Raise InvalidTypeError / InvalidValueError naming a builder's argument that no model has: a size (``int``)
+    that is not a whole number >= 1, a ``float`` that is not a finite number, a dropout outside [0, 1), a width
+    multiplier not above 0. Unchecked, a builder clamps some (``width_mult=-1`` built the narrowest model) and
+    builds others that no input can run (``vocab_size=0``), and the analysis counted them."""
+    hints = get_type_hints(builder)
+    for key, value in kwargs.items():
+        kind = hints.get(key)
+        if kind not in (int, float):
+            continue  # an argument the builder does not take: its own TypeError names it
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (kind is int and isinstance(value, float)):
+            raise InvalidTypeError(f"{name}: {key} is {'a whole number' if kind is int else 'a number'}, "
+                                   f"got {value!r}")
+        if not _in_range(key, kind, value):
+            raise InvalidValueError(f"{name}: {key}={value!r} is out of range ({_RANGES.get(key, 'at least 1')})")
+
+
+_RANGES = {"dropout": "0 <= dropout < 1", "width_mult": "above 0"}  # sizes (the other ints): at least 1
+
+
+def _in_range(key: str, kind: type, value: float) -> bool:
+    if not math.isfinite(value):
+        return False
+    if key == "dropout":
+        return 0 <= value < 1
+    if key == "width_mult":
+        return value > 0
+    return kind is not int or value >= 1
 
 
 class _NoInitialisationOnMeta(TorchFunctionMode):
