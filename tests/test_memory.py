@@ -318,9 +318,8 @@ def test_small_models_match_the_allocator_exactly(training: bool, optimizer: str
 
 # --- real models against the allocator (docs/memory.md, "Validation") ----------------------------------------
 # Documented tolerance: the prediction is within 10% of the allocator's peak. What it cannot see: temporaries a
-# kernel allocates and frees inside one operator (oneDNN's layout reorders of convolutions, copies of
-# non-contiguous matmul operands); measured here they stay under 1% at these batch sizes, 3.4% for GPT-2's
-# training step at batch 4.
+# kernel allocates and frees inside one operator (oneDNN's layout reorders of convolutions); measured here they stay
+# under 1% at these batch sizes.
 TOLERANCE = 0.10
 
 

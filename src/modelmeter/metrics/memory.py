@@ -184,12 +184,34 @@ def scalar_overhead(spec: OptimizerSpec, dtype: str) -> int:
     return spec.overhead - itemsize(_FULL_PRECISION) + copy
 
 
+# The matrix products whose kernels (CPU and CUDA alike) hand BLAS row- or column-major operands only, and the
+# positions of those operands: one broadcast along a dimension (a stride of 0, as the gradient of a sum) is first
+# copied to a contiguous temporary, which the kernel frees before it returns.
+_MATRIX_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2)}
+
+
+def operand_copies(trace: Trace) -> dict[int, int]:
+    """Per event: the bytes of the contiguous copies its kernel makes of broadcast matrix operands, live during that
+    event only (a Linear's backward on the default loss's gradient copies it, the size of the layer's output). No
+    tensor of the run holds them, so no storage record sees them."""
+    copies: dict[int, int] = {}
+    for i, ev in enumerate(trace.events):
+        positions = _MATRIX_OPERANDS.get(ev.op) if ev.level == "dispatch" else None
+        for position in positions or ():
+            operand = ev.inputs[position] if position < len(ev.inputs) else None
+            if isinstance(operand, TensorMeta) and operand.footprint is not None:
+                copies[i] = copies.get(i, 0) + operand.numel() * itemsize(operand.dtype)
+    return copies
+
+
 class MemoryModel:
-    """Live bytes of one trace, event by event, with module and operator names resolved once."""
+    """Live bytes of one trace, event by event, with module and operator names resolved once. ``copies``: what the
+    kernels of some events allocate and free inside them besides their outputs (:func:`operand_copies`)."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         events = trace.events
+        self.copies = operand_copies(trace)
         allocated = [0] * (len(events) + 1)
         self.resident = 0
         for s in trace.storages:
@@ -200,9 +222,9 @@ class MemoryModel:
             if s.died >= 0:
                 allocated[s.died] -= s.nbytes
         live, running = [], self.resident
-        for delta in allocated[:-1]:
+        for event, delta in enumerate(allocated[:-1]):
             running += delta
-            live.append(running)
+            live.append(running + self.copies.get(event, 0))
         self.live = live  # bytes live during each event
         self.at_end = running + allocated[-1]  # after the last event: outputs, gradients, the model's state
         self._ancestors = Ancestors(trace, "owner")
@@ -236,6 +258,8 @@ class MemoryModel:
         for s in self.trace.storages:
             if s.born <= event and (s.died < 0 or s.died > event):
                 out[s.kind] += s.nbytes
+        if event in self.copies:
+            out["activation"] += self.copies[event]
         return dict(out)
 
 
