@@ -405,7 +405,7 @@ class FunctionRecorder(TorchFunctionMode):
         if call is None or rec.paused:
             return func(*args, **kwargs)
         if rec.cpu_stand_ins and torch.is_autocast_enabled("cpu"):  # entered by the model: FakeTensors are cast
-            raise NotImplementedError("CPU autocast does not cast the meta tensors that stand for CPU ones")
+            raise UnsupportedError("CPU autocast does not cast the meta tensors that stand for CPU ones")
         if counted_by_kernels((args, kwargs)):  # under vmap or forward-mode AD: see counted_by_kernels
             return _as_on_the_cpu(func, args, kwargs)
         op, python_function, higher_order = call
