@@ -73,7 +73,8 @@ def test_views_and_in_place_allocate_nothing() -> None:
 
     mem = MemoryAnalysis(Model(), torch.randn(16))
     assert mem.total() == 64
-    assert mem.peak() == 64 + 64
+    # during x * 2, the kernel also holds the number 2 as a float64 0-d tensor and its float32 copy (8 + 4 bytes)
+    assert mem.peak() == 64 + 64 + 8 + 4
 
 
 class _Two(nn.Module):
@@ -318,9 +319,8 @@ def test_small_models_match_the_allocator_exactly(training: bool, optimizer: str
 
 # --- real models against the allocator (docs/memory.md, "Validation") ----------------------------------------
 # Documented tolerance: the prediction is within 10% of the allocator's peak. What it cannot see: temporaries a
-# kernel allocates and frees inside one operator (oneDNN's layout reorders of convolutions, copies of
-# non-contiguous matmul operands); measured here they stay under 1% at these batch sizes, 3.4% for GPT-2's
-# training step at batch 4.
+# kernel allocates and frees inside one operator (oneDNN's layout reorders of convolutions); measured here they stay
+# under 1% at these batch sizes.
 TOLERANCE = 0.10
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from modelmeter import MemoryAnalysis, Point, analyze, result_from_trace
-from modelmeter.metrics.memory import MemoryModel
+from modelmeter.metrics.memory import MemoryModel, operand_copies
 from modelmeter.metrics.memory_timeline import TIMELINE_KINDS, TIMELINE_POINTS, memory_timeline
 
 
@@ -65,6 +65,7 @@ def _brute_force_stacks(mem: MemoryAnalysis, point: Point) -> Counter[str]:
                 out["activation" if s.saved >= 0 else "temporary"] += s.nbytes
             else:
                 out[s.kind] += s.nbytes
+    out["temporary"] += operand_copies(mem.trace).get(point.event, 0)  # a kernel's own copies of broadcast operands
     by_kind = mem.peak_info().by_kind  # the optimizer's share is the same at every point of the step
     if "optimizer_state" in by_kind:
         out["optimizer_state"] = by_kind["optimizer_state"]

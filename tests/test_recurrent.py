@@ -155,8 +155,9 @@ def test_a_state_the_run_has_not_seen_is_left_to_the_decomposition(emulated: lis
     assert any(s.born == unbind for s in trace.storages)  # what writing the events would have missed
 
 
-def test_autocast_around_the_layer_changes_nothing_on_meta(emulated: list[int]) -> None:
-    """Autocast casts CPU and CUDA tensors, not the meta stand-ins the decomposition runs on: written the same."""
+def test_autocast_around_the_layer_runs_as_the_cpu_does(emulated: list[int]) -> None:
+    """Autocast entered by the model casts CPU tensors, not meta stand-ins: the run takes FakeTensors, which it casts,
+    and records the real run's bfloat16 products (the fast path, for plain meta tensors, is not taken)."""
 
     class Autocast(nn.Module):
         def __init__(self) -> None:
@@ -167,8 +168,12 @@ def test_autocast_around_the_layer_changes_nothing_on_meta(emulated: list[int]) 
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return self.gru(x)[0]
 
-    _assert_same_trace(Autocast().eval(), (torch.randn(2, 1, 3),))
-    assert emulated == [1]
+    model, args = Autocast().eval(), (torch.randn(2, 1, 3),)
+    fake = _assert_same_trace(model, args)
+    real = record_trace(RunSpec(model, args, execution="real"))
+    assert [(ev.op, ev.outputs) for ev in fake.events] == [(ev.op, ev.outputs) for ev in real.events]
+    assert any(ev.op == "aten::addmm" and ev.outputs[0].dtype == "bfloat16" for ev in fake.events)
+    assert emulated == []
 
 
 def _numbers(model: nn.Module, x: torch.Tensor, convention: str) -> dict[str, Any]:

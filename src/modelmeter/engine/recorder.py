@@ -135,6 +135,7 @@ class Recorder:
         self.failed_event = -1  # the index of the user-level call that failed (-1: none did)
         self._failed_level: str | None = None
         self.placeholders = False
+        self.cpu_stand_ins = False  # meta tensors stand for the CPU's, which CPU autocast would cast (not them)
         self.guessed_values: list[str] = []  # values of meta tensors the run read and assumed (placeholders), in order
         self.noted_guesses: set[str] = set()  # the distinct ones, each listed once in the trace's assumptions
         self.shadows: Shadows | None = None  # values of the small value-determined tensors of a fake run
@@ -403,6 +404,8 @@ class FunctionRecorder(TorchFunctionMode):
         call = _function_call(func)
         if call is None or rec.paused:
             return func(*args, **kwargs)
+        if rec.cpu_stand_ins and torch.is_autocast_enabled("cpu"):  # entered by the model: FakeTensors are cast
+            raise UnsupportedError("CPU autocast does not cast the meta tensors that stand for CPU ones")
         if counted_by_kernels((args, kwargs)):  # under vmap or forward-mode AD: see counted_by_kernels
             return _as_on_the_cpu(func, args, kwargs)
         op, python_function, higher_order = call

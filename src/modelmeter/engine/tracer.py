@@ -279,6 +279,7 @@ class _Run:
                         if model_on_meta:
                             stack.enter_context(_SwappedState(parts, torch.Tensor.clone, keep_parameters=True))
                         else:  # a CPU model: meta stand-ins, recorded as the CPU tensors they stand for
+                            recorder.cpu_stand_ins = True
                             stack.enter_context(_SwappedState(parts, _MetaStandIn(shadows)))
                             stack.enter_context(meta_stands_for("cpu"))
                 elif fake:

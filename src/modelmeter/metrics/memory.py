@@ -12,8 +12,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import cache
+from typing import Any
 
-from ..engine.trace import Storage, TensorMeta, Trace
+import torch
+
+from ..engine.trace import OpEvent, Storage, TensorMeta, Trace
 from ..errors import InvalidTypeError, InvalidValueError
 from ..handles.sizes import itemsize
 from .counting import Ancestors, Statistics
@@ -184,12 +188,140 @@ def scalar_overhead(spec: OptimizerSpec, dtype: str) -> int:
     return spec.overhead - itemsize(_FULL_PRECISION) + copy
 
 
+# The matrix products whose kernels (CPU and CUDA alike) hand BLAS row- or column-major operands only, and the
+# positions of those operands: one broadcast along a dimension (a stride of 0, as the gradient of a sum) is first
+# copied to a contiguous temporary, which the kernel frees before it returns.
+_MATRIX_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2)}
+
+# The binary element-wise operators (and their in-place forms) that CPU kernels run through a TensorIterator which
+# promotes its inputs to their common dtype by copying them, with the positions of the two operands; a Python number
+# operand is first made a 0-d tensor (float64, int64, bool or complex128). Measured against the CPU allocator: other
+# operators taking a number (``clamp``, ``masked_fill``, ``pow(x, 2)``, ``add``'s ``alpha``) use it as it is.
+_PROMOTING = {name: (0, 1) for name in ("add", "sub", "rsub", "mul", "div", "remainder", "floor_divide", "eq", "ne",
+                                        "lt", "le", "gt", "ge", "maximum", "minimum", "atan2", "pow", "bitwise_and",
+                                        "bitwise_or", "bitwise_xor")}
+_PROMOTING["where"] = (1, 2)
+_POW_PROMOTING = ("Tensor_Tensor", "Scalar")  # pow(x, 2) (Tensor_Scalar) keeps its exponent a number
+_WRAPPED_DTYPES = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
+_PROMOTING_DEVICES = ("cpu", "meta")  # CUDA kernels cast while they read; a meta run stands for the CPU's
+_COPYING = frozenset([*_MATRIX_OPERANDS, "aten::mean", *(f"aten::{name}{suffix}" for name in _PROMOTING
+                                                         for suffix in ("", "_"))])
+
+
+def operand_copies(trace: Trace) -> dict[int, int]:
+    """Per event: the bytes its kernel allocates for its operands and frees before returning, live during that event
+    only — no tensor of the run holds them, so no storage record sees them. A matrix product copies a broadcast
+    operand contiguous (a Linear's backward on the default loss's gradient, the size of the layer's output); a CPU
+    element-wise kernel copies an operand of another dtype than the operation's, and a Python number becomes a 0-d
+    tensor (``x * 0.5`` on float32: 8 + 4 bytes)."""
+    copies: dict[int, int] = {}
+    for i, ev in enumerate(trace.events):
+        if ev.op in _COPYING and ev.level == "dispatch":
+            extra = _matrix_copies(ev.op, ev.inputs) + _promotion_copies(ev) + _mean_copies(ev)
+            if extra:
+                copies[i] = extra
+    return copies
+
+
+def _operands(inputs: list[Any], positions: tuple[int, ...]) -> list[Any]:
+    return [inputs[position] if position < len(inputs) else None for position in positions]
+
+
+def _matrix_copies(op: str, inputs: list[Any]) -> int:
+    """Bytes of the contiguous copies a matrix product makes of its broadcast operands."""
+    positions = _MATRIX_OPERANDS.get(op, ())
+    return sum(operand.numel() * itemsize(operand.dtype) for operand in _operands(inputs, positions)
+               if isinstance(operand, TensorMeta) and operand.footprint is not None)
+
+
+def _promotion_copies(ev: OpEvent) -> int:
+    """Bytes of the 0-d tensors a CPU element-wise kernel makes of Python numbers, and of the copies it makes of its
+    operands (and, in place, of its result) in the operation's dtype when theirs differ."""
+    name = ev.op.removeprefix("aten::")
+    in_place = name.endswith("_")
+    positions = _PROMOTING.get(name.removesuffix("_"))
+    if positions is None or (name.startswith("pow") and ev.overload not in _POW_PROMOTING):
+        return 0
+    operands = _operands(ev.inputs, positions)
+    tensors = [operand for operand in operands if isinstance(operand, TensorMeta)]
+    if not tensors or any(t.device not in _PROMOTING_DEVICES for t in tensors):
+        return 0
+    if any(type(operand) not in _WRAPPED_DTYPES and not isinstance(operand, TensorMeta) for operand in operands):
+        return 0  # an operand this rule does not know (None, a string): claim nothing
+    common = _common_dtype(*(_dtype_kind(operand) for operand in operands))
+    if common is None:
+        return 0
+    if _true_division(name, ev.inputs) and ev.outputs and isinstance(ev.outputs[0], TensorMeta):
+        common = ev.outputs[0].dtype  # integers divided in the default floating-point dtype
+    total = 0
+    for operand in operands:
+        if isinstance(operand, TensorMeta):
+            total += operand.numel() * itemsize(common) if operand.dtype != common else 0
+        else:
+            wrapped = _WRAPPED_DTYPES[type(operand)]
+            total += itemsize(wrapped) + (itemsize(common) if wrapped != common else 0)
+    result = operands[0]
+    if in_place and isinstance(result, TensorMeta) and result.dtype != common:
+        total += result.numel() * itemsize(common)  # the result, made in the common dtype and copied back
+    return total
+
+
+def _mean_copies(ev: OpEvent) -> int:
+    """Bytes a CPU ``mean`` allocates besides its result: it sums, then divides by the count, a Python number (a 0-d
+    int64 tensor and its copy in the result's dtype). A half-precision input is summed in float32, from a float32
+    copy of it into a float32 result; with a ``dtype`` asked for, from a copy of the input in that dtype."""
+    x = ev.inputs[0] if ev.op == "aten::mean" and ev.inputs else None
+    out = ev.outputs[0] if ev.outputs else None
+    if not isinstance(x, TensorMeta) or not isinstance(out, TensorMeta) or x.device not in _PROMOTING_DEVICES:
+        return 0
+    count = itemsize("int64") + itemsize(out.dtype)
+    asked = [argument.removeprefix("torch.") for argument in ev.inputs[1:] if isinstance(argument, str)]
+    if asked and asked[0] != x.dtype:
+        return max(x.numel() * itemsize(asked[0]), count)
+    if x.dtype in ("float16", "bfloat16"):
+        single = itemsize(_FULL_PRECISION)
+        return out.numel() * single + max(x.numel() * single, itemsize("int64") + single)
+    return count
+
+
+def _dtype_kind(operand: Any) -> tuple[str, str]:
+    """What type promotion reads of an operand: its dtype and its category (a tensor with dimensions, a 0-d one, or
+    a Python number, which promotes less)."""
+    if isinstance(operand, TensorMeta):
+        return operand.dtype, "tensor" if operand.shape else "zero-dim"
+    return _WRAPPED_DTYPES[type(operand)], "number"
+
+
+@cache
+def _common_dtype(first: tuple[str, str], second: tuple[str, str]) -> str | None:
+    """The dtype torch computes two operands in (``torch.result_type``); None where torch promotes none (float8)."""
+    stand_ins = [_stand_in(dtype, category) for dtype, category in (first, second)]
+    try:
+        return str(torch.result_type(*stand_ins)).removeprefix("torch.")
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _true_division(name: str, inputs: list[Any]) -> bool:
+    """``div`` without a rounding mode, which computes integers in floating point (the output's dtype)."""
+    return name.removesuffix("_") == "div" and (len(inputs) < 3 or inputs[2] is None)
+
+
+def _stand_in(dtype: str, category: str) -> Any:
+    """An operand of ``dtype`` in ``category`` as ``torch.result_type`` takes it."""
+    if category == "number":
+        return {"bool": True, "int64": 1, "float64": 1.0, "complex128": 1j}[dtype]
+    return torch.empty((1,) if category == "tensor" else (), dtype=getattr(torch, dtype), device="meta")
+
+
 class MemoryModel:
-    """Live bytes of one trace, event by event, with module and operator names resolved once."""
+    """Live bytes of one trace, event by event, with module and operator names resolved once. ``copies``: what the
+    kernels of some events allocate and free inside them besides their outputs (:func:`operand_copies`)."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         events = trace.events
+        self.copies = operand_copies(trace)
         allocated = [0] * (len(events) + 1)
         self.resident = 0
         for s in trace.storages:
@@ -200,9 +332,9 @@ class MemoryModel:
             if s.died >= 0:
                 allocated[s.died] -= s.nbytes
         live, running = [], self.resident
-        for delta in allocated[:-1]:
+        for event, delta in enumerate(allocated[:-1]):
             running += delta
-            live.append(running)
+            live.append(running + self.copies.get(event, 0))
         self.live = live  # bytes live during each event
         self.at_end = running + allocated[-1]  # after the last event: outputs, gradients, the model's state
         self._ancestors = Ancestors(trace, "owner")
@@ -236,6 +368,8 @@ class MemoryModel:
         for s in self.trace.storages:
             if s.born <= event and (s.died < 0 or s.died > event):
                 out[s.kind] += s.nbytes
+        if event in self.copies:
+            out["activation"] += self.copies[event]
         return dict(out)
 
 

@@ -58,6 +58,8 @@ def _timeline(model: MemoryModel, spec: OptimizerSpec | None, max_points: int) -
     kept = [_highest(live, start, start + bucket) for start in range(0, len(live), bucket)]
     points = [_point(model, spec, events[j]) for j in kept]
     stacks = _stacks(model.trace.storages, [events[j] for j in kept])
+    stacks["temporary"] = [live + model.copies.get(events[j], 0) for live, j in zip(stacks["temporary"], kept,
+                                                                                     strict=True)]
     if spec is not None:
         stacks["optimizer_state"] = [state] * len(kept)
         stacks["optimizer_temporary"] = [temporary if p.event == len(model.trace.events) else 0 for p in points]
