@@ -68,6 +68,10 @@ class Session:
 
     def __init__(self, spec: RunSpec, *, trace: Trace | None = None, cache: CacheSetting = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
+        if trace is not None:
+            spec.check_trace(trace)
+        if cache is not None and not isinstance(cache, (bool, TraceCache)):  # a truthy "no" would turn it on
+            raise InvalidTypeError(f"cache must be True, False, None or a TraceCache, got {cache!r:.60}")
         self.spec = spec
         self._trace = trace
         self._cache = cache
