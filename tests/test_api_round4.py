@@ -92,3 +92,103 @@ def test_flop_count_supported_ops_must_be_a_mapping() -> None:
         mm.flop_count(two_linears(), torch.randn(1, 10), [("aten::linear", None)])  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="supported_ops must be a dict"):
         mm.activation_count(two_linears(), torch.randn(1, 10), "aten::linear")  # type: ignore[arg-type]
+
+
+# --- the printed reports ------------------------------------------------------------------------------------------
+def test_report_functions_refuse_what_is_not_an_analysis_a_depth_or_a_flag() -> None:
+    model = two_linears()
+    flops = FlopCountAnalysis(model, torch.randn(1, 10))
+    with pytest.raises(InvalidTypeError, match="flops must be an analysis such as FlopCountAnalysis"):
+        mm.flop_count_table(model)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="activations must be an analysis.*got str"):
+        mm.flop_count_str(flops, "activations")  # type: ignore[arg-type]
+    for table in (lambda depth: mm.flop_count_table(flops, depth),
+                  lambda depth: mm.parameter_count_table(model, depth)):
+        with pytest.raises(InvalidValueError, match="max_depth must be 0 or more"):
+            table(-1)
+        for wrong in ("2", 1.5, None, True):
+            with pytest.raises(InvalidTypeError, match="max_depth must be an integer number of levels"):
+                table(wrong)
+    with pytest.raises(InvalidTypeError, match="show_param_shapes must be True or False, got 'no'"):
+        mm.flop_count_table(flops, 3, None, "no")  # type: ignore[arg-type]
+    # the edges that are right: the model's row alone, and every level
+    assert mm.flop_count_table(flops, 0).count("\n") == 2
+    assert mm.flop_count_table(flops, 10**9) == mm.flop_count_table(flops, 2)
+
+
+def test_activations_of_another_model_or_other_inputs_are_refused() -> None:
+    model = two_linears()
+    x = torch.randn(1, 10)
+    flops = FlopCountAnalysis(model, x)
+    other_model = mm.ActivationCountAnalysis(nn.Sequential(nn.Linear(10, 3)), x)
+    with pytest.raises(InvalidValueError, match=r"activations analyses another model \(Sequential\)"):
+        mm.flop_count_table(flops, activations=other_model)  # fvcore prints its 3 under this model's rows
+    with pytest.raises(InvalidValueError, match="another model"):
+        mm.flop_count_str(flops, other_model)
+    other_inputs = mm.ActivationCountAnalysis(model, torch.randn(5, 10))
+    with pytest.raises(InvalidValueError, match="on other inputs than flops"):
+        mm.flop_count_table(flops, activations=other_inputs)
+    same = mm.ActivationCountAnalysis(model, torch.randn(1, 10))  # another call of the same shapes: its run
+    assert mm.flop_count_table(flops, 0, activations=same).endswith("| model    | 0.283K                 | 0.26K    "
+                                                                    "|             23 |")
+
+
+# --- analyze, results, build_result, render -----------------------------------------------------------------------
+def test_analyze_flags_and_names_are_checked() -> None:
+    model = two_linears()
+    x = torch.randn(1, 10)
+    for option in ("quiet", "memory"):
+        with pytest.raises(InvalidTypeError, match=f"{option} must be True or False, got 'no'"):
+            mm.analyze(model, x, **{option: "no"})  # a truthy "no" turned the memory analysis on
+    with pytest.raises(InvalidTypeError, match="dense_attention must be True or False"):
+        FlopCountAnalysis(model, x, dense_attention="no")  # type: ignore[arg-type]
+    analysis = mm.analyze(model, x, quiet=True)
+    with pytest.raises(InvalidTypeError, match="name must be a string"):
+        analysis.result(3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="interconnect describes the time on a device"):
+        analysis.step_time("nvlink")  # was None, the interconnect unread
+    with pytest.raises(InvalidValueError, match="interconnect describes the time on a device"):
+        analysis.rank_costs("nvlink")
+    with pytest.raises(mm.DeviceError):
+        mm.analyze(model, x, quiet=True, device="h100").step_time("no-such-link")
+
+
+def test_result_totals_json_and_render_refuse_wrong_arguments() -> None:
+    result = mm.analyze(two_linears(), torch.randn(1, 10), quiet=True).result()
+    assert result.total("flops") == 260
+    assert result.total("time") == 0  # one of modelmeter's metrics, not counted without a device
+    for wrong in ("flop", "params", 3):
+        with pytest.raises(mm.InvalidNameError, match="no metric .* in the result; its metrics: flops, activations"):
+            result.total(wrong)  # type: ignore[arg-type]
+    with pytest.raises(mm.InvalidNameError, match="no metric 'flop'"):
+        result.share("", "flop")
+    with pytest.raises(InvalidValueError, match="indent must be a number of spaces"):
+        result.to_json("\t\t")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="a result's JSON is text, got dict"):
+        mm.Result.from_json(result.to_dict())  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="result must be a modelmeter Result"):
+        mm.render(result.to_dict())  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="unknown report format"):
+        mm.render(result, ["table"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="columns must be a list of column keys"):
+        mm.render(result, columns="flops")  # was read as the columns 'f', 'l', 'o', 'p', 's'
+    with pytest.raises(InvalidTypeError, match="shapes must be True or False"):
+        mm.render(result, shapes="no")  # type: ignore[arg-type]
+
+
+def test_build_result_refuses_analyses_of_another_model_or_run() -> None:
+    model = two_linears()
+    x = torch.randn(1, 10)
+    flops = FlopCountAnalysis(model, x)
+    with pytest.raises(InvalidTypeError, match="model must be a torch.nn.Module"):
+        mm.build_result("model", {"flops": flops})  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="needs a dict of at least one analysis"):
+        mm.build_result(model, [flops])  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="map metric names to analyses"):
+        mm.build_result(model, {"flops": "flops"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidValueError, match="of another model"):
+        mm.build_result(nn.Linear(10, 3), {"flops": flops})  # its rows were this model's, named after the other
+    with pytest.raises(InvalidValueError, match="'activations' analysis analyses the model on other inputs"):
+        mm.build_result(model, {"flops": flops, "activations": mm.ActivationCountAnalysis(model, torch.randn(4, 10))})
+    result = mm.build_result(model, {"flops": flops, "activations": mm.ActivationCountAnalysis(model, x)})
+    assert (result.total("flops"), result.total("activations")) == (260, 23)
