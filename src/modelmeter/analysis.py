@@ -33,7 +33,7 @@ from .views import (
     MetricView,
     ModelAnalysis,
     activation_count,
-    check_same_run,
+    check_same_model,
     flop_count,
 )
 
@@ -71,8 +71,8 @@ def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str
 
 
 def _checked_analyses(model: Any, analyses: Any) -> MetricView:
-    """The first of ``analyses`` (for :func:`build_result`), each checked to be an analysis of ``model``'s one run:
-    the rows are the first one's trace's, so another run's counts would be put on them."""
+    """The first of ``analyses`` (for :func:`build_result`), each checked to be an analysis of ``model``: the rows
+    are the first one's trace's modules, so another model's counts would be put on them."""
     if not isinstance(model, nn.Module):
         raise InvalidTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(analyses, dict) or not analyses:
@@ -87,7 +87,7 @@ def _checked_analyses(model: Any, analyses: Any) -> MetricView:
         raise InvalidValueError(f"the analyses are of another model ({type(first.model).__name__}) than model "
                                 f"({type(model).__name__})")
     for metric, analysis in analyses.items():
-        check_same_run(first, analysis, f"the {metric!r:.40} analysis", "the first one")
+        check_same_model(first, analysis, f"the {metric!r:.40} analysis", "the first one")
     return first
 
 

@@ -20,7 +20,7 @@ from .engine.naming import ModuleNames
 from .errors import InvalidTypeError, check_depth, check_flag
 from .metrics.parameters import count_by_prefix, parameter_shapes
 from .reports.fvcore_tables import flop_count_str_text, flop_count_table_text, parameter_count_table_text
-from .views import ModelAnalysis, check_same_run
+from .views import ModelAnalysis, check_same_model
 
 
 def parameter_count(model: nn.Module) -> defaultdict[str, int]:
@@ -73,7 +73,7 @@ def _columns(flops: ModelAnalysis, activations: ModelAnalysis | None, activation
     uncalled = {"#flops": flop_view.uncalled_modules()}
     if activations is not None:
         act_view = _quiet(activations)
-        check_same_run(flop_view, act_view, "activations", "flops")
+        check_same_model(flop_view, act_view, "activations", "flops")
         counts[activations_header] = act_view.by_module()
         uncalled[activations_header] = act_view.uncalled_modules()
     return flop_view, counts, uncalled

@@ -65,17 +65,13 @@ def _user_handle(name: str, handle: Any) -> Handle | CountInside | None:
     return handle
 
 
-def check_same_run(first: MetricView, other: MetricView, other_name: str, first_name: str) -> None:
-    """Refuse ``other`` (an analysis called ``other_name``) when it is not of ``first``'s model on inputs of the same
-    shapes and dtypes: its counts would be put on ``first``'s rows. Both runs are recorded (if they were not)."""
+def check_same_model(first: MetricView, other: MetricView, other_name: str, first_name: str) -> None:
+    """Refuse ``other`` (an analysis called ``other_name``) when it is not of ``first``'s model: its counts would be
+    put on ``first``'s rows, under names of another model's modules (other inputs of the same model are fine: each
+    analysis counts its own run, as in fvcore)."""
     if other.model is not first.model:
         raise InvalidValueError(f"{other_name} analyses another model ({type(other.model).__name__}) than "
                                 f"{first_name} ({type(first.model).__name__}): pass analyses of one model")
-    if other.trace is first.trace:
-        return
-    if [(t.shape, t.dtype) for t in other.trace.inputs] != [(t.shape, t.dtype) for t in first.trace.inputs]:
-        raise InvalidValueError(f"{other_name} analyses the model on other inputs than {first_name}: pass "
-                                "analyses of one call, e.g. ActivationCountAnalysis(model, inputs, trace=flops.trace)")
 
 
 class MetricView(ABC):
