@@ -189,3 +189,30 @@ def test_build_result_refuses_analyses_of_another_model() -> None:
         mm.build_result(model, {"flops": flops, "activations": mm.ActivationCountAnalysis(nn.Linear(10, 3), x)})
     result = mm.build_result(model, {"flops": flops, "activations": mm.ActivationCountAnalysis(model, x)})
     assert (result.total("flops"), result.total("activations")) == (260, 23)
+
+
+def test_build_result_parts_html_and_result_from_trace_refuse_wrong_types() -> None:
+    model = two_linears()
+    analysis = mm.analyze(model, torch.randn(1, 10), quiet=True)
+    for part in ("name", "memory", "time", "parallel"):
+        with pytest.raises(InvalidTypeError, match=f"{part} must be a .* or None, got int"):
+            mm.build_result(model, analysis.metrics, **{part: 3})
+    result = analysis.result()
+    with pytest.raises(InvalidTypeError, match="result must be a modelmeter Result"):
+        mm.render_html(result.to_json())  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="compare must be a modelmeter Result"):
+        mm.render_html(result, compare=result.to_dict())  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="trace must be a modelmeter Trace"):
+        mm.result_from_trace(result)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="memory must be True or False, got 'no'"):
+        mm.result_from_trace(analysis.trace, memory="no")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="name must be a string or None"):
+        mm.result_from_trace(analysis.trace, name=3)  # type: ignore[arg-type]
+    assert mm.result_from_trace(analysis.trace) == result
+
+
+def test_malformed_result_json_is_a_modelmeter_error() -> None:
+    with pytest.raises(InvalidValueError, match="a result is not valid JSON: Expecting property name"):
+        mm.Result.from_json("{bad")
+    with pytest.raises(InvalidValueError, match="not valid JSON"):
+        mm.Result.from_json('{"schema_version": 1' + "1" * 5000 + "}")  # an integer of too many digits

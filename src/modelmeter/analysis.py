@@ -63,11 +63,20 @@ def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str
     :func:`modelmeter.session.result_from_trace`, over the analyses' own statistics.
     """
     first = _checked_analyses(model, analyses)
+    _check_parts(name=(name, str), memory=(memory, MemoryAnalysis), time=(time, Roofline),
+                 parallel=(parallel, RankCosts))
     metrics = {metric: Counted(analysis.statistics(), analysis.phases()) for metric, analysis in analyses.items()}
     return assemble_result(first.trace, metrics, name=name or type(model).__name__,
                            convention=str(getattr(first, "convention", "fvcore")),
                            memory=None if memory is None else memory.columns(), time=time,
                            parallel=None if parallel is None else parallel.to_dict())
+
+
+def _check_parts(**parts: tuple[Any, type]) -> None:
+    """Refuse an optional argument (name -> (value, the type it must be)) of another type than its own."""
+    for argument, (value, kind) in parts.items():
+        if value is not None and not isinstance(value, kind):
+            raise InvalidTypeError(f"{argument} must be a {kind.__name__} or None, got {type(value).__name__}")
 
 
 def _checked_analyses(model: Any, analyses: Any) -> MetricView:

@@ -35,7 +35,13 @@ def dumps(value: Any, **options: Any) -> str:
 
 def loads(text: str | bytes, holder: str) -> Any:
     """``json.loads(text)`` as strict JSON: JSON's ``NaN`` and ``Infinity``, which Python's parser reads and no file
-    modelmeter writes holds, are an InvalidValueError saying that ``holder`` (``"a saved trace"``) holds none."""
+    modelmeter writes holds, are an InvalidValueError saying that ``holder`` (``"a saved trace"``) holds none; malformed
+    JSON is one saying that it is not valid JSON."""
     def refuse(name: str) -> NoReturn:
         raise InvalidValueError(f"{name} is not a value {holder} holds")
-    return json.loads(text, parse_constant=refuse)
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except InvalidValueError:
+        raise
+    except ValueError as exc:  # malformed JSON (json.JSONDecodeError), an integer of too many digits
+        raise InvalidValueError(f"{holder} is not valid JSON: {str(exc)[:200]}") from exc
