@@ -216,3 +216,31 @@ def test_malformed_result_json_is_a_modelmeter_error() -> None:
         mm.Result.from_json("{bad")
     with pytest.raises(InvalidValueError, match="not valid JSON"):
         mm.Result.from_json('{"schema_version": 1' + "1" * 5000 + "}")  # an integer of too many digits
+
+
+# --- reusing and copying an analysis --------------------------------------------------------------------------------
+def test_copy_copy_of_an_analysis_has_handles_and_modes_of_its_own() -> None:
+    import copy
+
+    flops = FlopCountAnalysis(two_linears(), torch.randn(1, 10))
+    assert flops.total() == 260
+    copied = copy.copy(flops)
+    copied.set_op_handle("aten::linear", None).ancestor_mode("caller")
+    assert copied.total() == 0
+    flops.ancestor_mode("caller")  # a recount of the original: its own handles still count the linears
+    assert flops.total() == 260
+    assert copied.trace is flops.trace  # the same run, not run again
+    deep = copy.deepcopy(flops)
+    deep.set_op_handle("aten::linear", None)
+    assert (deep.total(), flops.total()) == (0, 260)
+
+
+def test_settings_changed_after_results_recount_and_chain() -> None:
+    model = nn.Sequential(nn.Sequential(nn.Linear(10, 10)), nn.Linear(10, 3))
+    flops = FlopCountAnalysis(model, torch.randn(1, 10))
+    assert flops.by_module()["0"] == 100
+    same = flops.ancestor_mode("caller").tracer_warnings("none").unsupported_ops_warnings(False)
+    assert same is flops and flops.by_module()["0"] == 100  # fvcore keeps its stale cache here; this recounts
+    flops.set_op_handle("aten::linear", lambda inputs, outputs: 7)
+    assert flops.by_module() == {"": 14, "0": 7, "0.0": 7, "1": 7}
+    assert flops.clear_op_handles().total() == 0

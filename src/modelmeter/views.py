@@ -334,6 +334,11 @@ class ModelAnalysis(MetricView):
         other._recount()
         return other
 
+    def __copy__(self: T) -> T:
+        """``copy.copy(analysis)``: :meth:`copy` — a view of the same run whose handles and modes are its own
+        (a shallow copy would share the handle tables, so its ``set_op_handle`` would change this one's counts)."""
+        return self.copy()
+
 
 JitModelAnalysis = ModelAnalysis
 
