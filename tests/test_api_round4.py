@@ -244,3 +244,17 @@ def test_settings_changed_after_results_recount_and_chain() -> None:
     flops.set_op_handle("aten::linear", lambda inputs, outputs: 7)
     assert flops.by_module() == {"": 14, "0": 7, "0.0": 7, "1": 7}
     assert flops.clear_op_handles().total() == 0
+
+
+def test_handle_counters_are_keyed_by_names_and_registered_handles_are_checked() -> None:
+    from collections import Counter
+
+    flops = FlopCountAnalysis(two_linears(), torch.randn(1, 10))
+    with pytest.raises(InvalidValueError, match="returned a Counter keyed by 1; its keys are the names"):
+        flops.set_op_handle("aten::linear", lambda inputs, outputs: Counter({1: 5})).total()  # JSON made it "1"
+    with pytest.raises(InvalidValueError, match="a cost cannot be negative"):
+        flops.set_op_handle("aten::linear", lambda inputs, outputs: Counter({"linear": -5})).total()
+    with pytest.raises(InvalidTypeError, match="the handle for mylib::fused must be callable or None, got int"):
+        mm.register_handle("mylib::fused", 3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="operator names are 'namespace::name'.*got 3"):
+        mm.register_handle(3, None)  # type: ignore[arg-type]

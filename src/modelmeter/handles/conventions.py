@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidValueError, check_flag
+from ..errors import InvalidTypeError, InvalidValueError, check_flag
 from . import attention, collectives, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
 from .binding import Formula
@@ -80,8 +80,10 @@ def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None,
     """
     if convention is not None:
         _check_convention(convention)
-    if "::" not in op:
-        raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r}")
+    if not isinstance(op, str) or "::" not in op:
+        raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r:.60}")
+    if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
+        raise InvalidTypeError(f"the handle for {op} must be callable or None, got {type(handle).__name__}")
     _REGISTERED.setdefault(op, {})[convention] = handle.bind(op) if isinstance(handle, Formula) else handle
 
 

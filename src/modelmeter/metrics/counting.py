@@ -426,7 +426,10 @@ def _integer_only(outputs: list[Any]) -> bool:
 def _as_items(op: str, value: Any) -> list[tuple[str, Any]]:
     """A handle's value as (operator key, count) pairs, each count checked."""
     if isinstance(value, Counter):
-        for v in value.values():
+        for k, v in value.items():
+            if not isinstance(k, str):  # (the results key operators by name; JSON would turn 1 into "1")
+                raise InvalidValueError(f"the handle of {op} returned a Counter keyed by {k!r:.40}; its keys are "
+                                        "the names the counts are reported under (strings)")
             _check_number(op, v)
         return list(value.items())
     _check_number(op, value)
