@@ -258,3 +258,19 @@ def test_handle_counters_are_keyed_by_names_and_registered_handles_are_checked()
         mm.register_handle("mylib::fused", 3)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="operator names are 'namespace::name'.*got 3"):
         mm.register_handle(3, None)  # type: ignore[arg-type]
+
+
+def test_a_result_with_a_nan_cost_renders_in_every_format() -> None:
+    def nan_for_the_first(inputs: list[Any], outputs: list[Any]) -> float:
+        return float("nan") if outputs[0].shape[-1] == 20 else 1000.0
+
+    analysis = mm.analyze(two_linears(), torch.randn(1, 10), quiet=True)
+    analysis.flops.set_op_handle("aten::linear", nan_for_the_first)
+    result = analysis.result()
+    table = mm.render(result).splitlines()  # the model's NaN set the column's unit: int(NaN) failed
+    assert table[2].split()[:4] == ["model", "Sequential", "0.283K", "nan"]
+    assert table[4].split()[:4] == ["1", "Linear", "0.063K", "1K"]  # the finite one keeps its unit
+    assert "|      nan |" in mm.render(result, "markdown")
+    assert mm.render(result, width=1).splitlines()[2].split() == ["model", "nan"]
+    for fmt in ("tree", "csv", "json"):
+        assert "nan" in mm.render(result, fmt) or "null" in mm.render(result, fmt)

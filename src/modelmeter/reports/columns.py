@@ -7,6 +7,7 @@ metric's name (its share of the model's total, ``%flops``). docs/reports.md, "Fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -203,7 +204,8 @@ def _numbers(key: str, header: str, values: list[float], unit_of: Callable[[floa
     ``format_size`` prints it (the model's row reads as fvcore's), bytes and times with the decimals that give the
     largest four significant figures. A value too small to show is ``<0.01G``, a zero ``0``, a module never
     called ``N/A``."""
-    largest = max((abs(v) for v, c in zip(values, called, strict=True) if c), default=0.0)
+    # (a user handle's NaN or infinity, which a result holds, is shown as it is and sets no unit)
+    largest = max((abs(v) for v, c in zip(values, called, strict=True) if c and math.isfinite(v)), default=0.0)
     scale, suffix = unit_of(largest)
     whole = len(str(int(largest / scale))) if largest else 1
     decimals = 3 if unit_of is _count_unit else max(0, 4 - whole)
@@ -211,6 +213,8 @@ def _numbers(key: str, header: str, values: list[float], unit_of: Callable[[floa
     for value, ran in zip(values, called, strict=True):
         if not ran:
             cells.append("N/A")
+        elif not math.isfinite(value):
+            cells.append(str(value))
         elif value == 0:
             cells.append("0")
         else:
