@@ -274,3 +274,15 @@ def test_a_result_with_a_nan_cost_renders_in_every_format() -> None:
     assert mm.render(result, width=1).splitlines()[2].split() == ["model", "nan"]
     for fmt in ("tree", "csv", "json"):
         assert "nan" in mm.render(result, fmt) or "null" in mm.render(result, fmt)
+
+
+def test_parameter_count_of_a_torchscript_module_is_its_parameters() -> None:
+    import warnings
+
+    model = two_linears()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script is deprecated
+        scripted = torch.jit.script(model)
+    # fvcore counts it (named_parameters); its class computes `forward` on access, which failed on the class
+    assert mm.parameter_count(scripted) == mm.parameter_count(model)
+    assert mm.parameter_count_table(scripted) == mm.parameter_count_table(model)
