@@ -164,13 +164,14 @@ def run_modelmeter(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
     return lambda: modelmeter.analyze(model, x.clone(), cache=False, quiet=True).result()
 
 
-def run_modelmeter_pair(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+def run_modelmeter_pair(model: nn.Module, x: torch.Tensor, record: bool = True) -> Callable[[], Any]:
     """fvcore's pattern in modelmeter: a FlopCountAnalysis and an ActivationCountAnalysis of the same call, and
-    their table (a new input tensor per call, so each timed run records once)."""
+    their table (a new input tensor per call, so each timed run records once; ``record=False``: the same tensor
+    every time, so both analyses share the recording of the warm-up run — what the pattern costs besides it)."""
     from modelmeter import ActivationCountAnalysis, FlopCountAnalysis, flop_count_table
 
     def go() -> str:
-        same = x.clone()
+        same = x.clone() if record else x
         with warnings.catch_warnings(), quiet_logger("modelmeter"):
             warnings.simplefilter("ignore")
             flops = FlopCountAnalysis(model, same).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
@@ -252,14 +253,15 @@ def pair(quick: bool, repeat: int) -> dict[str, Any]:
     for name in ("resnet50", "vit_b_16"):
         model, x = build(name, quick, "cpu")
         fns = {"modelmeter": run_modelmeter_pair(model, x), "fvcore": run_fvcore(model, x),
-               "flop_counter": run_flop_counter(model, x), "forward": run_forward(model, x)}
+               "flop_counter": run_flop_counter(model, x), "forward": run_forward(model, x),
+               "shared": run_modelmeter_pair(model, x, record=False)}
         row: dict[str, Any] = timed_in_turn(fns, repeat)
         row["ratios"] = {f"modelmeter/{tool}": ratio(row["modelmeter"], row[tool]) for tool in TOOLS[1:]}
         row["ratio_runs"] = {f"modelmeter/{tool}": summary([a / b for a, b in zip(row["modelmeter"]["times"],
                                                                                  row[tool]["times"], strict=True)])
                              for tool in TOOLS[1:]}
         rows[name] = row
-        print(f"  pair {name}: " + ", ".join(f"{t} {fmt(row[t])}" for t in TOOLS), file=sys.stderr)
+        print(f"  pair {name}: " + ", ".join(f"{t} {fmt(row[t])}" for t in (*TOOLS, "shared")), file=sys.stderr)
     return rows
 
 
@@ -655,6 +657,10 @@ def markdown_pair(rows: dict[str, Any]) -> str:
         cells = [f"{runs[key]['median_s']:.2f}x ({runs[key]['min_s']:.2f}-{runs[key]['max_s']:.2f})"
                  for key in (f"modelmeter/{t}" for t in TOOLS[1:])]
         lines.append(f"| {name} | " + " | ".join(fmt(row[t]) for t in TOOLS) + " | " + " | ".join(cells) + " |")
+    lines += ["", "What the pattern costs besides its one recording (both analyses sharing a recording made before: "
+              "their two call keys, counting and the table): " + "; ".join(
+                  f"{name} {fmt(row['shared'])}, {ratio(row['shared'], row['flop_counter']):.2f}x FlopCounterMode"
+                  for name, row in rows.items() if "shared" in row) + "."]
     return "\n".join([*lines, ""])
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 PYTEST_HINT = "run `pytest --update-baselines` to record it"
 
 _updated = pytest.StashKey[list[str]]()
+_recorders = pytest.StashKey[dict[tuple[str, str], str]]()  # (baseline file, entry) -> the test that recorded it
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +35,7 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
     the model's class name) of the baseline file (a path relative to the test file), or when that entry is
     missing or was recorded for other inputs, convention or passes. With ``--update-baselines`` it records the
     entry instead and passes."""
-    from modelmeter.guard.assertions import CostAssertionError
+    from modelmeter.guard.assertions import CostAssertionError, entry_name
     from modelmeter.guard.assertions import assert_cost as check
 
     update: bool = request.config.getoption("update_baselines")
@@ -44,20 +45,50 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
                     tolerance: float = 0.0, convention: str = "fvcore", backward: bool = False) -> Comparison | None:
         __tracebackhide__ = True
         path = here / baseline
+        recorded_by = _recorded_by(request, path, entry_name(model, name)) if update else None
         try:
             comparison = check(model, inputs, path, name=name, tolerance=tolerance, convention=convention,
-                               backward=backward, update=update, hint=PYTEST_HINT)
+                               backward=backward, update=update and recorded_by is None, hint=PYTEST_HINT)
         except CostAssertionError as exc:
-            failure = str(exc)
+            comparison, failure = None, str(exc)
         else:
             failure = ""
+        if recorded_by:
+            failure = _recorded_twice(request.node.nodeid, recorded_by, entry_name(model, name), path,
+                                      failure or _differences(comparison))
         if failure:  # failed outside the except block, so that pytest shows the report alone, not a chain
             pytest.fail(failure, pytrace=False)
         if update:
             request.config.stash.setdefault(_updated, []).append(str(path))
+            return None
         return comparison
 
     return assert_cost
+
+
+def _recorded_by(request: pytest.FixtureRequest, path: Path, name: str) -> str | None:
+    """The other test that recorded the entry ``name`` of ``path`` in this ``--update-baselines`` run, if one
+    did (None for the first). Two models sharing an entry (the class name by default: two ResNets) would
+    overwrite each other, and the one recorded first would from then on be checked against the other's costs
+    (a smaller one always passing): a second test may record it only with the same costs, compared instead."""
+    recorders = request.config.stash.setdefault(_recorders, {})
+    first = recorders.setdefault((str(path.resolve()), name), request.node.nodeid)
+    return None if first == request.node.nodeid else first
+
+
+def _differences(comparison: Comparison | None) -> str:
+    """The report of a comparison that found any cost or module changed; "" when everything is the same."""
+    if comparison is None or not (comparison.grew or comparison.shrank or comparison.added or comparison.removed):
+        return ""
+    return comparison.report()
+
+
+def _recorded_twice(test: str, first: str, name: str, path: Path, differences: str) -> str:
+    """The failure of a second test recording the entry that ``first`` recorded with other costs, or ""."""
+    if not differences:
+        return ""
+    return (f"{test} records the entry {name!r} of {path} with other costs or inputs than {first} did in this "
+            f"run: one would be checked against the other's costs; give each its own name=\n{differences}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -93,6 +93,10 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
         cached["persistent_first"]["median_s"] / cached["persistent_cached"]["median_s"])
     assert "### 5. Cached re-analysis" in done.stdout
 
+    for name, row in report["pair"].items():  # the pattern with its recording, and without it (shared)
+        assert positive(row["modelmeter"]) and positive(row["shared"]), name
+    assert "What the pattern costs besides its one recording" in done.stdout
+
 
 def test_the_recurrent_section_times_analysis_and_forward_in_turn() -> None:
     compare = load_compare()

@@ -77,7 +77,7 @@ def test_budget_lists_what_is_over_and_by_how_much() -> None:
     assert parse_budget("flops=1K, params=100") == {"flops": 1000, "params": 100}
     over = check_budget(result, parse_budget("flops=1K,params=1M,activations=72"))
     assert [o.metric for o in over] == ["flops"]  # 2·16·32 + 2·32·4 = 1280 > 1000; activations 72 is not over
-    assert str(over[0]) == "flops: 1.28K (1,280) is over the budget of 1K by 0.28K (+28.0%)"
+    assert str(over[0]) == "flops: 1.28K (1,280) is over the budget of 1K (1,000) by 0.28K (+28.0%)"
     with pytest.raises(ValueError, match="no metric 'peak_memory'.*memory analysis"):
         check_budget(result, {"peak_memory": 2**31})
     with pytest.raises(ValueError, match="need --backward"):
@@ -96,7 +96,8 @@ def test_a_model_that_grows_by_one_layer_fails_naming_the_module() -> None:
     assert comparison.grew[0].module == ""  # the model first, then modules by size of change
     assert comparison.added == ["3"]
     report = comparison.report()
-    assert "over its baseline" in report and "module '2': flops 0.256K -> 2.048K (+1,792, +700.0%)" in report
+    assert "over its baseline" in report
+    assert "module '2': flops 0.256K (256) -> 2.048K (2,048) (+1,792, +700.0%)" in report
 
 
 def test_within_tolerance_passes_and_shrinking_is_a_note() -> None:
@@ -281,8 +282,8 @@ def test_memory_budgets_in_binary_units_with_a_hint() -> None:
     assert memory.total("activation_bytes") == 544
     over = check_budget(memory, parse_budget("activation_bytes=500,flops=1K"))
     assert [str(o) for o in over] == [
-        "activation_bytes: 544B (544 bytes) is over the budget of 500B by 44B (+8.8%)",
-        "flops: 1.28K (1,280) is over the budget of 1K by 0.28K (+28.0%)"]
+        "activation_bytes: 544B (544 bytes) is over the budget of 500B (500 bytes) by 44B (+8.8%)",
+        "flops: 1.28K (1,280) is over the budget of 1K (1,000) by 0.28K (+28.0%)"]
 
 
 def test_peak_memory_budget_is_the_runs_peak_even_in_the_optimizers_step() -> None:
@@ -323,9 +324,9 @@ def test_a_nan_tolerance_never_passes_a_model_that_grew(capsys: pytest.CaptureFi
     cli(capsys, "m.py:build", "--save-baseline", "costs.json")
     grown = ("m.py:build", "extra=1", "--name", "m.py:build", "--check-baseline", "costs.json")
     _, err = cli(capsys, *grown, "--tolerance", "699%", code=1)
-    assert "module '2': flops 0.256K -> 2.048K (+1,792, +700.0%)" in err and "the model" not in err
+    assert "module '2': flops 0.256K (256) -> 2.048K (2,048) (+1,792, +700.0%)" in err and "the model" not in err
     _, err = cli(capsys, *grown, "--tolerance", "159%", code=1)
-    assert "the model: flops 1.28K -> 3.328K (+2,048, +160.0%)" in err
+    assert "the model: flops 1.28K (1,280) -> 3.328K (3,328) (+2,048, +160.0%)" in err
     cli(capsys, *grown, "--tolerance", "701%")
     cli(capsys, *grown, "--tolerance", "nan", code=2)
 
@@ -794,7 +795,7 @@ def test_a_failed_check_never_overwrites_the_baseline(capsys: pytest.CaptureFixt
     Path("m.py").write_text(MODEL_FILE.replace("range(int(extra))", "range(int(extra) + 1)"))
     both = ("m.py:build", "--check-baseline", "costs.json", "--save-baseline", "costs.json")
     _, err = cli(capsys, *both, code=1)
-    assert "grew   the model: flops 1.28K -> 3.328K" in err
+    assert "grew   the model: flops 1.28K (1,280) -> 3.328K (3,328)" in err
     assert "modelmeter: did not save the baseline of m.py:build in costs.json: a check failed" in err
     assert Path("costs.json").read_bytes() == saved
     _, err = cli(capsys, "m.py:build", "--budget", "flops=3K", "--save-baseline", "new.json", code=1)

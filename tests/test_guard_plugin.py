@@ -247,3 +247,26 @@ def test_plugin_never_passes_a_nan_tolerance_a_model_that_exits_or_a_broken_base
     assert "ValueError: tolerance must be a finite number >= 0 (a fraction: 0.01 is 1%), got nan" in out
     assert "\nMLP: the model's code called sys.exit(0) before its analysis finished\n" in out
     assert "broken.json' is not valid JSON: NaN is not a value a baseline or saved analysis holds\n" in out
+
+
+def test_two_tests_recording_one_entry_with_other_costs_fail_the_update(warm: None, pytester: pytest.Pytester) -> None:
+    """Both default to the class name "MLP": the deeper one overwrote the entry, and from then on the smaller
+    one was checked against the deeper one's costs, passing however much it grew up to them. Recording the
+    same costs twice (one model checked in two tests) stays allowed."""
+    write_tests(pytester, """
+        def test_small(assert_cost):
+            assert_cost(MLP(), torch.randn(2, 4), "costs.json")
+
+        def test_small_again(assert_cost):
+            assert_cost(MLP(), torch.randn(2, 4), "costs.json")
+
+        def test_deeper(assert_cost):
+            assert_cost(MLP(extra=1), torch.randn(2, 4), "costs.json")
+        """)
+    result = run(pytester, "--update-baselines")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_deeper records the entry 'MLP' of *costs.json with other costs or inputs than "
+        "tests/test_costs.py::test_small did in this run*give each its own name=",
+        "MLP: over its baseline (tolerance 0.00%)"])
+    assert models(pytester.path / "tests" / "costs.json")["MLP"]["modules"][""]["flops"] == 96  # the first's

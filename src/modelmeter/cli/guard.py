@@ -97,7 +97,9 @@ _PER_ENTRY = {"--budget": "budget", "--save-baseline": "save_baseline", "--name"
               "--batch": "batch", "--resolution": "resolution", "--seq-len": "seq_len", "--dtype": "dtype",
               "--sweep": "sweep", "--fit": "fit", "--html": "html", "--compare": "compare", "--output": "output",
               "--backward": "backward", "--dense-attention": "dense_attention", "--memory": "memory",
-              "--optimizer": "optimizer", "--state-dtype": "state_dtype", "--foreach": "foreach"}
+              "--optimizer": "optimizer", "--state-dtype": "state_dtype", "--foreach": "foreach",
+              "--parallel": "parallel", "--device": "device", "--devices-file": "devices_file",
+              "--measured-time": "measured_time", "--launch-overhead": "launch_overhead", "--tf32": "tf32"}
 
 
 def check_all(args: argparse.Namespace) -> int:
@@ -106,7 +108,7 @@ def check_all(args: argparse.Namespace) -> int:
     ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
     ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
     ignored += ["--real"] * args.real
-    ignored += ["--attention-kernel"] * (args.attention_kernel != "fused")
+    ignored += ["--attention-kernel"] * (args.attention_kernel != "fused") + ["--efficiency"] * (args.efficiency != 1)
     ignored += ["--format"] * (args.format != "table")  # the reports are text
     if ignored:
         raise ModelSpecError(f"{', '.join(ignored)}: a check of every model of {args.check_baseline} runs each "

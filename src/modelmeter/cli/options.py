@@ -131,10 +131,10 @@ def _fit_size(text: str) -> float | str:
 
 def _tolerance(text: str) -> float:
     """``1%`` or ``0.01``: a finite fraction >= 0 (``nan`` would make every comparison pass)."""
-    from ..guard.values import check_tolerance
+    from ..guard.values import parse_tolerance
 
     try:
-        return check_tolerance(float(text[:-1]) / 100 if text.strip().endswith("%") else float(text))
+        return parse_tolerance(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a tolerance: {text!r} (a finite number >= 0, e.g. 1% or 0.01)") \
             from None
@@ -260,17 +260,32 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
                      help="the cache directory (default: $MODELMETER_CACHE, else the user cache directory)")
 
 
+class _Once(argparse.Action):
+    """A guard option that may be given once: argparse keeps the last of an option given twice, so the first
+    ``--budget`` (or ``--check-baseline``) of ``--budget flops=1G --budget params=2M`` would go unchecked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        given: set[str] = namespace.__dict__.setdefault("guard_options_given", set())
+        if self.dest in given:
+            several = " (one --budget takes several metrics: flops=4.2G,params=26M)" * (self.dest == "budget")
+            raise argparse.ArgumentError(self, f"given twice: give it once{several}")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 def _guard_options(parser: argparse.ArgumentParser) -> None:
     guard = parser.add_argument_group("cost guard (docs/guard.md)")
-    guard.add_argument("--budget", type=_budget, metavar="METRIC=N,...",
+    guard.add_argument("--budget", type=_budget, action=_Once, metavar="METRIC=N,...",
                        help="exit 1 when a metric is over its budget, e.g. flops=4.2G,params=26M,activations=12M")
-    guard.add_argument("--save-baseline", metavar="FILE", help="add (or replace) this model's costs in FILE")
-    guard.add_argument("--check-baseline", metavar="FILE",
+    guard.add_argument("--save-baseline", action=_Once, metavar="FILE",
+                       help="add (or replace) this model's costs in FILE")
+    guard.add_argument("--check-baseline", action=_Once, metavar="FILE",
                        help="exit 1 when a metric of a module grew beyond --tolerance over FILE's entry; without "
                             "MODEL, check every model FILE holds (in parallel)")
-    guard.add_argument("--tolerance", type=_tolerance, default=0.0, metavar="T",
+    guard.add_argument("--tolerance", type=_tolerance, action=_Once, default=0.0, metavar="T",
                        help="allowed growth for --check-baseline: 1%%, 0.01 (default 0)")
-    guard.add_argument("--name", metavar="NAME",
+    guard.add_argument("--name", action=_Once, metavar="NAME",
                        help="the name of the baseline entry and of the --budget report (default: MODEL and "
                             "key=value)")
 

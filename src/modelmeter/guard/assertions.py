@@ -24,6 +24,11 @@ class CostAssertionError(ModelMeterError, AssertionError):
     """The model's costs grew beyond the tolerance, its baseline is missing, or the runs are not comparable."""
 
 
+def entry_name(model: nn.Module, name: str | None) -> str:
+    """The baseline entry ``assert_cost`` uses: ``name``, else the model's class name."""
+    return name or type(model).__name__
+
+
 def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str], *, name: str | None = None,
                 tolerance: float = 0.0, convention: str = "fvcore", backward: bool = False, update: bool = False,
                 hint: str = UPDATE_HINT) -> Comparison | None:
@@ -37,7 +42,7 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     ``sys.exit``. ``TypeError`` / ``ValueError`` naming ``tolerance`` unless it is a finite number >= 0.
     """
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
-    name = name or type(model).__name__
+    name = entry_name(model, name)
     try:
         with SHARED.set_aside():  # the model as it runs now: no recording of this process's, no cache entry
             result = analyze(model, inputs, convention=convention, backward=backward, cache=False,

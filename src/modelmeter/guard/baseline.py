@@ -14,9 +14,11 @@ reports, per metric and module, what grew beyond the tolerance (a failure) and w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -25,9 +27,21 @@ from .. import _version
 from ..errors import ModelMeterError
 from ..io import file_lock, get_cache_dir
 from ..io.atomic import atomic_write
-from ..reports.render import format_change, format_metric
+from ..io.cache_dir import directory_lock
+from ..reports.render import format_change
 from ..reports.result import RATIO_METRICS, Result
-from .values import MAX_AMOUNT, GuardFileError, check_amount, check_name, check_tolerance, read_json, shorten
+from .budget import missing_metrics_hint
+from .values import (
+    MAX_AMOUNT,
+    GuardFileError,
+    check_amount,
+    check_name,
+    check_tolerance,
+    percent,
+    read_json,
+    shorten,
+    with_exact,
+)
 
 FORMAT = "modelmeter-baseline"
 SCHEMA_VERSION = 1
@@ -83,10 +97,10 @@ class Change:
 
     def __str__(self) -> str:
         where = f"module {self.module!r}" if self.module else "the model"
-        share = f"{100 * self.relative:+.1f}%" if self.before else "new"
-        return (f"{where}: {self.metric} {format_metric(self.metric, self.before)} -> "
-                f"{format_metric(self.metric, self.after)} "
-                f"({format_change(self.metric, self.after - self.before)}, {share})")
+        share = percent(self.relative) if self.before else "new"
+        before, after = (with_exact(self.metric, value) for value in (self.before, self.after))
+        change = format_change(self.metric, self.after - self.before)
+        return f"{where}: {self.metric} {before} -> {after} ({change}, {share})"
 
 
 @dataclass
@@ -99,13 +113,21 @@ class Comparison:
     shrank: list[Change]
     added: list[str]
     removed: list[str]
+    # what was compared: the metrics, and how many modules (not counting the model) both runs have, so that
+    # a pass says what it checked
+    metrics: list[str] = field(default_factory=list)
+    modules: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.grew
 
     def report(self) -> str:
-        head = f"{self.name}: " + ("within" if self.ok else "over") + f" its baseline (tolerance {self.tolerance:.2%})"
+        verdict = "within" if self.ok else "over"
+        head = f"{self.name}: {verdict} its baseline (tolerance {_tolerance_text(self.tolerance)})"
+        if self.ok and self.metrics:
+            head += (f": {', '.join(self.metrics)} of the model and {self.modules} module{'s' * (self.modules != 1)} "
+                     "compared")
         lines = [head]
         lines += [f"  grew   {change}" for change in self.grew]
         lines += [f"  shrank {change}" for change in self.shrank]
@@ -116,6 +138,12 @@ class Comparison:
         if self.shrank and self.ok:
             lines.append("  (costs went down: save the baseline again to keep the gain)")
         return "\n".join(lines)
+
+
+def _tolerance_text(tolerance: float) -> str:
+    """A tolerance as a percentage, ``1.00%``, with the digits it has beyond two (``0.005%``, not ``0.01%``)."""
+    hundredths = Fraction(repr(tolerance)) * 10000
+    return f"{tolerance:.2%}" if hundredths.denominator == 1 else f"{float(hundredths / 100):.12g}%"
 
 
 SAVE_HINT = "save a new baseline for it (--save-baseline) or run as before"
@@ -132,13 +160,15 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
             _check_costs(module, metrics, f"{name}: {what}")
     pairs: list[tuple[str, Any, Any]] = [("inputs", baseline.inputs, current.inputs),
                                          ("convention", baseline.convention, current.convention),
-                                         ("backward pass", baseline.backward, current.backward)]
+                                         ("backward pass", baseline.backward, current.backward),
+                                         ("run options", run_options(baseline.spec), run_options(current.spec))]
     if baseline.roofline:  # a baseline without a device has no time to compare: a run with one is checked too
         pairs.append(("device", _device(baseline.roofline), _device(current.roofline)))
     for what, before, after in pairs:
         if before != after:
             raise BaselineMismatch(f"{name}: the baseline was recorded with {what} {_show(before)}, this run has "
                                    f"{_show(after)}; {hint}")
+    _check_metrics_computed(name, baseline, current, hint)
     grew: list[Change] = []
     shrank: list[Change] = []
     for module, before in baseline.modules.items():
@@ -146,20 +176,53 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
         if after is None:
             continue
         for metric, old in before.items():
-            new = after.get(metric)
-            if new is None or old == new:
+            new = after.get(metric, 0)  # (recompute_* only: the rest is in both, _check_metrics_computed)
+            if old == new:
                 continue
             change = Change(module, metric, old, new)
-            if new > old and (old == 0 or change.relative > tolerance):
-                grew.append(change)
-            elif new < old and (old == 0 or -change.relative > tolerance):
-                shrank.append(change)
+            if _beyond(old, new, tolerance):
+                (grew if new > old else shrank).append(change)
     order = {module: i for i, module in enumerate(current.modules)}
     for changes in (grew, shrank):
         changes.sort(key=lambda c: (c.module != "", -abs(c.after - c.before), order.get(c.module, 0)))
     added = [m for m in current.modules if m not in baseline.modules]
     removed = [m for m in baseline.modules if m not in current.modules]
-    return Comparison(name, tolerance, grew, shrank, added, removed)
+    compared = sum(module in current.modules for module in baseline.modules if module)
+    return Comparison(name, tolerance, grew, shrank, added, removed, list(baseline.modules.get("", {})), compared)
+
+
+# What a command-line run writes into its spec that changes what it measures, beyond the inputs, convention,
+# passes and device compared on their own: an optimizer's step in the peak, the attention's FLOPs, a rank's share
+_RUN_FLAGS = ("--foreach", "--dense-attention")
+_RUN_VALUES = ("--optimizer", "--state-dtype", "--attention-kernel", "--parallel")
+
+
+def run_options(spec: list[str]) -> str:
+    """The options of ``spec`` (an entry's command-line arguments) that change what a run measures, as written
+    (``"--optimizer adamw --foreach"``), or ``"none"``: an entry without a spec (``assert_cost``'s) has none."""
+    picked = [[token] for token in spec if token in _RUN_FLAGS]
+    picked += [[token, value] for token, value in itertools.pairwise(spec) if token in _RUN_VALUES]
+    return " ".join(sorted(" ".join(option) for option in picked)) or "none"
+
+
+def _beyond(old: float, new: float, tolerance: float) -> bool:
+    """``new`` differs from ``old`` by more than ``tolerance`` (a fraction of ``old``), exactly: a change of
+    exactly 0.7% is within a tolerance of 0.7% (the decimal it is written as, not the float just below it),
+    where (new - old) / old in floats can come out over it."""
+    if old == 0:
+        return new != 0
+    return abs(Fraction(new) - Fraction(old)) > Fraction(repr(tolerance)) * Fraction(old)
+
+
+def _check_metrics_computed(name: str, baseline: Entry, current: Entry, hint: str) -> None:
+    """Every metric of the baseline is one this run computed: a metric left out (the memory analysis's without
+    ``--memory``, a time without the device) would go unchecked, a silent pass. ``recompute_*`` are the
+    exception: a run holds them only with activation checkpointing, and without it they are 0."""
+    missing = sorted(metric for metric in baseline.modules.get("", {})
+                     if metric not in current.modules.get("", {}) and not metric.startswith("recompute_"))
+    if missing:
+        raise BaselineMismatch(f"{name}: the baseline holds {', '.join(missing)}, which this run did not compute"
+                               f"{missing_metrics_hint(missing)}; {hint}")
 
 
 def _device(roofline: dict[str, Any]) -> str:
@@ -297,6 +360,9 @@ class BaselineFile:
         return cls({name: _parse_entry(value, f"{where}: the entry {name!r}") for name, value in models.items()})
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the entries to ``path`` atomically; a :class:`GuardFileError` instead when :meth:`load` would
+        refuse the file (a name with control characters, a negative count from a registered handle): the file
+        is shared by every model in it, and one unreadable entry would fail all of their checks."""
         data = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "modelmeter": _version.__version__,
                 "torch": torch.__version__.split("+")[0],
                 "models": {name: _entry_data(entry) for name, entry in sorted(self.entries.items())}}
@@ -306,6 +372,10 @@ class BaselineFile:
         except ValueError:  # (a user handle's NaN or infinity: no check could compare against it)
             raise GuardFileError(f"a baseline for {os.fspath(path)!r} holds a cost that is not a finite number "
                                  "(NaN or infinite: a registered handle returned it); it is not written") from None
+        try:
+            BaselineFile.from_data(json.loads(text), path)
+        except GuardFileError as exc:
+            raise GuardFileError(f"{exc}; the baseline is not written (a check could not read it)") from None
         os.makedirs(os.path.dirname(target), exist_ok=True)
         atomic_write(target, lambda f: f.write(text))
 
@@ -330,9 +400,11 @@ def _entry_data(entry: Entry) -> dict[str, Any]:
 def record(baseline: str | os.PathLike[str], name: str, entry: Entry) -> None:
     """Write ``entry`` as ``name`` into the baseline file, keeping its other entries; parallel writers (e.g.
     pytest-xdist workers) take turns through one lock in the user's cache directory, not a lock file left
-    next to the baseline in the project."""
+    next to the baseline in the project, and a ``flock`` on the baseline's directory (no file: writers with
+    other cache directories, such as CI jobs each given their own, lost each other's entries)."""
     path = os.path.abspath(baseline)
-    with file_lock(os.path.join(get_cache_dir(), "baselines")):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with file_lock(os.path.join(get_cache_dir(), "baselines")), directory_lock(os.path.dirname(path)):
         file = BaselineFile.load(path) if os.path.exists(path) else BaselineFile()
         file.entries[name] = entry
         file.save(path)

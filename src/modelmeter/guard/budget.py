@@ -4,31 +4,35 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..reports.format import parse_duration
 from ..reports.render import format_metric
-from ..reports.result import BYTE_METRICS, MEMORY_METRICS, RATIO_METRICS, ROOFLINE_METRICS, TIME_METRICS, Result
-from .values import MAX_AMOUNT, check_amount
+from ..reports.result import MEMORY_METRICS, RATIO_METRICS, ROOFLINE_METRICS, TIME_METRICS, Result
+from .values import MAX_AMOUNT, check_amount, percent, shorten, with_exact
 
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 
 
 def parse_quantity(text: str) -> float:
-    """``"4.2G"`` -> 4.2e9, ``"26M"`` -> 26e6, ``"2GiB"`` -> 2·2³⁰, ``"1500"`` -> 1500 (K/M/G/T/P are powers of
-    1000, Ki/Mi/Gi/Ti/Pi of 1024; a trailing ``B`` is allowed). A ``ValueError`` for anything else, and for an
-    amount that is not finite or over :data:`~modelmeter.guard.values.MAX_AMOUNT` (``1e400`` is infinity)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)(e\d+)?\s*([kmgtp]i?)?b?\s*", text.strip().lower())
+    """``"4.2G"`` -> 4200000000, ``"26M"`` -> 26000000, ``"2GiB"`` -> 2·2³⁰, ``"1500"`` -> 1500, ``"3e+9"`` ->
+    3000000000 (K/M/G/T/P are powers of 1000, Ki/Mi/Gi/Ti/Pi of 1024; a trailing ``B`` is allowed). The amount is
+    exact: an int when it is a whole number (``"1.001G"`` is 1001000000, where 1.001 * 1e9 in floats is just
+    below it and a cost at the budget would be over it), else the nearest float. A ``ValueError`` for anything
+    else, and for an amount over :data:`~modelmeter.guard.values.MAX_AMOUNT` (``1e400``)."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(e[+-]?[0-9]+)?\s*([kmgtp]i?)?b?", text.strip().lower())
     if match is None:
         raise InvalidValueError(f"not a quantity: {text!r} (e.g. 4.2G, 26M, 2GiB, 1500)")
     number, exponent, unit = match.groups()
-    value = float(number + (exponent or ""))  # float() saturates at inf at once, where 10 ** 99999999 would not
+    if exponent and (len(exponent) > 6 or abs(int(exponent[1:])) > 400):  # no exact Fraction of 10**99999999
+        raise InvalidValueError(f"out of range: {shorten(text)} (from 0 to {MAX_AMOUNT:g})")
     unit = unit or ""
-    value *= _BINARY[unit] if unit.endswith("i") else _DECIMAL[unit]
+    value = Fraction(number + (exponent or "")) * (_BINARY[unit] if unit.endswith("i") else _DECIMAL[unit])
     if value > MAX_AMOUNT:
         raise InvalidValueError(f"out of range: {text!r} is over {MAX_AMOUNT:g}")
-    return value
+    return int(value) if value.denominator == 1 else float(value)
 
 
 Budget = dict[str, float]
@@ -46,10 +50,11 @@ def parse_budget(text: str) -> Budget:
             raise InvalidValueError(f"a budget is metric=amount, e.g. flops=4.2G; got {part!r}")
         if metric in budget:
             raise InvalidValueError(f"the budget names {metric!r} twice; give each metric once")
-        if metric in RATIO_METRICS:
+        if metric.lower() in RATIO_METRICS:
             raise InvalidValueError(f"{metric} is a ratio, not a cost: budget the time or the bytes instead")
         try:
-            budget[metric] = parse_duration(amount) if metric in TIME_METRICS else parse_quantity(amount)
+            budget[metric] = parse_duration(amount) if metric.lower() in TIME_METRICS else parse_quantity(amount)
+            check_amount(budget[metric], "the amount")  # (a duration of 1e31 s is a float parse_duration takes)
         except ValueError as exc:
             raise InvalidValueError(f"the budget of {metric}: {exc}") from None
     if not budget:
@@ -67,19 +72,22 @@ class Over:
 
     def __str__(self) -> str:
         excess = self.value - self.limit
-        share = f" (+{100 * excess / self.limit:.1f}%)" if self.limit else ""
-        value, limit, by = (format_metric(self.metric, amount) for amount in (self.value, self.limit, excess))
-        if self.metric in TIME_METRICS:
-            exact = f"{self.value:.6g} s"
-        else:
-            exact = f"{self.value:,.0f}{' bytes' if self.metric in BYTE_METRICS else ''}"
-        return f"{self.metric}: {value} ({exact}) is over the budget of {limit} by {by}{share}"
+        share = f" ({percent(excess / self.limit)})" if self.limit else ""
+        value, limit = (with_exact(self.metric, amount) for amount in (self.value, self.limit))
+        by = format_metric(self.metric, excess)
+        return f"{self.metric}: {value} is over the budget of {limit} by {by}{share}"
 
 
 def metric_values(result: Result) -> dict[str, float]:
-    """The model's totals by metric name: every metric of the result, and ``params`` (the model's
-    ``peak_memory`` is the run's peak)."""
-    return {"params": float(result.root.params), **{m: float(result.total(m)) for m in result.metrics}}
+    """The model's totals by metric name: every metric of the result, ``params`` (the model's ``peak_memory``
+    is the run's peak), and with a backward pass ``recompute_*``, 0 without activation checkpointing. Counts
+    stay ints: as floats, two counts over 2**53 could round to one."""
+    values = {"params": result.root.params, **{m: result.total(m) for m in result.metrics}}
+    # a backward pass without activation checkpointing recomputes nothing: its recompute_* are 0, not missing
+    for metric in result.metrics:
+        if metric.startswith("backward_"):
+            values.setdefault("recompute_" + metric.removeprefix("backward_"), 0)
+    return values
 
 
 def check_budget(result: Result, budget: Budget) -> list[Over]:
@@ -106,12 +114,17 @@ def _budgeted_values(result: Result, budget: Budget) -> dict[str, float]:
     values = metric_values(result)
     unknown = [m for m in budget if m not in values]
     if unknown:
-        raise InvalidValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis{_hint(unknown)}; "
-                                f"known: {', '.join(sorted(values))}")
+        raise InvalidValueError(f"no metric {', '.join(map(repr, unknown))} in this analysis"
+                                f"{missing_metrics_hint(unknown)}; known: {', '.join(sorted(values))}")
+    for metric in budget:  # NaN is over no limit and a negative count is under every one
+        try:
+            check_amount(values[metric], f"this run's {metric}")
+        except ValueError as exc:
+            raise InvalidValueError(f"{exc}: a registered handle returned it, and no budget can judge it") from None
     return values
 
 
-def _hint(unknown: list[str]) -> str:
+def missing_metrics_hint(unknown: list[str]) -> str:
     """What would add the ``unknown`` metrics: a backward pass, the memory analysis."""
     if any(m.startswith(("forward_", "backward_", "recompute_")) for m in unknown):
         return " (phase metrics need --backward: a backward pass)"

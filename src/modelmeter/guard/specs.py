@@ -33,7 +33,7 @@ from ..cli.models import ModelSpecError, on_path, parse_overrides
 SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach", "--tf32"})
 SPEC_OPTIONS = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention",
                           "--execution", "--attention-kernel", "--optimizer", "--state-dtype", "--device",
-                          "--devices-file", "--efficiency", "--launch-overhead", "--measured-time"})
+                          "--devices-file", "--efficiency", "--launch-overhead", "--measured-time", "--parallel"})
 MAX_TOKENS = 256
 MAX_TOKEN_CHARS = 1000
 

@@ -28,7 +28,9 @@ def format_bytes(n: float, digits: int = 3) -> str:
 
 
 _TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9))
-_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# A duration is divided by its unit per second (1e3, 1e6, 1e9 are exact floats): "5us" is the float nearest to
+# 5e-06, as a time computed in seconds is, where 5 * 1e-6 would be 4.9999999999999996e-06 (below a time of 5us)
+_PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 
 
 def format_time(seconds: float) -> str:
@@ -64,7 +66,7 @@ def parse_duration(text: str) -> float:
     if match is None:
         raise InvalidValueError(f"not a duration: {text!r} (e.g. 5ms, 120us, 0.25s, 0.25)")
     number, exponent, unit = match.groups()
-    value = float(number + (exponent or "")) * _DURATION_UNITS[unit or ""]
+    value = float(number + (exponent or "")) / _PER_SECOND[unit or ""]
     if not math.isfinite(value):
         raise InvalidValueError(f"out of range: {text!r}")
     return value

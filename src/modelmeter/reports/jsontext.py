@@ -35,12 +35,21 @@ def dumps(value: Any, **options: Any) -> str:
 
 def loads(text: str | bytes, holder: str) -> Any:
     """``json.loads(text)`` as strict JSON: JSON's ``NaN`` and ``Infinity``, which Python's parser reads and no file
-    modelmeter writes holds, are an InvalidValueError saying that ``holder`` (``"a saved trace"``) holds none; malformed
-    JSON is one saying that it is not valid JSON."""
+    modelmeter writes holds, are an InvalidValueError saying that ``holder`` (``"a saved trace"``) holds none; so is
+    a key given twice in one object; malformed JSON is one saying that it is not valid JSON."""
     def refuse(name: str) -> NoReturn:
         raise InvalidValueError(f"{name} is not a value {holder} holds")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """An object whose keys are all different: Python's parser keeps the last of a key given twice (a merge
+        or a hand edit), so a cost or an entry read from the file could be another than the one reviewed."""
+        data = dict(pairs)
+        if len(data) < len(pairs):
+            twice = next(key for i, (key, _) in enumerate(pairs) if key in (k for k, _ in pairs[:i]))
+            raise InvalidValueError(f"the key {twice!r} is given twice in one object; {holder} holds each once")
+        return data
     try:
-        return json.loads(text, parse_constant=refuse)
+        return json.loads(text, parse_constant=refuse, object_pairs_hook=unique)
     except InvalidValueError:
         raise
     except ValueError as exc:  # malformed JSON (json.JSONDecodeError), an integer of too many digits
