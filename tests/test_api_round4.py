@@ -286,3 +286,14 @@ def test_parameter_count_of_a_torchscript_module_is_its_parameters() -> None:
     # fvcore counts it (named_parameters); its class computes `forward` on access, which failed on the class
     assert mm.parameter_count(scripted) == mm.parameter_count(model)
     assert mm.parameter_count_table(scripted) == mm.parameter_count_table(model)
+
+
+def test_register_handle_still_takes_a_formula() -> None:
+    from modelmeter.handles.binding import by_name
+
+    @by_name()
+    def scale(self: Any) -> int:
+        return 1
+
+    mm.register_handle("mylib::round4_scale", scale)
+    mm.unregister_handle("mylib::round4_scale")

@@ -82,7 +82,7 @@ def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None,
         _check_convention(convention)
     if not isinstance(op, str) or "::" not in op:
         raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r:.60}")
-    if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
+    if handle is not None and not callable(handle) and not isinstance(handle, (CountInside, Formula)):
         raise InvalidTypeError(f"the handle for {op} must be callable or None, got {type(handle).__name__}")
     _REGISTERED.setdefault(op, {})[convention] = handle.bind(op) if isinstance(handle, Formula) else handle
 
