@@ -7,6 +7,7 @@ exact ``Fraction``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import textwrap
 import threading
@@ -301,12 +302,14 @@ class _Copies(nn.Module):
                                                 (-1e9, "cannot be negative")])
 def test_a_budget_refuses_a_cost_no_limit_can_judge(count: float, message: str) -> None:
     """A registered handle that returns NaN (over no limit) or a negative count (under every limit): the budget
-    passed it."""
-    register_handle("guard_hostile::copy", lambda inputs, outputs: count)
+    passed it. (A handle's negative count is refused where it is counted since: it is put in the result here.)"""
+    register_handle("guard_hostile::copy", lambda inputs, outputs: count if math.isnan(count) else 1.0)
     try:
         result = analyze(_Copies(), torch.randn(2, 4), quiet=True, cache=False).result()
     finally:
         unregister_handle("guard_hostile::copy")
+    if count < 0:
+        result.root.metrics["flops"] = count
     with pytest.raises(ValueError, match=f"this run's flops {message}"):
         check_budget(result, parse_budget("flops=1G"))
 
@@ -323,10 +326,11 @@ def test_the_command_never_writes_a_baseline_it_cannot_read(capsys: pytest.Captu
 
 
 def test_assert_cost_never_records_a_count_its_check_would_refuse(tmp_path: Path) -> None:
-    """A registered handle's negative count was recorded; the file then failed every check of every model."""
+    """A registered handle's negative count was recorded; the file then failed every check of every model. (It is
+    refused where it is counted since, naming the operator.)"""
     register_handle("guard_hostile::copy", lambda inputs, outputs: -5)
     try:
-        with pytest.raises(ValueError, match="flops cannot be negative, got -5; the baseline is not written"):
+        with pytest.raises(ValueError, match="guard_hostile::copy returned -5; a cost cannot be negative"):
             assert_cost(_Copies(), torch.randn(2, 4), tmp_path / "c.json", update=True)
     finally:
         unregister_handle("guard_hostile::copy")

@@ -14,7 +14,7 @@ from .devices import Device, Interconnect, get_interconnect
 from .engine.gc_pause import paused
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import Trace
-from .errors import InvalidValueError
+from .errors import InvalidTypeError, InvalidValueError, check_flag
 from .fvcore_api import flop_count_table
 from .handles.conventions import has_registered_handles
 from .memory import MemoryAnalysis
@@ -33,6 +33,7 @@ from .views import (
     MetricView,
     ModelAnalysis,
     activation_count,
+    check_same_model,
     flop_count,
 )
 
@@ -61,14 +62,42 @@ def build_result(model: nn.Module, analyses: dict[str, MetricView], *, name: str
     builder as
     :func:`modelmeter.session.result_from_trace`, over the analyses' own statistics.
     """
-    if not analyses:
-        raise InvalidValueError("build_result needs at least one analysis, e.g. {'flops': FlopCountAnalysis(...)}")
-    first = next(iter(analyses.values()))
+    first = _checked_analyses(model, analyses)
+    _check_parts(name=(name, str), memory=(memory, MemoryAnalysis), time=(time, Roofline),
+                 parallel=(parallel, RankCosts))
     metrics = {metric: Counted(analysis.statistics(), analysis.phases()) for metric, analysis in analyses.items()}
     return assemble_result(first.trace, metrics, name=name or type(model).__name__,
                            convention=str(getattr(first, "convention", "fvcore")),
                            memory=None if memory is None else memory.columns(), time=time,
                            parallel=None if parallel is None else parallel.to_dict())
+
+
+def _check_parts(**parts: tuple[Any, type]) -> None:
+    """Refuse an optional argument (name -> (value, the type it must be)) of another type than its own."""
+    for argument, (value, kind) in parts.items():
+        if value is not None and not isinstance(value, kind):
+            raise InvalidTypeError(f"{argument} must be a {kind.__name__} or None, got {type(value).__name__}")
+
+
+def _checked_analyses(model: Any, analyses: Any) -> MetricView:
+    """The first of ``analyses`` (for :func:`build_result`), each checked to be an analysis of ``model``: the rows
+    are the first one's trace's modules, so another model's counts would be put on them."""
+    if not isinstance(model, nn.Module):
+        raise InvalidTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(analyses, dict) or not analyses:
+        raise InvalidValueError("build_result needs a dict of at least one analysis, e.g. "
+                                f"{{'flops': FlopCountAnalysis(...)}}; got {analyses!r:.60}")
+    for metric, analysis in analyses.items():
+        if not isinstance(metric, str) or not isinstance(analysis, MetricView):
+            raise InvalidTypeError(f"build_result's analyses map metric names to analyses; got {metric!r:.40}: "
+                                   f"{type(analysis).__name__}")
+    first = next(iter(analyses.values()))
+    if first.model is not model:
+        raise InvalidValueError(f"the analyses are of another model ({type(first.model).__name__}) than model "
+                                f"({type(model).__name__})")
+    for metric, analysis in analyses.items():
+        check_same_model(first, analysis, f"the {metric!r:.40} analysis", "the first one")
+    return first
 
 
 class Analysis:
@@ -92,6 +121,8 @@ class Analysis:
                  attention_kernel: str = "fused", device: str | Device | None = None, efficiency: float = 1.0,
                  launch_overhead: float = 0.0, tf32: bool = False, measured_time: float | None = None,
                  parallel: str | ParallelPlan | None = None) -> None:
+        check_flag("quiet", quiet)
+        check_flag("memory", memory)
         if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
             raise InvalidValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
         self.model = model
@@ -179,6 +210,7 @@ class Analysis:
         """One rank's step on the analysis's ``device``: the roofline's compute time and the communication time
         on ``interconnect`` (default: the device's own), combined under the overlap assumption the result states
         (docs/parallel.md, "Step time"); None without a device."""
+        self._check_interconnect(interconnect)
         time = self.roofline
         if time is None or self._time is None:
             return None
@@ -191,6 +223,7 @@ class Analysis:
         its parts (with ``memory=True``), communication, and the step time on the analysis's ``device`` over
         ``interconnect`` (default: the device's own). None for a run on one device (docs/parallel.md, "Per-rank
         summary")."""
+        self._check_interconnect(interconnect)
         if self.trace.parallel is None:
             return None
         time = self.roofline
@@ -203,6 +236,14 @@ class Analysis:
                           compute=None if time is None else time.summary["time"], interconnect=links,
                           calls=self.communication)
 
+    def _check_interconnect(self, interconnect: str | Device | Interconnect | None) -> None:
+        """Refuse an ``interconnect`` that names none, or one given without a device (its time is not counted)."""
+        if interconnect is None:
+            return
+        if self._time is None:
+            raise InvalidValueError("interconnect describes the time on a device: pass device= to analyze with it")
+        get_interconnect(interconnect)
+
     def assumptions(self) -> list[str]:
         """Placeholder values and fallbacks the run needed."""
         return list(self.trace.assumptions)
@@ -214,6 +255,9 @@ class Analysis:
         With the trace cache on, the result is kept beside the trace, keyed by the settings and ``name``: the
         next analysis of the same run with the same settings reads it instead of counting (not when the views'
         handles or ancestor mode were changed: handles are code, which the cache does not keep)."""
+        if name is not None and not isinstance(name, str):
+            raise InvalidTypeError(f"name must be a string (the model's name in the result) or None, got "
+                                   f"{type(name).__name__}")
         settings = self._result_settings(name)
         digest = None if settings is None else self.session.result_digest(settings)
         if digest is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator
 
 
@@ -116,3 +117,18 @@ def _codes(exc: BaseException) -> Iterator[object]:
     while tb is not None:
         yield tb.tb_frame.f_code
         tb = tb.tb_next
+
+
+def check_flag(name: str, value: object) -> None:
+    """Refuse an argument ``name`` that is not ``True`` or ``False``: a truthy ``"no"`` would turn it on."""
+    if type(value) is not bool:
+        raise InvalidTypeError(f"{name} must be True or False, got {value!r:.60}")
+
+
+def check_depth(name: str, value: object) -> None:
+    """Refuse an argument ``name`` that is not a whole number of levels from 0 (the model's row alone) up."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidTypeError(f"{name} must be an integer number of levels (0: the model's row only), got "
+                               f"{value!r:.60}")
+    if value < 0:
+        raise InvalidValueError(f"{name} must be 0 or more (0: the model's row only), got {value}")

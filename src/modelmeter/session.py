@@ -31,7 +31,7 @@ from .engine.snapshot import refuse_uninitialised
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Trace
 from .engine.tracer import record_trace
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import InvalidTypeError, InvalidValueError, check_flag
 from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
 from .metrics.counting import Statistics, count
@@ -68,6 +68,10 @@ class Session:
 
     def __init__(self, spec: RunSpec, *, trace: Trace | None = None, cache: CacheSetting = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
+        if trace is not None:
+            spec.check_trace(trace)
+        if cache is not None and not isinstance(cache, (bool, TraceCache)):  # a truthy "no" would turn it on
+            raise InvalidTypeError(f"cache must be True, False, None or a TraceCache, got {cache!r:.60}")
         self.spec = spec
         self._trace = trace
         self._cache = cache
@@ -421,6 +425,13 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
     ``measured_time`` as for :func:`~modelmeter.analyze`. ``quiet=False`` logs the unsupported operators and the
     modules that never ran, as an analysis does. ``name`` defaults to the model's class name (``trace.model``).
     """
+    if not isinstance(trace, Trace):
+        raise InvalidTypeError(f"trace must be a modelmeter Trace (an analysis's .trace, load_trace), got "
+                               f"{type(trace).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise InvalidTypeError(f"name must be a string or None, got {type(name).__name__}")
+    check_flag("memory", memory)
+    check_flag("quiet", quiet)
     time = roofline_settings(device, efficiency=efficiency, launch_overhead=launch_overhead, tf32=tf32,
                              measured_time=measured_time)
     if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):

@@ -18,7 +18,7 @@ from torch import nn
 from .engine.gc_pause import paused
 from .engine.spec import Execution, LossFn, RunSpec
 from .engine.trace import PHASES, Phase, Trace
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import InvalidTypeError, InvalidValueError, check_flag
 from .handles.base import CountInside, Handle
 from .handles.binding import Formula
 from .handles.conventions import get_convention
@@ -43,6 +43,35 @@ def _counted(ops: Mapping[str, Any]) -> Counter[str]:
 def _total(ops: Mapping[str, Any]) -> Any:
     """The sum of one module's counts as fvcore adds them: an operator that counted 0 (or 0.0) adds nothing."""
     return sum(value for value in ops.values() if value != 0)
+
+
+def _operator_name(name: Any) -> str:
+    """``name`` if it can name an operator a handle is set for (fvcore's ``namespace::name``)."""
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"operator names must be strings like 'aten::linear', got {name!r:.60}")
+    if "::" not in name:  # (a handle under such a name would count nothing: every operator has one)
+        raise InvalidValueError(f"operator names are fvcore's 'namespace::name' ('aten::linear', "
+                                f"'prim::PythonOp.MyFunction'); got {name!r:.60}")
+    return name
+
+
+def _user_handle(name: str, handle: Any) -> Handle | CountInside | None:
+    """``handle`` as set for operator ``name``: a formula bound to its schema; anything but a callable, a
+    :class:`CountInside` or None refused."""
+    if isinstance(handle, Formula):
+        return handle.bind(name)
+    if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
+        raise InvalidTypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
+    return handle
+
+
+def check_same_model(first: MetricView, other: MetricView, other_name: str, first_name: str) -> None:
+    """Refuse ``other`` (an analysis called ``other_name``) when it is not of ``first``'s model: its counts would be
+    put on ``first``'s rows, under names of another model's modules (other inputs of the same model are fine: each
+    analysis counts its own run, as in fvcore)."""
+    if other.model is not first.model:
+        raise InvalidValueError(f"{other_name} analyses another model ({type(other.model).__name__}) than "
+                                f"{first_name} ({type(first.model).__name__}): pass analyses of one model")
 
 
 class MetricView(ABC):
@@ -242,16 +271,10 @@ class ModelAnalysis(MetricView):
         :func:`~modelmeter.handles.binding.by_name` formula is bound to the operator's schema here."""
         if len(args) % 2:
             raise InvalidTypeError("set_op_handle should be called with pairs of names and handles!")
-        pairs = dict(zip(args[::2], args[1::2], strict=True))
-        pairs.update(kwargs)
-        for name, handle in pairs.items():
-            if not isinstance(name, str):
-                raise InvalidTypeError(f"operator names must be strings like 'aten::linear', got {name!r}")
-            if isinstance(handle, Formula):
-                handle = handle.bind(name)
-            if handle is not None and not callable(handle) and not isinstance(handle, CountInside):
-                raise InvalidTypeError(f"the handle for {name} must be callable or None, got {type(handle).__name__}")
-            self._user_handles[name] = handle
+        checked: dict[str, Handle | CountInside | None] = {}  # all checked before any is set
+        for name, handle in [*zip(args[::2], args[1::2], strict=True), *kwargs.items()]:
+            checked[_operator_name(name)] = _user_handle(name, handle)
+        self._user_handles.update(checked)
         self._custom = True
         self._recount()
         return self
@@ -277,10 +300,14 @@ class ModelAnalysis(MetricView):
         return self
 
     def unsupported_ops_warnings(self: T, enabled: bool) -> T:
+        """Whether counting logs the operators no handle counted (the whole model's; on by default)."""
+        check_flag("enabled", enabled)
         self._warn_unsupported = enabled
         return self
 
     def uncalled_modules_warnings(self: T, enabled: bool) -> T:
+        """Whether counting logs the modules that never ran (on by default)."""
+        check_flag("enabled", enabled)
         self._warn_uncalled = enabled
         return self
 
@@ -306,6 +333,11 @@ class ModelAnalysis(MetricView):
         other._user_handles = dict(self._user_handles)
         other._recount()
         return other
+
+    def __copy__(self: T) -> T:
+        """``copy.copy(analysis)``: :meth:`copy` — a view of the same run whose handles and modes are its own
+        (a shallow copy would share the handle tables, so its ``set_op_handle`` would change this one's counts)."""
+        return self.copy()
 
 
 JitModelAnalysis = ModelAnalysis
@@ -374,6 +406,9 @@ class ActivationCountAnalysis(ModelAnalysis):
 
 def _per_operator(analysis: ModelAnalysis, supported_ops: dict[str, Handle | None] | None, scale: float
                   ) -> tuple[defaultdict[str, float], Counter[str]]:
+    if supported_ops is not None and not isinstance(supported_ops, Mapping):
+        raise InvalidTypeError(f"supported_ops must be a dict of operator names to handles (or None), got "
+                               f"{type(supported_ops).__name__}")
     if supported_ops:
         analysis.set_op_handle(**supported_ops)
     result: defaultdict[str, float] = defaultdict(float)

@@ -7,6 +7,7 @@ describes each module as plain data for the trace (:class:`~modelmeter.engine.tr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,7 +107,9 @@ _PLAIN_PARAMETERS = (nn.Parameter, torch.Tensor)  # exactly these classes: no DT
 
 
 def _has_forward(module: nn.Module) -> bool:
-    return not isinstance(module, _NO_FORWARD) and type(module).forward is not nn.Module.forward
+    # (read statically: a TorchScript module's class computes ``forward`` on access, and fails on the class)
+    return not isinstance(module, _NO_FORWARD) and inspect.getattr_static(type(module), "forward") is not \
+        nn.Module.forward
 
 
 def _extra_repr(module: nn.Module) -> str:

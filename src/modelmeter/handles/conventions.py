@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, check_flag
 from . import attention, collectives, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
 from .binding import Formula
@@ -51,6 +51,7 @@ def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
     """The convention called ``name``; ``dense_attention=True`` counts masked attention as if dense;
     ``attention_kernel="math"`` counts attention at the math kernel's dense cost (docs/attention.md)."""
     _check_convention(name)
+    check_flag("dense_attention", dense_attention)  # a truthy "no" would count masked attention as dense
     table: dict[str, Handle | CountInside | None] = {}
     for family in (elementwise, reductions, norms, pooling, layers, collectives):
         table.update(family.handles(name))
@@ -79,8 +80,10 @@ def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None,
     """
     if convention is not None:
         _check_convention(convention)
-    if "::" not in op:
-        raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r}")
+    if not isinstance(op, str) or "::" not in op:
+        raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r:.60}")
+    if handle is not None and not callable(handle) and not isinstance(handle, (CountInside, Formula)):
+        raise InvalidTypeError(f"the handle for {op} must be callable or None, got {type(handle).__name__}")
     _REGISTERED.setdefault(op, {})[convention] = handle.bind(op) if isinstance(handle, Formula) else handle
 
 

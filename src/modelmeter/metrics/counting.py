@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..engine.gc_pause import no_gc
 from ..engine.trace import PHASES, OpEvent, TensorMeta, Trace
-from ..errors import InvalidValueError
+from ..errors import InvalidValueError, ModelMeterError
 from ..handles.base import CountInside, Handle, backward_key
 from ..handles.binding import at_overload
 from ..handles.classify import BRIDGE_OPS, Classifier
@@ -212,8 +212,8 @@ class _Visitor:
         if inputs is event.inputs:  # (not an alias's: those its parent placed)
             handle = self.at_overload(handle, event.overload)
         if from_user:  # (the user's code, with arguments an alias may have made: called every time)
-            self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, handle(inputs, event.outputs)),
-                           into)
+            self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, _run(handle, key, inputs,
+                                                                                          event.outputs)), into)
         else:
             items, dtype = self.counted(handle, key, inputs, event.outputs)
             self.tally.add(index, event, self.ancestors(event.scope), items, into, dtype=dtype)
@@ -233,7 +233,7 @@ class _Visitor:
         if ours is None:
             ours = self.ours[code] = _ours(handle)
         if not ours:
-            return _as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs)
+            return _as_items(key, _run(handle, key, inputs, outputs)), _work_dtype(inputs, outputs)
         memo_key = (code, key, len(inputs), *map(id, inputs), *map(id, outputs))
         found = self.results.get(memo_key)
         if found is None:
@@ -426,7 +426,10 @@ def _integer_only(outputs: list[Any]) -> bool:
 def _as_items(op: str, value: Any) -> list[tuple[str, Any]]:
     """A handle's value as (operator key, count) pairs, each count checked."""
     if isinstance(value, Counter):
-        for v in value.values():
+        for k, v in value.items():
+            if not isinstance(k, str):  # (the results key operators by name; JSON would turn 1 into "1")
+                raise InvalidValueError(f"the handle of {op} returned a Counter keyed by {k!r:.40}; its keys are "
+                                        "the names the counts are reported under (strings)")
             _check_number(op, v)
         return list(value.items())
     _check_number(op, value)
@@ -443,13 +446,27 @@ def _short_name(op: str) -> str:
 _SHORT: dict[str, str] = {}
 
 
+def _run(handle: Handle, op: str, inputs: list[Any], outputs: list[Any]) -> Any:
+    """What the user's ``handle`` (set or registered for ``op``, or given to ``supported_ops``) returns for one
+    call; its own failure (a wrong signature, an assertion on shapes) raised as an error naming the operator."""
+    try:
+        return handle(inputs, outputs)
+    except ModelMeterError:
+        raise
+    except Exception as exc:
+        raise InvalidValueError(f"the handle of {op} ({getattr(handle, '__name__', type(handle).__name__)}) "
+                                f"raised {type(exc).__name__}: {exc}"[:500]) from exc
+
+
 def _check_number(op: str, value: Any) -> None:
-    if type(value) is int or type(value) is float:  # what handles return: decided without the ABC check
+    if (type(value) is int or type(value) is float) and not value < 0:  # what handles return: no ABC check
         return
     itemsize = getattr(getattr(value, "dtype", None), "itemsize", 8)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or itemsize < 8:
         raise InvalidValueError(f"the handle of {op} returned {value!r} of type {type(value).__name__}; a handle "
                                 "must return an int or float (64-bit), or a Counter of them")
+    if value < 0:  # (a cost cannot be: a result holding one could not be read back)
+        raise InvalidValueError(f"the handle of {op} returned {value!r}; a cost cannot be negative")
 
 
 class Ancestors:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _version
+from ..errors import InvalidTypeError
 from ..io.atomic import atomic_write
 from . import html_memory, html_parallel, jsontext
 from .columns import shapes_cell
@@ -303,6 +304,10 @@ def _this_torch() -> str:
 def render_html(result: Result, *, compare: Result | None = None, torch_version: str | None = None) -> str:
     """The report page of ``result`` (and its differences to ``compare``), as one self-contained HTML string;
     ``torch_version`` as for :func:`html_data`."""
+    for argument, value in (("result", result), ("compare", compare)):
+        if not isinstance(value, Result) and (argument == "result" or value is not None):
+            raise InvalidTypeError(f"{argument} must be a modelmeter Result (Analysis.result(), Result.from_json), "
+                                   f"got {type(value).__name__}")
     title = f"modelmeter: {result.model}" + (f" vs {compare.model}" if compare is not None else "")
     data = html_data(result, compare, torch_version)
     memory = bool(result.memory)  # the memory analysis's pictures: a page without them stays as it was

@@ -36,7 +36,7 @@ def dumps(value: Any, **options: Any) -> str:
 def loads(text: str | bytes, holder: str) -> Any:
     """``json.loads(text)`` as strict JSON: JSON's ``NaN`` and ``Infinity``, which Python's parser reads and no file
     modelmeter writes holds, are an InvalidValueError saying that ``holder`` (``"a saved trace"``) holds none; so is
-    a key given twice in one object."""
+    a key given twice in one object; malformed JSON is one saying that it is not valid JSON."""
     def refuse(name: str) -> NoReturn:
         raise InvalidValueError(f"{name} is not a value {holder} holds")
 
@@ -48,4 +48,9 @@ def loads(text: str | bytes, holder: str) -> Any:
             twice = next(key for i, (key, _) in enumerate(pairs) if key in (k for k, _ in pairs[:i]))
             raise InvalidValueError(f"the key {twice!r} is given twice in one object; {holder} holds each once")
         return data
-    return json.loads(text, parse_constant=refuse, object_pairs_hook=unique)
+    try:
+        return json.loads(text, parse_constant=refuse, object_pairs_hook=unique)
+    except InvalidValueError:
+        raise
+    except ValueError as exc:  # malformed JSON (json.JSONDecodeError), an integer of too many digits
+        raise InvalidValueError(f"{holder} is not valid JSON: {str(exc)[:200]}") from exc

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, check_flag
 from ..handles.catalog import CONVENTIONS, DESCRIPTIONS
 from .columns import (
     PHASE_COLUMNS,
@@ -51,9 +51,16 @@ def render(result: Result, fmt: str = "table", depth: int = 3, *, width: int | N
     output shapes. A result of a parallel plan (``result.parallel``) has its per-rank table after the modules'
     (``table``, ``markdown`` and ``tree``; :mod:`.ranks`), fitted to the same width.
     """
-    renderer = _RENDERERS.get(fmt)
+    if not isinstance(result, Result):
+        raise InvalidTypeError(f"result must be a modelmeter Result (Analysis.result(), Result.from_json), got "
+                               f"{type(result).__name__}")
+    renderer = _RENDERERS.get(fmt) if isinstance(fmt, str) else None
     if renderer is None:
-        raise InvalidValueError(f"unknown report format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+        raise InvalidValueError(f"unknown report format {fmt!r:.60}; choose one of: {', '.join(FORMATS)}")
+    if columns is not None and (not isinstance(columns, (list, tuple)) or not all(isinstance(k, str) for k in columns)):
+        raise InvalidTypeError(f"columns must be a list of column keys such as ['flops', 'params'], got "
+                               f"{columns!r:.60}")
+    check_flag("shapes", shapes)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise InvalidValueError(f"depth must be a non-negative integer, got {depth!r}")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):

@@ -28,6 +28,9 @@ TIME_METRICS = frozenset({"time", "forward_time", "backward_time", "recompute_ti
 RATIO_METRICS = frozenset({"intensity", "compute_bound"})
 NOT_ADDITIVE = frozenset({"peak_memory"}) | RATIO_METRICS
 ROOFLINE_METRICS = TRAFFIC_METRICS | TIME_METRICS | RATIO_METRICS
+# Every metric a result of modelmeter's analyses may have: asked of one that lacks it, its total is 0.
+KNOWN_METRICS = (frozenset({"flops", "activations", "forward_flops", "backward_flops", "recompute_flops"})
+                 | MEMORY_METRICS | ROOFLINE_METRICS)
 
 
 @dataclass
@@ -99,6 +102,11 @@ class Result:
         return self.modules[0]
 
     def total(self, metric: str) -> float:
+        """The model's total of ``metric``: 0 for a metric of modelmeter's that this result was not counted with
+        (``"time"`` without a device); ``KeyError`` for a name that is no metric (a typo, ``"params"``: that is
+        ``root.params``)."""
+        if not isinstance(metric, str) or (metric not in self.metrics and metric not in KNOWN_METRICS):
+            raise InvalidNameError(f"no metric {metric!r:.60} in the result; its metrics: {', '.join(self.metrics)}")
         return self.root.metrics.get(metric, 0)
 
     def row(self, name: str) -> ModuleRow:
@@ -122,6 +130,8 @@ class Result:
 
     def to_json(self, indent: int | None = 2) -> str:
         """Strict JSON: a cost that is not a finite number (a user handle's NaN) is written as ``null``."""
+        if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
+            raise InvalidValueError(f"indent must be a number of spaces from 0 or None, got {indent!r:.40}")
         return jsontext.dumps(self.to_dict(), indent=indent)
 
     @classmethod
@@ -150,6 +160,8 @@ class Result:
     def from_json(cls, text: str) -> Result:
         """:meth:`from_dict` of JSON text; ``ValueError`` for JSON that is invalid, holds NaN or Infinity or is
         nested too deeply to parse."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise InvalidTypeError(f"a result's JSON is text, got {type(text).__name__}")
         try:
             data = jsontext.loads(text, "a result")
         except RecursionError:
