@@ -43,6 +43,7 @@ import functools
 import hashlib
 import json
 import logging
+import operator
 import os
 import re
 import site
@@ -51,7 +52,7 @@ import sysconfig
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,12 +169,14 @@ def _code_file(obj: Any) -> str | None:
     if isinstance(obj, types.FunctionType):
         return obj.__code__.co_filename
     if isinstance(obj, type):
+        own = f"{obj.__qualname__}."
         for member in vars(obj).values():
             if isinstance(member, (staticmethod, classmethod)):
                 member = member.__func__
             elif isinstance(member, property):
                 member = member.fget
-            if isinstance(member, types.FunctionType):
+            # only a function of the class's own body: an Enum's class holds enum's _generate_next_value_
+            if isinstance(member, types.FunctionType) and member.__qualname__.startswith(own):
                 return member.__code__.co_filename
     return None
 
@@ -327,6 +330,93 @@ def object_state(v: Any) -> dict[str, Any] | None:
     return state if has_state else None
 
 
+def _is_module(value: Any) -> bool:
+    """By its type: ``isinstance`` would ask a value for its ``__class__`` (a deprecated torch name warns then)."""
+    return issubclass(type(value), types.ModuleType)
+
+
+def _unwrapped(value: Any) -> Any:
+    """``value`` without the wrappers torch's own code puts around functions (importing ``torch._dynamo`` wraps
+    ``torch.manual_seed``): a process that imported more of torch names the same function."""
+    for _ in range(8):
+        if not (isinstance(value, types.FunctionType) and value.__code__.co_filename.startswith(_TORCH_DIR)):
+            break
+        inner = vars(value).get("__wrapped__")
+        if inner is None:
+            break
+        value = inner
+    return value
+
+
+def _users(value: Any) -> bool:
+    """Whether a callable found in an installed module's namespace is the user's (put there by the user:
+    ``F.gelu = my_gelu``): a function, class or instance's class of a module that is not installed (``__main__``, a
+    module of the user's); a function also by the file of its code."""
+    kind = value if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)) else type(value)
+    if _module_library(_owner_module(kind), None) is not None:
+        return False
+    return not isinstance(kind, types.FunctionType) or _user_file(kind.__code__.co_filename)
+
+
+@dataclass
+class _NamespaceRecord:
+    """An installed module's namespace as the persistent key says it, with the values it was made from (compared
+    by identity: a record is made again when one changed)."""
+
+    names: list[str]
+    values: list[Any]
+    #: a digest of (name, owner module, qualified name) of each installed callable, a module by its name
+    record: str
+    users: tuple[tuple[str, Any], ...]  #: the user's code under its names, walked as code by each key
+    named: tuple[types.ModuleType, ...]  #: the modules of torch or of its own package it names
+
+    def same(self, module: types.ModuleType) -> bool:
+        namespace = vars(module)
+        return (len(namespace) == len(self.values) and all(map(operator.is_, namespace.values(), self.values))
+                and list(namespace) == self.names)
+
+
+#: An installed module's name -> its namespace's record, as last made.
+_NAMESPACE_RECORDS: dict[str, _NamespaceRecord] = {}
+
+
+def namespace_record(module: types.ModuleType) -> _NamespaceRecord:
+    """The record of ``module``'s namespace: what each name holds that the library's code may call — a function
+    or class by where it comes from, so ``F.gelu = F.relu`` shows in the name's record, and the user's code
+    (``F.gelu = my_gelu``) apart, for the key to walk. Submodules are left out (a process that imported more of a
+    package has more of them), and so are plain values. Made once per state of the namespace."""
+    kept = _NAMESPACE_RECORDS.get(module.__name__)
+    if kept is not None and kept.same(module):
+        return kept
+    namespace = vars(module)
+    top = module.__name__.partition(".")[0]
+    records: list[tuple[Any, ...]] = []
+    users: list[tuple[str, Any]] = []
+    named: list[types.ModuleType] = []
+    for name, value in namespace.items():
+        if _is_module(value):
+            if value.__name__ == f"{module.__name__}.{name}":
+                continue
+            if _module_library(value.__name__, _module_file(value)) is None:
+                users.append((name, value))
+                continue
+            records.append((name, "module", value.__name__))
+            if value.__name__.partition(".")[0] in (top, "torch"):
+                named.append(value)
+        elif callable(value):
+            target = _unwrapped(value)
+            if _users(target):
+                users.append((name, target))
+            elif isinstance(target, (type, types.FunctionType, types.BuiltinFunctionType)):
+                records.append((name, _owner_module(target), getattr(target, "__qualname__", None)))
+            else:  # an instance: by its class (asking it for names could run its __getattr__: torch.ops)
+                records.append((name, "instance", type(target).__module__, type(target).__qualname__))
+    made = _NamespaceRecord(list(namespace), list(namespace.values()), _digest("namespace", sorted(records, key=repr)),
+                            tuple(sorted(users, key=lambda item: item[0])), tuple(named))
+    _NAMESPACE_RECORDS[module.__name__] = made
+    return made
+
+
 NOT_CODE = object()  # what :meth:`CodeWalk.code_value` returns for a value that is not code
 
 
@@ -347,6 +437,7 @@ class CodeWalk:
         self._user_modules: dict[str, types.ModuleType] = {}
         self._memo: dict[Any, tuple[Any, Any]] = {}  # id (with the mode, for values) -> (object kept alive, fp)
         self._as_code = 0
+        self.libraries: dict[int, types.ModuleType] = {}  # installed modules whose code the walk reaches, by id
 
     def value(self, v: Any, depth: int = 0) -> Any:
         """The key of a value the code refers to (or a model attribute, an input...)."""
@@ -415,7 +506,18 @@ class CodeWalk:
         installed = _module_library(module.__name__, _module_file(module))
         if installed is None:
             self._user_modules.setdefault(module.__name__, module)
+        else:
+            self.libraries[id(module)] = module
         return ("python module", module.__name__, installed)
+
+    def read_by(self, classes: Iterable[type]) -> None:
+        """Note the modules installed ``classes`` are defined in: their code reads those modules' globals
+        (``F.linear`` in ``nn.Linear.forward``), which the user may have replaced."""
+        modules = sys.modules
+        for cls in classes:
+            module = modules.get(cls.__module__)
+            if module is not None and cls is not object:
+                self.libraries[id(module)] = module
 
     def user_modules(self) -> tuple[Any, ...]:
         """The values, in every user module reached, of every name the user's code may look up — until no
@@ -431,6 +533,29 @@ class CodeWalk:
                     done[module_name, name] = self.value(vars(self._user_modules[module_name])[name])
         return tuple(sorted(done.items()))
 
+    def library_modules(self) -> dict[str, types.ModuleType]:
+        """The installed modules the walk reached (:meth:`read_by`, :meth:`python_module`) and the modules of torch
+        or of the same package those name (``torch.nn.modules.linear`` -> ``torch.nn.functional``), by name: their
+        code looks names up in these namespaces at run time, where the user may have put a function of theirs."""
+        modules = {module.__name__: module for module in self.libraries.values()}
+        for module in list(modules.values()):
+            for named in namespace_record(module).named:
+                modules.setdefault(named.__name__, named)
+        return dict(sorted(modules.items()))
+
+    def reached(self) -> tuple[tuple[Any, ...], dict[str, types.ModuleType], tuple[Any, ...]]:
+        """:meth:`user_modules`, :meth:`library_modules` and the user's code found in those (``F.gelu = my_gelu``:
+        walked as code, each by its module and name) — until that code brings no new module or name."""
+        while True:
+            users = self.user_modules()
+            reached = (len(self.libraries), len(self._user_modules), len(self._names))
+            modules = self.library_modules()
+            with self._code_constants():
+                code = tuple((name, user, self.value(value)) for name, module in modules.items()
+                             for user, value in namespace_record(module).users)
+            if reached == (len(self.libraries), len(self._user_modules), len(self._names)):
+                return users, modules, code
+
     def klass(self, cls: type) -> Any:
         """A class: for each class of its MRO outside torch, the code of its methods and its class attributes."""
         key = id(cls)
@@ -444,6 +569,7 @@ class CodeWalk:
                 base_name = f"{base.__module__}.{base.__qualname__}"
                 installed = library(base)
                 if installed is not None:
+                    self.read_by((base,))
                     parts.append((base_name, installed))
                     continue
                 body = []
@@ -566,7 +692,7 @@ class _Fingerprint(CodeWalk):
         if isinstance(v, _TORCH_VALUES):
             return (kind.__name__, str(v))
         if isinstance(v, enum.Enum):
-            return ("enum", f"{kind.__module__}.{kind.__qualname__}", v.name)
+            return ("enum", self.klass(kind), v.name)  # its class by its code: the members' values and methods
         code = self.code_value(v, depth)
         if code is not NOT_CODE:
             return code
@@ -863,7 +989,10 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         fp.add("parallel", spec.parallel.key())
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
-    fp.add("user modules", fp.user_modules())
+    users, modules, code = fp.reached()
+    fp.add("user modules", users)
+    fp.add("library namespaces", tuple((name, namespace_record(module).record) for name, module in modules.items()),
+           code)
     constants = list(fp.constant_tensors.values())
     constant_values = bytes_digest(constants)
     if constant_values is None:

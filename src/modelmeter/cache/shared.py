@@ -33,7 +33,6 @@ import enum
 import functools
 import operator
 import os
-import sys
 import threading
 import types
 import weakref
@@ -98,7 +97,6 @@ class _State(CodeWalk):
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
         self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
         self._layouts: dict[type, _Layout] = {}  # a module class -> the layout of the last instance's __dict__
-        self._libraries: dict[int, types.ModuleType] = {}  # installed modules whose code the call runs, by id
 
     @property
     def held(self) -> list[Any]:
@@ -120,34 +118,21 @@ class _State(CodeWalk):
         and costs a look-up, where walking its MRO costs more than the rest of a small model's key."""
         bases = cls.__mro__[1:]
         if _INSTALLED_CLASSES.get(cls) == bases:  # (a class whose bases were reassigned is looked at again)
-            self._read_by(cls.__mro__)
+            self.read_by(cls.__mro__)
             return ("installed class", cls)
         installed = [base for base in cls.__mro__ if library(base) is not None]
-        self._read_by(installed)
+        self.read_by(installed)
         if len(installed) == len(cls.__mro__):
             _INSTALLED_CLASSES[cls] = bases
             return ("installed class", cls)
         return super().klass(cls)
 
-    def _read_by(self, classes: Iterable[type]) -> None:
-        """Note the modules installed ``classes`` are defined in: their code reads those modules' globals."""
-        modules = sys.modules
-        for cls in classes:
-            module = modules.get(cls.__module__)
-            if module is not None and cls is not object:
-                self._libraries[id(module)] = module
-
-    def python_module(self, module: types.ModuleType) -> Any:
-        """A module the code names: as the persistent key has it, an installed one noted (:meth:`namespaces`)."""
-        record = super().python_module(module)
-        if record[2] is not None:
-            self._libraries[id(module)] = module
-        return record
-
-    def namespaces(self) -> tuple[tuple[str, int], ...]:
-        """The installed modules whose code the call runs, each by its namespace's generation
-        (:class:`_Namespaces`): a library function replaced by the user's (``F.linear = mine``) changes it."""
-        return NAMESPACES.generations(list(self._libraries.values()))
+    def lookups(self) -> tuple[Any, ...]:
+        """What the code walked may look up (:meth:`CodeWalk.reached`), the installed modules whose code the call
+        runs each by its namespace's generation (:class:`_Namespaces`): a library function replaced by the user's
+        (``F.linear = mine``) changes it, and the user's code put there is walked."""
+        users, _, code = self.reached()
+        return users, NAMESPACES.generations(list(self.libraries.values())), code
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -194,8 +179,8 @@ class _State(CodeWalk):
             return (kind, obj)
         if isinstance(obj, torch.Tensor):
             return ("tensor", self.tensor(obj))
-        if isinstance(obj, enum.Enum):
-            return (kind, obj.name)
+        if isinstance(obj, enum.Enum):  # its class by its code: the members' values and methods
+            return ("enum", self.klass(kind), obj.name)
         if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
             return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
         code = self.code_value(obj, depth)
@@ -422,8 +407,7 @@ def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]]
                    tuple(state.modules()),
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
-                   state.user_modules(),  # what every piece of code walked above may look up
-                   state.namespaces())  # last: the installed modules everything above names
+                   state.lookups())  # last: what every piece of code walked above may look up
             return _Key(key), state.alive, state.held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
