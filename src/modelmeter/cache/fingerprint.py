@@ -330,7 +330,7 @@ def object_state(v: Any) -> dict[str, Any] | None:
     return state if has_state else None
 
 
-def _is_module(value: Any) -> bool:
+def is_module(value: Any) -> bool:
     """By its type: ``isinstance`` would ask a value for its ``__class__`` (a deprecated torch name warns then)."""
     return issubclass(type(value), types.ModuleType)
 
@@ -394,7 +394,7 @@ def namespace_record(module: types.ModuleType) -> _NamespaceRecord:
     users: list[tuple[str, Any]] = []
     named: list[types.ModuleType] = []
     for name, value in namespace.items():
-        if _is_module(value):
+        if is_module(value):
             if value.__name__ == f"{module.__name__}.{name}":
                 continue
             if _module_library(value.__name__, _module_file(value)) is None:

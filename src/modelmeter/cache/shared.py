@@ -56,6 +56,7 @@ from .fingerprint import (
     CodeWalk,
     Uncacheable,
     bytes_digest,
+    is_module,
     library,
     object_state,
     own_attributes,
@@ -538,7 +539,7 @@ class _Namespace:
         self.names, self.values = list(namespace), list(namespace.values())
         top = module.__name__.partition(".")[0]
         self.named = [value for value in self.values
-                      if _is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
+                      if is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
 
     def same(self, module: types.ModuleType) -> bool | None:
         """Whether ``module`` holds the same objects under the same names as when seen: True; else None where what
@@ -556,12 +557,7 @@ class _Namespace:
             return False  # (a name removed: removing one moves every later one up)
         if not kept and not all(map(_rewrapped, values, self.values)):
             return False
-        return None if all(map(_is_module, values[size:])) else False
-
-
-def _is_module(value: Any) -> bool:
-    """By its type: ``isinstance`` would ask a value for its ``__class__`` (a deprecated torch name warns then)."""
-    return issubclass(type(value), types.ModuleType)
+        return None if all(map(is_module, values[size:])) else False
 
 
 def _rewrapped(new: Any, old: Any) -> bool:
