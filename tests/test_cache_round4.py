@@ -173,3 +173,34 @@ def test_an_enums_method_reading_a_global_records_again_in_process(monkeypatch: 
     assert FlopCountAnalysis(model, x).trace is kept.trace  # unchanged: shared
     monkeypatch.setattr(sys.modules[__name__], "SCALE", 3)
     assert FlopCountAnalysis(model, x).total() == fresh(model, x) == 3 * first.total()
+
+
+class AddsTwo(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a * 2 + b).sum()
+
+
+def two_key(model: nn.Module, *args: torch.Tensor) -> str:
+    k = trace_key(RunSpec(model, args))
+    assert k is not None
+    return k
+
+
+def test_inputs_that_are_views_of_one_storage_are_keyed_as_such() -> None:
+    from modelmeter.memory import MemoryAnalysis
+
+    def peaks(*args: torch.Tensor) -> tuple[int, int]:
+        SHARED.clear()
+        oracle = MemoryAnalysis(AddsTwo(), args, cache=False).peak()
+        SHARED.clear()
+        return oracle, MemoryAnalysis(AddsTwo(), args, cache=True).peak()
+
+    big = torch.randn(100, 64, 64)
+    separate = (torch.randn(64, 64), torch.randn(64, 64))
+    separate_peak, _ = peaks(*separate)  # stored first: views of a 100x larger base must not be served its trace
+    views_peak, served = peaks(big[50], big[51])
+    assert served == views_peak > 20 * separate_peak  # the whole base (1.6 MB) is live
+    assert peaks(big[49], big[50]) == (views_peak, views_peak)
+    assert two_key(AddsTwo(), big[50], big[51]) == two_key(AddsTwo(), *torch.randn(100, 64, 64)[50:52])  # a hit
+    assert two_key(AddsTwo(), big[50], big[51]) != two_key(AddsTwo(), big[50], big[50])  # one storage, one offset
+    assert two_key(AddsTwo(), big[50], big[51]) != two_key(AddsTwo(), big[50], torch.randn(100, 64, 64)[51])

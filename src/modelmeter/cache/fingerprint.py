@@ -641,6 +641,7 @@ class _Fingerprint(CodeWalk):
         self.module_paths: dict[int, str] = {}
         self.tensors: list[torch.Tensor] = []
         self._tensor_index: dict[int, int] = {}
+        self._storage_index: dict[tuple[str, int], int] = {}  # (device, address) -> order of first appearance
         self.constant_tensors: dict[int, torch.Tensor] = {}  # tensors code refers to: keyed by value
         self._active: set[int] = set()
 
@@ -672,7 +673,22 @@ class _Fingerprint(CodeWalk):
         kind = type(t)
         subclass = None if kind in _TORCH_TENSOR_TYPES or _is_torch(kind.__module__) else self.klass(kind)
         return (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
-                _text(t.layout), stride, bool(t.requires_grad))
+                _text(t.layout), stride, bool(t.requires_grad), self.storage(t))
+
+    def storage(self, t: torch.Tensor) -> Any:
+        """Where a tensor lies in its storage — which of the storages met (views of one base share it, as the run's
+        stand-ins do), its size and the tensor's offset —, for a tensor with an address; else None. Two views of a
+        large base are one large storage to the run, two tensors of their size two small ones (the peak differs)."""
+        try:
+            storage = t.untyped_storage()
+            offset = t.storage_offset()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, quantized, a subclass without storage
+            return None
+        nbytes = storage.nbytes()
+        if nbytes == 0 or storage.device.type == "meta":  # no address to tell storages apart by
+            return None
+        index = self._storage_index.setdefault((_text(storage.device), storage.data_ptr()), len(self._storage_index))
+        return (index, nbytes, offset)
 
     # values -------------------------------------------------------------------------------------
     def value(self, v: Any, depth: int = 0) -> Any:
