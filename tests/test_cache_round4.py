@@ -204,3 +204,42 @@ def test_inputs_that_are_views_of_one_storage_are_keyed_as_such() -> None:
     assert two_key(AddsTwo(), big[50], big[51]) == two_key(AddsTwo(), *torch.randn(100, 64, 64)[50:52])  # a hit
     assert two_key(AddsTwo(), big[50], big[51]) != two_key(AddsTwo(), big[50], big[50])  # one storage, one offset
     assert two_key(AddsTwo(), big[50], big[51]) != two_key(AddsTwo(), big[50], torch.randn(100, 64, 64)[51])
+
+
+def doubled_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(torch.cat([x] * REPEAT), self.weight, self.bias)
+
+
+def test_a_method_of_an_installed_class_replaced_changes_both_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = nn.Sequential(nn.Linear(16, 16), nn.ReLU()), torch.randn(4, 16)
+    base = key(model, x)
+    plain = FlopCountAnalysis(model, x)
+    assert plain.total() == fresh(model, x)
+    monkeypatch.setattr(nn.Linear, "forward", doubled_linear)  # the user's method on torch's class
+    assert key(model, x) != base
+    doubled = FlopCountAnalysis(model, x).total()  # in-process: recorded anew
+    assert doubled == fresh(model, x) == 2 * plain.total()
+    assert analyze(model, x, cache=True).flops.total() == doubled  # the disk: not the plain run's entry
+    monkeypatch.setattr(sys.modules[__name__], "REPEAT", 3)  # what the user's method reads
+    assert FlopCountAnalysis(model, x).total() == fresh(model, x) == 3 * plain.total()
+    monkeypatch.setattr(nn.ReLU, "forward", nn.Identity.forward)  # one of torch's methods in another's place
+    relu_swapped = key(model, x)
+    monkeypatch.undo()
+    assert relu_swapped != key(model, x) == base  # put back: the same key (a hit)
+
+
+def test_the_class_records_keep_no_class_alive() -> None:
+    """A class made at run time that counts as installed (torch.fx makes one per GraphModule) is freed with its last
+    user, after both keys read its namespace."""
+    import gc
+    import weakref
+
+    from modelmeter.cache.shared import call_state
+
+    made = type("Made", (nn.Linear,), {"__module__": "torch.nn.modules.linear"})
+    spec = RunSpec(made(2, 2), (torch.randn(1, 2),))
+    assert trace_key(spec) is not None and call_state(spec) is not None
+    ref = weakref.ref(made)
+    del made, spec
+    gc.collect()
+    assert ref() is None

@@ -43,7 +43,6 @@ import functools
 import hashlib
 import json
 import logging
-import operator
 import os
 import re
 import site
@@ -52,7 +51,8 @@ import sysconfig
 import threading
 import time
 import types
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -349,35 +349,52 @@ def _unwrapped(value: Any) -> Any:
 
 
 def _users(value: Any) -> bool:
-    """Whether a callable found in an installed module's namespace is the user's (put there by the user:
-    ``F.gelu = my_gelu``): a function, class or instance's class of a module that is not installed (``__main__``, a
-    module of the user's); a function also by the file of its code."""
-    kind = value if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)) else type(value)
-    if _module_library(_owner_module(kind), None) is not None:
-        return False
-    return not isinstance(kind, types.FunctionType) or _user_file(kind.__code__.co_filename)
+    """Whether a callable found in an installed module's or class's namespace is the user's (put there by the user:
+    ``F.gelu = my_gelu``): a function of a user file, or a class or an instance of a class of a module of the user's
+    (``__main__``, a script's, a project's). Compiled code (no such module) is the library's."""
+    kind = type(value)
+    if kind is types.FunctionType:
+        return _user_file(value.__code__.co_filename) and _module_library(value.__module__, None) is None
+    module = (value if issubclass(kind, type) else kind).__module__
+    return isinstance(module, str) and module in sys.modules and _module_library(module, None) is None
 
 
 @dataclass
 class _NamespaceRecord:
-    """An installed module's namespace as the persistent key says it, with the values it was made from (compared
-    by identity: a record is made again when one changed)."""
+    """An installed module's or class's namespace as the keys say it, with the identities of the values it was made
+    from (a record is made again when one changed)."""
 
     names: list[str]
-    values: list[Any]
     #: a digest of (name, owner module, qualified name) of each installed callable, a module by its name
     record: str
     users: tuple[tuple[str, Any], ...]  #: the user's code under its names, walked as code by each key
     named: tuple[types.ModuleType, ...]  #: the modules of torch or of its own package it names
+    ids: list[int] = field(default_factory=list)  #: the values' ids, trusted while :attr:`held` are alive
+    held: list[Any] = field(default_factory=list)  #: the values: weakly where they can be, plain values as such
+    died: bool = False  #: whether a value held weakly died (its id may name another object now)
 
-    def same(self, module: types.ModuleType) -> bool:
-        namespace = vars(module)
-        return (len(namespace) == len(self.values) and all(map(operator.is_, namespace.values(), self.values))
-                and list(namespace) == self.names)
+    def hold(self, values: Iterable[Any]) -> None:
+        """Keep ``values``' ids, and the values: weakly where they can be (a method's ``__class__`` cell would keep
+        its class alive), each weak reference marking the record when its value dies."""
+        def died(_: Any) -> None:
+            self.died = True
+
+        for value in values:
+            self.ids.append(id(value))
+            try:
+                self.held.append(weakref.ref(value, died))
+            except TypeError:  # a plain value held; a descriptor (the class's __dict__ names the class) is not:
+                if type(value) in _PLAIN or type(value) is tuple:  # it lives while its class does
+                    self.held.append(value)
+
+    def same(self, namespace: Mapping[str, Any]) -> bool:
+        return not self.died and list(map(id, namespace.values())) == self.ids and list(namespace) == self.names
 
 
 #: An installed module's name -> its namespace's record, as last made.
 _NAMESPACE_RECORDS: dict[str, _NamespaceRecord] = {}
+#: An installed class -> its own namespace's record, as last made (the class not kept alive).
+_CLASS_RECORDS: weakref.WeakKeyDictionary[type, _NamespaceRecord] = weakref.WeakKeyDictionary()
 
 
 def namespace_record(module: types.ModuleType) -> _NamespaceRecord:
@@ -386,34 +403,59 @@ def namespace_record(module: types.ModuleType) -> _NamespaceRecord:
     (``F.gelu = my_gelu``) apart, for the key to walk. Submodules are left out (a process that imported more of a
     package has more of them), and so are plain values. Made once per state of the namespace."""
     kept = _NAMESPACE_RECORDS.get(module.__name__)
-    if kept is not None and kept.same(module):
-        return kept
-    namespace = vars(module)
-    top = module.__name__.partition(".")[0]
+    if kept is None or not kept.same(vars(module)):
+        kept = _NAMESPACE_RECORDS[module.__name__] = _described(module.__name__, vars(module))
+    return kept
+
+
+def class_record(cls: type) -> _NamespaceRecord:
+    """:func:`namespace_record` of an installed class's own namespace: a method the user replaced
+    (``nn.Linear.forward = mine``, ``nn.Module._call_impl = ...``) is walked as code, one of the library's put in
+    its place named."""
+    kept = _CLASS_RECORDS.get(cls)
+    if kept is None or not kept.same(vars(cls)):
+        kept = _CLASS_RECORDS[cls] = _described(f"{cls.__module__}.{cls.__qualname__}", vars(cls))
+    return kept
+
+
+def _function_of(member: Any) -> Any:
+    """The function a class member runs: a static or class method's, a property's getter; else the member."""
+    kind = type(member)  # (not isinstance: it asks a deprecated torch name for its __class__, which warns)
+    if issubclass(kind, (staticmethod, classmethod)):
+        return member.__func__
+    if issubclass(kind, property):
+        return member.fget
+    return member
+
+
+def _described(name: str, namespace: Mapping[str, Any]) -> _NamespaceRecord:
+    """The :class:`_NamespaceRecord` of the namespace ``namespace`` of the module or class ``name``."""
+    top = name.partition(".")[0]
     records: list[tuple[Any, ...]] = []
     users: list[tuple[str, Any]] = []
     named: list[types.ModuleType] = []
-    for name, value in namespace.items():
+    for key, member in namespace.items():
+        value = _function_of(member)
         if is_module(value):
-            if value.__name__ == f"{module.__name__}.{name}":
+            if value.__name__ == f"{name}.{key}":
                 continue
             if _module_library(value.__name__, _module_file(value)) is None:
-                users.append((name, value))
+                users.append((key, value))
                 continue
-            records.append((name, "module", value.__name__))
+            records.append((key, "module", value.__name__))
             if value.__name__.partition(".")[0] in (top, "torch"):
                 named.append(value)
         elif callable(value):
             target = _unwrapped(value)
             if _users(target):
-                users.append((name, target))
-            elif isinstance(target, (type, types.FunctionType, types.BuiltinFunctionType)):
-                records.append((name, _owner_module(target), getattr(target, "__qualname__", None)))
+                users.append((key, target))
+            elif issubclass(type(target), (type, types.FunctionType, types.BuiltinFunctionType)):
+                records.append((key, _owner_module(target), getattr(target, "__qualname__", None)))
             else:  # an instance: by its class (asking it for names could run its __getattr__: torch.ops)
-                records.append((name, "instance", type(target).__module__, type(target).__qualname__))
-    made = _NamespaceRecord(list(namespace), list(namespace.values()), _digest("namespace", sorted(records, key=repr)),
+                records.append((key, "instance", type(target).__module__, type(target).__qualname__))
+    made = _NamespaceRecord(list(namespace), _digest("namespace", sorted(records, key=repr)),
                             tuple(sorted(users, key=lambda item: item[0])), tuple(named))
-    _NAMESPACE_RECORDS[module.__name__] = made
+    made.hold(namespace.values())
     return made
 
 
@@ -438,6 +480,7 @@ class CodeWalk:
         self._memo: dict[Any, tuple[Any, Any]] = {}  # id (with the mode, for values) -> (object kept alive, fp)
         self._as_code = 0
         self.libraries: dict[int, types.ModuleType] = {}  # installed modules whose code the walk reaches, by id
+        self._namespaces: dict[str, _NamespaceRecord] = {}  # their records, and those of the modules they name
 
     def value(self, v: Any, depth: int = 0) -> Any:
         """The key of a value the code refers to (or a model attribute, an input...)."""
@@ -533,28 +576,32 @@ class CodeWalk:
                     done[module_name, name] = self.value(vars(self._user_modules[module_name])[name])
         return tuple(sorted(done.items()))
 
-    def library_modules(self) -> dict[str, types.ModuleType]:
+    def library_namespaces(self) -> dict[str, _NamespaceRecord]:
         """The installed modules the walk reached (:meth:`read_by`, :meth:`python_module`) and the modules of torch
-        or of the same package those name (``torch.nn.modules.linear`` -> ``torch.nn.functional``), by name: their
-        code looks names up in these namespaces at run time, where the user may have put a function of theirs."""
-        modules = {module.__name__: module for module in self.libraries.values()}
-        for module in list(modules.values()):
-            for named in namespace_record(module).named:
-                modules.setdefault(named.__name__, named)
-        return dict(sorted(modules.items()))
+        or of the same package those name (``torch.nn.modules.linear`` -> ``torch.nn.functional``), each by name and
+        :func:`namespace_record`: their code looks names up in these namespaces at run time, where the user may have
+        put a function of theirs."""
+        records = self._namespaces
+        for module in list(self.libraries.values()):
+            if module.__name__ not in records:
+                records[module.__name__] = namespace_record(module)
+            for named in records[module.__name__].named:
+                if named.__name__ not in records:
+                    records[named.__name__] = namespace_record(named)
+        return dict(sorted(records.items()))
 
-    def reached(self) -> tuple[tuple[Any, ...], dict[str, types.ModuleType], tuple[Any, ...]]:
-        """:meth:`user_modules`, :meth:`library_modules` and the user's code found in those (``F.gelu = my_gelu``:
+    def reached(self) -> tuple[tuple[Any, ...], dict[str, _NamespaceRecord], tuple[Any, ...]]:
+        """:meth:`user_modules`, :meth:`library_namespaces` and the user's code found in those (``F.gelu = my_gelu``:
         walked as code, each by its module and name) — until that code brings no new module or name."""
         while True:
             users = self.user_modules()
             reached = (len(self.libraries), len(self._user_modules), len(self._names))
-            modules = self.library_modules()
+            records = self.library_namespaces()
             with self._code_constants():
-                code = tuple((name, user, self.value(value)) for name, module in modules.items()
-                             for user, value in namespace_record(module).users)
+                code = tuple((name, user, self.value(value)) for name, record in records.items()
+                             for user, value in record.users)
             if reached == (len(self.libraries), len(self._user_modules), len(self._names)):
-                return users, modules, code
+                return users, records, code
 
     def klass(self, cls: type) -> Any:
         """A class: for each class of its MRO outside torch, the code of its methods and its class attributes."""
@@ -570,7 +617,7 @@ class CodeWalk:
                 installed = library(base)
                 if installed is not None:
                     self.read_by((base,))
-                    parts.append((base_name, installed))
+                    parts.append((base_name, installed, self.installed_class(base)))
                     continue
                 body = []
                 for attr, member in vars(base).items():
@@ -579,6 +626,19 @@ class CodeWalk:
                     body.append((attr, self._member(member)))
                 parts.append((base_name, tuple(sorted(body, key=lambda item: item[0]))))
         fp = self.pack("class", (name, tuple(parts)))
+        self._memo[key] = (cls, fp)
+        return fp
+
+    def installed_class(self, cls: type) -> Any:
+        """An installed class's own namespace, by :func:`class_record`: the user's code put there walked as code."""
+        if cls is object:
+            return None
+        key = ("installed class", id(cls))
+        if key in self._memo:  # (each class once per key: nn.Module is in every module's MRO)
+            return self._memo[key][1]
+        made = class_record(cls)
+        with self._code_constants():
+            fp = (made.record, tuple((name, self.value(value)) for name, value in made.users))
         self._memo[key] = (cls, fp)
         return fp
 
@@ -1005,10 +1065,9 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         fp.add("parallel", spec.parallel.key())
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
-    users, modules, code = fp.reached()
+    users, records, code = fp.reached()
     fp.add("user modules", users)
-    fp.add("library namespaces", tuple((name, namespace_record(module).record) for name, module in modules.items()),
-           code)
+    fp.add("library namespaces", tuple((name, record.record) for name, record in records.items()), code)
     constants = list(fp.constant_tensors.values())
     constant_values = bytes_digest(constants)
     if constant_values is None:

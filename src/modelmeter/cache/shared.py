@@ -120,12 +120,12 @@ class _State(CodeWalk):
         bases = cls.__mro__[1:]
         if _INSTALLED_CLASSES.get(cls) == bases:  # (a class whose bases were reassigned is looked at again)
             self.read_by(cls.__mro__)
-            return ("installed class", cls)
+            return ("installed class", cls, tuple(map(self.installed_class, cls.__mro__)))
         installed = [base for base in cls.__mro__ if library(base) is not None]
         self.read_by(installed)
         if len(installed) == len(cls.__mro__):
             _INSTALLED_CLASSES[cls] = bases
-            return ("installed class", cls)
+            return ("installed class", cls, tuple(map(self.installed_class, cls.__mro__)))
         return super().klass(cls)
 
     def lookups(self) -> tuple[Any, ...]:
