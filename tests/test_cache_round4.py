@@ -243,3 +243,33 @@ def test_the_class_records_keep_no_class_alive() -> None:
     del made, spec
     gc.collect()
     assert ref() is None
+
+
+def doubled_grads(module: nn.Module, grad_input: Any, grad_output: Any) -> Any:
+    return tuple(None if g is None else g * 2 for g in grad_input)
+
+
+@pytest.mark.parametrize("where", ["module", "every module"])
+def test_a_backward_hook_is_keyed(where: str) -> None:
+    """A full backward hook wraps the module's call in BackwardHookFunctions (in the forward pass too): the trace
+    differs, so neither cache may answer with the trace of the model without it."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(4, 16, requires_grad=True)  # (a full hook on the first module wants an input with a gradient)
+    base = key(model, x)
+    plain = analyze(model, x, backward=True, cache=True)
+    assert len(plain.trace.events) == len(analyze(model, x, backward=True, cache=False).trace.events)
+    if where == "module":
+        handle = model[0].register_full_backward_hook(doubled_grads)
+    else:
+        handle = nn.modules.module.register_module_full_backward_hook(doubled_grads)
+    try:
+        assert key(model, x) != base
+        shared = analyze(model, x, backward=True)  # in-process: not the plain run's recording
+        SHARED.clear()
+        oracle = analyze(model, x, backward=True, cache=False).trace.events
+        SHARED.clear()
+        disk = analyze(model, x, backward=True, cache=True)  # the disk: not the plain run's entry
+        assert shared.trace.events == oracle == disk.trace.events != plain.trace.events
+    finally:
+        handle.remove()
+    assert key(model, x) == base

@@ -62,9 +62,11 @@ from torch import nn
 
 from .. import _version as modelmeter_version
 from .._torch_compat import (
+    backward_hooks,
     buffers_of,
     children_of,
     forward_hook_tables,
+    global_backward_hooks,
     global_forward_hooks,
     non_persistent_buffers,
     parameters_of,
@@ -676,15 +678,22 @@ class CodeWalk:
         return NOT_CODE
 
     def hooks(self, module: nn.Module) -> Any:
-        """A module's forward pre-hooks and hooks, each with its flags."""
+        """A module's forward pre-hooks and hooks, each with its flags, and its backward hooks (:meth:`backward`)."""
         def table(hooks: dict[int, Any], *flags: dict[int, Any]) -> Any:
             return tuple((self.value(h), *(i in f for f in flags)) for i, h in hooks.items())
 
-        return tuple(table(*tables) for tables in forward_hook_tables(module))
+        return (*(table(*tables) for tables in forward_hook_tables(module)), self.backward(*backward_hooks(module)))
+
+    def backward(self, pre: dict[int, Any], hooks: dict[int, Any], full: bool | None) -> Any:
+        """Backward pre-hooks and hooks, and whether they are full ones; None where there are none."""
+        if not pre and not hooks:
+            return None
+        return (tuple(map(self.value, pre.values())), tuple(map(self.value, hooks.values())), full)
 
     def global_hooks(self) -> tuple[Any, ...]:
-        """The forward pre-hooks and hooks registered for every module."""
-        return tuple(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks())
+        """The forward pre-hooks and hooks, and the backward ones, registered for every module."""
+        return (*(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks()),
+                self.backward(*global_backward_hooks()))
 
 
 class _Fingerprint(CodeWalk):
@@ -866,7 +875,8 @@ class _Fingerprint(CodeWalk):
     def module_hooks(self, module: nn.Module) -> Any:
         """:meth:`hooks`, at once for a module without forward hooks (nearly every one)."""
         pre, hooks = forward_hook_tables(module)
-        if not pre[0] and not hooks[0]:
+        backward_pre, backward, _ = backward_hooks(module)
+        if not pre[0] and not hooks[0] and not backward_pre and not backward:
             return _NO_HOOKS
         return self.hooks(module)
 
@@ -886,7 +896,7 @@ def own_attributes(keys: tuple[Any, ...]) -> tuple[Any, ...]:
     return own
 
 
-_NO_HOOKS = ((), ())  # what :meth:`CodeWalk.hooks` gives for a module without forward pre-hooks or hooks
+_NO_HOOKS = ((), (), None)  # what :meth:`CodeWalk.hooks` gives for a module without hooks
 #: Tensor classes of torch itself (a subclass of another package is keyed by its code): met once per tensor.
 _TORCH_TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
 _TEXTS: dict[Any, str] = {}  # dtypes, devices and layouts met -> their str(): met once per tensor

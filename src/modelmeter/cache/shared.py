@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._torch_compat import buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
+from .._torch_compat import backward_hooks, buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
 from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
@@ -264,7 +264,7 @@ class _State(CodeWalk):
             layout.rest(attributes)
         except KeyError:
             return self.walked(module, klass), children_of(module)
-        if pre_hooks or pre_kwargs or hooks or kwargs or always:
+        if pre_hooks or pre_kwargs or hooks or kwargs or always or any(backward_hooks(module)[:2]):
             return self.walked(module, klass), children_of(module)
         return (tuple(children), self._named(module), klass, training, (),
                 self.tensors(parameters) if parameters else (), self.tensors(buffers) if buffers else (),
@@ -301,9 +301,9 @@ class _State(CodeWalk):
         return (kind, self.klass(kind), self.identity(forward), None if code is None else self.identity(code))
 
     def module_hooks(self, module: nn.Module) -> tuple[Any, ...]:
-        """A module's forward hooks and their flags (nearly always none: one check)."""
+        """A module's forward and backward hooks and their flags (nearly always none: one check)."""
         tables = forward_hook_tables(module)
-        if not any(tables[0]) and not any(tables[1]):
+        if not any(tables[0]) and not any(tables[1]) and not any(backward_hooks(module)[:2]):
             return ()
         return self.hooks(module)
 
