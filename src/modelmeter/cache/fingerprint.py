@@ -592,18 +592,24 @@ class CodeWalk:
                     records[named.__name__] = namespace_record(named)
         return dict(sorted(records.items()))
 
-    def reached(self) -> tuple[tuple[Any, ...], dict[str, _NamespaceRecord], tuple[Any, ...]]:
-        """:meth:`user_modules`, :meth:`library_namespaces` and the user's code found in those (``F.gelu = my_gelu``:
-        walked as code, each by its module and name) — until that code brings no new module or name."""
+    def namespaces(self) -> tuple[Any, list[tuple[str, str, Any]]]:
+        """The key of :meth:`library_namespaces` (each module's record), and the user's code found there, each as
+        (module, name, value)."""
+        records = self.library_namespaces()
+        return (tuple((name, record.record) for name, record in records.items()),
+                [(name, user, value) for name, record in records.items() for user, value in record.users])
+
+    def reached(self) -> tuple[tuple[Any, ...], Any, tuple[Any, ...]]:
+        """:meth:`user_modules`, :meth:`namespaces` and the user's code found in those (``F.gelu = my_gelu``: walked
+        as code, each by its module and name) — until that code brings no new module or name."""
         while True:
             users = self.user_modules()
             reached = (len(self.libraries), len(self._user_modules), len(self._names))
-            records = self.library_namespaces()
+            namespaces, found = self.namespaces()
             with self._code_constants():
-                code = tuple((name, user, self.value(value)) for name, record in records.items()
-                             for user, value in record.users)
+                code = tuple((module, name, self.value(value)) for module, name, value in found)
             if reached == (len(self.libraries), len(self._user_modules), len(self._names)):
-                return users, records, code
+                return users, namespaces, code
 
     def klass(self, cls: type) -> Any:
         """A class: for each class of its MRO outside torch, the code of its methods and its class attributes."""
@@ -1075,9 +1081,9 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         fp.add("parallel", spec.parallel.key())
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
-    users, records, code = fp.reached()
+    users, namespaces, code = fp.reached()
     fp.add("user modules", users)
-    fp.add("library namespaces", tuple((name, record.record) for name, record in records.items()), code)
+    fp.add("library namespaces", namespaces, code)
     constants = list(fp.constant_tensors.values())
     constant_values = bytes_digest(constants)
     if constant_values is None:

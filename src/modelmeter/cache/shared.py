@@ -58,6 +58,7 @@ from .fingerprint import (
     bytes_digest,
     is_module,
     library,
+    namespace_record,
     object_state,
     own_attributes,
     run_options,
@@ -128,12 +129,11 @@ class _State(CodeWalk):
             return ("installed class", cls, tuple(map(self.installed_class, cls.__mro__)))
         return super().klass(cls)
 
-    def lookups(self) -> tuple[Any, ...]:
-        """What the code walked may look up (:meth:`CodeWalk.reached`), the installed modules whose code the call
-        runs each by its namespace's generation (:class:`_Namespaces`): a library function replaced by the user's
-        (``F.linear = mine``) changes it, and the user's code put there is walked."""
-        users, _, code = self.reached()
-        return users, NAMESPACES.generations(list(self.libraries.values())), code
+    def namespaces(self) -> tuple[Any, list[tuple[str, str, Any]]]:
+        """The installed modules whose code the call runs, each by its namespace's generation (:class:`_Namespaces`):
+        a library function replaced by the user's (``F.linear = mine``) changes it; and the user's code found there
+        (walked by :meth:`CodeWalk.reached`)."""
+        return NAMESPACES.generations(list(self.libraries.values()))
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -408,7 +408,7 @@ def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]]
                    tuple(state.modules()),
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
-                   state.lookups())  # last: what every piece of code walked above may look up
+                   state.reached())  # last: what every piece of code walked above may look up
             return _Key(key), state.alive, state.held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
@@ -531,7 +531,7 @@ class _Namespace:
     replaced one cannot be taken for it), its generation, and the installed modules it names (:meth:`_Namespaces.
     generations` reads those too)."""
 
-    __slots__ = ("generation", "module", "named", "names", "values")
+    __slots__ = ("generation", "module", "named", "names", "users", "values")
 
     def __init__(self, module: types.ModuleType, generation: int) -> None:
         namespace = vars(module)
@@ -540,6 +540,7 @@ class _Namespace:
         top = module.__name__.partition(".")[0]
         self.named = [value for value in self.values
                       if is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
+        self.users = namespace_record(module).users  # the user's code put there (made once per state)
 
     def same(self, module: types.ModuleType) -> bool | None:
         """Whether ``module`` holds the same objects under the same names as when seen: True; else None where what
@@ -595,16 +596,20 @@ class _Namespaces:
         self._seen: dict[str, list[_Namespace]] = {}  # a module's name -> its states, the latest first
         self._made: dict[str, int] = {}  # a module's name -> how many generations it was given
 
-    def generations(self, modules: list[types.ModuleType]) -> tuple[tuple[str, int], ...]:
-        found: dict[str, int] = {}
+    def generations(self, modules: list[types.ModuleType]) -> tuple[tuple[tuple[str, int], ...],
+                                                                      list[tuple[str, str, Any]]]:
+        """The generation of each of ``modules`` and of the modules they name, by name; and the user's code found in
+        them, each as (module, name, value)."""
+        found: dict[str, _Namespace] = {}
         with self._lock:
             for module in modules:
-                namespace = self._state_of(module)
-                found[module.__name__] = namespace.generation
+                namespace = found[module.__name__] = self._state_of(module)
                 for named in namespace.named:
                     if named.__name__ not in found:
-                        found[named.__name__] = self._state_of(named).generation
-        return tuple(sorted(found.items()))
+                        found[named.__name__] = self._state_of(named)
+        states = sorted(found.items())
+        return (tuple((name, state.generation) for name, state in states),
+                [(name, user, value) for name, state in states for user, value in state.users])
 
     def _state_of(self, module: types.ModuleType) -> _Namespace:
         """The state ``module`` is in, the latest first among the states seen."""
