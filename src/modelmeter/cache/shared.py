@@ -540,7 +540,9 @@ class _Namespace:
         top = module.__name__.partition(".")[0]
         self.named = [value for value in self.values
                       if is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
-        self.users = namespace_record(module).users  # the user's code put there (made once per state)
+        # the user's functions and classes put there (made once per state); a module is a lookup like any other here
+        # (one added under a new name, as importing a submodule adds one, changes none)
+        self.users = [(name, value) for name, value in namespace_record(module).users if not is_module(value)]
 
     def same(self, module: types.ModuleType) -> bool | None:
         """Whether ``module`` holds the same objects under the same names as when seen: True; else None where what
