@@ -57,10 +57,12 @@ __all__ = [  # what the package imports from here
     "MODULE_CALL_IMPL", "MODULE_TABLES", "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
-    "UnsupportedFakeTensorException", "any_autocast_enabled", "buffers_of", "children_of", "class_name",
+    "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",
+    "class_name",
     "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
     "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "flat_dcp_state", "flattened_mesh",
-    "forward_hook_tables", "function_modes", "global_forward_hooks", "intercepted_function_apply",
+    "forward_hook_tables", "function_modes", "global_backward_hooks", "global_forward_hooks",
+    "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
     "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
     "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name",
@@ -312,6 +314,21 @@ def global_forward_hooks() -> tuple[dict[int, Any], dict[int, Any]]:
     call runs them): the module globals ``_global_forward_pre_hooks`` and ``_global_forward_hooks`` (since 1.13)."""
     hooks = nn.modules.module
     return getattr(hooks, "_global_forward_pre_hooks", {}), getattr(hooks, "_global_forward_hooks", {})
+
+
+def backward_hooks(module: nn.Module) -> tuple[dict[int, Any], dict[int, Any], bool | None]:
+    """The module's backward pre-hooks and backward hooks, and whether those are full ones (a full hook wraps the
+    module's call in ``BackwardHookFunction``s, in the forward pass too): ``_backward_pre_hooks`` (since 2.0),
+    ``_backward_hooks`` and ``_is_full_backward_hook``."""
+    return (getattr(module, "_backward_pre_hooks", {}), module._backward_hooks,
+            getattr(module, "_is_full_backward_hook", None))
+
+
+def global_backward_hooks() -> tuple[dict[int, Any], dict[int, Any], bool | None]:
+    """:func:`backward_hooks` registered for every module (``register_module_full_backward_pre_hook`` / ``_hook``)."""
+    hooks = nn.modules.module
+    return (getattr(hooks, "_global_backward_pre_hooks", {}), getattr(hooks, "_global_backward_hooks", {}),
+            getattr(hooks, "_global_is_full_backward_hook", None))
 
 
 def version_counter(tensor: torch.Tensor) -> int:

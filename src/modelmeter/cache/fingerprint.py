@@ -51,7 +51,8 @@ import sysconfig
 import threading
 import time
 import types
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,9 +62,11 @@ from torch import nn
 
 from .. import _version as modelmeter_version
 from .._torch_compat import (
+    backward_hooks,
     buffers_of,
     children_of,
     forward_hook_tables,
+    global_backward_hooks,
     global_forward_hooks,
     non_persistent_buffers,
     parameters_of,
@@ -168,12 +171,14 @@ def _code_file(obj: Any) -> str | None:
     if isinstance(obj, types.FunctionType):
         return obj.__code__.co_filename
     if isinstance(obj, type):
+        own = f"{obj.__qualname__}."
         for member in vars(obj).values():
             if isinstance(member, (staticmethod, classmethod)):
                 member = member.__func__
             elif isinstance(member, property):
                 member = member.fget
-            if isinstance(member, types.FunctionType):
+            # only a function of the class's own body: an Enum's class holds enum's _generate_next_value_
+            if isinstance(member, types.FunctionType) and member.__qualname__.startswith(own):
                 return member.__code__.co_filename
     return None
 
@@ -327,6 +332,135 @@ def object_state(v: Any) -> dict[str, Any] | None:
     return state if has_state else None
 
 
+def is_module(value: Any) -> bool:
+    """By its type: ``isinstance`` would ask a value for its ``__class__`` (a deprecated torch name warns then)."""
+    return issubclass(type(value), types.ModuleType)
+
+
+def _unwrapped(value: Any) -> Any:
+    """``value`` without the wrappers torch's own code puts around functions (importing ``torch._dynamo`` wraps
+    ``torch.manual_seed``): a process that imported more of torch names the same function."""
+    for _ in range(8):
+        if not (isinstance(value, types.FunctionType) and value.__code__.co_filename.startswith(_TORCH_DIR)):
+            break
+        inner = vars(value).get("__wrapped__")
+        if inner is None:
+            break
+        value = inner
+    return value
+
+
+def _users(value: Any) -> bool:
+    """Whether a callable found in an installed module's or class's namespace is the user's (put there by the user:
+    ``F.gelu = my_gelu``): a function of a user file, or a class or an instance of a class of a module of the user's
+    (``__main__``, a script's, a project's). Compiled code (no such module) is the library's."""
+    kind = type(value)
+    if kind is types.FunctionType:
+        return _user_file(value.__code__.co_filename) and _module_library(value.__module__, None) is None
+    module = (value if issubclass(kind, type) else kind).__module__
+    return isinstance(module, str) and module in sys.modules and _module_library(module, None) is None
+
+
+@dataclass
+class _NamespaceRecord:
+    """An installed module's or class's namespace as the keys say it, with the identities of the values it was made
+    from (a record is made again when one changed)."""
+
+    names: list[str]
+    #: a digest of (name, owner module, qualified name) of each installed callable, a module by its name
+    record: str
+    users: tuple[tuple[str, Any], ...]  #: the user's code under its names, walked as code by each key
+    named: tuple[types.ModuleType, ...]  #: the modules of torch or of its own package it names
+    ids: list[int] = field(default_factory=list)  #: the values' ids, trusted while :attr:`held` are alive
+    held: list[Any] = field(default_factory=list)  #: the values: weakly where they can be, plain values as such
+    died: bool = False  #: whether a value held weakly died (its id may name another object now)
+
+    def hold(self, values: Iterable[Any]) -> None:
+        """Keep ``values``' ids, and the values: weakly where they can be (a method's ``__class__`` cell would keep
+        its class alive), each weak reference marking the record when its value dies."""
+        def died(_: Any) -> None:
+            self.died = True
+
+        for value in values:
+            self.ids.append(id(value))
+            try:
+                self.held.append(weakref.ref(value, died))
+            except TypeError:  # a plain value held; a descriptor (the class's __dict__ names the class) is not:
+                if type(value) in _PLAIN or type(value) is tuple:  # it lives while its class does
+                    self.held.append(value)
+
+    def same(self, namespace: Mapping[str, Any]) -> bool:
+        return not self.died and list(map(id, namespace.values())) == self.ids and list(namespace) == self.names
+
+
+#: An installed module's name -> its namespace's record, as last made.
+_NAMESPACE_RECORDS: dict[str, _NamespaceRecord] = {}
+#: An installed class -> its own namespace's record, as last made (the class not kept alive).
+_CLASS_RECORDS: weakref.WeakKeyDictionary[type, _NamespaceRecord] = weakref.WeakKeyDictionary()
+
+
+def namespace_record(module: types.ModuleType) -> _NamespaceRecord:
+    """The record of ``module``'s namespace: what each name holds that the library's code may call — a function
+    or class by where it comes from, so ``F.gelu = F.relu`` shows in the name's record, and the user's code
+    (``F.gelu = my_gelu``) apart, for the key to walk. Submodules are left out (a process that imported more of a
+    package has more of them), and so are plain values. Made once per state of the namespace."""
+    kept = _NAMESPACE_RECORDS.get(module.__name__)
+    if kept is None or not kept.same(vars(module)):
+        kept = _NAMESPACE_RECORDS[module.__name__] = _described(module.__name__, vars(module))
+    return kept
+
+
+def class_record(cls: type) -> _NamespaceRecord:
+    """:func:`namespace_record` of an installed class's own namespace: a method the user replaced
+    (``nn.Linear.forward = mine``, ``nn.Module._call_impl = ...``) is walked as code, one of the library's put in
+    its place named."""
+    kept = _CLASS_RECORDS.get(cls)
+    if kept is None or not kept.same(vars(cls)):
+        kept = _CLASS_RECORDS[cls] = _described(f"{cls.__module__}.{cls.__qualname__}", vars(cls))
+    return kept
+
+
+def _function_of(member: Any) -> Any:
+    """The function a class member runs: a static or class method's, a property's getter; else the member."""
+    kind = type(member)  # (not isinstance: it asks a deprecated torch name for its __class__, which warns)
+    if issubclass(kind, (staticmethod, classmethod)):
+        return member.__func__
+    if issubclass(kind, property):
+        return member.fget
+    return member
+
+
+def _described(name: str, namespace: Mapping[str, Any]) -> _NamespaceRecord:
+    """The :class:`_NamespaceRecord` of the namespace ``namespace`` of the module or class ``name``."""
+    top = name.partition(".")[0]
+    records: list[tuple[Any, ...]] = []
+    users: list[tuple[str, Any]] = []
+    named: list[types.ModuleType] = []
+    for key, member in namespace.items():
+        value = _function_of(member)
+        if is_module(value):
+            if value.__name__ == f"{name}.{key}":
+                continue
+            if _module_library(value.__name__, _module_file(value)) is None:
+                users.append((key, value))
+                continue
+            records.append((key, "module", value.__name__))
+            if value.__name__.partition(".")[0] in (top, "torch"):
+                named.append(value)
+        elif callable(value):
+            target = _unwrapped(value)
+            if _users(target):
+                users.append((key, target))
+            elif issubclass(type(target), (type, types.FunctionType, types.BuiltinFunctionType)):
+                records.append((key, _owner_module(target), getattr(target, "__qualname__", None)))
+            else:  # an instance: by its class (asking it for names could run its __getattr__: torch.ops)
+                records.append((key, "instance", type(target).__module__, type(target).__qualname__))
+    made = _NamespaceRecord(list(namespace), _digest("namespace", sorted(records, key=repr)),
+                            tuple(sorted(users, key=lambda item: item[0])), tuple(named))
+    made.hold(namespace.values())
+    return made
+
+
 NOT_CODE = object()  # what :meth:`CodeWalk.code_value` returns for a value that is not code
 
 
@@ -347,6 +481,8 @@ class CodeWalk:
         self._user_modules: dict[str, types.ModuleType] = {}
         self._memo: dict[Any, tuple[Any, Any]] = {}  # id (with the mode, for values) -> (object kept alive, fp)
         self._as_code = 0
+        self.libraries: dict[int, types.ModuleType] = {}  # installed modules whose code the walk reaches, by id
+        self._namespaces: dict[str, _NamespaceRecord] = {}  # their records, and those of the modules they name
 
     def value(self, v: Any, depth: int = 0) -> Any:
         """The key of a value the code refers to (or a model attribute, an input...)."""
@@ -415,7 +551,18 @@ class CodeWalk:
         installed = _module_library(module.__name__, _module_file(module))
         if installed is None:
             self._user_modules.setdefault(module.__name__, module)
+        else:
+            self.libraries[id(module)] = module
         return ("python module", module.__name__, installed)
+
+    def read_by(self, classes: Iterable[type]) -> None:
+        """Note the modules installed ``classes`` are defined in: their code reads those modules' globals
+        (``F.linear`` in ``nn.Linear.forward``), which the user may have replaced."""
+        modules = sys.modules
+        for cls in classes:
+            module = modules.get(cls.__module__)
+            if module is not None and cls is not object:
+                self.libraries[id(module)] = module
 
     def user_modules(self) -> tuple[Any, ...]:
         """The values, in every user module reached, of every name the user's code may look up — until no
@@ -431,6 +578,39 @@ class CodeWalk:
                     done[module_name, name] = self.value(vars(self._user_modules[module_name])[name])
         return tuple(sorted(done.items()))
 
+    def library_namespaces(self) -> dict[str, _NamespaceRecord]:
+        """The installed modules the walk reached (:meth:`read_by`, :meth:`python_module`) and the modules of torch
+        or of the same package those name (``torch.nn.modules.linear`` -> ``torch.nn.functional``), each by name and
+        :func:`namespace_record`: their code looks names up in these namespaces at run time, where the user may have
+        put a function of theirs."""
+        records = self._namespaces
+        for module in list(self.libraries.values()):
+            if module.__name__ not in records:
+                records[module.__name__] = namespace_record(module)
+            for named in records[module.__name__].named:
+                if named.__name__ not in records:
+                    records[named.__name__] = namespace_record(named)
+        return dict(sorted(records.items()))
+
+    def namespaces(self) -> tuple[Any, list[tuple[str, str, Any]]]:
+        """The key of :meth:`library_namespaces` (each module's record), and the user's code found there, each as
+        (module, name, value)."""
+        records = self.library_namespaces()
+        return (tuple((name, record.record) for name, record in records.items()),
+                [(name, user, value) for name, record in records.items() for user, value in record.users])
+
+    def reached(self) -> tuple[tuple[Any, ...], Any, tuple[Any, ...]]:
+        """:meth:`user_modules`, :meth:`namespaces` and the user's code found in those (``F.gelu = my_gelu``: walked
+        as code, each by its module and name) — until that code brings no new module or name."""
+        while True:
+            users = self.user_modules()
+            reached = (len(self.libraries), len(self._user_modules), len(self._names))
+            namespaces, found = self.namespaces()
+            with self._code_constants():
+                code = tuple((module, name, self.value(value)) for module, name, value in found)
+            if reached == (len(self.libraries), len(self._user_modules), len(self._names)):
+                return users, namespaces, code
+
     def klass(self, cls: type) -> Any:
         """A class: for each class of its MRO outside torch, the code of its methods and its class attributes."""
         key = id(cls)
@@ -444,7 +624,8 @@ class CodeWalk:
                 base_name = f"{base.__module__}.{base.__qualname__}"
                 installed = library(base)
                 if installed is not None:
-                    parts.append((base_name, installed))
+                    self.read_by((base,))
+                    parts.append((base_name, installed, self.installed_class(base)))
                     continue
                 body = []
                 for attr, member in vars(base).items():
@@ -453,6 +634,19 @@ class CodeWalk:
                     body.append((attr, self._member(member)))
                 parts.append((base_name, tuple(sorted(body, key=lambda item: item[0]))))
         fp = self.pack("class", (name, tuple(parts)))
+        self._memo[key] = (cls, fp)
+        return fp
+
+    def installed_class(self, cls: type) -> Any:
+        """An installed class's own namespace, by :func:`class_record`: the user's code put there walked as code."""
+        if cls is object:
+            return None
+        key = ("installed class", id(cls))
+        if key in self._memo:  # (each class once per key: nn.Module is in every module's MRO)
+            return self._memo[key][1]
+        made = class_record(cls)
+        with self._code_constants():
+            fp = (made.record, tuple((name, self.value(value)) for name, value in made.users))
         self._memo[key] = (cls, fp)
         return fp
 
@@ -490,15 +684,22 @@ class CodeWalk:
         return NOT_CODE
 
     def hooks(self, module: nn.Module) -> Any:
-        """A module's forward pre-hooks and hooks, each with its flags."""
+        """A module's forward pre-hooks and hooks, each with its flags, and its backward hooks (:meth:`backward`)."""
         def table(hooks: dict[int, Any], *flags: dict[int, Any]) -> Any:
             return tuple((self.value(h), *(i in f for f in flags)) for i, h in hooks.items())
 
-        return tuple(table(*tables) for tables in forward_hook_tables(module))
+        return (*(table(*tables) for tables in forward_hook_tables(module)), self.backward(*backward_hooks(module)))
+
+    def backward(self, pre: dict[int, Any], hooks: dict[int, Any], full: bool | None) -> Any:
+        """Backward pre-hooks and hooks, and whether they are full ones; None where there are none."""
+        if not pre and not hooks:
+            return None
+        return (tuple(map(self.value, pre.values())), tuple(map(self.value, hooks.values())), full)
 
     def global_hooks(self) -> tuple[Any, ...]:
-        """The forward pre-hooks and hooks registered for every module."""
-        return tuple(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks())
+        """The forward pre-hooks and hooks, and the backward ones, registered for every module."""
+        return (*(tuple(self.value(h) for h in table.values()) for table in global_forward_hooks()),
+                self.backward(*global_backward_hooks()))
 
 
 class _Fingerprint(CodeWalk):
@@ -515,6 +716,7 @@ class _Fingerprint(CodeWalk):
         self.module_paths: dict[int, str] = {}
         self.tensors: list[torch.Tensor] = []
         self._tensor_index: dict[int, int] = {}
+        self._storage_index: dict[tuple[str, int], int] = {}  # (device, address) -> order of first appearance
         self.constant_tensors: dict[int, torch.Tensor] = {}  # tensors code refers to: keyed by value
         self._active: set[int] = set()
 
@@ -546,7 +748,22 @@ class _Fingerprint(CodeWalk):
         kind = type(t)
         subclass = None if kind in _TORCH_TENSOR_TYPES or _is_torch(kind.__module__) else self.klass(kind)
         return (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
-                _text(t.layout), stride, bool(t.requires_grad))
+                _text(t.layout), stride, bool(t.requires_grad), self.storage(t))
+
+    def storage(self, t: torch.Tensor) -> Any:
+        """Where a tensor lies in its storage — which of the storages met (views of one base share it, as the run's
+        stand-ins do), its size and the tensor's offset —, for a tensor with an address; else None. Two views of a
+        large base are one large storage to the run, two tensors of their size two small ones (the peak differs)."""
+        try:
+            storage = t.untyped_storage()
+            offset = t.storage_offset()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, quantized, a subclass without storage
+            return None
+        nbytes = storage.nbytes()
+        if nbytes == 0 or storage.device.type == "meta":  # no address to tell storages apart by
+            return None
+        index = self._storage_index.setdefault((_text(storage.device), storage.data_ptr()), len(self._storage_index))
+        return (index, nbytes, offset)
 
     # values -------------------------------------------------------------------------------------
     def value(self, v: Any, depth: int = 0) -> Any:
@@ -566,7 +783,7 @@ class _Fingerprint(CodeWalk):
         if isinstance(v, _TORCH_VALUES):
             return (kind.__name__, str(v))
         if isinstance(v, enum.Enum):
-            return ("enum", f"{kind.__module__}.{kind.__qualname__}", v.name)
+            return ("enum", self.klass(kind), v.name)  # its class by its code: the members' values and methods
         code = self.code_value(v, depth)
         if code is not NOT_CODE:
             return code
@@ -664,7 +881,8 @@ class _Fingerprint(CodeWalk):
     def module_hooks(self, module: nn.Module) -> Any:
         """:meth:`hooks`, at once for a module without forward hooks (nearly every one)."""
         pre, hooks = forward_hook_tables(module)
-        if not pre[0] and not hooks[0]:
+        backward_pre, backward, _ = backward_hooks(module)
+        if not pre[0] and not hooks[0] and not backward_pre and not backward:
             return _NO_HOOKS
         return self.hooks(module)
 
@@ -684,7 +902,7 @@ def own_attributes(keys: tuple[Any, ...]) -> tuple[Any, ...]:
     return own
 
 
-_NO_HOOKS = ((), ())  # what :meth:`CodeWalk.hooks` gives for a module without forward pre-hooks or hooks
+_NO_HOOKS = ((), (), None)  # what :meth:`CodeWalk.hooks` gives for a module without hooks
 #: Tensor classes of torch itself (a subclass of another package is keyed by its code): met once per tensor.
 _TORCH_TENSOR_TYPES = frozenset({torch.Tensor, nn.Parameter})
 _TEXTS: dict[Any, str] = {}  # dtypes, devices and layouts met -> their str(): met once per tensor
@@ -863,7 +1081,9 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         fp.add("parallel", spec.parallel.key())
     if spec.backward:
         fp.add("backward", None if spec.loss_fn is None else fp.value(spec.loss_fn))
-    fp.add("user modules", fp.user_modules())
+    users, namespaces, code = fp.reached()
+    fp.add("user modules", users)
+    fp.add("library namespaces", namespaces, code)
     constants = list(fp.constant_tensors.values())
     constant_values = bytes_digest(constants)
     if constant_values is None:

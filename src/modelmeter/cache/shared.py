@@ -33,7 +33,6 @@ import enum
 import functools
 import operator
 import os
-import sys
 import threading
 import types
 import weakref
@@ -46,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._torch_compat import buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
+from .._torch_compat import backward_hooks, buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
 from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
@@ -57,7 +56,9 @@ from .fingerprint import (
     CodeWalk,
     Uncacheable,
     bytes_digest,
+    is_module,
     library,
+    namespace_record,
     object_state,
     own_attributes,
     run_options,
@@ -98,7 +99,6 @@ class _State(CodeWalk):
         self._seen: dict[int, int] = {}  # id -> index of its first appearance (shared objects, cycles)
         self._classes: dict[type, tuple[Any, ...]] = {}  # a module class -> its key (classes repeat)
         self._layouts: dict[type, _Layout] = {}  # a module class -> the layout of the last instance's __dict__
-        self._libraries: dict[int, types.ModuleType] = {}  # installed modules whose code the call runs, by id
 
     @property
     def held(self) -> list[Any]:
@@ -120,34 +120,20 @@ class _State(CodeWalk):
         and costs a look-up, where walking its MRO costs more than the rest of a small model's key."""
         bases = cls.__mro__[1:]
         if _INSTALLED_CLASSES.get(cls) == bases:  # (a class whose bases were reassigned is looked at again)
-            self._read_by(cls.__mro__)
-            return ("installed class", cls)
+            self.read_by(cls.__mro__)
+            return ("installed class", cls, tuple(map(self.installed_class, cls.__mro__)))
         installed = [base for base in cls.__mro__ if library(base) is not None]
-        self._read_by(installed)
+        self.read_by(installed)
         if len(installed) == len(cls.__mro__):
             _INSTALLED_CLASSES[cls] = bases
-            return ("installed class", cls)
+            return ("installed class", cls, tuple(map(self.installed_class, cls.__mro__)))
         return super().klass(cls)
 
-    def _read_by(self, classes: Iterable[type]) -> None:
-        """Note the modules installed ``classes`` are defined in: their code reads those modules' globals."""
-        modules = sys.modules
-        for cls in classes:
-            module = modules.get(cls.__module__)
-            if module is not None and cls is not object:
-                self._libraries[id(module)] = module
-
-    def python_module(self, module: types.ModuleType) -> Any:
-        """A module the code names: as the persistent key has it, an installed one noted (:meth:`namespaces`)."""
-        record = super().python_module(module)
-        if record[2] is not None:
-            self._libraries[id(module)] = module
-        return record
-
-    def namespaces(self) -> tuple[tuple[str, int], ...]:
-        """The installed modules whose code the call runs, each by its namespace's generation
-        (:class:`_Namespaces`): a library function replaced by the user's (``F.linear = mine``) changes it."""
-        return NAMESPACES.generations(list(self._libraries.values()))
+    def namespaces(self) -> tuple[Any, list[tuple[str, str, Any]]]:
+        """The installed modules whose code the call runs, each by its namespace's generation (:class:`_Namespaces`):
+        a library function replaced by the user's (``F.linear = mine``) changes it; and the user's code found there
+        (walked by :meth:`CodeWalk.reached`)."""
+        return NAMESPACES.generations(list(self.libraries.values()))
 
     def identity(self, obj: Any) -> tuple[str, int]:
         """``obj`` by identity: trusted only while the weak reference taken here lives."""
@@ -194,8 +180,8 @@ class _State(CodeWalk):
             return (kind, obj)
         if isinstance(obj, torch.Tensor):
             return ("tensor", self.tensor(obj))
-        if isinstance(obj, enum.Enum):
-            return (kind, obj.name)
+        if isinstance(obj, enum.Enum):  # its class by its code: the members' values and methods
+            return ("enum", self.klass(kind), obj.name)
         if kind is tuple and all(type(x) in _PLAIN_TYPES for x in obj):  # sizes, strides, paddings: at once
             return (kind, obj, tuple(map(type, obj)))  # the types too: 1 == True == 1.0
         code = self.code_value(obj, depth)
@@ -278,7 +264,7 @@ class _State(CodeWalk):
             layout.rest(attributes)
         except KeyError:
             return self.walked(module, klass), children_of(module)
-        if pre_hooks or pre_kwargs or hooks or kwargs or always:
+        if pre_hooks or pre_kwargs or hooks or kwargs or always or any(backward_hooks(module)[:2]):
             return self.walked(module, klass), children_of(module)
         return (tuple(children), self._named(module), klass, training, (),
                 self.tensors(parameters) if parameters else (), self.tensors(buffers) if buffers else (),
@@ -315,9 +301,9 @@ class _State(CodeWalk):
         return (kind, self.klass(kind), self.identity(forward), None if code is None else self.identity(code))
 
     def module_hooks(self, module: nn.Module) -> tuple[Any, ...]:
-        """A module's forward hooks and their flags (nearly always none: one check)."""
+        """A module's forward and backward hooks and their flags (nearly always none: one check)."""
         tables = forward_hook_tables(module)
-        if not any(tables[0]) and not any(tables[1]):
+        if not any(tables[0]) and not any(tables[1]) and not any(backward_hooks(module)[:2]):
             return ()
         return self.hooks(module)
 
@@ -422,8 +408,7 @@ def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]]
                    tuple(state.modules()),
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
-                   state.user_modules(),  # what every piece of code walked above may look up
-                   state.namespaces())  # last: the installed modules everything above names
+                   state.reached())  # last: what every piece of code walked above may look up
             return _Key(key), state.alive, state.held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
@@ -546,7 +531,7 @@ class _Namespace:
     replaced one cannot be taken for it), its generation, and the installed modules it names (:meth:`_Namespaces.
     generations` reads those too)."""
 
-    __slots__ = ("generation", "module", "named", "names", "values")
+    __slots__ = ("generation", "module", "named", "names", "users", "values")
 
     def __init__(self, module: types.ModuleType, generation: int) -> None:
         namespace = vars(module)
@@ -554,7 +539,10 @@ class _Namespace:
         self.names, self.values = list(namespace), list(namespace.values())
         top = module.__name__.partition(".")[0]
         self.named = [value for value in self.values
-                      if _is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
+                      if is_module(value) and value.__name__.partition(".")[0] in (top, "torch")]
+        # the user's functions and classes put there (made once per state); a module is a lookup like any other here
+        # (one added under a new name, as importing a submodule adds one, changes none)
+        self.users = [(name, value) for name, value in namespace_record(module).users if not is_module(value)]
 
     def same(self, module: types.ModuleType) -> bool | None:
         """Whether ``module`` holds the same objects under the same names as when seen: True; else None where what
@@ -572,12 +560,7 @@ class _Namespace:
             return False  # (a name removed: removing one moves every later one up)
         if not kept and not all(map(_rewrapped, values, self.values)):
             return False
-        return None if all(map(_is_module, values[size:])) else False
-
-
-def _is_module(value: Any) -> bool:
-    """By its type: ``isinstance`` would ask a value for its ``__class__`` (a deprecated torch name warns then)."""
-    return issubclass(type(value), types.ModuleType)
+        return None if all(map(is_module, values[size:])) else False
 
 
 def _rewrapped(new: Any, old: Any) -> bool:
@@ -615,16 +598,20 @@ class _Namespaces:
         self._seen: dict[str, list[_Namespace]] = {}  # a module's name -> its states, the latest first
         self._made: dict[str, int] = {}  # a module's name -> how many generations it was given
 
-    def generations(self, modules: list[types.ModuleType]) -> tuple[tuple[str, int], ...]:
-        found: dict[str, int] = {}
+    def generations(self, modules: list[types.ModuleType]) -> tuple[tuple[tuple[str, int], ...],
+                                                                      list[tuple[str, str, Any]]]:
+        """The generation of each of ``modules`` and of the modules they name, by name; and the user's code found in
+        them, each as (module, name, value)."""
+        found: dict[str, _Namespace] = {}
         with self._lock:
             for module in modules:
-                namespace = self._state_of(module)
-                found[module.__name__] = namespace.generation
+                namespace = found[module.__name__] = self._state_of(module)
                 for named in namespace.named:
                     if named.__name__ not in found:
-                        found[named.__name__] = self._state_of(named).generation
-        return tuple(sorted(found.items()))
+                        found[named.__name__] = self._state_of(named)
+        states = sorted(found.items())
+        return (tuple((name, state.generation) for name, state in states),
+                [(name, user, value) for name, state in states for user, value in state.users])
 
     def _state_of(self, module: types.ModuleType) -> _Namespace:
         """The state ``module`` is in, the latest first among the states seen."""
