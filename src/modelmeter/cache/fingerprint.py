@@ -205,7 +205,7 @@ def _module_library(module: str | None, path: str | None) -> str | None:
     if path is None:  # no Python code of its own: go by its module
         if module in sys.builtin_module_names:
             return "builtin"
-        path = getattr(sys.modules.get(module or ""), "__file__", None)
+        path = _module_file(sys.modules.get(module or ""))
         if not path:
             return None
     where = _installed(path)
@@ -214,8 +214,11 @@ def _module_library(module: str | None, path: str | None) -> str | None:
     return "stdlib" if where == "stdlib" else _version(_top(module), path)  # Python's version is in the key
 
 
-def _module_file(module: types.ModuleType) -> str | None:
-    path = getattr(module, "__file__", None)
+def _module_file(module: types.ModuleType | None) -> str | None:
+    try:
+        path = getattr(module, "__file__", None)
+    except Exception:  # a namespace that makes what it is asked for: torch.classes' raise RuntimeError for the rest
+        return None
     return path if isinstance(path, str) else None
 
 
