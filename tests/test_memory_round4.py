@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from memory_oracle import inference, measure_peak, resident_bytes, training_step, warm_up
-from modelmeter import MemoryAnalysis
+from modelmeter import MemoryAnalysis, analyze
+from modelmeter.metrics.memory import operand_copies
 from test_memory_oracle import _one_thread  # noqa: F401 (autouse: one intra-op thread, as the oracle measures)
 
 F32 = 4
@@ -234,3 +235,19 @@ def test_autocast_inside_the_forward_records_the_real_runs_operators(dtype: torc
     fake = operators("auto")
     assert fake == operators("real")
     assert ("aten::addmm", [str(dtype).removeprefix("torch.")]) in fake
+
+
+def test_a_sparse_operand_of_a_matrix_product_is_not_copied_dense() -> None:
+    """The broadcast-operand copy took any tensor with a footprint for a broadcast one, and a sparse operand has
+    one too (what it stores): ``torch.mm`` of a 512 x 512 sparse identity was charged a 1 MiB dense copy (a
+    100k x 100k adjacency matrix: 40 GB)."""
+
+    class SparseProduct(nn.Module):
+        def forward(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.mm(a, x)
+
+    a, x = torch.eye(512).to_sparse(), torch.randn(512, 16)
+    trace = analyze(SparseProduct(), (a, x), cache=False, quiet=True, execution="real").trace
+    product = next(e for e in trace.events if e.op == "aten::mm" and e.level == "dispatch")
+    assert product.inputs[0].footprint is not None  # the sparse operand's: what it stores
+    assert operand_copies(trace) == {}

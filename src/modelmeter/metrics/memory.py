@@ -231,7 +231,19 @@ def _matrix_copies(op: str, inputs: list[Any]) -> int:
     """Bytes of the contiguous copies a matrix product makes of its broadcast operands."""
     positions = _MATRIX_OPERANDS.get(op, ())
     return sum(operand.numel() * itemsize(operand.dtype) for operand in _operands(inputs, positions)
-               if isinstance(operand, TensorMeta) and operand.footprint is not None)
+               if isinstance(operand, TensorMeta) and _broadcast(operand))
+
+
+def _broadcast(tensor: TensorMeta) -> bool:
+    """Whether ``tensor``'s footprint is a broadcast's: the product of the sizes of the dimensions whose stride is
+    not 0. A sparse tensor's footprint is what it stores (a 512 x 512 identity: 2,560 elements), which its kernels
+    never copy dense; :class:`TensorMeta` keeps no layout, and a sparse footprint is almost never such a product."""
+    if tensor.footprint is None:
+        return False
+    products = {1}
+    for size in tensor.shape:
+        products |= {product * size for product in products}
+    return tensor.footprint in products
 
 
 def _promotion_copies(ev: OpEvent) -> int:
