@@ -287,3 +287,12 @@ def test_a_namespace_that_makes_what_it_is_asked_for_is_keyed(tmp_path: Path, mo
     assert first.result().total("flops") == 6 and not first.from_cache
     again = analyze(model, x.clone(), cache_dir=tmp_path, quiet=True)
     assert again.result().total("flops") == 6 and again.from_cache
+
+
+def test_a_wrapper_subclass_input_without_a_storage_address_is_keyed() -> None:
+    """The disk key's record of where an input lies read its storage's address outside the guard that its storage
+    has for: a wrapper subclass (``TwoTensor``, as DTensor) raised there, and its analyses were never cached."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x = TwoTensor(torch.randn(2, 4), torch.randn(2, 4))
+    assert trace_key(RunSpec(nn.Linear(4, 2), (x,), {}, None, "auto", False, None)) is not None

@@ -757,15 +757,16 @@ class _Fingerprint(CodeWalk):
         """Where a tensor lies in its storage — which of the storages met (views of one base share it, as the run's
         stand-ins do), its size and the tensor's offset —, for a tensor with an address; else None. Two views of a
         large base are one large storage to the run, two tensors of their size two small ones (the peak differs)."""
-        try:
+        try:  # (a wrapper subclass, jagged or a DTensor, has a storage whose address raises)
             storage = t.untyped_storage()
             offset = t.storage_offset()
+            nbytes = storage.nbytes()
+            if nbytes == 0 or storage.device.type == "meta":  # no address to tell storages apart by
+                return None
+            address = storage.data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, quantized, a subclass without storage
             return None
-        nbytes = storage.nbytes()
-        if nbytes == 0 or storage.device.type == "meta":  # no address to tell storages apart by
-            return None
-        index = self._storage_index.setdefault((_text(storage.device), storage.data_ptr()), len(self._storage_index))
+        index = self._storage_index.setdefault((_text(storage.device), address), len(self._storage_index))
         return (index, nbytes, offset)
 
     # values -------------------------------------------------------------------------------------
