@@ -13,7 +13,7 @@ from ..reports.result import RATIO_METRICS
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
-from .values import GuardFileError, check_amount, check_file, check_name, read_json
+from .values import GuardFileError, check_amount, check_name, read_json
 
 Costs = dict[str, dict[str, float]]  # "model/module" or "module" -> metric -> value
 
@@ -23,11 +23,7 @@ def load_costs(path: str | os.PathLike[str]) -> Costs:
     was saved with, ``--save-trace FILE``) or a baseline file; the modules of a baseline are named
     ``model:module`` when it holds several models. :class:`GuardFileError` naming the file and the value for
     anything else (every cost a finite number >= 0)."""
-    try:
-        check_file(path)  # before is_saved_trace opens it: a pipe would block
-    except FileNotFoundError:
-        raise GuardFileError(f"no such file: {os.fspath(path)!r}") from None
-    if is_saved_trace(path):
+    if is_saved_trace(path):  # (False for what is not a regular file: read_json refuses that, unopened)
         try:
             saved = read_saved_trace(path)
         except SavedTraceError as exc:

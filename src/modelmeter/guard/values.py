@@ -70,6 +70,9 @@ def check_name(name: str, what: str) -> None:
         raise GuardFileError(f"{what} is not a printable name of at most 1000 characters: {shorten(name)}")
 
 
+_HOLDER = "a baseline or saved analysis"  # what jsontext says a file holds, or is not
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON in ``path``, at most :data:`MAX_FILE_BYTES`; NaN and Infinity (which Python's json reads) are
     refused. :class:`GuardFileError` naming the file for anything else, FileNotFoundError passes through."""
@@ -81,7 +84,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         if len(text) > MAX_FILE_BYTES:
             raise GuardFileError(f"{where} is over {MAX_FILE_BYTES // 2**20} MiB: too large for a baseline or "
                                  "saved analysis")
-        return jsontext.loads(text, "a baseline or saved analysis")
+        return jsontext.loads(text, _HOLDER)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -90,15 +93,16 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise GuardFileError(f"{where} is not a text file (not UTF-8)") from None
     except RecursionError:
         raise GuardFileError(f"{where} is nested too deeply to be a baseline or saved analysis") from None
-    except ValueError as exc:  # json.JSONDecodeError, an integer of too many digits, NaN / Infinity
-        raise GuardFileError(f"{where} is not valid JSON: {str(exc)[:200]}") from None
+    except ValueError as exc:  # jsontext's InvalidValueError: malformed JSON, NaN / Infinity, a key given twice
+        detail = str(exc).removeprefix(f"{_HOLDER} is not valid JSON: ")  # (said once)
+        raise GuardFileError(f"{where} is not valid JSON: {detail[:200]}") from None
 
 
 def check_file(path: str | os.PathLike[str]) -> None:
     """``path`` is a regular file of at most :data:`MAX_FILE_BYTES`, found without opening it: a pipe would
     block the guard forever and ``/dev/zero`` fill its memory. :class:`GuardFileError` otherwise;
     FileNotFoundError passes through."""
-    problem = file_problem(path, MAX_FILE_BYTES, "a baseline or saved analysis")
+    problem = file_problem(path, MAX_FILE_BYTES, _HOLDER)
     if problem is not None:
         raise GuardFileError(problem)
 
