@@ -3,9 +3,11 @@ clear modelmeter error naming the argument, never a bare built-in error, a silen
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -53,6 +55,10 @@ def test_warning_toggles_take_only_flags() -> None:
         flops.unsupported_ops_warnings("no")  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="enabled must be True or False, got None"):
         flops.uncalled_modules_warnings(None)  # type: ignore[arg-type]
+    # what fvcore's callers pass besides bools: 0 and 1, numpy's bool (fvcore takes any truthy value)
+    assert flops.unsupported_ops_warnings(0) is flops  # type: ignore[arg-type]
+    assert flops.uncalled_modules_warnings(np.bool_(True)) is flops  # type: ignore[arg-type]
+    assert mm.flop_count_table(flops, 1, None, 1) == mm.flop_count_table(flops, 1, None, True)  # type: ignore[arg-type]
 
 
 def test_set_op_handle_refuses_a_name_no_operator_has_and_sets_nothing_when_one_pair_is_wrong() -> None:
@@ -160,7 +166,10 @@ def test_result_totals_json_and_render_refuse_wrong_arguments() -> None:
     with pytest.raises(mm.InvalidNameError, match="no metric 'flop'"):
         result.share("", "flop")
     with pytest.raises(InvalidValueError, match="indent must be a number of spaces"):
-        result.to_json("\t\t")  # type: ignore[arg-type]
+        result.to_json(-1)
+    with pytest.raises(InvalidValueError, match="indent must be whitespace"):
+        result.to_json("--")
+    assert result.to_json("\t") == json.dumps(json.loads(result.to_json()), indent="\t")  # as json.dumps takes it
     with pytest.raises(InvalidTypeError, match="a result's JSON is text, got dict"):
         mm.Result.from_json(result.to_dict())  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="result must be a modelmeter Result"):
@@ -256,8 +265,10 @@ def test_handle_counters_are_keyed_by_names_and_registered_handles_are_checked()
         flops.set_op_handle("aten::linear", lambda inputs, outputs: Counter({"linear": -5})).total()
     with pytest.raises(InvalidTypeError, match="the handle for mylib::fused must be callable or None, got int"):
         mm.register_handle("mylib::fused", 3)  # type: ignore[arg-type]
-    with pytest.raises(InvalidValueError, match="operator names are 'namespace::name'.*got 3"):
+    with pytest.raises(InvalidTypeError, match="operator names are strings, 'namespace::name'.*got 3"):
         mm.register_handle(3, None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="operator names are 'namespace::name'.*got 'fused'"):
+        mm.register_handle("fused", None)
 
 
 def test_a_result_with_a_nan_cost_renders_in_every_format() -> None:

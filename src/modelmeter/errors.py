@@ -120,9 +120,11 @@ def _codes(exc: BaseException) -> Iterator[object]:
 
 
 def check_flag(name: str, value: object) -> None:
-    """Refuse an argument ``name`` that is not ``True`` or ``False``: a truthy ``"no"`` would turn it on."""
-    if type(value) is not bool:
-        raise InvalidTypeError(f"{name} must be True or False, got {value!r:.60}")
+    """Refuse an argument ``name`` that is not a flag: a truthy ``"no"`` would turn it on. ``True``/``False``, an
+    integer (``0``/``1``, as fvcore's callers pass) and numpy's bool are flags."""
+    if isinstance(value, numbers.Integral) or getattr(getattr(value, "dtype", None), "kind", None) == "b":
+        return
+    raise InvalidTypeError(f"{name} must be True or False, got {value!r:.60}")
 
 
 def check_depth(name: str, value: object) -> None:

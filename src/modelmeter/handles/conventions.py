@@ -80,7 +80,9 @@ def register_handle(op: str, handle: Handle | Formula[Any] | CountInside | None,
     """
     if convention is not None:
         _check_convention(convention)
-    if not isinstance(op, str) or "::" not in op:
+    if not isinstance(op, str):
+        raise InvalidTypeError(f"operator names are strings, 'namespace::name' (e.g. 'mylib::fused'); got {op!r:.60}")
+    if "::" not in op:
         raise InvalidValueError(f"operator names are 'namespace::name' (e.g. 'mylib::fused'); got {op!r:.60}")
     if handle is not None and not callable(handle) and not isinstance(handle, (CountInside, Formula)):
         raise InvalidTypeError(f"the handle for {op} must be callable or None, got {type(handle).__name__}")

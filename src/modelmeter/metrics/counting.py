@@ -459,7 +459,9 @@ def _run(handle: Handle, op: str, inputs: list[Any], outputs: list[Any]) -> Any:
 
 
 def _check_number(op: str, value: Any) -> None:
-    if (type(value) is int or type(value) is float) and not value < 0:  # what handles return: no ABC check
+    # What handles return, at once (no ABC check); ``not value < 0`` lets a NaN through on purpose: a handle may
+    # say "unknown" so, and a result holds it (reports print it as nan).
+    if (type(value) is int or type(value) is float) and not value < 0:
         return
     itemsize = getattr(getattr(value, "dtype", None), "itemsize", 8)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or itemsize < 8:

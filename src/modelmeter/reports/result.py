@@ -128,9 +128,12 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_json(self, indent: int | None = 2) -> str:
+    def to_json(self, indent: int | str | None = 2) -> str:
         """Strict JSON: a cost that is not a finite number (a user handle's NaN) is written as ``null``."""
-        if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
+        if isinstance(indent, str):  # the string each level is indented with, as json.dumps takes it ("\t")
+            if indent.strip():
+                raise InvalidValueError(f"indent must be whitespace, a number of spaces or None, got {indent!r:.40}")
+        elif indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
             raise InvalidValueError(f"indent must be a number of spaces from 0 or None, got {indent!r:.40}")
         return jsontext.dumps(self.to_dict(), indent=indent)
 
