@@ -98,8 +98,9 @@ def _configured_cache_dir() -> tuple[str, str]:
 def chosen_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
     """The directory :func:`get_cache_dir` tries first, as an absolute path, neither created nor checked.
 
-    ``~`` and environment variables (``$SCRATCH/cache``) are expanded; ``InvalidTypeError`` or
-    ``InvalidValueError`` name a ``cache_dir`` or variable that cannot be a directory.
+    ``~`` is expanded, and so are environment variables in a setting read from the environment
+    (``MODELMETER_CACHE='$SCRATCH/cache'``; a ``cache_dir`` given is a path as written, ``$`` and all);
+    ``InvalidTypeError`` or ``InvalidValueError`` name a ``cache_dir`` or variable that cannot be a directory.
     """
     if cache_dir is not None:
         source = "cache_dir"
@@ -108,9 +109,10 @@ def chosen_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
             raise InvalidTypeError(f"cache_dir must be a str or an os.PathLike of str, got {type(cache_dir).__name__}")
     else:
         source, raw = _configured_cache_dir()
+        raw = os.path.expandvars(raw)
     if "\0" in raw:
         raise InvalidValueError(f"{source} holds a NUL character, which no directory name holds: {raw!r}")
-    return os.path.abspath(os.path.expanduser(os.path.expandvars(raw)))
+    return os.path.abspath(os.path.expanduser(raw))
 
 
 def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
@@ -118,9 +120,9 @@ def get_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> str:
 
     Order: ``cache_dir``, ``$MODELMETER_CACHE``, ``$FVCORE_CACHE``, the platform's user cache directory
     (``$XDG_CACHE_HOME/modelmeter`` or ``~/.cache/modelmeter`` on Linux, ``~/Library/Caches/modelmeter`` on
-    macOS, ``%LOCALAPPDATA%\\modelmeter\\Cache`` on Windows). ``~`` and ``$VARIABLES`` are expanded. If that
-    directory cannot be written, ``<tempdir>/modelmeter_cache_<user>`` is used with a logged WARNING; if neither
-    works, ``OSError``.
+    macOS, ``%LOCALAPPDATA%\\modelmeter\\Cache`` on Windows). ``~`` is expanded, and ``$VARIABLES`` in the
+    variables' values. If that directory cannot be written, ``<tempdir>/modelmeter_cache_<user>`` is used with a
+    logged WARNING; if neither works, ``OSError``.
     """
     chosen = chosen_cache_dir(cache_dir)
     problem = _make_writable_dir(chosen)
