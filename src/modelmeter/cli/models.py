@@ -297,8 +297,10 @@ def _build(builder: Callable[..., nn.Module], kwargs: dict[str, Any], device: to
         try:
             with torch.device(device):
                 return builder(**kwargs, **{size_key: resolution})
-        except TypeError:
-            pass  # the builder takes no size: any resolution works
+        except TypeError as exc:
+            if isinstance(exc, ModelMeterError):  # the zoo's own check of an argument: say it, do not retry
+                raise
+            # the builder takes no size: any resolution works
     with torch.device(device):
         return builder(**kwargs)
 

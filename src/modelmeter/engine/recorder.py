@@ -28,6 +28,7 @@ from .._torch_compat import (
     JaggedTensor,
     OpOverload,
     OpOverloadPacket,
+    any_autocast_enabled,
     counted_by_kernels,
     current_autograd_node,
     function_modes,
@@ -404,7 +405,8 @@ class FunctionRecorder(TorchFunctionMode):
         call = _function_call(func)
         if call is None or rec.paused:
             return func(*args, **kwargs)
-        if rec.cpu_stand_ins and torch.is_autocast_enabled("cpu"):  # entered by the model: FakeTensors are cast
+        # CPU autocast entered by the model, which FakeTensors on the CPU follow (any device's first: one call)
+        if rec.cpu_stand_ins and any_autocast_enabled() and torch.is_autocast_enabled("cpu"):
             raise UnsupportedError("CPU autocast does not cast the meta tensors that stand for CPU ones")
         if counted_by_kernels((args, kwargs)):  # under vmap or forward-mode AD: see counted_by_kernels
             return _as_on_the_cpu(func, args, kwargs)

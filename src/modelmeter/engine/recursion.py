@@ -19,9 +19,10 @@ _BELOW = 200  # frames the recorder's modes, handlers and kernels add below the 
 @contextmanager
 def recursion_headroom() -> Iterator[None]:
     """Raise Python's recursion limit while a run is recorded, so that a model nests as deep under the recorder as it
-    does without it. The C stack is no deeper for it: the frames the hooks add are Python functions called from
-    Python code (no C recursion on Python 3.11+), and a module call makes as many C frames as in a plain run, so a
-    model too deep for PyTorch still fails at about the depth where PyTorch's own run does. The limit is the
+    does without it. The C stack is no deeper for it on Python 3.11+: the frames the hooks add are Python functions
+    called from Python code (no C recursion there; on 3.10 each takes a little C stack too), and a module call makes
+    as many C frames as in a plain run, so a model too deep for PyTorch still fails at about the depth where
+    PyTorch's own run does. The limit is the
     process's: put back when the run ends, unless the model's code set one of its own meanwhile (a plain run would
     have left that one)."""
     found = sys.getrecursionlimit()
