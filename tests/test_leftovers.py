@@ -267,3 +267,27 @@ def test_a_table_of_a_nan_cost_prints_it(nan_result: Any, fmt: str) -> None:
     assert "nan" in text.splitlines()[2]  # the model's row: the ReLU's NaN counted in
     linear = next(line for line in text.splitlines() if line.lstrip("| ").startswith("0 "))
     assert "32" in linear  # fvcore's 2 x 4 x 4 multiply-adds of the Linear, in its plain unit
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "meta"])
+def test_positions_past_a_learned_position_table_fail_as_the_real_run_does(execution: str, tmp_path: Path) -> None:
+    """A fake run's embedding cannot see its indices, so a sequence longer than a learned position table (GPT-2 with
+    16 positions given 17 tokens) was counted where the real run fails. The positions the model made itself
+    (``arange``) have known values: checked against the table, as the CPU kernel does; the caller's token ids are not
+    read (a disk cache keeps such a run: its trace follows from what the key holds)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_positions=16, n_embd=32, n_layer=1, n_head=2, vocab_size=100,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2Model(config).eval()
+    too_long, fits = torch.randint(0, 100, (1, 17)), torch.randint(0, 100, (1, 16))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        model(too_long)  # the oracle: the real run
+    if execution == "meta":
+        with torch.device("meta"):
+            model = transformers.GPT2Model(config)
+    options: dict[str, Any] = {} if execution == "meta" else {"execution": execution}
+    with pytest.raises(ModelRunError, match=r"'wpe' \(Embedding\) at operator aten::embedding: IndexError"):
+        analyze(model, too_long, cache=False, quiet=True, **options).result()
+    first = analyze(model, fits, cache_dir=tmp_path, quiet=True, **options)
+    assert first.result().total("flops") > 0 and not first.from_cache
+    assert analyze(model, fits.clone(), cache_dir=tmp_path, quiet=True, **options).from_cache

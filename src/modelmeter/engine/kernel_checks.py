@@ -9,7 +9,8 @@ module's call is then explained by :mod:`.expectations` as for a real run. Real 
 
 The table was found by running wrong calls on the CPU and on meta tensors side by side; ``WRONG_CALLS`` in
 tests/test_wrong_inputs.py keeps them, each refused by the CPU and by a fake run. Only what the CPU kernel refuses
-whatever the values is checked (an embedding index out of range needs values). Most checks hold on every device
+whatever the values is checked, but for an embedding index past its table where the model made the index's values
+itself (known values, engine/values.py: an ``arange`` of positions). Most checks hold on every device
 (operands of one dtype, shapes, integer indices); the CPU's own rules (a norm's mixes of dtypes, integer inputs to
 ``histc`` and resampling) apply only to tensors that stand for CPU ones — not to a model built on meta, which may be
 meant for any device and whose code may take another device's path, nor to FakeTensors on ``cuda`` (a model
@@ -25,6 +26,7 @@ import torch
 
 from .._torch_compat import FakeTensor
 from .metadata import recorded_device
+from .values import made_bounds
 
 Check = Callable[[tuple[Any, ...], dict[str, Any]], None]
 _aten = torch.ops.aten
@@ -229,6 +231,19 @@ def _index(op: str) -> Check:
     return check
 
 
+def _indices_in_table(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``embedding`` of an index past its table — a position beyond a learned position table (``arange`` of a
+    sequence longer than ``max_position_embeddings``) — which the CPU kernel refuses and a meta kernel cannot see.
+    Only values the model made from what the caches key are read (:func:`~.values.made_bounds`: an ``arange`` of a
+    length, never the caller's token ids, whose values would then steer the trace unkeyed)."""
+    weight, indices = _argument(args, kwargs, 0, "weight"), _argument(args, kwargs, 1, "indices")
+    bounds = made_bounds(indices)
+    if bounds is None or not _without_values(weight):
+        return
+    if bounds[0] < 0 or bounds[1] >= weight.shape[0]:
+        raise IndexError("index out of range in self")  # torch's words
+
+
 _FLOATING_ONLY = ("gelu", "gelu_", "silu", "silu_", "mish", "mish_", "hardswish", "hardswish_", "hardsigmoid",
                   "hardsigmoid_", "elu", "elu_", "softplus", "log_sigmoid_forward", "glu", "_softmax", "_log_softmax")
 _STATISTICS = ("var", "std", "var_mean", "std_mean")  # their ``correction`` overloads, what torch.var & co. call
@@ -284,6 +299,7 @@ def _build() -> dict[Any, Check]:
         _aten.nll_loss_forward.default: _class_indices("nll_loss"),
         _aten.nll_loss2d_forward.default: _class_indices("nll_loss2d"),
         _aten.index_select.default: _index("index_select"),
+        _aten.embedding.default: _indices_in_table,
         _aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_mask,
     }
     floating = {getattr(_aten, name).default: _floating_only(name.strip("_")) for name in _FLOATING_ONLY}

@@ -154,6 +154,20 @@ class Shadows:
         return map_tensors(lambda values: _stand_in(values, tensors[0].device, given), real)
 
 
+def made_bounds(tensor: Any) -> tuple[int | float, int | float] | None:
+    """The least and the greatest of ``tensor``'s known values when the model made them from what the caches key —
+    shapes and constants (``arange`` of a length) —, not from the caller's tensors; None otherwise, or when it is
+    empty. Not noted as a read: such values follow from the key. Read with the run's modes set aside (a fake
+    run's FakeTensorMode would take the values for fake ones)."""
+    if not isinstance(tensor, torch.Tensor) or getattr(tensor, _GIVEN, False):
+        return None
+    values = getattr(tensor, _VALUES, None)
+    if values is None or _overwritten(values) or values.numel() == 0:
+        return None
+    with disable_current_modes(), torch.no_grad():
+        return values.min().item(), values.max().item()
+
+
 def has_values(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s values are known (it has a shadow, not overwritten by unknown values since)."""
     values = getattr(tensor, _VALUES, None)
