@@ -62,7 +62,8 @@ from .spec import Execution, LossFn, RunSpec
 from .trace import Trace
 from .values import Shadows, note_random_draws
 
-_NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
+# What a fake run raises where the model needs tensor values (the parallel runner says so in its own terms too)
+NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
 
 def record_trace(spec: RunSpec) -> Trace:
@@ -169,7 +170,7 @@ def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[s
     # Values are needed (.item(), data-dependent shapes), or an operator has no fake implementation:
     # real kernels answer both. If they fail too, the model itself is at fault, and that error is raised.
     trace = run(fake=False, model_on_meta=False, no_values=False)
-    reason = "the model needs real values" if isinstance(fake_failure.__cause__, _NEEDS_VALUES) else \
+    reason = "the model needs real values" if isinstance(fake_failure.__cause__, NEEDS_VALUES) else \
         "FakeTensors could not run it"
     trace.assumptions.append(f"{reason} ({fake_failure.operator or 'the forward'}): ran real kernels")
     return trace
@@ -740,7 +741,7 @@ def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, 
     op = recorder.failed_op
     at = f" at operator {op}" if op else ""
     hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
-        if isinstance(exc, _NEEDS_VALUES) else ""
+        if isinstance(exc, NEEDS_VALUES) else ""
     if not recorder.track_autograd and _took_gradients(exc):
         hint += (" (a forward-only analysis runs under torch.no_grad(), as inference does: a model that takes "
                  "gradients or hooks them inside forward is analysed with backward=True)")

@@ -20,18 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._torch_compat import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedFakeTensorException,
-    class_name,
-)
+from .._torch_compat import FakeTensorMode, class_name
 from ..engine.inputs import map_tensors
 from ..engine.naming import ModuleNames
 from ..engine.spec import RunSpec
 from ..engine.trace import ModuleInfo, Trace
-from ..engine.tracer import fake_like, record_trace
+from ..engine.tracer import NEEDS_VALUES, fake_like, record_trace
 from ..errors import InvalidValueError, ModelRunError, ParallelPlanError
 from .apply import materialize, meta_copy, parallelize
 from .mesh import group_names, simulated_mesh
@@ -85,12 +79,10 @@ def _in_users_terms(exc: ModelRunError, copy: nn.Module, model: nn.Module) -> Mo
         declared = own.get(name)
         if declared is not None and type(declared).__name__ != type(module).__name__:
             message = message.replace(type(module).__name__, type(declared).__name__)
-    if isinstance(exc.__cause__, _NEEDS_VALUES):
+    if isinstance(exc.__cause__, NEEDS_VALUES):
         message = message.replace(_VALUES_ADVICE, _VALUES_UNDER_A_PLAN)
     return type(exc)(message, exc.module, exc.operator)
 
-
-_NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedFakeTensorException)
 
 
 def describe_plan(plan: ParallelPlan, groups: dict[str, str]) -> dict[str, Any]:
