@@ -100,9 +100,9 @@ def test_versions_bumped_in_place_are_bumped_by_a_replay() -> None:
 def test_a_stack_of_repeated_layers_is_replayed_after_its_first_layer() -> None:
     trace, replayed = _same(_stack(20), torch.randn(3, 8))
     assert sorted(set(replayed)) == ["aten::gelu", "aten::linear"]
-    # a key's second call makes its template, the third is replayed; the first layer's input has known values (the
-    # caller's), the others' not: the fourth linear layer is the first replayed
-    assert replayed.count("aten::linear") == 17 and replayed.count("aten::gelu") == 18
+    # a key's first call makes its template, the second is replayed; the first layer's input has known values (the
+    # caller's), the others' not: the third linear layer is the first replayed
+    assert replayed.count("aten::linear") == 18 and replayed.count("aten::gelu") == 19
     assert [e.op for e in trace.events[:5]] == ["aten::linear", "aten::t", "aten::addmm", "aten::gelu", "aten::gelu"]
 
 
@@ -194,8 +194,8 @@ def test_a_storage_the_run_has_not_seen_is_never_replayed() -> None:
     with torch.device("meta"):
         model = _GlobalTensor(torch.ones(8))
     _, replayed = _same(model, torch.zeros(2, 8, device="meta"))
-    assert replayed.count("aten::linear") == 2
-    assert replayed.count("aten::add") == 2  # the sums of the third and fourth layer; none with the unseen tensor
+    assert replayed.count("aten::linear") == 3
+    assert replayed.count("aten::add") == 3  # the sums of the second to fourth layer; none with the unseen tensor
 
 
 _REQUIRES_GRAD: list[bool] = []  # what the model below saw (kept outside it: a run leaves the model as it found it)
@@ -234,7 +234,7 @@ def test_autocast_grad_mode_and_the_default_dtype_are_part_of_a_call() -> None:
     _REQUIRES_GRAD.clear()
     trace, replayed = _same(_Switches().eval(), torch.randn(2, 8))
     assert _REQUIRES_GRAD == [False, False, False, True] * 2
-    assert replayed.count("aten::linear") == 1  # the third plain call: not under autocast, nor with grad
+    assert replayed.count("aten::linear") == 2  # the second and third plain calls: not under autocast, nor with grad
     halves = [e for e in trace.events if e.op == "aten::mul" and e.level == "function" and e.inputs[0].dtype == "int64"]
     assert [e.outputs[0].dtype for e in halves] == ["float32", "float64"]
 
@@ -265,7 +265,7 @@ class _Negated(nn.Module):
 
 def test_a_negative_view_or_one_of_another_dtype_is_not_taken_for_a_plain_view() -> None:
     _, replayed = _same(_Negated().eval(), torch.randn(2, 8))
-    assert replayed.count("aten::mul") == 1 and replayed.count("aten::add") == 1
+    assert replayed.count("aten::mul") == 2 and replayed.count("aten::add") == 2
 
 
 @pytest.mark.parametrize("frees", [False, True])
@@ -290,7 +290,7 @@ def test_a_call_during_which_an_older_storage_is_freed_is_recorded_every_time(fr
         return out
 
     outputs = [memo.run(torch.neg, (x,), {}, record) for _ in range(3)]
-    assert len(recorded) == (3 if frees else 2)
+    assert len(recorded) == (3 if frees else 1)
     assert [o.shape for o in outputs] == [(2,)] * 3 and outputs[1] is not outputs[2]
 
 
