@@ -226,9 +226,10 @@ def test_a_failed_check_names_every_digit_of_the_values(capsys: pytest.CaptureFi
 
 
 @pytest.mark.parametrize(("saved", "checked", "shown"), [
-    (("--optimizer", "adam"), ("--optimizer", "sgd"), "'--optimizer adam', this run has '--optimizer sgd'"),
-    (("--optimizer", "adam"), ("--backward", "--memory"), "'--optimizer adam', this run has 'none'"),
-    (("--backward", "--memory"), ("--optimizer", "sgd"), "'none', this run has '--optimizer sgd'"),
+    (("--optimizer", "adam"), ("--optimizer", "sgd"),
+     "'--optimizer adam; mode: eval', this run has '--optimizer sgd; mode: eval'"),
+    (("--optimizer", "adam"), ("--backward", "--memory"), "'--optimizer adam; mode: eval', this run has 'mode: eval'"),
+    (("--backward", "--memory"), ("--optimizer", "sgd"), "'mode: eval', this run has '--optimizer sgd; mode: eval'"),
 ])
 @pytest.mark.usefixtures("model_dir")
 def test_a_run_with_other_run_options_is_not_compared(capsys: pytest.CaptureFixture[str], saved: tuple[str, ...],

@@ -7,6 +7,7 @@ Usable in any test runner (a failure is a :class:`CostAssertionError`, an ``Asse
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from torch import nn
@@ -14,7 +15,7 @@ from torch import nn
 from ..analysis import analyze
 from ..cache.shared import SHARED
 from ..errors import ModelExitError, ModelMeterError
-from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record
+from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record, training_mode
 from .values import GuardFileError, check_tolerance
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
@@ -38,8 +39,10 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     Returns the :class:`Comparison` (what shrank is a note in it), or ``None`` with ``update=True``, which
     writes the entry instead (the file's other entries are kept). Raises :class:`CostAssertionError` when a
     cost grew (the report names the module), when the file or entry is missing (with ``hint``), or when the
-    inputs, convention or backward pass differ from the baseline's, or when the model's code calls
-    ``sys.exit``. ``TypeError`` / ``ValueError`` naming ``tolerance`` unless it is a finite number >= 0.
+    inputs, convention, backward pass or the model's training mode (``model.train()`` / ``.eval()``, module by
+    module) differ from the baseline's, or when the model's code calls ``sys.exit``. A check that passes with a
+    note (an entry saved before entries kept the training mode) warns with it. ``TypeError`` / ``ValueError``
+    naming ``tolerance`` unless it is a finite number >= 0.
     """
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
     name = entry_name(model, name)
@@ -51,7 +54,7 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
         raise
     except BaseException as exc:  # sys.exit() in forward(): the costs were not checked, which is a failure
         raise CostAssertionError(str(ModelExitError(name, exc))) from None
-    current = entry_from_result(result)
+    current = entry_from_result(result, mode=training_mode(model))  # (analyze left the flags as they were)
     if update:
         record(baseline, name, current)
         return None
@@ -71,4 +74,6 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
         raise CostAssertionError(str(exc)) from None
     if not comparison.ok:
         raise CostAssertionError(comparison.report())
+    for note in comparison.notes:
+        warnings.warn(f"{name}: {note}", stacklevel=2)
     return comparison
