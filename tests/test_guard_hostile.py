@@ -392,3 +392,38 @@ def test_a_metric_in_capitals_is_named_as_unknown_not_as_a_bad_amount() -> None:
         check_budget(result, parse_budget("TIME=5ms"))
     with pytest.raises(ValueError, match="Intensity is a ratio"):
         parse_budget("Intensity=5")
+
+
+class Counted(nn.Linear):
+    """A Linear that counts its calls: an argument refused before the model runs leaves it at 0."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"name": 1}, TypeError, "name must be a string .*got int 1"),
+    ({"name": ("mlp",)}, TypeError, "name must be a string"),
+    ({"name": ""}, ValueError, "name must be a printable name of 1 to 1000 characters"),
+    ({"name": "a\nb"}, ValueError, "name must be a printable name"),
+    ({"name": "x" * 1001}, ValueError, "name must be a printable name"),
+    ({"baseline": 3}, TypeError, "baseline must be a path"),
+    ({"baseline": None}, TypeError, "baseline must be a path"),
+])
+@pytest.mark.parametrize("update", [False, True])
+def test_assert_cost_refuses_a_name_or_baseline_no_file_can_hold_before_the_model_runs(
+        tmp_path: Path, options: dict[str, object], error: type[Exception], message: str, update: bool) -> None:
+    """name=1 ran the model, then broke in sorting the file's names (a bare TypeError: '<' not supported between
+    'int' and 'str') or, alone in a file, was written as "1" and never found again by name=1; name="" was the
+    class name, silently; baseline=None was os.fspath's bare TypeError."""
+    assert_cost(nn.Linear(2, 2), torch.randn(1, 2), tmp_path / "b.json", update=True)
+    before = (tmp_path / "b.json").read_text()
+    Counted.calls = 0
+    arguments: dict[str, object] = {"baseline": tmp_path / "b.json", **options}
+    with pytest.raises(error, match=message):
+        assert_cost(Counted(2, 2), torch.randn(1, 2), update=update, **arguments)  # type: ignore[arg-type]
+    assert Counted.calls == 0
+    assert (tmp_path / "b.json").read_text() == before

@@ -14,9 +14,9 @@ from torch import nn
 
 from ..analysis import analyze
 from ..cache.shared import SHARED
-from ..errors import ModelExitError, ModelMeterError
+from ..errors import InvalidTypeError, InvalidValueError, ModelExitError, ModelMeterError
 from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record, training_mode
-from .values import GuardFileError, check_tolerance
+from .values import GuardFileError, check_tolerance, is_printable_name, shorten
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
 
@@ -26,8 +26,18 @@ class CostAssertionError(ModelMeterError, AssertionError):
 
 
 def entry_name(model: nn.Module, name: str | None) -> str:
-    """The baseline entry ``assert_cost`` uses: ``name``, else the model's class name."""
-    return name or type(model).__name__
+    """The baseline entry ``assert_cost`` uses: ``name``, else the model's class name. A ``TypeError`` /
+    ``ValueError`` for a name no baseline can hold (not a string: the file's names are sorted; empty; control
+    characters or over 1000 characters), before the model runs."""
+    if name is None:
+        return type(model).__name__
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"name must be a string (the baseline entry's), got {type(name).__name__} "
+                               f"{shorten(name)}")
+    if not name or not is_printable_name(name):
+        raise InvalidValueError(f"name must be a printable name of 1 to 1000 characters (None: the model's class "
+                                f"name), got {shorten(name)}")
+    return name
 
 
 def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str], *, name: str | None = None,
@@ -45,6 +55,8 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     naming ``tolerance`` unless it is a finite number >= 0.
     """
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
+    if not isinstance(baseline, str | os.PathLike):
+        raise InvalidTypeError(f"baseline must be a path (str or os.PathLike), got {type(baseline).__name__}")
     name = entry_name(model, name)
     try:
         with SHARED.set_aside():  # the model as it runs now: no recording of this process's, no cache entry
