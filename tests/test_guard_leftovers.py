@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from modelmeter import analyze
+from modelmeter.cli import main
 from modelmeter.cli.job import DeviceOptions, Job, job_argv
 from modelmeter.cli.models import load_model
 from modelmeter.guard import (
@@ -153,9 +154,11 @@ def test_the_command_records_the_mode_it_builds_models_in(capsys: pytest.Capture
     assert "run options 'mode: train', this run has 'mode: eval'" in err
 
 
-@pytest.mark.parametrize("mode", ["Train", "training", "eval except", 1, None, ["eval"], "eval\nexcept x"])
+@pytest.mark.parametrize("mode", ["Train", "training", "eval except", 1, None, ["eval"], "eval\nexcept x",
+                                  "eval except \x1b[2J"])
 def test_a_mode_no_run_has_is_refused_when_the_file_is_read(tmp_path: Path, mode: Any) -> None:
-    """A hand-edited mode that no run can have would refuse every check as another run's: refused on reading."""
+    """A hand-edited mode that no run can have would refuse every check as another run's, and one with an escape
+    sequence would rewrite the terminal that prints it: refused on reading."""
     assert_cost(normed(), X, tmp_path / "b.json", update=True)
     data = json.loads((tmp_path / "b.json").read_text())
     data["models"]["Sequential"]["mode"] = mode
@@ -201,6 +204,27 @@ def test_a_run_that_starts_recomputing_has_grown() -> None:
     grown = {(change.module, change.metric): (change.before, change.after) for change in comparison.grew}
     assert grown[("", "recompute_flops")] == grown[("block.0", "recompute_flops")] == (0, 4 * 8 * 8)
     assert compare("block", recomputing, plain).shrank  # and back: a note, not a mismatch
+
+
+@pytest.mark.usefixtures("model_dir")
+@pytest.mark.parametrize("old", [False, True])
+def test_a_diff_of_a_baseline_and_a_result_of_one_backward_pass_finds_nothing(capsys: pytest.CaptureFixture[str],
+                                                                               old: bool) -> None:
+    """With recompute_* 0 in a baseline's entry, `modelmeter diff` noted "not compared, only the before file has
+    them: recompute_flops" against the result of the same run: the result, and an entry saved before entries
+    held them (old), follow the same rule."""
+    cli(capsys, "m.py:normed", "--input", "2x3x8x8", "--backward", "--save-baseline", "b.json")
+    if old:
+        data = json.loads(Path("b.json").read_text())
+        for metrics in data["models"]["m.py:normed"]["modules"].values():
+            del metrics["recompute_flops"]
+        Path("b.json").write_text(json.dumps(data))
+        assert BaselineFile.load("b.json").entries["m.py:normed"].modules["0"]["recompute_flops"] == 0
+    cli(capsys, "m.py:normed", "--input", "2x3x8x8", "--backward", "--format", "json", "-o", "r.json")
+    for files in (("b.json", "r.json"), ("r.json", "b.json")):
+        assert main(["diff", *files]) == 0
+        out, err = capsys.readouterr()
+        assert "no differences" in out and "not compared" not in err, err
 
 
 # --- 3. the run options, derived from what the command writes -----------------------------------------------------

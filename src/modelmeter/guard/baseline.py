@@ -345,6 +345,7 @@ def _parse_entry(data: Any, what: str) -> Entry:
         except (TypeError, ValueError) as exc:
             raise GuardFileError(str(exc)) from None
     _check_metrics(modules, what)
+    modules = {module: with_recompute(metrics) for module, metrics in modules.items()}  # (an entry saved without)
     return Entry(_field(data, "model", str, what), inputs, _field(data, "convention", str, what),
                  _field(data, "backward", bool, what), modules, spec, roofline, _parse_mode(data, what))
 
@@ -355,7 +356,7 @@ def _parse_mode(data: dict[str, Any], what: str) -> str | None:
     if "mode" not in data:
         return None
     mode: str = _field(data, "mode", str, what)
-    if re.fullmatch(r"(train|eval)( except .+)?", mode) is None:
+    if not mode.isprintable() or re.fullmatch(r"(train|eval)( except .+)?", mode) is None:  # (printed in errors)
         raise GuardFileError(f"{what}: mode must be 'train' or 'eval' (then ' except ' and the modules whose flag is "
                              f"the other), got {_kind(mode)}")
     return mode
