@@ -427,3 +427,16 @@ def test_assert_cost_refuses_a_name_or_baseline_no_file_can_hold_before_the_mode
         assert_cost(Counted(2, 2), torch.randn(1, 2), update=update, **arguments)  # type: ignore[arg-type]
     assert Counted.calls == 0
     assert (tmp_path / "b.json").read_text() == before
+
+
+def test_a_baseline_that_is_a_symbolic_link_is_written_where_it_points(tmp_path: Path) -> None:
+    """A project linking a shared baseline file: recording an entry through the link replaced the link with a
+    file of its own (atomic_write renames over the path), and the shared file never got the entry."""
+    shared = tmp_path / "shared" / "costs.json"
+    assert_cost(nn.Linear(2, 2), torch.randn(1, 2), shared, update=True)
+    (tmp_path / "project").mkdir()
+    link = tmp_path / "project" / "costs.json"
+    link.symlink_to(shared)
+    assert_cost(nn.Linear(3, 3), torch.randn(1, 3), link, name="three", update=True)
+    assert link.is_symlink()
+    assert set(json.loads(shared.read_text())["models"]) == {"Linear", "three"}

@@ -484,8 +484,10 @@ def record(baseline: str | os.PathLike[str], name: str, entry: Entry) -> None:
     """Write ``entry`` as ``name`` into the baseline file, keeping its other entries; parallel writers (e.g.
     pytest-xdist workers) take turns through one lock in the user's cache directory, not a lock file left
     next to the baseline in the project, and a ``flock`` on the baseline's directory (no file: writers with
-    other cache directories, such as CI jobs each given their own, lost each other's entries)."""
-    path = os.path.abspath(baseline)
+    other cache directories, such as CI jobs each given their own, lost each other's entries). A baseline that is a
+    symbolic link is written where it points (the rename of an atomic write replaced the link with a file, and the
+    file it pointed to, shared by other projects, never got the entry)."""
+    path = os.path.realpath(baseline)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with file_lock(os.path.join(get_cache_dir(), "baselines")), directory_lock(os.path.dirname(path)):
         file = BaselineFile.load(path) if os.path.exists(path) else BaselineFile()
