@@ -412,19 +412,22 @@ class Counted(nn.Linear):
     ({"name": "x" * 1001}, ValueError, "name must be a printable name"),
     ({"baseline": 3}, TypeError, "baseline must be a path"),
     ({"baseline": None}, TypeError, "baseline must be a path"),
+    ({"update": "0"}, TypeError, "update must be True or False, got '0'"),
+    ({"update": "no"}, TypeError, "update must be True or False"),
 ])
 @pytest.mark.parametrize("update", [False, True])
-def test_assert_cost_refuses_a_name_or_baseline_no_file_can_hold_before_the_model_runs(
+def test_assert_cost_refuses_a_name_baseline_or_update_it_cannot_use_before_the_model_runs(
         tmp_path: Path, options: dict[str, object], error: type[Exception], message: str, update: bool) -> None:
     """name=1 ran the model, then broke in sorting the file's names (a bare TypeError: '<' not supported between
     'int' and 'str') or, alone in a file, was written as "1" and never found again by name=1; name="" was the
-    class name, silently; baseline=None was os.fspath's bare TypeError."""
+    class name, silently; baseline=None was os.fspath's bare TypeError; update="0" (os.getenv's) recorded the
+    costs instead of checking them, a pass whatever they were."""
     assert_cost(nn.Linear(2, 2), torch.randn(1, 2), tmp_path / "b.json", update=True)
     before = (tmp_path / "b.json").read_text()
     Counted.calls = 0
     arguments: dict[str, object] = {"baseline": tmp_path / "b.json", **options}
     with pytest.raises(error, match=message):
-        assert_cost(Counted(2, 2), torch.randn(1, 2), update=update, **arguments)  # type: ignore[arg-type]
+        assert_cost(Counted(2, 2), torch.randn(1, 2), **{"update": update, **arguments})  # type: ignore[arg-type]
     assert Counted.calls == 0
     assert (tmp_path / "b.json").read_text() == before
 

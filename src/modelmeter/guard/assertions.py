@@ -14,7 +14,7 @@ from torch import nn
 
 from ..analysis import analyze
 from ..cache.shared import SHARED
-from ..errors import InvalidTypeError, InvalidValueError, ModelExitError, ModelMeterError
+from ..errors import InvalidTypeError, InvalidValueError, ModelExitError, ModelMeterError, check_flag
 from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record, training_mode
 from .values import GuardFileError, check_tolerance, is_printable_name, shorten
 
@@ -55,6 +55,7 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     naming ``tolerance`` unless it is a finite number >= 0.
     """
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
+    check_flag("update", update)  # update=os.getenv("UPDATE"), "0", recorded instead of checking: a pass, always
     if not isinstance(baseline, str | os.PathLike):
         raise InvalidTypeError(f"baseline must be a path (str or os.PathLike), got {type(baseline).__name__}")
     name = entry_name(model, name)
