@@ -128,17 +128,17 @@ MODEL_FILE = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    Path("m.py").write_text(MODEL_FILE)
-    return tmp_path
+def in_project(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work in ``path``, where ``m.py:normed`` names the model."""
+    monkeypatch.chdir(path)
+    (path / "m.py").write_text(MODEL_FILE)
 
 
-@pytest.mark.usefixtures("model_dir")
-def test_the_command_records_the_mode_it_builds_models_in(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_records_the_mode_it_builds_models_in(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The command's models are in eval mode (load_model): its entries say so, and an entry it saved before
     entries kept the mode is one of eval mode, compared without a note. An entry of another mode is refused."""
+    in_project(tmp_path, monkeypatch)
     assert training_mode(load_model("m.py:normed").model) == COMMAND_MODE == "eval"
     cli(capsys, "m.py:normed", "--input", "2x3x8x8", "--save-baseline", "b.json")
     assert BaselineFile.load("b.json").entries["m.py:normed"].mode == "eval"
@@ -206,13 +206,13 @@ def test_a_run_that_starts_recomputing_has_grown() -> None:
     assert compare("block", recomputing, plain).shrank  # and back: a note, not a mismatch
 
 
-@pytest.mark.usefixtures("model_dir")
 @pytest.mark.parametrize("old", [False, True])
-def test_a_diff_of_a_baseline_and_a_result_of_one_backward_pass_finds_nothing(capsys: pytest.CaptureFixture[str],
-                                                                               old: bool) -> None:
+def test_a_diff_of_a_baseline_and_a_result_of_one_backward_pass_finds_nothing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: bool) -> None:
     """With recompute_* 0 in a baseline's entry, `modelmeter diff` noted "not compared, only the before file has
     them: recompute_flops" against the result of the same run: the result, and an entry saved before entries
     held them (old), follow the same rule."""
+    in_project(tmp_path, monkeypatch)
     cli(capsys, "m.py:normed", "--input", "2x3x8x8", "--backward", "--save-baseline", "b.json")
     if old:
         data = json.loads(Path("b.json").read_text())
