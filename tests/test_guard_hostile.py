@@ -443,3 +443,17 @@ def test_a_baseline_that_is_a_symbolic_link_is_written_where_it_points(tmp_path:
     assert_cost(nn.Linear(3, 3), torch.randn(1, 3), link, name="three", update=True)
     assert link.is_symlink()
     assert set(json.loads(shared.read_text())["models"]) == {"Linear", "three"}
+
+
+@pytest.mark.parametrize("text", ["garbage",
+                                  '{"format": "modelmeter-baseline", "schema_version": 1, "models": {"x": 3}}'])
+def test_recording_into_a_broken_baseline_fails_in_one_line_before_the_model_runs(tmp_path: Path, text: str) -> None:
+    """`pytest --update-baselines` ran the model, then raised GuardFileError from deep in the file's reading (a
+    traceback through modelmeter), where the check of the same file fails in one line; the command's
+    --save-baseline refuses such a file before the model runs."""
+    (tmp_path / "b.json").write_text(text)
+    Counted.calls = 0
+    with pytest.raises(CostAssertionError, match="b.json") as failure:
+        assert_cost(Counted(2, 2), torch.randn(1, 2), tmp_path / "b.json", update=True)
+    assert Counted.calls == 0 and "\n" not in str(failure.value)
+    assert (tmp_path / "b.json").read_text() == text

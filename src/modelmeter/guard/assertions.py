@@ -6,8 +6,10 @@ Usable in any test runner (a failure is a :class:`CostAssertionError`, an ``Asse
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -15,7 +17,16 @@ from torch import nn
 from ..analysis import analyze
 from ..cache.shared import SHARED
 from ..errors import InvalidTypeError, InvalidValueError, ModelExitError, ModelMeterError, check_flag
-from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record, training_mode
+from .baseline import (
+    BaselineFile,
+    BaselineMismatch,
+    Comparison,
+    Entry,
+    compare,
+    entry_from_result,
+    record,
+    training_mode,
+)
 from .values import GuardFileError, check_tolerance, is_printable_name, shorten
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
@@ -48,7 +59,8 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
 
     Returns the :class:`Comparison` (what shrank is a note in it), or ``None`` with ``update=True``, which
     writes the entry instead (the file's other entries are kept). Raises :class:`CostAssertionError` when a
-    cost grew (the report names the module), when the file or entry is missing (with ``hint``), or when the
+    cost grew (the report names the module), when the file or entry is missing (with ``hint``), when the file
+    cannot be read (with ``update``: before the model runs) or written, or when the
     inputs, convention, backward pass or the model's training mode (``model.train()`` / ``.eval()``, module by
     module) differ from the baseline's, or when the model's code calls ``sys.exit``. A check that passes with a
     note (an entry saved before entries kept the training mode) warns with it. ``TypeError`` / ``ValueError``
@@ -59,6 +71,9 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     if not isinstance(baseline, str | os.PathLike):
         raise InvalidTypeError(f"baseline must be a path (str or os.PathLike), got {type(baseline).__name__}")
     name = entry_name(model, name)
+    path = os.fspath(baseline)
+    if update and os.path.exists(path):  # a file it could not record into fails before the run (--save-baseline's)
+        _load(path)
     try:
         with SHARED.set_aside():  # the model as it runs now: no recording of this process's, no cache entry
             result = analyze(model, inputs, convention=convention, backward=backward, cache=False,
@@ -69,15 +84,12 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
         raise CostAssertionError(str(ModelExitError(name, exc))) from None
     current = entry_from_result(result, mode=training_mode(model))  # (analyze left the flags as they were)
     if update:
-        record(baseline, name, current)
+        with _file_failures():
+            record(path, name, current)
         return None
-    path = os.fspath(baseline)
     if not os.path.exists(path):
         raise CostAssertionError(f"no baseline file {path!r} for {name!r}; {hint}")
-    try:
-        entries = BaselineFile.load(path).entries
-    except GuardFileError as exc:
-        raise CostAssertionError(str(exc)) from None
+    entries = _load(path)
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none"
         raise CostAssertionError(f"the baseline {path!r} has no entry {name!r} (entries: {known}); {hint}")
@@ -90,3 +102,18 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     for note in comparison.notes:
         warnings.warn(f"{name}: {note}", stacklevel=2)
     return comparison
+
+
+def _load(path: str) -> dict[str, Entry]:
+    """The entries of the baseline file ``path``."""
+    with _file_failures():
+        return BaselineFile.load(path).entries
+
+
+@contextlib.contextmanager
+def _file_failures() -> Iterator[None]:
+    """A baseline file that cannot be read or written fails the check in one line, recording or checking."""
+    try:
+        yield
+    except GuardFileError as exc:
+        raise CostAssertionError(str(exc)) from None
