@@ -17,16 +17,7 @@ from torch import nn
 from ..analysis import analyze
 from ..cache.shared import SHARED
 from ..errors import InvalidTypeError, InvalidValueError, ModelExitError, ModelMeterError, check_flag
-from .baseline import (
-    BaselineFile,
-    BaselineMismatch,
-    Comparison,
-    Entry,
-    compare,
-    entry_from_result,
-    record,
-    training_mode,
-)
+from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record, training_mode
 from .values import GuardFileError, check_tolerance, is_printable_name, shorten
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
@@ -89,7 +80,7 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
         return None
     if not os.path.exists(path):
         raise CostAssertionError(f"no baseline file {path!r} for {name!r}; {hint}")
-    entries = _load(path)
+    entries = _load(path).entries
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none"
         raise CostAssertionError(f"the baseline {path!r} has no entry {name!r} (entries: {known}); {hint}")
@@ -104,10 +95,10 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
     return comparison
 
 
-def _load(path: str) -> dict[str, Entry]:
-    """The entries of the baseline file ``path``."""
+def _load(path: str) -> BaselineFile:
+    """The baseline file ``path``, read."""
     with _file_failures():
-        return BaselineFile.load(path).entries
+        return BaselineFile.load(path)
 
 
 @contextlib.contextmanager
