@@ -59,7 +59,8 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
         if failure:  # failed outside the except block, so that pytest shows the report alone, not a chain
             pytest.fail(failure, pytrace=False)
         if update:
-            request.config.stash.setdefault(_updated, []).append(str(path))
+            if recorded_by is None:  # (a second recording, compared instead, wrote nothing)
+                request.config.stash.setdefault(_updated, []).append(str(path))
             return None
         return comparison
 
@@ -67,13 +68,17 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
 
 
 def _recorded_by(request: pytest.FixtureRequest, path: Path, name: str) -> str | None:
-    """The other test that recorded the entry ``name`` of ``path`` in this ``--update-baselines`` run, if one
-    did (None for the first). Two models sharing an entry (the class name by default: two ResNets) would
-    overwrite each other, and the one recorded first would from then on be checked against the other's costs
-    (a smaller one always passing): a second test may record it only with the same costs, compared instead."""
+    """The test that recorded the entry ``name`` of ``path`` earlier in this ``--update-baselines`` run, if one
+    did (None for the first): another test, or this one (a loop over two models). Two models sharing an entry
+    (the class name by default: two ResNets) would overwrite each other, and the one recorded first would from
+    then on be checked against the other's costs (a smaller one always passing): a second call may record it only
+    with the same costs, compared instead."""
     recorders = request.config.stash.setdefault(_recorders, {})
-    first = recorders.setdefault((str(path.resolve()), name), request.node.nodeid)
-    return None if first == request.node.nodeid else first
+    key = (str(path.resolve()), name)
+    if key in recorders:
+        return recorders[key]
+    recorders[key] = request.node.nodeid
+    return None
 
 
 def _differences(comparison: Comparison | None) -> str:
@@ -87,7 +92,8 @@ def _recorded_twice(test: str, first: str, name: str, path: Path, differences: s
     """The failure of a second test recording the entry that ``first`` recorded with other costs, or ""."""
     if not differences:
         return ""
-    return (f"{test} records the entry {name!r} of {path} with other costs or inputs than {first} did in this "
+    earlier = "an earlier call of the same test" if first == test else first
+    return (f"{test} records the entry {name!r} of {path} with other costs or inputs than {earlier} did in this "
             f"run: one would be checked against the other's costs; give each its own name=\n{differences}")
 
 

@@ -226,9 +226,10 @@ def test_a_failed_check_names_every_digit_of_the_values(capsys: pytest.CaptureFi
 
 
 @pytest.mark.parametrize(("saved", "checked", "shown"), [
-    (("--optimizer", "adam"), ("--optimizer", "sgd"), "'--optimizer adam', this run has '--optimizer sgd'"),
-    (("--optimizer", "adam"), ("--backward", "--memory"), "'--optimizer adam', this run has 'none'"),
-    (("--backward", "--memory"), ("--optimizer", "sgd"), "'none', this run has '--optimizer sgd'"),
+    (("--optimizer", "adam"), ("--optimizer", "sgd"),
+     "'--optimizer adam; mode: eval', this run has '--optimizer sgd; mode: eval'"),
+    (("--optimizer", "adam"), ("--backward", "--memory"), "'--optimizer adam; mode: eval', this run has 'mode: eval'"),
+    (("--backward", "--memory"), ("--optimizer", "sgd"), "'mode: eval', this run has '--optimizer sgd; mode: eval'"),
 ])
 @pytest.mark.usefixtures("model_dir")
 def test_a_run_with_other_run_options_is_not_compared(capsys: pytest.CaptureFixture[str], saved: tuple[str, ...],
@@ -391,3 +392,68 @@ def test_a_metric_in_capitals_is_named_as_unknown_not_as_a_bad_amount() -> None:
         check_budget(result, parse_budget("TIME=5ms"))
     with pytest.raises(ValueError, match="Intensity is a ratio"):
         parse_budget("Intensity=5")
+
+
+class Counted(nn.Linear):
+    """A Linear that counts its calls: an argument refused before the model runs leaves it at 0."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"name": 1}, TypeError, "name must be a string .*got int 1"),
+    ({"name": ("mlp",)}, TypeError, "name must be a string"),
+    ({"name": ""}, ValueError, "name must be a printable name of 1 to 1000 characters"),
+    ({"name": "a\nb"}, ValueError, "name must be a printable name"),
+    ({"name": "x" * 1001}, ValueError, "name must be a printable name"),
+    ({"baseline": 3}, TypeError, "baseline must be a path"),
+    ({"baseline": None}, TypeError, "baseline must be a path"),
+    ({"update": "0"}, TypeError, "update must be True or False, got '0'"),
+    ({"update": "no"}, TypeError, "update must be True or False"),
+])
+@pytest.mark.parametrize("update", [False, True])
+def test_assert_cost_refuses_a_name_baseline_or_update_it_cannot_use_before_the_model_runs(
+        tmp_path: Path, options: dict[str, object], error: type[Exception], message: str, update: bool) -> None:
+    """name=1 ran the model, then broke in sorting the file's names (a bare TypeError: '<' not supported between
+    'int' and 'str') or, alone in a file, was written as "1" and never found again by name=1; name="" was the
+    class name, silently; baseline=None was os.fspath's bare TypeError; update="0" (os.getenv's) recorded the
+    costs instead of checking them, a pass whatever they were."""
+    assert_cost(nn.Linear(2, 2), torch.randn(1, 2), tmp_path / "b.json", update=True)
+    before = (tmp_path / "b.json").read_text()
+    Counted.calls = 0
+    arguments: dict[str, object] = {"baseline": tmp_path / "b.json", **options}
+    with pytest.raises(error, match=message):
+        assert_cost(Counted(2, 2), torch.randn(1, 2), **{"update": update, **arguments})  # type: ignore[arg-type]
+    assert Counted.calls == 0
+    assert (tmp_path / "b.json").read_text() == before
+
+
+def test_a_baseline_that_is_a_symbolic_link_is_written_where_it_points(tmp_path: Path) -> None:
+    """A project linking a shared baseline file: recording an entry through the link replaced the link with a
+    file of its own (atomic_write renames over the path), and the shared file never got the entry."""
+    shared = tmp_path / "shared" / "costs.json"
+    assert_cost(nn.Linear(2, 2), torch.randn(1, 2), shared, update=True)
+    (tmp_path / "project").mkdir()
+    link = tmp_path / "project" / "costs.json"
+    link.symlink_to(shared)
+    assert_cost(nn.Linear(3, 3), torch.randn(1, 3), link, name="three", update=True)
+    assert link.is_symlink()
+    assert set(json.loads(shared.read_text())["models"]) == {"Linear", "three"}
+
+
+@pytest.mark.parametrize("text", ["garbage",
+                                  '{"format": "modelmeter-baseline", "schema_version": 1, "models": {"x": 3}}'])
+def test_recording_into_a_broken_baseline_fails_in_one_line_before_the_model_runs(tmp_path: Path, text: str) -> None:
+    """`pytest --update-baselines` ran the model, then raised GuardFileError from deep in the file's reading (a
+    traceback through modelmeter), where the check of the same file fails in one line; the command's
+    --save-baseline refuses such a file before the model runs."""
+    (tmp_path / "b.json").write_text(text)
+    Counted.calls = 0
+    with pytest.raises(CostAssertionError, match="b.json") as failure:
+        assert_cost(Counted(2, 2), torch.randn(1, 2), tmp_path / "b.json", update=True)
+    assert Counted.calls == 0 and "\n" not in str(failure.value)
+    assert (tmp_path / "b.json").read_text() == text

@@ -270,3 +270,26 @@ def test_two_tests_recording_one_entry_with_other_costs_fail_the_update(warm: No
         "tests/test_costs.py::test_small did in this run*give each its own name=",
         "MLP: over its baseline (tolerance 0.00%)"])
     assert models(pytester.path / "tests" / "costs.json")["MLP"]["modules"][""]["flops"] == 96  # the first's
+
+
+def test_one_test_recording_one_entry_twice_with_other_costs_fails_the_update(warm: None,
+                                                                              pytester: pytest.Pytester) -> None:
+    """A loop over two models of one class in one test: the second call overwrote the first's entry (the guard
+    against it looked at other tests only), the update passed, and from then on the smaller model was checked
+    against the deeper one's costs — "shrank", a pass, however much it grew up to them. The summary counted
+    the entries written by every call, also those compared instead."""
+    write_tests(pytester, """
+        def test_loop(assert_cost):
+            for extra in (0, 1):
+                assert_cost(MLP(extra=extra), torch.randn(2, 4), "costs.json")
+
+        def test_same_twice(assert_cost):
+            for _ in range(2):
+                assert_cost(MLP(), torch.randn(2, 4), "other.json")
+        """)
+    result = run(pytester, "--update-baselines")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_loop records the entry 'MLP' of *costs.json with other costs or inputs than an earlier call of "
+        "the same test did in this run*", "modelmeter: recorded 2 baseline entries in *"])
+    assert models(pytester.path / "tests" / "costs.json")["MLP"]["modules"][""]["flops"] == 96  # the first's

@@ -20,6 +20,7 @@ from ..guard import (
     entry_from_result,
     record,
 )
+from ..guard.baseline import COMMAND_MODE
 from ..guard.budget import within_budget
 from ..guard.specs import check_spec, project_of
 from ..guard.values import GuardFileError
@@ -71,7 +72,7 @@ def guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | 
         if not over:  # say what was checked: a silent pass cannot be told from a budget that was never read
             print(f"modelmeter: within budget: {name}: {within_budget(result, args.budget)}", file=sys.stderr)
         status = 1 if over else status
-    entry = entry_from_result(result, spec=job_argv(job))
+    entry = _entry(result, job)
     if expected is not None:
         with usage_errors():
             comparison = compare(name, expected, entry, args.tolerance)
@@ -89,7 +90,13 @@ def guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | 
 
 def baseline_point(job: Job) -> dict[str, Any]:
     """Worker of a baseline check (top level, for spawned processes): the entry as data."""
-    return worker_row(job, lambda result, _: {"entry": asdict(entry_from_result(result, spec=job_argv(job)))})
+    return worker_row(job, lambda result, _: {"entry": asdict(_entry(result, job))})
+
+
+def _entry(result: Result, job: Job) -> Entry:
+    """The baseline entry of ``job``'s run: the arguments that run it again, and the model's mode (the command
+    builds every model in eval mode)."""
+    return entry_from_result(result, spec=job_argv(job), mode=COMMAND_MODE)
 
 
 # What a check of every model of a baseline takes from each entry: giving it on the command line is a mistake

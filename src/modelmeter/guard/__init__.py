@@ -7,7 +7,16 @@ the costs of several models, module by module, and :func:`compare` says which bl
 """
 
 from .assertions import CostAssertionError, assert_cost
-from .baseline import BaselineFile, BaselineMismatch, Comparison, Entry, compare, entry_from_result, record
+from .baseline import (
+    BaselineFile,
+    BaselineMismatch,
+    Comparison,
+    Entry,
+    compare,
+    entry_from_result,
+    record,
+    training_mode,
+)
 from .budget import Budget, check_budget, parse_budget, parse_quantity
 from .diff import Difference, diff, load_costs, render_diff
 from .values import GuardFileError
@@ -31,4 +40,5 @@ __all__ = [
     "parse_quantity",
     "record",
     "render_diff",
+    "training_mode",
 ]

@@ -6,16 +6,19 @@ Usable in any test runner (a failure is a :class:`CostAssertionError`, an ``Asse
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
 
 from ..analysis import analyze
 from ..cache.shared import SHARED
-from ..errors import ModelExitError, ModelMeterError
-from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record
-from .values import GuardFileError, check_tolerance
+from ..errors import InvalidTypeError, InvalidValueError, ModelExitError, ModelMeterError, check_flag
+from .baseline import BaselineFile, BaselineMismatch, Comparison, compare, entry_from_result, record, training_mode
+from .values import GuardFileError, check_tolerance, is_printable_name, shorten
 
 UPDATE_HINT = "call assert_cost(..., update=True) once to record it"
 
@@ -25,8 +28,18 @@ class CostAssertionError(ModelMeterError, AssertionError):
 
 
 def entry_name(model: nn.Module, name: str | None) -> str:
-    """The baseline entry ``assert_cost`` uses: ``name``, else the model's class name."""
-    return name or type(model).__name__
+    """The baseline entry ``assert_cost`` uses: ``name``, else the model's class name. A ``TypeError`` /
+    ``ValueError`` for a name no baseline can hold (not a string: the file's names are sorted; empty; control
+    characters or over 1000 characters), before the model runs."""
+    if name is None:
+        return type(model).__name__
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"name must be a string (the baseline entry's), got {type(name).__name__} "
+                               f"{shorten(name)}")
+    if not name or not is_printable_name(name):
+        raise InvalidValueError(f"name must be a printable name of 1 to 1000 characters (None: the model's class "
+                                f"name), got {shorten(name)}")
+    return name
 
 
 def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str], *, name: str | None = None,
@@ -37,12 +50,21 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
 
     Returns the :class:`Comparison` (what shrank is a note in it), or ``None`` with ``update=True``, which
     writes the entry instead (the file's other entries are kept). Raises :class:`CostAssertionError` when a
-    cost grew (the report names the module), when the file or entry is missing (with ``hint``), or when the
-    inputs, convention or backward pass differ from the baseline's, or when the model's code calls
-    ``sys.exit``. ``TypeError`` / ``ValueError`` naming ``tolerance`` unless it is a finite number >= 0.
+    cost grew (the report names the module), when the file or entry is missing (with ``hint``), when the file
+    cannot be read (with ``update``: before the model runs) or written, or when the
+    inputs, convention, backward pass or the model's training mode (``model.train()`` / ``.eval()``, module by
+    module) differ from the baseline's, or when the model's code calls ``sys.exit``. A check that passes with a
+    note (an entry saved before entries kept the training mode) warns with it. ``TypeError`` / ``ValueError``
+    naming ``tolerance`` unless it is a finite number >= 0.
     """
     tolerance = check_tolerance(tolerance)  # before the run: a NaN tolerance would pass every comparison
+    check_flag("update", update)  # update=os.getenv("UPDATE"), "0", recorded instead of checking: a pass, always
+    if not isinstance(baseline, str | os.PathLike):
+        raise InvalidTypeError(f"baseline must be a path (str or os.PathLike), got {type(baseline).__name__}")
     name = entry_name(model, name)
+    path = os.fspath(baseline)
+    if update and os.path.exists(path):  # a file it could not record into fails before the run (--save-baseline's)
+        _load(path)
     try:
         with SHARED.set_aside():  # the model as it runs now: no recording of this process's, no cache entry
             result = analyze(model, inputs, convention=convention, backward=backward, cache=False,
@@ -51,17 +73,14 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
         raise
     except BaseException as exc:  # sys.exit() in forward(): the costs were not checked, which is a failure
         raise CostAssertionError(str(ModelExitError(name, exc))) from None
-    current = entry_from_result(result)
+    current = entry_from_result(result, mode=training_mode(model))  # (analyze left the flags as they were)
     if update:
-        record(baseline, name, current)
+        with _file_failures():
+            record(path, name, current)
         return None
-    path = os.fspath(baseline)
     if not os.path.exists(path):
         raise CostAssertionError(f"no baseline file {path!r} for {name!r}; {hint}")
-    try:
-        entries = BaselineFile.load(path).entries
-    except GuardFileError as exc:
-        raise CostAssertionError(str(exc)) from None
+    entries = _load(path).entries
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none"
         raise CostAssertionError(f"the baseline {path!r} has no entry {name!r} (entries: {known}); {hint}")
@@ -71,4 +90,21 @@ def assert_cost(model: nn.Module, inputs: Any, baseline: str | os.PathLike[str],
         raise CostAssertionError(str(exc)) from None
     if not comparison.ok:
         raise CostAssertionError(comparison.report())
+    for note in comparison.notes:
+        warnings.warn(f"{name}: {note}", stacklevel=2)
     return comparison
+
+
+def _load(path: str) -> BaselineFile:
+    """The baseline file ``path``, read."""
+    with _file_failures():
+        return BaselineFile.load(path)
+
+
+@contextlib.contextmanager
+def _file_failures() -> Iterator[None]:
+    """A baseline file that cannot be read or written fails the check in one line, recording or checking."""
+    try:
+        yield
+    except GuardFileError as exc:
+        raise CostAssertionError(str(exc)) from None

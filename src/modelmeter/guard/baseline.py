@@ -5,23 +5,25 @@ name (the command uses the model spec)::
 
     {"format": "modelmeter-baseline", "schema_version": 1, "modelmeter": "0.1.0", "torch": "2.14.1",
      "models": {"resnet50": {"spec": ["resnet50"], "inputs": [{"shape": [1, 3, 224, 224], "dtype": "float32"}],
-                             "convention": "fvcore", "backward": false, "model": "ResNet",
+                             "convention": "fvcore", "backward": false, "model": "ResNet", "mode": "eval",
                              "modules": {"": {"params": 25557032, "flops": 4111512576, ...}, "layer1": {...}}}}}
 
-A comparison refuses to compare runs that are not comparable — other inputs, convention or passes — and
-reports, per metric and module, what grew beyond the tolerance (a failure) and what shrank (a note).
+A comparison refuses to compare runs that are not comparable — other inputs, convention, passes, run options or
+the model's training mode — and reports, per metric and module, what grew beyond the tolerance (a failure) and
+what shrank (a note).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
 
 import torch
+from torch import nn
 
 from .. import _version
 from ..errors import ModelMeterError
@@ -30,7 +32,7 @@ from ..io.atomic import atomic_write
 from ..io.cache_dir import directory_lock
 from ..reports.render import format_change
 from ..reports.result import RATIO_METRICS, Result
-from .budget import missing_metrics_hint
+from .budget import missing_metrics_hint, with_recompute
 from .values import (
     MAX_AMOUNT,
     GuardFileError,
@@ -53,7 +55,8 @@ class BaselineMismatch(ModelMeterError):
 
 @dataclass
 class Entry:
-    """One model's costs: what was run (spec, inputs, convention, backward) and every module's metrics."""
+    """One model's costs: what was run (spec, inputs, convention, backward, the model's training mode) and every
+    module's metrics."""
 
     model: str
     inputs: list[dict[str, Any]]
@@ -64,22 +67,48 @@ class Entry:
     # The device the time was predicted on and the roofline's settings ({} without a device): a time is only
     # comparable with a time on the same device.
     roofline: dict[str, Any] = field(default_factory=dict)
+    # The model's training flag (training_mode): BatchNorm and dropout count otherwise in training. None: not
+    # recorded (an entry saved before modelmeter kept it; recorded_mode says what that means).
+    mode: str | None = None
 
     def total(self, metric: str) -> float:
         return self.modules.get("", {}).get(metric, 0)
 
 
-def entry_from_result(result: Result, *, spec: list[str] | None = None) -> Entry:
-    """The baseline entry of an analysed model (``spec``: how the command builds it again, if it does)."""
+def entry_from_result(result: Result, *, spec: list[str] | None = None, mode: str | None = None) -> Entry:
+    """The baseline entry of an analysed model (``spec``: how the command builds it again, if it does; ``mode``:
+    the model's :func:`training_mode` as it ran, if known)."""
     backward = any(m.startswith("backward_") for m in result.metrics)
     costs = [m for m in result.metrics if m not in RATIO_METRICS]  # a ratio is no cost that can grow
-    modules = {row.name: {"params": row.params, **{m: row.metrics.get(m, 0) for m in costs}}
+    modules = {row.name: with_recompute({"params": row.params, **{m: row.metrics.get(m, 0) for m in costs}})
                for row in result.modules}
     roofline = {}
     if result.roofline:
         roofline = {"device": result.roofline["device"]["name"], **result.roofline["settings"]}
     return Entry(result.model, [dict(i) for i in result.inputs], result.convention, backward, modules, list(spec or []),
-                 roofline)
+                 roofline, mode)
+
+
+def training_mode(model: nn.Module) -> str:
+    """The training flag of ``model`` as an entry keeps it: ``"train"`` or ``"eval"``, and ``" except a, b"``
+    naming the modules whose own flag is the other one (a frozen BatchNorm in a model in training): each module
+    counts by its own flag (BatchNorm's statistics, dropout)."""
+    mode = "train" if model.training else "eval"
+    other = [name for name, module in model.named_modules() if module.training != model.training]
+    return f"{mode} except {', '.join(other)}" if other else mode
+
+
+# The command puts every model it builds in eval mode (cli/models.py, load_model): an entry with a spec that records
+# no mode (saved before entries kept it) was run in it
+COMMAND_MODE = "eval"
+
+
+def recorded_mode(entry: Entry) -> str | None:
+    """The training mode ``entry`` was run in: its own, the command's for an entry the command saved before entries
+    kept it, and None (not known) for such an entry of ``assert_cost`` (no spec)."""
+    if entry.mode is not None:
+        return entry.mode
+    return COMMAND_MODE if entry.spec else None
 
 
 @dataclass(frozen=True)
@@ -117,6 +146,7 @@ class Comparison:
     # a pass says what it checked
     metrics: list[str] = field(default_factory=list)
     modules: int = 0
+    notes: list[str] = field(default_factory=list)  # what was not compared, and why
 
     @property
     def ok(self) -> bool:
@@ -137,6 +167,7 @@ class Comparison:
             lines.append(f"  modules gone: {', '.join(self.removed)}")
         if self.shrank and self.ok:
             lines.append("  (costs went down: save the baseline again to keep the gain)")
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -158,10 +189,14 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
     for what, entry in (("the baseline", baseline), ("this run", current)):
         for module, metrics in entry.modules.items():
             _check_costs(module, metrics, f"{name}: {what}")
+    modes = [recorded_mode(baseline), recorded_mode(current)]
+    if None in modes:  # compared only when both runs record it (_mode_notes)
+        modes = [None, None]
     pairs: list[tuple[str, Any, Any]] = [("inputs", baseline.inputs, current.inputs),
                                          ("convention", baseline.convention, current.convention),
                                          ("backward pass", baseline.backward, current.backward),
-                                         ("run options", run_options(baseline.spec), run_options(current.spec))]
+                                         ("run options", run_options(baseline.spec, modes[0]),
+                                          run_options(current.spec, modes[1]))]
     if baseline.roofline:  # a baseline without a device has no time to compare: a run with one is checked too
         pairs.append(("device", _device(baseline.roofline), _device(current.roofline)))
     for what, before, after in pairs:
@@ -176,7 +211,7 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
         if after is None:
             continue
         for metric, old in before.items():
-            new = after.get(metric, 0)  # (recompute_* only: the rest is in both, _check_metrics_computed)
+            new = after.get(metric, 0)  # (in both for an entry of entry_from_result: _check_metrics_computed)
             if old == new:
                 continue
             change = Change(module, metric, old, new)
@@ -188,21 +223,54 @@ def compare(name: str, baseline: Entry, current: Entry, tolerance: float = 0.0, 
     added = [m for m in current.modules if m not in baseline.modules]
     removed = [m for m in baseline.modules if m not in current.modules]
     compared = sum(module in current.modules for module in baseline.modules if module)
-    return Comparison(name, tolerance, grew, shrank, added, removed, list(baseline.modules.get("", {})), compared)
+    return Comparison(name, tolerance, grew, shrank, added, removed, list(baseline.modules.get("", {})), compared,
+                      _mode_notes(baseline, current))
 
 
-# What a command-line run writes into its spec that changes what it measures, beyond the inputs, convention,
-# passes and device compared on their own: an optimizer's step in the peak, the attention's FLOPs, a rank's share
-_RUN_FLAGS = ("--foreach", "--dense-attention")
-_RUN_VALUES = ("--optimizer", "--state-dtype", "--attention-kernel", "--parallel")
+def _mode_notes(baseline: Entry, current: Entry) -> list[str]:
+    """A note when the training modes were not compared: an entry of ``assert_cost`` saved before entries kept
+    the mode is checked on its costs as before (its file stays usable) and says so."""
+    missing = [what for what, entry in (("the baseline", baseline), ("this run", current))
+               if recorded_mode(entry) is None]
+    if not missing:
+        return []
+    return [f"{' and '.join(missing)} record{'s' * (len(missing) == 1)} no training mode (saved before modelmeter "
+            "kept it), so the modes were not compared: save the baseline again to compare them"]
 
 
-def run_options(spec: list[str]) -> str:
+# The options of the command's arguments (cli/job.py, job_argv) that a comparison does not take as run options:
+# those it compares on their own (the inputs, the convention, the passes, the device and the roofline's settings)
+# and those that change nothing it compares (--execution: fake tensors count as real ones do; --memory: its
+# metrics, checked as metrics; --measured-time: the MFU, which is no cost). Every other option changes what a run
+# measures (an optimizer's step in the peak, the attention's FLOPs, a rank's share) and is a run option: one added
+# to the command is compared from the start, never forgotten here (tests/test_guard_leftovers.py).
+COMPARED_APART = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention", "--backward",
+                            "--device", "--devices-file", "--efficiency", "--launch-overhead", "--tf32"})
+NOT_MEASURED = frozenset({"--execution", "--memory", "--measured-time"})
+
+
+def run_options(spec: list[str], mode: str | None = None) -> str:
     """The options of ``spec`` (an entry's command-line arguments) that change what a run measures, as written
-    (``"--optimizer adamw --foreach"``), or ``"none"``: an entry without a spec (``assert_cost``'s) has none."""
-    picked = [[token] for token in spec if token in _RUN_FLAGS]
-    picked += [[token, value] for token, value in itertools.pairwise(spec) if token in _RUN_VALUES]
-    return " ".join(sorted(" ".join(option) for option in picked)) or "none"
+    (``"--foreach --optimizer adamw"``), and the model's training ``mode`` when given (``"--foreach --optimizer
+    adamw; mode: eval"``); ``"none"`` for neither (an entry without a spec, ``assert_cost``'s, has no options)."""
+    picked = [" ".join(option) for option in _options(spec) if option[0] not in COMPARED_APART | NOT_MEASURED]
+    text = " ".join(sorted(picked))
+    if mode is not None:
+        text = f"{text}; mode: {mode}" if text else f"mode: {mode}"
+    return text or "none"
+
+
+def _options(spec: list[str]) -> list[list[str]]:
+    """The options of an entry's command-line arguments, each its flag and values (``--flag=value`` split); the
+    model and its key=value arguments before them are none."""
+    options: list[list[str]] = []
+    for token in spec:
+        if token.startswith("--"):
+            flag, sep, value = token.partition("=")
+            options.append([flag, value] if sep else [flag])
+        elif options:
+            options[-1].append(token)
+    return options
 
 
 def _beyond(old: float, new: float, tolerance: float) -> bool:
@@ -216,10 +284,9 @@ def _beyond(old: float, new: float, tolerance: float) -> bool:
 
 def _check_metrics_computed(name: str, baseline: Entry, current: Entry, hint: str) -> None:
     """Every metric of the baseline is one this run computed: a metric left out (the memory analysis's without
-    ``--memory``, a time without the device) would go unchecked, a silent pass. ``recompute_*`` are the
-    exception: a run holds them only with activation checkpointing, and without it they are 0."""
-    missing = sorted(metric for metric in baseline.modules.get("", {})
-                     if metric not in current.modules.get("", {}) and not metric.startswith("recompute_"))
+    ``--memory``, a time without the device) would go unchecked, a silent pass. (A backward pass always holds
+    ``recompute_*``, 0 without activation checkpointing: budget.with_recompute.)"""
+    missing = sorted(metric for metric in baseline.modules.get("", {}) if metric not in current.modules.get("", {}))
     if missing:
         raise BaselineMismatch(f"{name}: the baseline holds {', '.join(missing)}, which this run did not compute"
                                f"{missing_metrics_hint(missing)}; {hint}")
@@ -278,8 +345,21 @@ def _parse_entry(data: Any, what: str) -> Entry:
         except (TypeError, ValueError) as exc:
             raise GuardFileError(str(exc)) from None
     _check_metrics(modules, what)
+    modules = {module: with_recompute(metrics) for module, metrics in modules.items()}  # (an entry saved without)
     return Entry(_field(data, "model", str, what), inputs, _field(data, "convention", str, what),
-                 _field(data, "backward", bool, what), modules, spec, roofline)
+                 _field(data, "backward", bool, what), modules, spec, roofline, _parse_mode(data, what))
+
+
+def _parse_mode(data: dict[str, Any], what: str) -> str | None:
+    """The entry's training mode, None when it records none; an error for one no run has (``"Train"`` would never
+    equal a run's mode: every check of it would be refused as another run)."""
+    if "mode" not in data:
+        return None
+    mode: str = _field(data, "mode", str, what)
+    if not mode.isprintable() or re.fullmatch(r"(train|eval)( except .+)?", mode) is None:  # (printed in errors)
+        raise GuardFileError(f"{what}: mode must be 'train' or 'eval' (then ' except ' and the modules whose flag is "
+                             f"the other), got {_kind(mode)}")
+    return mode
 
 
 def _check_metrics(modules: dict[str, dict[str, Any]], what: str) -> None:
@@ -390,10 +470,13 @@ class BaselineFile:
 
 
 def _entry_data(entry: Entry) -> dict[str, Any]:
-    """An entry as JSON data; ``roofline`` only when it has a device (files without one stay as they were)."""
+    """An entry as JSON data; ``roofline`` only when it has a device (files without one stay as they were), and
+    ``mode`` only when known."""
     data = asdict(entry)
     if not entry.roofline:
         del data["roofline"]
+    if entry.mode is None:
+        del data["mode"]
     return data
 
 
@@ -401,8 +484,10 @@ def record(baseline: str | os.PathLike[str], name: str, entry: Entry) -> None:
     """Write ``entry`` as ``name`` into the baseline file, keeping its other entries; parallel writers (e.g.
     pytest-xdist workers) take turns through one lock in the user's cache directory, not a lock file left
     next to the baseline in the project, and a ``flock`` on the baseline's directory (no file: writers with
-    other cache directories, such as CI jobs each given their own, lost each other's entries)."""
-    path = os.path.abspath(baseline)
+    other cache directories, such as CI jobs each given their own, lost each other's entries). A baseline that is a
+    symbolic link is written where it points (the rename of an atomic write replaced the link with a file, and the
+    file it pointed to, shared by other projects, never got the entry)."""
+    path = os.path.realpath(baseline)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with file_lock(os.path.join(get_cache_dir(), "baselines")), directory_lock(os.path.dirname(path)):
         file = BaselineFile.load(path) if os.path.exists(path) else BaselineFile()

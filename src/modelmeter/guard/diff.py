@@ -13,6 +13,7 @@ from ..reports.result import RATIO_METRICS
 from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
+from .budget import with_recompute
 from .values import GuardFileError, check_amount, check_name, read_json
 
 Costs = dict[str, dict[str, float]]  # "model/module" or "module" -> metric -> value
@@ -111,7 +112,7 @@ def _result_costs(rows: Any, where: str) -> Costs:
                 check_amount(value, f"{where}: module {row['name']!r}: {metric}")
         except (TypeError, ValueError) as exc:
             raise GuardFileError(str(exc)) from None
-        costs[row["name"]] = values
+        costs[row["name"]] = with_recompute(values)  # as a baseline's entry holds them
     return costs
 
 

@@ -66,8 +66,13 @@ def parse_tolerance(text: str) -> float:
 def check_name(name: str, what: str) -> None:
     """Names read from a file are printed: no control characters (an escape sequence could rewrite what the
     terminal shows), at most 1000 characters."""
-    if not name.isprintable() or len(name) > 1000:
+    if not is_printable_name(name):
         raise GuardFileError(f"{what} is not a printable name of at most 1000 characters: {shorten(name)}")
+
+
+def is_printable_name(name: str) -> bool:
+    """``name`` has no control characters and at most 1000 characters (what a baseline's names may be)."""
+    return name.isprintable() and len(name) <= 1000
 
 
 _HOLDER = "a baseline or saved analysis"  # what jsontext says a file holds, or is not
