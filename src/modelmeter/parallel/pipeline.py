@@ -139,6 +139,14 @@ def find_blocks(trace: Trace) -> BlockList:
     return best
 
 
+def check_stages(trace: Trace, pp: int) -> None:
+    """Raise :class:`PipelineSplitError` unless the model of ``trace`` can be cut into ``pp`` stages of at least one
+    block each (with ``pp`` > 1: a repeated block list of ``pp`` or more blocks), naming ``pp`` and the blocks found:
+    what the plan's runner checks as soon as the rank's run is recorded, before anything is counted."""
+    if pp > 1:
+        _layout(find_blocks(trace), pp, None, trace.model)
+
+
 def _within(name: str, module: str) -> bool:
     """Whether module ``name`` is ``module`` or lies inside it."""
     return name == module or name.startswith(f"{module}.")

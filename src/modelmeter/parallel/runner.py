@@ -29,6 +29,7 @@ from ..engine.tracer import NEEDS_VALUES, fake_like, record_trace
 from ..errors import InvalidValueError, ModelRunError, ParallelPlanError
 from .apply import materialize, meta_copy, parallelize
 from .mesh import group_names, simulated_mesh
+from .pipeline import check_stages
 from .plan import ParallelPlan
 
 
@@ -59,6 +60,7 @@ def record_parallel(spec: RunSpec) -> Trace:
     trace.model = type(spec.model).__name__
     trace.modules = _as_declared(sharded, ModuleNames(spec.model))
     trace.parallel = describe_plan(plan, groups)
+    check_stages(trace, plan.pp)  # pp stages need pp blocks: refused now, not when the stages are first costed
     return trace
 
 
