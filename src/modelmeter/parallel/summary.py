@@ -14,7 +14,7 @@ of it); with one, a step of ``micro_batches`` micro-batches under 1F1B.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..devices.interconnect import Interconnect, get_interconnect
@@ -79,6 +79,10 @@ class RankCost:
     memory_parts: Mapping[str, int] | None
     communication: Mapping[str, Any]
     time: RankTime | None
+    #: The coordinates along mesh dimensions the entry's ranks are restricted to, where not every coordinate is
+    #: alike (``{"tp": (0, 1, 2)}``: the tensor-parallel ranks holding the larger shards of an uneven split); None
+    #: where the entry stands for every coordinate.
+    coordinates: Mapping[str, tuple[int, ...]] | None = None
 
     @property
     def total_flops(self) -> int:
@@ -92,7 +96,9 @@ class RankCost:
                 "flops": {"forward": self.forward_flops, "backward": self.backward_flops, "total": self.total_flops},
                 "parameters": {"held": self.parameters, "global": self.global_parameters}, "memory": memory,
                 "communication": _plain(self.communication),
-                "time": None if self.time is None else self.time.to_dict()}
+                "time": None if self.time is None else self.time.to_dict(),
+                "coordinates": None if self.coordinates is None else
+                {dim: list(values) for dim, values in self.coordinates.items()}}
 
 
 @dataclass(frozen=True)
@@ -148,11 +154,45 @@ def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, 
     pp = mesh.get("pp", 1)
     if pp == 1:
         entry = _every_rank(trace, calls, world, whole, convention, flops, memory, optimizer, time, compute, links)
-        return RankCosts(plan, world, mesh, None, PER_MICRO_BATCH, (entry,))
+        return _own_class(RankCosts(plan, world, mesh, None, PER_MICRO_BATCH, (entry,)), parallel)
     micro_batches = int(parallel["options"]["micro_batches"])
     entries, bubble = _pipeline(trace, calls, pp, micro_batches, world, whole, convention, memory, optimizer, time,
                                 links)
-    return RankCosts(plan, world, mesh, micro_batches, PER_STEP, entries, bubble)
+    return _own_class(RankCosts(plan, world, mesh, micro_batches, PER_STEP, entries, bubble), parallel)
+
+
+def tp_peers(trace: Trace) -> list[int]:
+    """The ranks whose runs :func:`rank_costs` needs besides the one ``trace`` records, to cost every rank of an
+    uneven tensor-parallel split: one of each other group of tensor-parallel coordinates holding other shards (the
+    simulated rank's other coordinates kept). Empty when every tensor-parallel rank holds alike."""
+    parallel = trace.parallel or {}
+    classes = parallel.get("tp_classes") or []
+    own = int(parallel.get("coordinates", {}).get("tp", 0))
+    rank = int(parallel.get("rank", 0))
+    return [rank - own + group[0] for group in classes if own not in group]
+
+
+def with_peers(own: RankCosts, peers: Iterable[RankCosts]) -> RankCosts:
+    """``own``'s entries and those of its :func:`tp_peers`' costs in one summary, in rank order (by stage first):
+    each entry stands for its own group of tensor-parallel coordinates."""
+    entries = [*own.entries, *(entry for costs in peers for entry in costs.entries)]
+    entries.sort(key=lambda entry: (-1 if entry.stage is None else entry.stage, entry.first))
+    return replace(own, entries=tuple(entries))
+
+
+def _own_class(costs: RankCosts, parallel: Mapping[str, Any]) -> RankCosts:
+    """``costs`` with every entry restricted to the ranks whose tensor-parallel coordinate is in the simulated rank's
+    group (``parallel["tp_classes"]``), when the plan's tensor-parallel ranks do not all hold alike; the others hold
+    other shards, and are other runs' (:func:`tp_peers`)."""
+    own = int(parallel.get("coordinates", {}).get("tp", 0))
+    group = next((g for g in parallel.get("tp_classes") or [] if own in g), None)
+    if group is None:
+        return costs
+    tp = costs.mesh["tp"]  # innermost: a rank's tensor-parallel coordinate is its rank modulo tp
+    entries = tuple(replace(entry, first=entry.first + min(group), last=entry.last - (tp - 1 - max(group)),
+                            count=entry.count // tp * len(group), coordinates={"tp": tuple(group)})
+                    for entry in costs.entries)
+    return replace(costs, entries=entries)
 
 
 def _every_rank(trace: Trace, calls: Communication, world: int, whole: int, convention: str,
