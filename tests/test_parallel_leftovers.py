@@ -156,3 +156,57 @@ def test_a_wording_names_each_module_and_advises_as_asked() -> None:
     assert wording.text({"a": "A"}, "no plan can") == "in A and B {x}: no plan can"
     assert wording.reworded({"a": "A"}, "no plan can").text() == "in A and B {x}: no plan can"
     assert modelmeter.errors.literal("{shape}") == "{{shape}}"
+
+
+# --- probes: training steps under a pipeline -------------------------------------------------------------------
+def _first_frozen() -> nn.Module:
+    """Four 16 -> 16 Linears (272 parameters each), the first frozen (a frozen embedding or backbone)."""
+    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(4)))
+    model[0].requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize(("plan", "shards"), [("pp=2", 1), ("dp=2,pp=2", 1), ("fsdp=2,pp=2", 2)])
+def test_a_stage_of_frozen_layers_keeps_no_gradients_or_optimizer_state(plan: str, shards: int,
+                                                                        torch_state: Any) -> None:  # noqa: F811
+    """The stages split the gradients and AdamW's state by their share of all parameter bytes: stage 0 (a frozen
+    layer and a trained one) was given 3 layers' worth / 2, stage 1 (two trained layers) the same — 25% under its
+    own, below the upper bound the stage's memory is said to be. By hand: a trained layer has 272 float32
+    gradients and 272 x 8 bytes of AdamW moments plus a 4-byte step count for each of its 2 parameters."""
+    analysis = modelmeter.analyze(_first_frozen(), torch.randn(4, 16), backward=True, parallel=plan, quiet=True,
+                                  memory=True, optimizer="adamw")
+    costs = analysis.rank_costs()
+    assert costs is not None
+    parts = [e.memory_parts or {} for e in costs.entries]
+    layer = 272 // shards
+    assert [p.get("gradient") for p in parts] == [layer * 4, 2 * layer * 4]
+    assert [p.get("optimizer_state") for p in parts] == [layer * 8 + 2 * 4, 2 * (layer * 8 + 2 * 4)]
+
+
+class _Layers(nn.Module):
+    """``_Vocabulary`` with its MLP twice, as a list of layers a pipeline cuts between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)) for _ in range(2))
+        self.lm_head = nn.Linear(8, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.lm_head(h)
+
+
+def test_an_uneven_split_under_a_pipeline_is_one_row_per_stage_and_group(torch_state: Any) -> None:  # noqa: F811
+    """Stage 0 holds the embedding (3 or 1 rows of 8), stage 1 the head (3 or 1 rows of 8, and their biases); the
+    pipeline has 2 stages, not one per row."""
+    costs = modelmeter.analyze(_Layers(), torch.randint(0, 10, (2, 5)), backward=True, parallel="pp=2,tp=4",
+                               quiet=True).rank_costs()
+    assert costs is not None
+    layer = (4 * 8 + 4) + (8 * 4 + 8)
+    assert [(e.stage, e.first, e.last, e.count, e.parameters) for e in costs.entries] == [
+        (0, 0, 2, 3, 3 * 8 + layer), (0, 3, 3, 1, 1 * 8 + layer),
+        (1, 4, 6, 3, layer + 3 * 8 + 3), (1, 7, 7, 1, layer + 1 * 8 + 1)]
+    assert costs.to_dict()["pipeline"]["stages"] == 2

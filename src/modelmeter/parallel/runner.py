@@ -47,6 +47,7 @@ def record_parallel(spec: RunSpec) -> Trace:
     with simulated_mesh(plan) as mesh:
         flattened = parallelize(copy, plan, mesh)
         classes = tp_classes(copy, plan, (spec.args, spec.kwargs))
+        frozen = frozen_bytes(copy)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         materialize(copy, mode)
         sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
@@ -64,6 +65,8 @@ def record_parallel(spec: RunSpec) -> Trace:
     trace.parallel = describe_plan(plan, groups)
     if len(classes) > 1:
         trace.parallel["tp_classes"] = classes
+    if frozen:
+        trace.parallel["frozen"] = frozen
     check_stages(trace, plan.pp)  # pp stages need pp blocks: refused now, not when the stages are first costed
     return trace
 
@@ -84,6 +87,23 @@ def _in_users_terms(exc: ModelRunError, model: nn.Module) -> ModelRunError:
     own = {name: type(module).__name__ for name, module in ModuleNames(model).modules.items()}
     wording = exc.wording.reworded(own, _VALUES_UNDER_A_PLAN)
     return type(exc)(wording.text(), exc.module, exc.operator, wording)
+
+
+def frozen_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of the frozen parameters (``requires_grad=False``: no gradient, no optimizer state) of the rank's
+    shards, by the module holding them (each parameter under its first holder, as the module table counts it):
+    what a pipeline stage's share of the gradients and optimizer state leaves out."""
+    frozen: dict[str, int] = {}
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if not parameter.requires_grad:
+                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+                frozen[name] = frozen.get(name, 0) + local.nbytes
+    return frozen
 
 
 def tp_classes(model: nn.Module, plan: ParallelPlan, inputs: Any) -> list[list[int]]:

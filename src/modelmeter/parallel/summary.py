@@ -27,7 +27,7 @@ from ..metrics.memory import MemoryModel, OptimizerSpec, optimizer_bytes, peak
 from ..metrics.parameters import count_by_prefix
 from ..metrics.roofline import RooflineSettings, roofline
 from ..metrics.step_time import OVERLAP, step_time
-from .pipeline import PipelineCost, StageCost, event_stages, split_stages, stage_costs
+from .pipeline import PipelineCost, StageCost, bytes_by_stage, event_stages, split_stages, stage_costs
 from .schedule import FORWARD
 
 #: What the numbers of an entry are per (``RankCosts.per``).
@@ -119,7 +119,7 @@ class RankCosts:
         """Plain data (JSON): ``Result.parallel``."""
         pipeline = None
         if self.micro_batches is not None:
-            pipeline = {"stages": len(self.entries), "micro_batches": self.micro_batches,
+            pipeline = {"stages": len({entry.stage for entry in self.entries}), "micro_batches": self.micro_batches,
                         "bubble_fraction": self.bubble_fraction,
                         "schedule": None if self.bubble_fraction is None else "1F1B"}
         return {"plan": self.plan, "world_size": self.world_size, "mesh": dict(self.mesh),
@@ -237,10 +237,11 @@ def _pipeline(trace: Trace, calls: Communication, pp: int, micro_batches: int, w
     if time is not None and links is not None:
         cost, times = _timed(trace, cost, stage_calls, links)
     per_stage = world // pp
+    trained = _trained_shares(trace, cost)
     entries = []
     for rank in cost.ranks:
         first = rank.stage * per_stage
-        top, parts = _stage_memory(memory, optimizer, cost, rank)
+        top, parts = _stage_memory(memory, optimizer, cost, rank, trained)
         entries.append(RankCost(
             first, first + per_stage - 1, per_stage, rank.stage, round(rank.forward_flops),
             round(rank.backward_flops), rank.parameters, whole, top, parts,
@@ -330,16 +331,27 @@ def _volumes(calls: Iterable[CollectiveCall], times: int = 1,
             "by_kind": by_kind, "by_dim": by_dim}
 
 
+def _trained_shares(trace: Trace, cost: PipelineCost) -> list[float]:
+    """Each stage's share of the bytes of the parameters the rank trains (its parameter bytes less those of its
+    frozen parameters, ``trace.parallel["frozen"]``): the share of the gradients and optimizer state it keeps."""
+    frozen = (trace.parallel or {}).get("frozen") or {}
+    held = [stage.parameter_bytes for stage in cost.stages]
+    if frozen:
+        held = [total - part for total, part in zip(held, bytes_by_stage(trace, cost.pp, frozen), strict=True)]
+    total = sum(held)
+    return [part / total if total else 0.0 for part in held]
+
+
 def _stage_memory(memory: MemoryModel | None, optimizer: OptimizerSpec | None, cost: PipelineCost,
-                  rank: StageCost) -> tuple[int | None, dict[str, int] | None]:
+                  rank: StageCost, trained: list[float]) -> tuple[int | None, dict[str, int] | None]:
     """A pipeline stage's memory, an upper bound: its parameter bytes; the rank's gradients and optimizer state in
-    the stage's share of the parameter bytes; the activations of its in-flight micro-batches; the most unsharded
-    parameters and communication buffers the rank's run held at once; all taken as live together."""
+    the stage's share of the trained parameters' bytes (``trained``); the activations of its in-flight
+    micro-batches; the most unsharded parameters and communication buffers the rank's run held at once; all taken
+    as live together."""
     if memory is None:
         return None, None
     trace = memory.trace
-    total = sum(stage.parameter_bytes for stage in cost.stages)
-    share = rank.parameter_bytes / total if total else 0.0
+    share = trained[rank.stage]
     at_end = memory.live_by_kind(len(trace.events))
     state = optimizer_bytes(trace, optimizer)[0] if optimizer is not None else 0
     parts = {"parameter": rank.parameter_bytes, "gradient": round(share * at_end.get("gradient", 0)),
