@@ -17,6 +17,7 @@ import modelmeter
 from modelmeter._torch_compat import kept_distributed_globals
 from modelmeter.cli import main
 from modelmeter.parallel.pipeline import PipelineSplitError
+from modelmeter.reports.ranks import rank_table
 from test_parallel_hostile import torch_state  # noqa: F401 (a fixture)
 
 
@@ -108,6 +109,10 @@ def test_an_uneven_tensor_parallel_split_shows_each_ranks_own_shard(torch_state:
     text = analysis.result().parallel
     assert text is not None and [entry["coordinates"] for entry in text["ranks"]] == [{"tp": [0, 1, 2]}, {"tp": [3]}]
     assert folded_ranks_of(text) == ["0–6 (×6, tp 0–2)", "3–7 (×2, tp 3)"]
+    # from the trace alone: the simulated rank's group only, and the others said to be left out
+    alone = modelmeter.result_from_trace(analysis.trace, quiet=True).parallel
+    assert alone is not None and folded_ranks_of(alone) == ["0–6 (×6, tp 0–2)"]
+    assert "Not shown: 2 ranks holding other tensor-parallel shards" in rank_table(alone)
 
 
 def folded_ranks_of(parallel: dict[str, Any]) -> list[str]:
