@@ -17,6 +17,7 @@ import modelmeter
 from modelmeter._torch_compat import kept_distributed_globals
 from modelmeter.cli import main
 from modelmeter.parallel.pipeline import PipelineSplitError
+from modelmeter.parallel.summary import RankCost, RankCosts, with_peers
 from modelmeter.reports.ranks import rank_table
 from test_parallel_hostile import torch_state  # noqa: F401 (a fixture)
 
@@ -215,3 +216,22 @@ def test_an_uneven_split_under_a_pipeline_is_one_row_per_stage_and_group(torch_s
         (0, 0, 2, 3, 3 * 8 + layer), (0, 3, 3, 1, 1 * 8 + layer),
         (1, 4, 6, 3, layer + 3 * 8 + 3), (1, 7, 7, 1, layer + 1 * 8 + 1)]
     assert costs.to_dict()["pipeline"]["stages"] == 2
+
+
+def _entry(first: int, last: int, count: int, tp: tuple[int, ...], flops: int) -> RankCost:
+    return RankCost(first, last, count, None, flops, 2 * flops, 10, 40, None, None, {"sent": 0.0}, None, {"tp": tp})
+
+
+def test_groups_of_other_shards_but_equal_cost_are_one_row() -> None:
+    """By hand, tp=4 over dp=2: coordinates 0-1, 2 and 3 hold other shards; 0-1 and 3 cost the same (a shard that
+    no counted operator reads), so they are one row of 6 ranks, named by their coordinates 0, 1 and 3."""
+    def costs(*entries: RankCost) -> RankCosts:
+        return RankCosts("dp=2,tp=4", 8, {"dp": 2, "tp": 4}, None, "micro_batch", entries)
+
+    merged = with_peers(costs(_entry(0, 5, 4, (0, 1), 100)), [costs(_entry(2, 6, 2, (2,), 90)),
+                                                             costs(_entry(3, 7, 2, (3,), 100))])
+    assert [(e.first, e.last, e.count, e.coordinates, e.forward_flops) for e in merged.entries] == [
+        (0, 7, 6, {"tp": (0, 1, 3)}, 100), (2, 6, 2, {"tp": (2,)}, 90)]
+    assert folded_ranks_of(merged.to_dict()) == ["0–7 (×6, tp 0,1,3)", "2–6 (×2, tp 2)"]
+    whole = with_peers(costs(_entry(0, 6, 6, (0, 1, 2), 100)), [costs(_entry(3, 7, 2, (3,), 100))])
+    assert [(e.first, e.last, e.count, e.coordinates) for e in whole.entries] == [(0, 7, 8, None)]

@@ -175,9 +175,28 @@ def tp_peers(trace: Trace) -> list[int]:
 def with_peers(own: RankCosts, peers: Iterable[RankCosts]) -> RankCosts:
     """``own``'s entries and those of its :func:`tp_peers`' costs in one summary, in rank order (by stage first):
     each entry stands for its own group of tensor-parallel coordinates."""
-    entries = [*own.entries, *(entry for costs in peers for entry in costs.entries)]
+    entries: list[RankCost] = []
+    for entry in [*own.entries, *(entry for costs in peers for entry in costs.entries)]:
+        alike = next((i for i, kept in enumerate(entries) if _same_cost(kept, entry)), None)
+        if alike is None:
+            entries.append(entry)
+        else:  # shards of other sizes, and yet the same cost: one row, as ranks of equal cost are
+            entries[alike] = _joined(entries[alike], entry, own.mesh["tp"])
     entries.sort(key=lambda entry: (-1 if entry.stage is None else entry.stage, entry.first))
     return replace(own, entries=tuple(entries))
+
+
+def _same_cost(one: RankCost, other: RankCost) -> bool:
+    """Whether two entries of one stage cost the same (all but the ranks they stand for)."""
+    return replace(one, first=0, last=0, count=0, coordinates=None) == \
+        replace(other, first=0, last=0, count=0, coordinates=None)
+
+
+def _joined(one: RankCost, other: RankCost, tp: int) -> RankCost:
+    """One entry for the ranks of two of equal cost (groups of tensor-parallel coordinates of one stage)."""
+    coordinates = tuple(sorted({*(one.coordinates or {}).get("tp", ()), *(other.coordinates or {}).get("tp", ())}))
+    return replace(one, first=min(one.first, other.first), last=max(one.last, other.last),
+                   count=one.count + other.count, coordinates=None if len(coordinates) == tp else {"tp": coordinates})
 
 
 def _own_class(costs: RankCosts, parallel: Mapping[str, Any]) -> RankCosts:

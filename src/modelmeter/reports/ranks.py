@@ -35,7 +35,10 @@ def folded_ranks(entry: Mapping[str, Any]) -> str:
 
 
 def _span(values: Sequence[int]) -> str:
-    return f"{values[0]}–{values[-1]}" if len(values) > 1 else str(values[0])
+    """``"0–2"`` for consecutive values, ``"0,1,3"`` for others, ``"3"`` for one."""
+    if len(values) > 1 and list(values) == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}–{values[-1]}"
+    return ",".join(str(value) for value in values)
 
 
 def rank_columns(parallel: Mapping[str, Any]) -> list[Column]:
