@@ -23,7 +23,7 @@ from .metrics.memory import OptimizerSpec
 from .metrics.roofline import Roofline, roofline
 from .metrics.step_time import StepTime, step_time
 from .parallel.plan import ParallelPlan
-from .parallel.summary import RankCosts, rank_costs
+from .parallel.summary import RankCosts, rank_costs, tp_peers, with_peers
 from .reports.result import Result
 from .session import CacheSetting, Counted, Session, assemble_result, roofline_settings
 from .views import (
@@ -140,6 +140,7 @@ class Analysis:
         spec = RunSpec.of(model, inputs, execution=execution, backward=backward, loss_fn=loss_fn, parallel=parallel)
         #: The one run every view reads: its spec, its trace, the caches.
         self.session = Session(spec, cache=cache, cache_dir=cache_dir)
+        self._cache = (cache, cache_dir)  # the other ranks' runs of an uneven plan (rank_costs) share the cache
         self.flops = FlopCountAnalysis.from_session(self.session, convention=convention,
                                                     dense_attention=dense_attention, attention_kernel=attention_kernel)
         # Activation handles count only a few operators, and uncalled modules are the flops' to report.
@@ -223,6 +224,18 @@ class Analysis:
         its parts (with ``memory=True``), communication, and the step time on the analysis's ``device`` over
         ``interconnect`` (default: the device's own). None for a run on one device (docs/parallel.md, "Per-rank
         summary")."""
+        own = self.simulated_rank_costs(interconnect)
+        plan = self.session.spec.parallel
+        if own is None or plan is None:
+            return None
+        # an uneven tensor-parallel split: the ranks holding other shards are runs of their own
+        peers = (self._peer(plan, rank).simulated_rank_costs(interconnect) for rank in tp_peers(self.trace))
+        return with_peers(own, [costs for costs in peers if costs is not None])
+
+    def simulated_rank_costs(self, interconnect: str | Device | Interconnect | None = None) -> RankCosts | None:
+        """:meth:`rank_costs` of the ranks that hold the simulated rank's shards only: all of them but under an
+        uneven tensor-parallel split, whose other ranks :meth:`rank_costs` simulates (docs/parallel.md, "Per-rank
+        summary"). None for a run on one device."""
         self._check_interconnect(interconnect)
         if self.trace.parallel is None:
             return None
@@ -235,6 +248,13 @@ class Analysis:
                           optimizer=None if self.memory is None else self.memory.optimizer, time=self._time,
                           compute=None if time is None else time.summary["time"], interconnect=links,
                           calls=self.communication)
+
+    def _peer(self, plan: ParallelPlan, rank: int) -> Analysis:
+        """This analysis of another rank of its ``plan``."""
+        spec = self.session.spec
+        return Analysis(self.model, self.inputs, **self._settings, backward=spec.backward, loss_fn=spec.loss_fn,
+                        execution=spec.execution, cache=self._cache[0], cache_dir=self._cache[1], quiet=True,
+                        parallel=plan.with_rank(rank))
 
     def _check_interconnect(self, interconnect: str | Device | Interconnect | None) -> None:
         """Refuse an ``interconnect`` that names none, or one given without a device (its time is not counted)."""

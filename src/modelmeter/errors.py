@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 
 
 class ModelMeterError(Exception):
@@ -37,12 +38,48 @@ class UnsupportedError(ModelMeterError, NotImplementedError):
 
 
 class ModelRunError(ModelMeterError, RuntimeError):
-    """The model raised while it was traced; the message names the module and operator."""
+    """The model raised while it was traced; the message names the module and operator. ``wording``: the message
+    as its parts (:class:`Wording`), where the engine made it of module classes and advice."""
 
-    def __init__(self, message: str, module: str | None, operator: str | None) -> None:
+    def __init__(self, message: str, module: str | None, operator: str | None,
+                 wording: Wording | None = None) -> None:
         super().__init__(message)
         self.module = module
         self.operator = operator
+        self.wording = wording
+
+
+@dataclass(frozen=True)
+class Wording:
+    """A :class:`ModelRunError`'s message as its parts, so that a caller naming the model's modules or advising
+    otherwise (the parallel runner, whose copy of the model has classes of its own) words it anew without editing
+    its text. ``template``: ``str.format`` text, other text in it made :func:`literal`, with a field ``{class_N}``
+    for the class of the module ``modules[N]`` names (``""``: the model) and ``{advice}`` for what it advises;
+    ``classes``: the classes the message names those modules by; ``advice``: its advice."""
+
+    template: str
+    modules: tuple[str, ...] = ()
+    classes: tuple[str, ...] = ()
+    advice: str = ""
+
+    def text(self, classes: Mapping[str, str] | None = None, advice: str | None = None) -> str:
+        """The message, naming each module by its class in ``classes`` (module name -> class name; its own class
+        for one not there) and advising ``advice`` (None: the message's own)."""
+        given = classes or {}
+        fields = {f"class_{index}": given.get(module, own)
+                  for index, (module, own) in enumerate(zip(self.modules, self.classes, strict=True))}
+        return self.template.format(**fields, advice=self.advice if advice is None else advice)
+
+    def reworded(self, classes: Mapping[str, str], advice: str | None = None) -> Wording:
+        """This wording with the modules named by their class in ``classes`` and ``advice`` advised (as
+        :meth:`text`)."""
+        named = tuple(classes.get(module, own) for module, own in zip(self.modules, self.classes, strict=True))
+        return replace(self, classes=named, advice=self.advice if advice is None else advice)
+
+
+def literal(text: str) -> str:
+    """``text`` as it reads in a :class:`Wording`'s template: its braces doubled, so none is a field."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 class InputMismatchError(ModelRunError):

@@ -42,7 +42,9 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
     ModelRunError,
+    Wording,
     cuda_failure,
+    literal,
     puts_tensors_on_cuda,
 )
 from .cuda_stand_in import CudaRequests, on_device
@@ -735,29 +737,41 @@ _MODULE_CALL_FRAMES = (MODULE_CALL_IMPL, "forward")  # the frames of a module's 
 
 
 def _describe_failure(model: nn.Module, names: ModuleNames, recorder: Recorder, exc: Exception) -> ModelRunError:
+    """The error of a failed run, naming the module and operator; its :class:`~modelmeter.errors.Wording` keeps the
+    modules' classes and the advice as fields of their own (the parallel runner names its copy's modules by the
+    model's classes)."""
     module = _innermost_module(exc, names)
-    where = f"module {module!r} ({type(names_module(model, module)).__name__})" if module else \
-        f"{type(model).__name__}.forward"
+    modules, classes = [module or ""], [type(names_module(model, module) if module else model).__name__]
+    where = f"module {literal(repr(module))} ({{class_0}})" if module else "{class_0}.forward"
     op = recorder.failed_op
-    at = f" at operator {op}" if op else ""
-    hint = " (the model needs real tensor values: use execution='auto' or 'real')" \
-        if isinstance(exc, NEEDS_VALUES) else ""
+    at = literal(f" at operator {op}") if op else ""
+    hint = " (the model needs real tensor values: {advice})" if isinstance(exc, NEEDS_VALUES) else ""
     if not recorder.track_autograd and _took_gradients(exc):
         hint += (" (a forward-only analysis runs under torch.no_grad(), as inference does: a model that takes "
                  "gradients or hooks them inside forward is analysed with backward=True)")
     if recorder.guessed_values:  # a meta model's own values were read: the failure may follow from the guess
-        hint += (f" (before it, {recorder.guessed_values[0]}: a model on the meta device cannot read the values of "
-                 "its own tensors; build it on the CPU for a run that reads them)")
+        hint += literal(f" (before it, {recorder.guessed_values[0]}: a model on the meta device cannot read the "
+                        "values of its own tensors; build it on the CPU for a run that reads them)")
+    failure = literal(f"{type(exc).__name__}: {exc}")
+    error_type, who, template = ModelRunError, module, f"the model failed in {where}{at}: {failure}{hint}"
     cuda = cuda_failure(exc)
+    misfit, lookup, certain = _misfit(model, recorder)
     if cuda is not None:
-        return ModelRunError(f"the model failed in {where}{at}: {cuda}", module, op)
-    misfit, certain = _misfit(model, recorder)
-    if misfit is not None:
+        template = f"the model failed in {where}{at}: {literal(cuda)}"
+    elif misfit is not None:
         error_type = InputMismatchError if certain else _LikelyMismatch
-        return error_type(f"the model failed in {where}{at}: {misfit}", module, op)
-    if recorder.phase == "backward" and module is None:
-        return ModelRunError(f"the backward pass failed{at}: {type(exc).__name__}: {exc}{hint}", None, op)
-    return ModelRunError(f"the model failed in {where}{at}: {type(exc).__name__}: {exc}{hint}", module, op)
+        template = f"the model failed in {where}{at}: {misfit}"
+        if lookup is not None:
+            modules.append(lookup[0])
+            classes.append(lookup[1])
+    elif recorder.phase == "backward" and module is None:
+        who, template = None, f"the backward pass failed{at}: {failure}{hint}"
+    wording = Wording(template, tuple(modules), tuple(classes), VALUES_ADVICE)
+    return error_type(wording.text(), who, op, wording)
+
+
+#: What a failure that needs tensor values advises (the ``advice`` of its wording)
+VALUES_ADVICE = "use execution='auto' or 'real'"
 
 
 class _LikelyMismatch(InputMismatchError):
@@ -771,23 +785,23 @@ def _certain_mismatch(exc: ModelRunError) -> bool:
     return isinstance(exc, InputMismatchError) and not isinstance(exc, _LikelyMismatch)
 
 
-def _misfit(model: nn.Module, recorder: Recorder) -> tuple[str | None, bool]:
+def _misfit(model: nn.Module, recorder: Recorder) -> tuple[str | None, tuple[str, str] | None, bool]:
     """What the failing call expected of its input when the input does not fit its parameters (certain); else, for a
     model that failed after its first embedding lookup took ids of more than (batch, seq), what that lookup expected
-    (likely)."""
+    (likely), as wording whose ``{class_1}`` is the class of the lookup's module, given with its name."""
     events, index = recorder.trace.events, recorder.failed_event
     if index >= 0:
         expected = mismatch(events[index])
         if expected is not None:
-            return expected, True
+            return literal(expected), None, True
     lookup = token_ids_mismatch(events)
     if lookup is None:
-        return None, False
+        return None, None, False
     index, expected = lookup
     scope = recorder.trace.scopes[events[index].scope]
     name = scope[-1] if scope else ""
-    return (f"the input of module {name!r} ({type(names_module(model, name)).__name__}) at operator aten::embedding "
-            f"does not fit it: {expected}"), False
+    return (f"the input of module {literal(repr(name))} ({{class_1}}) at operator aten::embedding does not fit it: "
+            f"{literal(expected)}"), (name, type(names_module(model, name)).__name__), False
 
 
 def names_module(model: nn.Module, name: str) -> nn.Module:

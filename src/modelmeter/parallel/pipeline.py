@@ -9,11 +9,11 @@ docs/parallel.md, "The pipeline (1F1B)", says what is assumed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..devices import Device, get_device
-from ..engine.trace import Trace
+from ..engine.trace import ModuleInfo, Trace
 from ..errors import InvalidValueError, ModelMeterError
 from ..handles.conventions import get_convention
 from ..handles.sizes import itemsize
@@ -137,6 +137,14 @@ def find_blocks(trace: Trace) -> BlockList:
             f"parallelism needs a {', '.join(BLOCK_CONTAINERS[:-1])} or {BLOCK_CONTAINERS[-1]} of two or more "
             "modules of one class (the model's layers) that its forward calls")
     return best
+
+
+def check_stages(trace: Trace, pp: int) -> None:
+    """Raise :class:`PipelineSplitError` unless the model of ``trace`` can be cut into ``pp`` stages of at least one
+    block each (with ``pp`` > 1: a repeated block list of ``pp`` or more blocks), naming ``pp`` and the blocks found:
+    what the plan's runner checks as soon as the rank's run is recorded, before anything is counted."""
+    if pp > 1:
+        _layout(find_blocks(trace), pp, None, trace.model)
 
 
 def _within(name: str, module: str) -> bool:
@@ -361,16 +369,29 @@ def _flops_by_stage(trace: Trace, where: _Placement, pp: int, convention: str) -
 def _parameters_by_stage(trace: Trace, where: _Placement, found: BlockList, pp: int) -> tuple[list[int], list[int]]:
     """Parameter elements and bytes per stage (each parameter once, under its first owner, as the module table
     counts it)."""
-    elements, nbytes = [0] * pp, [0] * pp
+    return (_by_stage(trace, where, found, pp, lambda info: info.params),
+            _by_stage(trace, where, found, pp, lambda info: info.param_bytes))
+
+
+def bytes_by_stage(trace: Trace, pp: int, by_module: Mapping[str, int]) -> list[int]:
+    """``by_module`` (bytes of a module's own parameters, by module name) summed per stage of the model of ``trace``
+    cut into ``pp`` stages, each module's on the stage its parameters belong to."""
+    cut = _cut(trace, pp, None)
+    return _by_stage(trace, cut.placement, cut.blocks, pp, lambda info: by_module.get(info.name, 0))
+
+
+def _by_stage(trace: Trace, where: _Placement, found: BlockList, pp: int,
+              value: Callable[[ModuleInfo], int]) -> list[int]:
+    """``value`` of every module holding parameters, summed per stage: a module's parameters belong to the stage of
+    its first forward call (before the first block: the first stage)."""
+    totals = [0] * pp
     before = True
     for info in trace.modules:
         if info.name == found.container:
             before = False
         if info.parameters:
-            s = where.module(info.name, before)
-            elements[s] += info.params
-            nbytes[s] += info.param_bytes
-    return elements, nbytes
+            totals[where.module(info.name, before)] += value(info)
+    return totals
 
 
 def _saved_by_stage(trace: Trace, where: _Placement, last_blocks: list[str], sent: list[list[_Returned]]) -> list[int]:

@@ -19,16 +19,18 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Shard
 
 from .._torch_compat import FakeTensorMode, class_name
 from ..engine.inputs import map_tensors
 from ..engine.naming import ModuleNames
 from ..engine.spec import RunSpec
 from ..engine.trace import ModuleInfo, Trace
-from ..engine.tracer import NEEDS_VALUES, fake_like, record_trace
+from ..engine.tracer import fake_like, record_trace
 from ..errors import InvalidValueError, ModelRunError, ParallelPlanError
 from .apply import materialize, meta_copy, parallelize
 from .mesh import group_names, simulated_mesh
+from .pipeline import check_stages
 from .plan import ParallelPlan
 
 
@@ -44,6 +46,8 @@ def record_parallel(spec: RunSpec) -> Trace:
     copy = meta_copy(spec.model)
     with simulated_mesh(plan) as mesh:
         flattened = parallelize(copy, plan, mesh)
+        classes = tp_classes(copy, plan, (spec.args, spec.kwargs))
+        frozen = frozen_bytes(copy)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         materialize(copy, mode)
         sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
@@ -53,36 +57,84 @@ def record_parallel(spec: RunSpec) -> Trace:
                 # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
                 trace = record_trace(RunSpec(copy, args, kwargs, None, "real", spec.backward, spec.loss_fn))
             except ModelRunError as exc:
-                raise _in_users_terms(exc, copy, spec.model) from exc
+                raise _in_users_terms(exc, spec.model) from exc
         groups = group_names(mesh, flattened)
     trace.execution = "fake"
     trace.model = type(spec.model).__name__
     trace.modules = _as_declared(sharded, ModuleNames(spec.model))
     trace.parallel = describe_plan(plan, groups)
+    if len(classes) > 1:
+        trace.parallel["tp_classes"] = classes
+    if frozen:
+        trace.parallel["frozen"] = frozen
+    check_stages(trace, plan.pp)  # pp stages need pp blocks: refused now, not when the stages are first costed
     return trace
 
 
 _CPU = torch.device("cpu")
-# What the engine advises a model that needs tensor values, and what is true under a plan instead
-_VALUES_ADVICE = "use execution='auto' or 'real'"
+# What is true of a model that needs tensor values under a plan (the engine advises execution='real', refused here)
 _VALUES_UNDER_A_PLAN = ("a parallel plan's ranks run on FakeTensors only, so it cannot run under one "
                         "(docs/parallel.md, \"Limits\")")
 
 
-def _in_users_terms(exc: ModelRunError, copy: nn.Module, model: nn.Module) -> ModelRunError:
-    """``exc``, raised by the copy's run, in the user's terms: the classes ``fully_shard`` and ``replicate`` give the
-    copy's modules (``FSDPLinear``) named as the model's own, and a model that needs tensor values told that no plan
-    can run it (``execution='real'``, which the engine advises, is refused under a plan)."""
-    message = str(exc)
-    own = ModuleNames(model).modules
-    for name, module in copy.named_modules():
-        declared = own.get(name)
-        if declared is not None and type(declared).__name__ != type(module).__name__:
-            message = message.replace(type(module).__name__, type(declared).__name__)
-    if isinstance(exc.__cause__, NEEDS_VALUES):
-        message = message.replace(_VALUES_ADVICE, _VALUES_UNDER_A_PLAN)
-    return type(exc)(message, exc.module, exc.operator)
+def _in_users_terms(exc: ModelRunError, model: nn.Module) -> ModelRunError:
+    """``exc``, raised by the copy's run, in the user's terms, worded anew from its parts: the modules it names by
+    the model's own classes (``fully_shard`` and ``replicate`` give the copy's modules classes of their own,
+    ``FSDPLinear``), and a model that needs tensor values told that no plan can run it (``execution='real'``, which
+    the engine advises, is refused under a plan)."""
+    if exc.wording is None:
+        return type(exc)(str(exc), exc.module, exc.operator)
+    own = {name: type(module).__name__ for name, module in ModuleNames(model).modules.items()}
+    wording = exc.wording.reworded(own, _VALUES_UNDER_A_PLAN)
+    return type(exc)(wording.text(), exc.module, exc.operator, wording)
 
+
+def frozen_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of the frozen parameters (``requires_grad=False``: no gradient, no optimizer state) of the rank's
+    shards, by the module holding them (each parameter under its first holder, as the module table counts it):
+    what a pipeline stage's share of the gradients and optimizer state leaves out."""
+    frozen: dict[str, int] = {}
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if not parameter.requires_grad:
+                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+                frozen[name] = frozen.get(name, 0) + local.nbytes
+    return frozen
+
+
+def tp_classes(model: nn.Module, plan: ParallelPlan, inputs: Any) -> list[list[int]]:
+    """The tensor-parallel coordinates (0 to ``tp - 1``) grouped by the shards their ranks hold, in order: one group
+    when ``tp`` splits every dimension evenly. A dimension ``tp`` does not divide is split as ``torch.chunk`` splits
+    it (DTensor's ``Shard``), so the last coordinates hold less: the sharded dimensions of ``model``'s parameters
+    (the parallelised copy) and, under sequence parallelism, dimension 1 of the ``inputs``' tensors (the sequence,
+    which ``SequenceParallel`` shards) tell the groups apart."""
+    if plan.tp == 1:
+        return []
+    sizes = [size for parameter in model.parameters() for size in _tp_sharded_sizes(parameter)]
+    if plan.sequence_parallel:
+        map_tensors(lambda t: sizes.append(t.shape[1]) if t.dim() >= 2 else None, inputs)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for coordinate in range(plan.tp):
+        groups.setdefault(tuple(_chunk(size, plan.tp, coordinate) for size in sizes), []).append(coordinate)
+    return list(groups.values())
+
+
+def _tp_sharded_sizes(parameter: torch.Tensor) -> list[int]:
+    """The global sizes of the dimensions of ``parameter`` (a DTensor) that its mesh's ``tp`` dimension shards."""
+    names = getattr(getattr(parameter, "device_mesh", None), "mesh_dim_names", None) or ()
+    placements = getattr(parameter, "placements", ())
+    return [parameter.shape[placement.dim] for name, placement in zip(names, placements, strict=False)
+            if name == "tp" and isinstance(placement, Shard)]
+
+
+def _chunk(size: int, parts: int, index: int) -> int:
+    """The length of part ``index`` of ``size`` elements split as ``torch.chunk(..., parts)`` splits them."""
+    step = -(-size // parts)
+    return max(0, min(step, size - index * step))
 
 
 def describe_plan(plan: ParallelPlan, groups: dict[str, str]) -> dict[str, Any]:

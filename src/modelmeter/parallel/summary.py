@@ -14,7 +14,7 @@ of it); with one, a step of ``micro_batches`` micro-batches under 1F1B.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..devices.interconnect import Interconnect, get_interconnect
@@ -27,7 +27,7 @@ from ..metrics.memory import MemoryModel, OptimizerSpec, optimizer_bytes, peak
 from ..metrics.parameters import count_by_prefix
 from ..metrics.roofline import RooflineSettings, roofline
 from ..metrics.step_time import OVERLAP, step_time
-from .pipeline import PipelineCost, StageCost, event_stages, split_stages, stage_costs
+from .pipeline import PipelineCost, StageCost, bytes_by_stage, event_stages, split_stages, stage_costs
 from .schedule import FORWARD
 
 #: What the numbers of an entry are per (``RankCosts.per``).
@@ -79,6 +79,10 @@ class RankCost:
     memory_parts: Mapping[str, int] | None
     communication: Mapping[str, Any]
     time: RankTime | None
+    #: The coordinates along mesh dimensions the entry's ranks are restricted to, where not every coordinate is
+    #: alike (``{"tp": (0, 1, 2)}``: the tensor-parallel ranks holding the larger shards of an uneven split); None
+    #: where the entry stands for every coordinate.
+    coordinates: Mapping[str, tuple[int, ...]] | None = None
 
     @property
     def total_flops(self) -> int:
@@ -92,7 +96,9 @@ class RankCost:
                 "flops": {"forward": self.forward_flops, "backward": self.backward_flops, "total": self.total_flops},
                 "parameters": {"held": self.parameters, "global": self.global_parameters}, "memory": memory,
                 "communication": _plain(self.communication),
-                "time": None if self.time is None else self.time.to_dict()}
+                "time": None if self.time is None else self.time.to_dict(),
+                "coordinates": None if self.coordinates is None else
+                {dim: list(values) for dim, values in self.coordinates.items()}}
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ class RankCosts:
         """Plain data (JSON): ``Result.parallel``."""
         pipeline = None
         if self.micro_batches is not None:
-            pipeline = {"stages": len(self.entries), "micro_batches": self.micro_batches,
+            pipeline = {"stages": len({entry.stage for entry in self.entries}), "micro_batches": self.micro_batches,
                         "bubble_fraction": self.bubble_fraction,
                         "schedule": None if self.bubble_fraction is None else "1F1B"}
         return {"plan": self.plan, "world_size": self.world_size, "mesh": dict(self.mesh),
@@ -148,11 +154,64 @@ def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, 
     pp = mesh.get("pp", 1)
     if pp == 1:
         entry = _every_rank(trace, calls, world, whole, convention, flops, memory, optimizer, time, compute, links)
-        return RankCosts(plan, world, mesh, None, PER_MICRO_BATCH, (entry,))
+        return _own_class(RankCosts(plan, world, mesh, None, PER_MICRO_BATCH, (entry,)), parallel)
     micro_batches = int(parallel["options"]["micro_batches"])
     entries, bubble = _pipeline(trace, calls, pp, micro_batches, world, whole, convention, memory, optimizer, time,
                                 links)
-    return RankCosts(plan, world, mesh, micro_batches, PER_STEP, entries, bubble)
+    return _own_class(RankCosts(plan, world, mesh, micro_batches, PER_STEP, entries, bubble), parallel)
+
+
+def tp_peers(trace: Trace) -> list[int]:
+    """The ranks whose runs :func:`rank_costs` needs besides the one ``trace`` records, to cost every rank of an
+    uneven tensor-parallel split: one of each other group of tensor-parallel coordinates holding other shards (the
+    simulated rank's other coordinates kept). Empty when every tensor-parallel rank holds alike."""
+    parallel = trace.parallel or {}
+    classes = parallel.get("tp_classes") or []
+    own = int(parallel.get("coordinates", {}).get("tp", 0))
+    rank = int(parallel.get("rank", 0))
+    return [rank - own + group[0] for group in classes if own not in group]
+
+
+def with_peers(own: RankCosts, peers: Iterable[RankCosts]) -> RankCosts:
+    """``own``'s entries and those of its :func:`tp_peers`' costs in one summary, in rank order (by stage first):
+    each entry stands for its own group of tensor-parallel coordinates."""
+    entries: list[RankCost] = []
+    for entry in [*own.entries, *(entry for costs in peers for entry in costs.entries)]:
+        alike = next((i for i, kept in enumerate(entries) if _same_cost(kept, entry)), None)
+        if alike is None:
+            entries.append(entry)
+        else:  # shards of other sizes, and yet the same cost: one row, as ranks of equal cost are
+            entries[alike] = _joined(entries[alike], entry, own.mesh["tp"])
+    entries.sort(key=lambda entry: (-1 if entry.stage is None else entry.stage, entry.first))
+    return replace(own, entries=tuple(entries))
+
+
+def _same_cost(one: RankCost, other: RankCost) -> bool:
+    """Whether two entries of one stage cost the same (all but the ranks they stand for)."""
+    return replace(one, first=0, last=0, count=0, coordinates=None) == \
+        replace(other, first=0, last=0, count=0, coordinates=None)
+
+
+def _joined(one: RankCost, other: RankCost, tp: int) -> RankCost:
+    """One entry for the ranks of two of equal cost (groups of tensor-parallel coordinates of one stage)."""
+    coordinates = tuple(sorted({*(one.coordinates or {}).get("tp", ()), *(other.coordinates or {}).get("tp", ())}))
+    return replace(one, first=min(one.first, other.first), last=max(one.last, other.last),
+                   count=one.count + other.count, coordinates=None if len(coordinates) == tp else {"tp": coordinates})
+
+
+def _own_class(costs: RankCosts, parallel: Mapping[str, Any]) -> RankCosts:
+    """``costs`` with every entry restricted to the ranks whose tensor-parallel coordinate is in the simulated rank's
+    group (``parallel["tp_classes"]``), when the plan's tensor-parallel ranks do not all hold alike; the others hold
+    other shards, and are other runs' (:func:`tp_peers`)."""
+    own = int(parallel.get("coordinates", {}).get("tp", 0))
+    group = next((g for g in parallel.get("tp_classes") or [] if own in g), None)
+    if group is None:
+        return costs
+    tp = costs.mesh["tp"]  # innermost: a rank's tensor-parallel coordinate is its rank modulo tp
+    entries = tuple(replace(entry, first=entry.first + min(group), last=entry.last - (tp - 1 - max(group)),
+                            count=entry.count // tp * len(group), coordinates={"tp": tuple(group)})
+                    for entry in costs.entries)
+    return replace(costs, entries=entries)
 
 
 def _every_rank(trace: Trace, calls: Communication, world: int, whole: int, convention: str,
@@ -197,10 +256,11 @@ def _pipeline(trace: Trace, calls: Communication, pp: int, micro_batches: int, w
     if time is not None and links is not None:
         cost, times = _timed(trace, cost, stage_calls, links)
     per_stage = world // pp
+    trained = _trained_shares(trace, cost)
     entries = []
     for rank in cost.ranks:
         first = rank.stage * per_stage
-        top, parts = _stage_memory(memory, optimizer, cost, rank)
+        top, parts = _stage_memory(memory, optimizer, cost, rank, trained)
         entries.append(RankCost(
             first, first + per_stage - 1, per_stage, rank.stage, round(rank.forward_flops),
             round(rank.backward_flops), rank.parameters, whole, top, parts,
@@ -290,16 +350,27 @@ def _volumes(calls: Iterable[CollectiveCall], times: int = 1,
             "by_kind": by_kind, "by_dim": by_dim}
 
 
+def _trained_shares(trace: Trace, cost: PipelineCost) -> list[float]:
+    """Each stage's share of the bytes of the parameters the rank trains (its parameter bytes less those of its
+    frozen parameters, ``trace.parallel["frozen"]``): the share of the gradients and optimizer state it keeps."""
+    frozen = (trace.parallel or {}).get("frozen") or {}
+    held = [stage.parameter_bytes for stage in cost.stages]
+    if frozen:
+        held = [total - part for total, part in zip(held, bytes_by_stage(trace, cost.pp, frozen), strict=True)]
+    total = sum(held)
+    return [part / total if total else 0.0 for part in held]
+
+
 def _stage_memory(memory: MemoryModel | None, optimizer: OptimizerSpec | None, cost: PipelineCost,
-                  rank: StageCost) -> tuple[int | None, dict[str, int] | None]:
+                  rank: StageCost, trained: list[float]) -> tuple[int | None, dict[str, int] | None]:
     """A pipeline stage's memory, an upper bound: its parameter bytes; the rank's gradients and optimizer state in
-    the stage's share of the parameter bytes; the activations of its in-flight micro-batches; the most unsharded
-    parameters and communication buffers the rank's run held at once; all taken as live together."""
+    the stage's share of the trained parameters' bytes (``trained``); the activations of its in-flight
+    micro-batches; the most unsharded parameters and communication buffers the rank's run held at once; all taken
+    as live together."""
     if memory is None:
         return None, None
     trace = memory.trace
-    total = sum(stage.parameter_bytes for stage in cost.stages)
-    share = rank.parameter_bytes / total if total else 0.0
+    share = trained[rank.stage]
     at_end = memory.live_by_kind(len(trace.events))
     state = optimizer_bytes(trace, optimizer)[0] if optimizer is not None else 0
     parts = {"parameter": rank.parameter_bytes, "gradient": round(share * at_end.get("gradient", 0)),

@@ -29,7 +29,16 @@ def folded_ranks(entry: Mapping[str, Any]) -> str:
     first, last = entry["ranks"]
     if entry["count"] == 1 and first == last:
         return str(first)
-    return f"{first}–{last} (×{entry['count']})"
+    # the coordinates a row is restricted to (an uneven tensor-parallel split): "0–6 (×6, tp 0–2)"
+    where = "".join(f", {dim} {_span(values)}" for dim, values in (entry.get("coordinates") or {}).items())
+    return f"{first}–{last} (×{entry['count']}{where})"
+
+
+def _span(values: Sequence[int]) -> str:
+    """``"0–2"`` for consecutive values, ``"0,1,3"`` for others, ``"3"`` for one."""
+    if len(values) > 1 and list(values) == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}–{values[-1]}"
+    return ",".join(str(value) for value in values)
 
 
 def rank_columns(parallel: Mapping[str, Any]) -> list[Column]:
@@ -65,6 +74,13 @@ def plan_notes(parallel: Mapping[str, Any]) -> list[str]:
         per = f"; numbers per step of {parallel['micro_batches']} micro-batches"
     lines = [f"Per rank under {parallel['plan']}: {world:,} rank{'s' if world != 1 else ''} (mesh {mesh}), "
              f"ranks of equal cost in one row{per}"]
+    if any(entry.get("coordinates") for entry in parallel["ranks"]):
+        lines.append("Uneven tensor-parallel split: tp does not divide a sharded dimension, so ranks hold shards of "
+                     "different sizes; each row is the ranks of the tensor-parallel coordinates it names, simulated")
+    shown = sum(entry["count"] for entry in parallel["ranks"])
+    if shown < world:
+        lines.append(f"Not shown: {world - shown:,} ranks holding other tensor-parallel shards (a trace records one "
+                     "rank; an analysis simulates the others)")
     pipeline = parallel.get("pipeline")
     if pipeline:
         stages = f"Pipeline: {pipeline['stages']} stages, {pipeline['micro_batches']} micro-batches per step"
