@@ -292,14 +292,34 @@ def test_the_engine_and_the_package_source_are_digested(cache_env: Path) -> None
     for _ in range(2):  # kept in the cache directory (the source is settled), then read back: the same digests
         assert _recorder_digest.__wrapped__(str(cache_env)) == _recorder_digest()
         assert package_digest.__wrapped__(str(cache_env)) == package_digest()
-    assert len(list(cache_env.glob("source-digest-*.json"))) == 2
+    assert len(list(cache_env.glob("source-digest-*.json"))) == 3  # the engine's, the parallel runner's, the package's
+
+
+def test_the_parallel_runner_is_part_of_the_recording_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's trace is written by parallel/ as much as by engine/: a change to either reads no trace recorded
+    before it (a trace cached without the runner's newer fields gave the old per-rank numbers)."""
+    from modelmeter.cache import fingerprint
+
+    digested: list[str] = []
+    real = fingerprint._source_digest
+
+    def spy(root: str, memo_dir: str | None) -> str:
+        digested.append(os.path.basename(root))
+        return real(root, memo_dir)
+
+    monkeypatch.setattr(fingerprint, "_source_digest", spy)
+    before = fingerprint._recorder_digest.__wrapped__()
+    assert digested == ["engine", "parallel"]
+    monkeypatch.setattr(fingerprint, "_source_digest", lambda root, memo: "changed" if "parallel" in root else
+                        real(root, memo))
+    assert fingerprint._recorder_digest.__wrapped__() != before
 
 
 def test_the_source_digest_memos_are_the_caches_own_files(cache_env: Path) -> None:
     """The memos go beside the entries, nothing in the cache directory itself, and clearing the cache removes them."""
     analyze(Net(), image(), cache=True).result()
     assert [p.name for p in cache_env.iterdir()] == ["traces"]
-    assert len(list((cache_env / "traces").glob("source-digest-*.json"))) == 2
+    assert len(list((cache_env / "traces").glob("source-digest-*.json"))) == 3  # engine, parallel, package
     clear_cache(cache_env)
     assert list((cache_env / "traces").iterdir()) == []
 

@@ -950,14 +950,18 @@ def run_options(execution: str) -> tuple[Any, ...]:
 
 @functools.lru_cache(maxsize=8)
 def _recorder_digest(memo_dir: str | None = None) -> str:
-    """A digest of the source of modelmeter's engine (what records a trace) and of the trace format, so a
-    development checkout that changes how traces are recorded does not read traces of its former self
-    (``memo_dir``: see :func:`package_digest`)."""
-    engine = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine")
-    try:  # serialize.py, the trace format, among them
-        return _source_digest(engine, memo_dir)
+    """A digest of the source of what records a trace — modelmeter's engine, the trace format (serialize.py) among
+    it, and the parallel runner, which writes a plan's part of the trace — so a development checkout that changes
+    how traces are recorded does not read traces of its former self (``memo_dir``: see :func:`package_digest`)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        parts = [_source_digest(os.path.join(package, folder), memo_dir) for folder in _RECORDING_FOLDERS]
     except OSError:  # not installed as files (a zip, a frozen app): the version has to do
         return ""
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+_RECORDING_FOLDERS = ("engine", "parallel")
 
 
 @functools.lru_cache(maxsize=8)
