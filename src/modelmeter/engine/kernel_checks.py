@@ -264,7 +264,7 @@ def _non_empty(op: str, dims: int, channels: bool) -> Check:
 def _reduced(op: str) -> Check:
     """``max``/``min`` (of a whole tensor, or along ``dim``) of nothing: the CPU refuses it (``amax``'s meta kernel
     does too; theirs do not)."""
-    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def reduction_check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x, dim = args[0], _argument(args, kwargs, 1, "dim")
         if not _without_values(x):
             return
@@ -273,7 +273,7 @@ def _reduced(op: str) -> Check:
         if dim is not None and x.dim() and x.shape[dim] == 0:
             raise IndexError(f"{op}(): Expected reduction dim {dim} to have non-zero size.")  # torch's words
 
-    return check
+    return reduction_check
 
 
 _FLOATING_ONLY = ("gelu", "gelu_", "silu", "silu_", "mish", "mish_", "hardswish", "hardswish_", "hardsigmoid",
