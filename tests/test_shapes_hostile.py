@@ -6,6 +6,8 @@ Oracles: hand arithmetic, the shapes torch's own kernels produce (a broadcast re
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -231,3 +233,21 @@ def test_convolution_of_any_geometry_is_torchs_count(batch: int, cin: int, cout:
         return  # a geometry torch refuses (an output padding, a window past the input)
     macs = analysis(Fn(convolve), _fresh(x, w), "macs", backward=backward).total()
     assert type(macs) is int and 2 * macs == _torch_flops(convolve, _fresh(x, w), backward)
+
+
+def _adaptive_taps(size_in: int, size_out: int) -> int:
+    """Elements in the adaptive windows of one dimension, from torch's bounds in exact rational arithmetic."""
+    return sum(math.ceil(Fraction((i + 1) * size_in, size_out)) - math.floor(Fraction(i * size_in, size_out))
+               for i in range(size_out))
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_adaptive_pooling_past_two_to_the_53_is_exact(dims: int) -> None:
+    # a float quotient of the windows' bounds lost their exact count: 42 elements short here
+    rows, outputs = 2**50 + 3, 1000
+    x = torch.empty(1, 1, rows, *[1] * (dims - 1), device="meta")
+    size = outputs if dims == 1 else (outputs, 1)
+    pool = Fn(lambda t: F.adaptive_avg_pool1d(t, size) if dims == 1 else F.adaptive_avg_pool2d(t, size))
+    total = analysis(pool, (x,), "flops").total()
+    # an add per element entering a window, a divide per output element
+    assert type(total) is int and total == _adaptive_taps(rows, outputs) + outputs
