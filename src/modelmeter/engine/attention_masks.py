@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -48,7 +48,9 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
     mask = _with_values(mask, values)
     if mask is None:
         return False
-    full = torch.broadcast_shapes(tuple(mask.shape), (*query.shape[:-1], key.shape[-2]))
+    value = inputs[2] if isinstance(inputs[2], TensorMeta) else key
+    scores = (*score_batch(query.shape, key.shape, value.shape), query.shape[-2], key.shape[-2])
+    full = torch.broadcast_shapes(tuple(mask.shape), scores)
     with disable_current_modes(), torch.no_grad():
         if mask.dtype == torch.bool:
             passed = int(torch.count_nonzero(mask))
@@ -57,6 +59,16 @@ def summarize_mask(op: str, inputs: list[Any], args: tuple[Any, ...], kwargs: di
     attended = passed * (math.prod(full) // max(mask.numel(), 1))
     inputs[index] = dataclasses.replace(inputs[index], attended=attended)
     return True
+
+
+def score_batch(query: Sequence[int], key: Sequence[int], value: Sequence[int]) -> tuple[int, ...]:
+    """The batch and head sizes of the scores of ``(..., L, E)`` query, key and value: torch broadcasts their leading
+    dimensions (a query of batch 1 meets every key batch), except that grouped-query attention keeps the query's
+    heads, more than the key's."""
+    leads = [list(shape[:-2]) for shape in (query, key, value)]
+    rank = max(map(len, leads))
+    columns = zip(*([1] * (rank - len(lead)) + lead for lead in leads), strict=True)
+    return tuple(next((size for size in column if size != 1), 1) for column in columns)
 
 
 def _with_values(tensor: torch.Tensor, values: Values | None) -> torch.Tensor | None:

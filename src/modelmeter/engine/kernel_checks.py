@@ -199,9 +199,12 @@ _CONVOLUTION_DTYPES = _same_dtype("convolution", (0, "input"), (1, "weight"), (2
 
 
 def _transposed(x: torch.Tensor, weight: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    if x.dim() < 2 or x.shape[1] != weight.shape[0]:
+    if x.dim() < 2 or x.shape[1] != weight.shape[0] or weight.shape[0] == 0:
         raise RuntimeError(f"transposed convolution with a weight of shape {list(weight.shape)} expects an input "
-                           f"of {weight.shape[0]} channels, got shape {list(x.shape)}")
+                           f"of {weight.shape[0]} channels (at least one), got shape {list(x.shape)}")
+    if x.numel() == 0 and x.shape[0] and x.shape[1]:
+        raise RuntimeError(f"transposed convolution takes an empty input only of an empty batch or no channels, got "
+                           f"shape {list(x.shape)}")
     strides = list(_argument(args, kwargs, 3, "stride"))
     dilations = list(_argument(args, kwargs, 5, "dilation"))
     paddings = list(_argument(args, kwargs, 7, "output_padding"))
@@ -242,6 +245,35 @@ def _indices_in_table(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         return
     if bounds[0] < 0 or bounds[1] >= weight.shape[0]:
         raise IndexError("index out of range in self")  # torch's words
+
+
+def _non_empty(op: str, dims: int, channels: bool) -> Check:
+    """``op``'s CPU kernel refuses an input with an empty dimension but the batch: its last ``dims`` (spatial) ones,
+    and the channels before them when ``channels`` (PyTorch's meta kernels let these through)."""
+    checked = dims + channels
+
+    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x: Any = args[0] if args else None
+        if _without_values(x) and 0 in x.shape[-checked:]:
+            raise RuntimeError(f"{op} expects an input with elements in every dimension but the batch, got shape "
+                               f"{list(x.shape)}")
+
+    return check
+
+
+def _reduced(op: str) -> Check:
+    """``max``/``min`` (of a whole tensor, or along ``dim``) of nothing: the CPU refuses it (``amax``'s meta kernel
+    does too; theirs do not)."""
+    def reduction_check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x, dim = args[0], _argument(args, kwargs, 1, "dim")
+        if not _without_values(x):
+            return
+        if dim is None and x.numel() == 0:
+            raise RuntimeError(f"{op}(): Expected reduction dim to be specified for input.numel() == 0.")  # torch's
+        if dim is not None and x.dim() and x.shape[dim] == 0:
+            raise IndexError(f"{op}(): Expected reduction dim {dim} to have non-zero size.")  # torch's words
+
+    return reduction_check
 
 
 _FLOATING_ONLY = ("gelu", "gelu_", "silu", "silu_", "mish", "mish_", "hardswish", "hardswish_", "hardsigmoid",
@@ -310,4 +342,32 @@ def _build() -> dict[Any, Check]:
             packet = getattr(_aten, name)
             floating.update({getattr(packet, overload): _floating_only(name.strip("_"), *also, cpu_only=True)
                              for overload in packet.overloads()})
-    return {**matrices, **updates, **norms, **others, **floating}
+    table = {**matrices, **updates, **norms, **others, **floating}
+    for func, check in _empty_inputs().items():
+        table[func] = _both(table[func], check) if func in table else check
+    return table
+
+
+def _empty_inputs() -> dict[Any, Check]:
+    """The checks of empty inputs: resampling and pooling of nothing, ``max``/``min`` of nothing."""
+    checks: dict[Any, Check] = {}
+    for name, dims in (("_adaptive_avg_pool2d", 2), ("_adaptive_avg_pool3d", 3), ("grid_sampler_2d", 2),
+                       ("grid_sampler_3d", 3)):
+        checks[getattr(_aten, name).default] = _non_empty(name.strip("_"), dims, channels=False)
+    for name, dims in (("upsample_linear1d", 1), ("upsample_bilinear2d", 2), ("upsample_bicubic2d", 2),
+                       ("upsample_trilinear3d", 3)):
+        packet = getattr(_aten, name)
+        checks.update({getattr(packet, overload): _non_empty(name, dims, channels=True)
+                       for overload in ("default", "vec")})
+    for name in ("max", "min"):
+        checks.update({getattr(_aten, name).default: _reduced(name), getattr(_aten, name).dim: _reduced(name)})
+    return checks
+
+
+def _both(first: Check, second: Check) -> Check:
+    """Two checks of one operator, in turn."""
+    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        first(args, kwargs)
+        second(args, kwargs)
+
+    return check

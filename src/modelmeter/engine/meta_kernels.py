@@ -854,14 +854,15 @@ def _convolution_backward_fits(args: tuple[Any, ...]) -> bool:
 
 
 def _max_pool2d_fits(args: tuple[Any, ...]) -> bool:
-    """A contiguous floating-point input of 3 or 4 dimensions, whole numbers for the geometry (torch's errors for
-    impossible ones), a window at least one position and no wider than twice the padding."""
+    """A contiguous floating-point input of 3 or 4 dimensions, none empty but the batch, whole numbers for the
+    geometry (torch's errors for impossible ones), a window at least one position and no wider than twice the
+    padding."""
     x, kernel = args[0], args[1]
     geometry = [kernel, args[2] if len(args) > 2 and args[2] else kernel,
                 _pair(args[3] if len(args) > 3 else 0), _pair(args[4] if len(args) > 4 else 1)]
     if not (_plain_meta(x) and x.is_floating_point() and x.dim() in (3, 4) and x.is_contiguous()
-            and all(isinstance(v, (list, tuple)) and len(v) == 2 and all(type(i) is int for i in v)
-                    for v in geometry)):
+            and 0 not in x.shape[-3:] and all(isinstance(v, (list, tuple)) and len(v) == 2
+                                              and all(type(i) is int for i in v) for v in geometry)):
         return False
     kernel, stride, padding, dilation = geometry
     if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0:

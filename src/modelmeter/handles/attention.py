@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
+from ..engine.attention_masks import score_batch
 from ..errors import InvalidValueError
 from .base import CountInside, Handle, backward_key, get_shape, prod, shape_of
 from .binding import Formula, bind_all, by_name
@@ -102,7 +103,7 @@ def _attention(call: _Call, dense: bool = False) -> Attention:
     """Sizes and attended pairs of ``call`` (every pair when ``dense``)."""
     q, k, v = call.q, call.k, call.v
     if call.heads_first:
-        heads, lq, s = prod(q[:-2]), q[-2], k[-2]
+        heads, lq, s = prod(score_batch(q, k, v)), q[-2], k[-2]
     elif len(q) == 3:  # varlen: total tokens x heads x dim
         heads, lq, s = call.sequences * q[1], q[0] // call.sequences, k[0] // call.sequences
     else:
@@ -353,7 +354,7 @@ def encoder_layer_counter(real_flops: bool, fvcore_norms: bool) -> Formula[Count
 def sdpa_activation(query: Any, key: Any, value: Any) -> Counter[str]:
     """The score matrix (L·S) and the result (L·Ev) per head, dense."""
     q, k, v = _qkv(query, key, value)
-    return Counter({_FORWARD_KEY: prod(q[:-2]) * q[-2] * (k[-2] + v[-1])})
+    return Counter({_FORWARD_KEY: prod(score_batch(q, k, v)) * q[-2] * (k[-2] + v[-1])})
 
 
 @by_name

@@ -115,8 +115,9 @@ def scatter_gradient_flops(grad_output: Any) -> int:
 
 
 def _window_sums(size_in: int, size_out: int) -> int:
-    """Sum over the adaptive windows of one dimension of their lengths (torch's start/end rule)."""
-    return sum(math.ceil((i + 1) * size_in / size_out) - (i * size_in) // size_out for i in range(size_out))
+    """Sum over the adaptive windows of one dimension of their lengths (torch's start/end rule, in integers as torch
+    computes it: a float quotient loses the exact count past 2**53)."""
+    return sum(-(-(i + 1) * size_in // size_out) - (i * size_in) // size_out for i in range(size_out))
 
 
 def _adaptive(x: Any, out: Any, dims: int) -> tuple[int, int]:

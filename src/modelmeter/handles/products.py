@@ -87,7 +87,14 @@ def matmul_cost(self: Any, *, result: Any) -> tuple[int, int]:
 @by_name
 def vecdot_cost(x: Any, y: Any, dim: int = -1, *, result: Any) -> tuple[int, int]:
     """``linalg_vecdot(x, y, dim)``: a dot product along ``dim`` (of the broadcast operands) per output element."""
-    return numel(result) * max(shape_of(x)[dim], shape_of(y)[dim]), 0
+    return numel(result) * _broadcast(shape_of(x), shape_of(y))[dim], 0
+
+
+def _broadcast(first: list[int], second: list[int]) -> list[int]:
+    """The shape two shapes broadcast to (aligned at their last dimension; a size 1 stretches to the other's)."""
+    rank = max(len(first), len(second))
+    padded = ([1] * (rank - len(shape)) + shape for shape in (first, second))
+    return [b if a == 1 else a for a, b in zip(*padded, strict=True)]
 
 
 @by_name(mat1=("batch1", "mat"))
