@@ -96,6 +96,38 @@ def test_broadcast_attention_activations_are_its_output_and_scores() -> None:
     assert acts.by_operator() == {"scaled_dot_product_attention": 6 * 5 * (7 + 4)}
 
 
+def _mask_cases() -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]]:
+    """Query, key and mask shapes (and enable_gqa) that plain torch runs or refuses, broadcasting every way."""
+    cases = []
+    for q, k, gqa in [((2, 5, 8), (2, 7, 8), False), ((4, 5, 8), (2, 7, 8), True), ((1, 2, 5, 8), (2, 2, 7, 8), False),
+                      ((2, 4, 5, 8), (2, 2, 7, 8), True), ((2, 2, 5, 8), (1, 2, 7, 8), False)]:
+        for mask in [(5, 7), (1, 7), (2, 5, 7), (3, 5, 7), (1, 2, 5, 7), (2, 1, 5, 7), (2, 2, 5, 7), (1, 1, 1, 5, 7)]:
+            cases.append((q, k, mask, gqa))
+    return cases
+
+
+@pytest.mark.parametrize(("q", "k", "mask", "gqa"), _mask_cases())
+@pytest.mark.parametrize("kind", [torch.float32, torch.bool])
+def test_a_mask_is_refused_where_the_cpu_refuses_it(q: tuple[int, ...], k: tuple[int, ...], mask: tuple[int, ...],
+                                                    gqa: bool, kind: torch.dtype) -> None:
+    # the CPU adds the mask to the scores in place: a mask of more batches than q, k and v was counted (the math
+    # path under a recording adds it out of place, and broadcasts), in every execution; oracle: plain torch
+    inputs = (torch.randn(q), torch.randn(k), torch.randn(k), torch.ones(mask, dtype=kind))
+    model = _sdpa(enable_gqa=gqa)
+    try:
+        model(*inputs)
+    except RuntimeError:
+        runs = False
+    else:
+        runs = True
+    for execution in ("auto", "fake"):
+        if runs:
+            assert analysis(model, inputs, execution=execution).total() > 0
+        else:
+            with pytest.raises(ModelRunError, match="broadcast"):
+                analysis(model, inputs, execution=execution).total()
+
+
 # --- counts past 2**53 are exact integers --------------------------------------------------------------------
 def test_counts_past_two_to_the_53_are_exact_ints() -> None:
     m, k, n = 2**20 + 1, 2**21 + 3, 2**22 + 5

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .._torch_compat import FakeTensor
+from .attention_masks import score_batch
 from .metadata import recorded_device
 from .values import made_bounds
 
@@ -164,7 +165,27 @@ def _attention_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     if mask.dtype not in (torch.float32, query.dtype):
         raise RuntimeError(f"scaled_dot_product_attention expects a mask of bool, float32 or the query's dtype "
                            f"({_dtype_name(query.dtype)}), got {_dtype_name(mask.dtype)}")
-    scores = [*query.shape[:-1], key.shape[-2]]
+    _mask_fits_scores(query, key, key, mask)
+
+
+def attention_call_check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A user's ``scaled_dot_product_attention`` on the CPU or on stand-ins for CPU tensors, whichever kernel runs it:
+    the CPU adds the mask to the scores in place, so a mask that would enlarge them (more batches than the query,
+    key and value have) is refused — where the math path under a recording (fake tensors, or real ones under its
+    modes) adds it out of place and broadcasts. (Other devices' kernels have rules of their own.)"""
+    names = ("query", "key", "value", "attn_mask")
+    query, key, value, mask = (_argument(args, kwargs, i, name) for i, name in enumerate(names))
+    tensors = (query, key, value)
+    if not (isinstance(mask, torch.Tensor) and all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors)):
+        return
+    on_the_cpu = _stands_for_cpu(query) if _without_values(query) else query.device.type == "cpu"
+    if on_the_cpu:
+        _mask_fits_scores(query, key, value, mask)
+
+
+def _mask_fits_scores(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+    scores = [*score_batch(query.shape, key.shape, value.shape), query.shape[-2], key.shape[-2]]
+    scores = [1] * (4 - len(scores)) + scores  # inputs of three dimensions run as a batch of one
     if mask.dim() > len(scores) or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(scores),
                                                                         strict=False)):
         raise RuntimeError(f"scaled_dot_product_attention expects a mask that broadcasts to the scores' shape "

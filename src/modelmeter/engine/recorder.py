@@ -45,7 +45,7 @@ from .attention_masks import ATTENTION_CALLS, summarize_mask
 from .collectives import group_name_positions, name_groups
 from .higher_order import COUNTED_WHOLE, RUNNERS, refuse, run_body
 from .inputs import tensors_in
-from .kernel_checks import Check, kernel_check
+from .kernel_checks import Check, attention_call_check, kernel_check
 from .meta_kernels import direct_kernel, fused_on_meta, with_cpu_dtypes
 from .metadata import bind_by_name, flat_outputs, place_arguments
 from .naming import ModuleNames
@@ -461,7 +461,10 @@ class FunctionRecorder(TorchFunctionMode):
 def _as_on_the_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)``; on meta tensors, attention runs as the CPU's fused kernel would
     (meta_kernels.py)."""
-    fused = fused_on_meta(*args, **kwargs) if func is F.scaled_dot_product_attention else None
+    if func is not F.scaled_dot_product_attention:
+        return func(*args, **kwargs)
+    attention_call_check(args, kwargs)
+    fused = fused_on_meta(*args, **kwargs)
     return func(*args, **kwargs) if fused is None else fused
 
 
