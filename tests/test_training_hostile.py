@@ -7,7 +7,7 @@ FlopCounterMode on the same step run for real, and hand arithmetic on the optimi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,16 +16,8 @@ from torch import nn
 
 from memory_oracle import measure_peak, resident_bytes, training_step, warm_up
 from modelmeter import MemoryAnalysis, analyze, result_from_trace
-from modelmeter.errors import InvalidTypeError, InvalidValueError
+from modelmeter.errors import InvalidTypeError, InvalidValueError, ModelRunError
 from modelmeter.metrics.memory import optimizer_bytes
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _measured_sgd_step(model: nn.Module, inputs: tuple[Any, ...], resident: tuple[Any, ...],
@@ -141,3 +133,73 @@ def test_an_optimizer_that_is_no_name_is_refused_as_a_type(optimizer: Any) -> No
                                                + named) as raised:
         MemoryAnalysis(model, x, training=True, optimizer=optimizer)
     assert "Parameter Group" not in str(raised.value)
+
+
+# --- CTC: a loss whose kernels need the targets' values ----------------------------------------------------------
+def _ctc_step() -> tuple[nn.Module, torch.Tensor, tuple[torch.Tensor, ...], Callable[[Any], torch.Tensor]]:
+    torch.manual_seed(0)
+    x, lengths = torch.randn(50, 4, 16), torch.tensor([10, 4, 7, 2])
+    targets, frames = torch.randint(1, 12, (4, 10)), torch.full((4,), 50)
+
+    def loss_fn(output: torch.Tensor) -> torch.Tensor:
+        return nn.functional.ctc_loss(output.log_softmax(-1), targets, frames, lengths, reduction="sum")
+
+    return nn.Linear(16, 12), x, (x, targets, frames, lengths), loss_fn
+
+
+def test_the_ctc_backward_scratch_is_counted() -> None:
+    """CTC's CPU backward computes ``log_beta``, the size of the ``log_alpha`` its forward kept, and frees it before
+    returning: the step peaks there, 8 KiB (the size of ``log_alpha``: 4 x 50 x 21 floats) over what was predicted."""
+    model, x, resident, loss_fn = _ctc_step()
+    mem = MemoryAnalysis(model, x, training=True, optimizer="sgd", loss_fn=loss_fn)
+    assert mem.trace.execution == "real"  # the output's shape follows the target lengths' values
+    assert mem.peak_info().at.operator == "ctc_loss backward"
+    assert mem.peak() == _measured_sgd_step(model, (x,), resident, loss_fn)
+
+
+def test_a_fake_loss_that_needs_values_says_which_execution_runs_it() -> None:
+    model, x, _, loss_fn = _ctc_step()
+    with pytest.raises(ModelRunError, match=r"the loss_fn failed at operator aten::ctc_loss: .*use execution='auto' or "
+                                            r"'real'\)$"):
+        MemoryAnalysis(model, x, training=True, loss_fn=loss_fn, execution="fake").peak()
+
+
+# --- an optimizer stepping in the backward pass ---------------------------------------------------------------
+@pytest.mark.parametrize("execution", ["fake", "real"])
+def test_an_optimizer_in_the_backward_pass_is_not_stepped_by_the_analysis(execution: str) -> None:
+    """``register_post_accumulate_grad_hook`` hooks that step an optimizer per parameter ran in a real run's backward
+    pass: the caller's optimizers got their state and first step, their work was recorded as the model's, and the
+    real run's peak was not the fake run's (which never runs them). Both runs now set them aside, and leave them."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)), torch.randn(4, 8)
+    optimizers = {p: torch.optim.AdamW([p], foreach=False) for p in model.parameters()}
+
+    def step(parameter: torch.Tensor) -> None:
+        optimizers[parameter].step()
+        optimizers[parameter].zero_grad()
+
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(step)
+    mem = MemoryAnalysis(model, x, training=True, optimizer="adamw", execution=execution)  # type: ignore[arg-type]
+    plain = MemoryAnalysis(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)), x, training=True,
+                           optimizer="adamw", execution=execution)  # type: ignore[arg-type]
+    assert mem.peak_info() == plain.peak_info()
+    assert all(not optimizer.state for optimizer in optimizers.values())
+    model(x).sum().backward()  # the hooks are the caller's still
+    assert all(len(optimizer.state) == 1 for optimizer in optimizers.values())
+
+
+def test_gradient_hooks_on_parameters_run_in_a_fake_run_too() -> None:
+    """``register_hook`` on a parameter (its gradient clipped by a hook) ran in a real run only: the fake run's
+    stand-ins did not carry the hook, so its clamps, their FLOPs and the gradients they copy were missing (a peak
+    30% under the allocator's here)."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)), torch.randn(4, 64)
+    for parameter in model.parameters():
+        parameter.register_hook(lambda gradient: gradient.clamp(-1.0, 1.0))
+    fake, real = (analyze(model, x, backward=True, memory=True, optimizer="sgd", convention="flops", quiet=True,
+                          execution=execution)
+                  for execution in ("fake", "real"))
+    assert fake.trace.execution == "fake" and fake.flops.by_operator() == real.flops.by_operator()
+    assert fake.memory is not None and real.memory is not None
+    assert fake.memory.peak() == real.memory.peak() == _measured_sgd_step(model, (x,), (x,))

@@ -235,8 +235,12 @@ _PROMOTING["where"] = (1, 2)
 _POW_PROMOTING = ("Tensor_Tensor", "Scalar")  # pow(x, 2) (Tensor_Scalar) keeps its exponent a number
 _WRAPPED_DTYPES = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
 _PROMOTING_DEVICES = ("cpu", "meta")  # CUDA kernels cast while they read; a meta run stands for the CPU's
-_COPYING = frozenset([*_MATRIX_OPERANDS, "aten::mean", *(f"aten::{name}{suffix}" for name in _PROMOTING
-                                                         for suffix in ("", "_"))])
+# Kernels that allocate a scratch tensor the size of one of their inputs (at this position) and free it before they
+# return: the CPU backward of CTC computes its beta variables, ``log_beta``, the size of the ``log_alpha`` the forward
+# kept (measured against the CPU allocator).
+_SCRATCH = {"aten::_ctc_loss_backward": 6}
+_COPYING = frozenset([*_MATRIX_OPERANDS, "aten::mean", *_SCRATCH, *(f"aten::{name}{suffix}" for name in _PROMOTING
+                                                                    for suffix in ("", "_"))])
 
 
 def operand_copies(trace: Trace) -> dict[int, int]:
@@ -248,7 +252,7 @@ def operand_copies(trace: Trace) -> dict[int, int]:
     copies: dict[int, int] = {}
     for i, ev in enumerate(trace.events):
         if ev.op in _COPYING and ev.level == "dispatch":
-            extra = _matrix_copies(ev.op, ev.inputs) + _promotion_copies(ev) + _mean_copies(ev)
+            extra = _matrix_copies(ev.op, ev.inputs) + _promotion_copies(ev) + _mean_copies(ev) + _scratch(ev)
             if extra:
                 copies[i] = extra
     return copies
@@ -325,6 +329,15 @@ def _mean_copies(ev: OpEvent) -> int:
         single = itemsize(_FULL_PRECISION)
         return out.numel() * single + max(x.numel() * single, itemsize("int64") + single)
     return count
+
+
+def _scratch(ev: OpEvent) -> int:
+    """Bytes of the scratch tensor a CPU kernel of :data:`_SCRATCH` allocates beside its outputs."""
+    position = _SCRATCH.get(ev.op)
+    operand = ev.inputs[position] if position is not None and position < len(ev.inputs) else None
+    if not isinstance(operand, TensorMeta) or operand.device not in _PROMOTING_DEVICES:
+        return 0
+    return operand.numel() * itemsize(operand.dtype)
 
 
 def _dtype_kind(operand: Any) -> tuple[str, str]:
