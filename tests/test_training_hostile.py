@@ -203,3 +203,26 @@ def test_gradient_hooks_on_parameters_run_in_a_fake_run_too() -> None:
     assert fake.trace.execution == "fake" and fake.flops.by_operator() == real.flops.by_operator()
     assert fake.memory is not None and real.memory is not None
     assert fake.memory.peak() == real.memory.peak() == _measured_sgd_step(model, (x,), (x,))
+
+
+@pytest.mark.parametrize("cache", [None, True])
+def test_a_gradient_hook_added_after_an_analysis_is_a_new_run(cache: bool | None, tmp_path: Any) -> None:
+    """The keys of the in-process and on-disk caches read a tensor's metadata, not the hooks on its gradient: the
+    analysis after ``register_hook`` was the one before it, unhooked (in a real run as in a fake one)."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)), torch.randn(4, 64)
+
+    def peak() -> int:
+        analysis = analyze(model, x, backward=True, memory=True, optimizer="sgd", quiet=True, cache=cache,
+                           cache_dir=tmp_path if cache else None)
+        assert analysis.memory is not None
+        return analysis.memory.peak()
+
+    plain = peak()
+    handles = [parameter.register_hook(lambda gradient: gradient.clamp(-1.0, 1.0)) for parameter in
+               model.parameters()]
+    hooked = peak()
+    assert hooked == _measured_sgd_step(model, (x,), (x,)) > plain
+    for handle in handles:
+        handle.remove()
+    assert peak() == plain
