@@ -54,7 +54,8 @@ from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_tempo
 
 __all__ = [  # what the package imports from here
     "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER", "FLEX_ATTENTION_MODULE",
-    "MODULE_CALL_IMPL", "MODULE_TABLES", "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
+    "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS", "TENSOR_HOOK_TABLES",
+    "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",
@@ -122,7 +123,11 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 
 # A tensor's own hook tables (attributes of every tensor, since 2.1): ``register_hook`` and
 # ``register_post_accumulate_grad_hook`` make one on a tensor that has none; the snapshot empties those a run made.
-TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
+# The second is an optimizer's when it steps in the backward pass (a run's backward sets it aside).
+# The first holds hooks of the gradient (``register_hook``), which a fake run's stand-ins of parameters run too.
+GRADIENT_HOOKS = "_backward_hooks"
+POST_ACCUMULATE_GRAD_HOOKS = "_post_accumulate_grad_hooks"
+TENSOR_HOOK_TABLES = (GRADIENT_HOOKS, POST_ACCUMULATE_GRAD_HOOKS)
 
 
 _FORWARD_AD = torch.autograd.forward_ad

@@ -71,6 +71,8 @@ class MemoryAnalysis(MetricView):
                  parallel: str | ParallelPlan | None = None) -> None:
         if not isinstance(training, bool):
             raise InvalidTypeError(f"training must be True or False, got {training!r}")
+        if loss_fn is not None and not training:  # checked here: the run's spec would name its backward=
+            raise InvalidValueError("loss_fn is the training step's loss: pass training=True with it")
         spec = memory_optimizer(training, optimizer, state_dtype, foreach)
         if trace is not None and trace.backward != training:
             raise InvalidValueError(f"the given trace {'has' if trace.backward else 'has no'} backward pass, but "
@@ -84,7 +86,8 @@ class MemoryAnalysis(MetricView):
         """The memory of ``session``'s run (a training step when its spec has a backward pass), sharing it with
         the session's other views."""
         view = cls.__new__(cls)
-        view._attach(session, memory_optimizer(session.spec.backward, optimizer, state_dtype, foreach))
+        view._attach(session, memory_optimizer(session.spec.backward, optimizer, state_dtype, foreach,
+                                               switch="backward=True"))
         return view
 
     def _attach(self, session: Session, spec: OptimizerSpec | None) -> None:

@@ -253,10 +253,11 @@ def log_warnings(trace: Trace, unsupported_ops: Mapping[str, int], uncalled_modu
 
 # memory ------------------------------------------------------------------------------------------
 def memory_optimizer(training: bool, optimizer: str | OptimizerSpec | None, state_dtype: Any,
-                     foreach: bool | None) -> OptimizerSpec | None:
-    """The optimizer a memory analysis models, its options checked (``state_dtype`` may be a ``torch.dtype``)."""
+                     foreach: bool | None, *, switch: str = "training=True") -> OptimizerSpec | None:
+    """The optimizer a memory analysis models, its options checked (``state_dtype`` may be a ``torch.dtype``);
+    ``switch`` names what makes the run a training step, for the caller's error."""
     if optimizer is not None and not training:
-        raise InvalidValueError("optimizer is part of a training step: pass training=True with it")
+        raise InvalidValueError(f"optimizer is part of a training step: pass {switch} with it")
     if (state_dtype is not None or foreach is not None) and optimizer is None:
         raise InvalidValueError("state_dtype and foreach describe the optimizer: pass optimizer= with them")
     if optimizer is None:
@@ -436,7 +437,8 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
                              measured_time=measured_time)
     if not memory and (optimizer is not None or state_dtype is not None or foreach is not None):
         raise InvalidValueError("optimizer, state_dtype and foreach are memory options: pass memory=True with them")
-    spec = for_plan(memory_optimizer(trace.backward, optimizer, state_dtype, foreach), trace) if memory else None
+    spec = for_plan(memory_optimizer(trace.backward, optimizer, state_dtype, foreach,
+                                     switch="a trace recorded with backward=True"), trace) if memory else None
     chosen = get_convention(convention, dense_attention=dense_attention, attention_kernel=attention_kernel)
     flops = count(trace, chosen.handles, elementwise=chosen.elementwise)
     if not quiet:

@@ -62,6 +62,7 @@ from torch import nn
 
 from .. import _version as modelmeter_version
 from .._torch_compat import (
+    GRADIENT_HOOKS,
     backward_hooks,
     buffers_of,
     children_of,
@@ -750,8 +751,10 @@ class _Fingerprint(CodeWalk):
             stride = None
         kind = type(t)
         subclass = None if kind in _TORCH_TENSOR_TYPES or _is_torch(kind.__module__) else self.klass(kind)
-        return (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
-                _text(t.layout), stride, bool(t.requires_grad), self.storage(t))
+        record = (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
+                  _text(t.layout), stride, bool(t.requires_grad), self.storage(t))
+        hooks = getattr(t, GRADIENT_HOOKS, None)  # run on its gradient (a parameter's: a fake run's stand-in too)
+        return (*record, tuple(map(self.value, hooks.values()))) if hooks else record
 
     def storage(self, t: torch.Tensor) -> Any:
         """Where a tensor lies in its storage — which of the storages met (views of one base share it, as the run's

@@ -45,7 +45,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._torch_compat import backward_hooks, buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
+from .._torch_compat import (
+    GRADIENT_HOOKS,
+    backward_hooks,
+    buffers_of,
+    children_of,
+    forward_hook_tables,
+    parameters_of,
+    version_counter,
+)
 from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
@@ -159,11 +167,13 @@ class _State(CodeWalk):
             data = t.data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, a subclass without storage
             data = None
+        hooks = getattr(t, GRADIENT_HOOKS, None)  # run on its gradient (a parameter's: a fake run's stand-in too)
+        ran = (tuple(map(self.value, hooks.values())),) if hooks else ()
         if t.layout == torch.strided:  # (nearly every tensor; the layout is then implied, and the length differs)
             return (self._named(t), version_counter(t), type(t), t.shape, t.stride(), t.storage_offset(), t.dtype,
-                    t.device, t.requires_grad, data)
+                    t.device, t.requires_grad, data, *ran)
         return (self._named(t), version_counter(t), type(t), t.shape, t.dtype, t.device, t.layout, t.requires_grad,
-                data)
+                data, *ran)
 
     def value(self, obj: Any, depth: int = 0) -> Any:
         """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`, code

@@ -243,6 +243,8 @@ class Recorder:
         the saved tensor would, without the reference cycle that saving an output by itself makes."""
         if self.phase == "forward":
             self.storages.saved(tensor, self._scope)
+        if self.shadows is not None and not _without_values(tensor):
+            return tensor  # a real tensor in a fake run (a loss's target): detached, it would become a fake copy
         paused, self.paused = self.paused, True
         try:
             return tensor.detach()

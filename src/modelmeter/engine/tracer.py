@@ -22,7 +22,9 @@ from torch import nn
 from .._torch_compat import (
     COMPILED_MODULE_ATTRIBUTE,
     COMPILED_MODULE_CLASS,
+    GRADIENT_HOOKS,
     MODULE_CALL_IMPL,
+    POST_ACCUMULATE_GRAD_HOOKS,
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensorMode,
@@ -399,7 +401,9 @@ def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor
     except Exception as exc:
         op = recorder.failed_op
         at = f" at operator {op}" if op else ""
-        raise _LossFnError(f"the loss_fn failed{at}: {type(exc).__name__}: {exc}", None, op) from exc
+        hint = " (the loss needs real tensor values: use execution='auto' or 'real')" \
+            if isinstance(exc, NEEDS_VALUES) else ""
+        raise _LossFnError(f"the loss_fn failed{at}: {type(exc).__name__}: {exc}{hint}", None, op) from exc
     return loss
 
 
@@ -431,21 +435,29 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 class _Gradients:
     """Clear ``.grad`` of the given leaves for a backward pass, and put back what they held before, so a
-    backward pass neither adds into a user's gradients nor leaves new ones."""
+    backward pass neither adds into a user's gradients nor leaves new ones. The hooks run once a leaf's gradient is
+    accumulated (``register_post_accumulate_grad_hook``: an optimizer stepping in the backward pass) are set aside
+    meanwhile: they would step the caller's optimizer, and a fake run's stand-ins never carry them."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         with no_torch_function():  # as every access below: no call of the model's, so not one the function mode sees
             self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
+            tables = (getattr(t, POST_ACCUMULATE_GRAD_HOOKS, None) for t, _ in self.saved)
+            self.hooks = [(table, dict(table)) for table in tables if table]
 
     def __enter__(self) -> None:
         with no_torch_function():
             for tensor, _ in self.saved:
                 tensor.grad = None
+        for table, _ in self.hooks:
+            table.clear()
 
     def __exit__(self, *_: Any) -> None:
         with no_torch_function():
             for tensor, grad in self.saved:
                 tensor.grad = grad
+        for table, hooks in self.hooks:
+            table.update(hooks)
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor | None:
@@ -642,7 +654,7 @@ class _SwappedState:
         for table, name, tensor in self.saved:
             stand_in = made.get(id(tensor))
             if stand_in is None:
-                stand_in = made[id(tensor)] = make(tensor)
+                stand_in = made[id(tensor)] = _with_gradient_hooks(tensor, make(tensor))
             table[name] = stand_in
         self.parts.stand_ins = made
         return self
@@ -651,6 +663,16 @@ class _SwappedState:
         for table, name, tensor in reversed(self.saved):
             table[name] = tensor
         self.parts.stand_ins = {}
+
+
+def _with_gradient_hooks(tensor: torch.Tensor, stand_in: torch.Tensor) -> torch.Tensor:
+    """``stand_in``, running the hooks ``register_hook`` set on the gradient of ``tensor`` (a parameter's gradient
+    clipped by a hook), as ``tensor`` does in a real run."""
+    hooks = getattr(tensor, GRADIENT_HOOKS, None)
+    if hooks and stand_in.requires_grad:
+        for hook in hooks.values():
+            stand_in.register_hook(hook)
+    return stand_in
 
 
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -34,10 +34,11 @@ class OptimizerSpec:
     ``step()``, as torch's implementations allocate them: the per-parameter loop (the CPU default) holds
     ``temporaries`` parameter-sized tensors for parameter ``i`` while ``carried`` of parameter ``i - 1`` are
     still bound to a loop variable; the multi-tensor ``foreach`` implementation (the CUDA default) holds
-    ``foreach_temporaries`` copies of every parameter at once; ``overhead``: bytes of the 0-d tensors a
-    Python-number operand becomes with float32 state (a float64 tensor and its float32 copy, 12 bytes; the copy
-    takes the state's dtype, and float64 state needs none). ``state_dtype``: the dtype of the states when not the
-    parameter's.
+    ``foreach_temporaries`` copies of every parameter of one device and dtype at once (torch steps one such group
+    after the other, the previous group's copies still bound while the next's are made); ``overhead``: bytes of the
+    0-d tensors a Python-number operand becomes with float32 state (a float64 tensor and its float32 copy, 12 bytes;
+    the copy takes the state's dtype, and float64 state needs none). ``state_dtype``: the dtype of the states when
+    not the parameter's.
 
     Mixed precision and sharding: ``master_weights`` keeps a copy of every parameter in the state dtype besides
     the states (low-precision parameters with float32 master weights, ZeRO's 2 + 2 + 12 bytes per parameter with
@@ -95,7 +96,10 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
     if isinstance(name, OptimizerSpec):
         spec = name
     else:
-        key = str(name).lower()
+        if not isinstance(name, str):
+            raise InvalidTypeError(f"optimizer must be a name ({', '.join(OPTIMIZERS)}) or an OptimizerSpec, got "
+                                   f"{_described(name)}")
+        key = name.lower()
         if key not in OPTIMIZERS:
             raise InvalidValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (or an OptimizerSpec); "
                                     f"got {name!r}")
@@ -109,6 +113,16 @@ def optimizer_spec(name: str | OptimizerSpec, *, state_dtype: str | None = None,
                    state_dtype=state_dtype or spec.state_dtype,
                    master_weights=spec.master_weights if master_weights is None else master_weights,
                    shards=spec.shards if shards is None else shards)
+
+
+def _described(value: object) -> str:
+    """``value`` as an error names it: a torch optimizer (its class or an instance) by its class, with what to pass
+    instead — the spec is a name, torch.optim's settings are not read; anything else by its type."""
+    kind = value if isinstance(value, type) else type(value)
+    if issubclass(kind, torch.optim.Optimizer):
+        return (f"torch.optim's {kind.__name__}, whose settings are not read: pass the name of the optimizer it is "
+                f"(state_dtype= and foreach= describe it further)")
+    return type(value).__name__
 
 
 _FULL_PRECISION = "float32"
@@ -171,11 +185,28 @@ def optimizer_bytes(trace: Trace, spec: OptimizerSpec) -> tuple[int, int]:
         return state, 0
     overheads = [scalar_overhead(spec, spec.state_dtype or g.dtype) for g in trace.gradients]
     if spec.foreach:
-        return state, spec.foreach_temporaries * sum(sizes) + max(overheads)
+        return state, _foreach_temporary(spec, trace.gradients, sizes, overheads)
     previous = [0, *sizes[:-1]]
     held = (spec.temporaries * size + spec.carried * prior + overhead
             for size, prior, overhead in zip(sizes, previous, overheads, strict=True))
     return state, max(held)
+
+
+def _foreach_temporary(spec: OptimizerSpec, gradients: list[TensorMeta], sizes: list[int],
+                       overheads: list[int]) -> int:
+    """The most temporary bytes of a multi-tensor ``step()``: torch groups the parameters by device and dtype (in
+    order of first appearance) and runs one group after the other; a group's temporaries are made while the previous
+    group's are still bound to the loop's variable, and its Python-number operands are wrapped while either group's
+    are held (measured against the CPU allocator)."""
+    totals: dict[tuple[str, str], int] = {}
+    wrapped: dict[tuple[str, str], int] = {}
+    for gradient, size, overhead in zip(gradients, sizes, overheads, strict=True):
+        key = (gradient.device, gradient.dtype)
+        totals[key] = totals.get(key, 0) + spec.foreach_temporaries * size
+        wrapped[key] = overhead
+    held = [0, *totals.values()]
+    return max(max(previous + max(current, overhead), current + overhead)
+               for previous, current, overhead in zip(held[:-1], held[1:], wrapped.values(), strict=True))
 
 
 def scalar_overhead(spec: OptimizerSpec, dtype: str) -> int:
@@ -204,8 +235,12 @@ _PROMOTING["where"] = (1, 2)
 _POW_PROMOTING = ("Tensor_Tensor", "Scalar")  # pow(x, 2) (Tensor_Scalar) keeps its exponent a number
 _WRAPPED_DTYPES = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
 _PROMOTING_DEVICES = ("cpu", "meta")  # CUDA kernels cast while they read; a meta run stands for the CPU's
-_COPYING = frozenset([*_MATRIX_OPERANDS, "aten::mean", *(f"aten::{name}{suffix}" for name in _PROMOTING
-                                                         for suffix in ("", "_"))])
+# Kernels that allocate a scratch tensor the size of one of their inputs (at this position) and free it before they
+# return: the CPU backward of CTC computes its beta variables, ``log_beta``, the size of the ``log_alpha`` the forward
+# kept (measured against the CPU allocator).
+_SCRATCH = {"aten::_ctc_loss_backward": 6}
+_COPYING = frozenset([*_MATRIX_OPERANDS, "aten::mean", *_SCRATCH, *(f"aten::{name}{suffix}" for name in _PROMOTING
+                                                                    for suffix in ("", "_"))])
 
 
 def operand_copies(trace: Trace) -> dict[int, int]:
@@ -217,7 +252,7 @@ def operand_copies(trace: Trace) -> dict[int, int]:
     copies: dict[int, int] = {}
     for i, ev in enumerate(trace.events):
         if ev.op in _COPYING and ev.level == "dispatch":
-            extra = _matrix_copies(ev.op, ev.inputs) + _promotion_copies(ev) + _mean_copies(ev)
+            extra = _matrix_copies(ev.op, ev.inputs) + _promotion_copies(ev) + _mean_copies(ev) + _scratch(ev)
             if extra:
                 copies[i] = extra
     return copies
@@ -294,6 +329,15 @@ def _mean_copies(ev: OpEvent) -> int:
         single = itemsize(_FULL_PRECISION)
         return out.numel() * single + max(x.numel() * single, itemsize("int64") + single)
     return count
+
+
+def _scratch(ev: OpEvent) -> int:
+    """Bytes of the scratch tensor a CPU kernel of :data:`_SCRATCH` allocates beside its outputs."""
+    position = _SCRATCH.get(ev.op)
+    operand = ev.inputs[position] if position is not None and position < len(ev.inputs) else None
+    if not isinstance(operand, TensorMeta) or operand.device not in _PROMOTING_DEVICES:
+        return 0
+    return operand.numel() * itemsize(operand.dtype)
 
 
 def _dtype_kind(operand: Any) -> tuple[str, str]:
