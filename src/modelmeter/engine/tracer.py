@@ -442,8 +442,8 @@ class _Gradients:
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         with no_torch_function():  # as every access below: no call of the model's, so not one the function mode sees
             self.saved = list({id(t): (t, t.grad) for t in tensors if t.requires_grad and t.is_leaf}.values())
-            tables = (getattr(t, POST_ACCUMULATE_GRAD_HOOKS, None) for t, _ in self.saved)
-            self.hooks = [(table, dict(table)) for table in tables if table]
+            self.hooks = [(table, dict(table)) for t, _ in self.saved
+                          if (table := getattr(t, POST_ACCUMULATE_GRAD_HOOKS, None))]
 
     def __enter__(self) -> None:
         with no_torch_function():
@@ -654,7 +654,10 @@ class _SwappedState:
         for table, name, tensor in self.saved:
             stand_in = made.get(id(tensor))
             if stand_in is None:
-                stand_in = made[id(tensor)] = _with_gradient_hooks(tensor, make(tensor))
+                stand_in = made[id(tensor)] = make(tensor)
+                hooks = getattr(tensor, GRADIENT_HOOKS, None)
+                if hooks and stand_in.requires_grad:  # run on its gradient (clipping), as in a real run
+                    _add_gradient_hooks(stand_in, hooks)
             table[name] = stand_in
         self.parts.stand_ins = made
         return self
@@ -665,14 +668,11 @@ class _SwappedState:
         self.parts.stand_ins = {}
 
 
-def _with_gradient_hooks(tensor: torch.Tensor, stand_in: torch.Tensor) -> torch.Tensor:
-    """``stand_in``, running the hooks ``register_hook`` set on the gradient of ``tensor`` (a parameter's gradient
-    clipped by a hook), as ``tensor`` does in a real run."""
-    hooks = getattr(tensor, GRADIENT_HOOKS, None)
-    if hooks and stand_in.requires_grad:
-        for hook in hooks.values():
-            stand_in.register_hook(hook)
-    return stand_in
+def _add_gradient_hooks(stand_in: torch.Tensor, hooks: dict[Any, Any]) -> None:
+    """Make ``stand_in`` run the hooks ``register_hook`` set on the gradient of the tensor it stands for (a
+    parameter's gradient clipped by a hook), as that tensor does in a real run."""
+    for hook in hooks.values():
+        stand_in.register_hook(hook)
 
 
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
