@@ -77,6 +77,37 @@ def test_linear_by_hand(convention: str, bias: bool, forward: int, backward_both
     assert weight_only.by_phase() == {"forward": forward, "backward": backward_weight}
 
 
+# --- bilinear ------------------------------------------------------------------------------------
+# Bilinear(4, 5, 3) on rows (2, 6): 12 rows x 3 outputs x 4 x 5 = 720 multiply-adds (a linear layer over the outer
+# product x1 (x) x2); flops: 2 x 720, the outer product's 12 x 4 x 5 = 240 multiplies and 12 x 3 = 36 bias adds.
+# Backward: each gradient (x1's, x2's, the weight's) is a _trilinear of the same 720 terms, the bias's a sum.
+@pytest.mark.parametrize(("convention", "forward", "per_gradient"), [
+    pytest.param("macs", 720, 720, id="macs"),
+    pytest.param("fvcore", 720, 720, id="fvcore"),
+    pytest.param("flops", 2 * 720 + 240 + 36, 2 * 720, id="flops"),
+])
+def test_bilinear_by_hand(convention: str, forward: int, per_gradient: int) -> None:
+    layer = nn.Bilinear(4, 5, 3)
+    x1, x2 = torch.randn(2, 6, 4, requires_grad=True), torch.randn(2, 6, 5, requires_grad=True)
+    analysis = measure(layer, (x1, x2), convention, backward=True)
+    assert analysis.by_phase_and_operator()["forward"] == Counter({"bilinear": forward})
+    assert analysis.by_phase_and_operator()["backward"]["_trilinear"] == 3 * per_gradient
+    assert analysis.unsupported_ops() == Counter()
+
+
+@given(n=st.integers(0, 3), a=st.integers(1, 4), b=st.integers(1, 4), c=st.integers(1, 4))
+@settings(max_examples=25, deadline=None)
+def test_trilinear_counts_the_terms_of_its_sum(n: int, a: int, b: int, c: int) -> None:
+    # torch._trilinear as bilinear calls it: (n, a) x (c, a, b) x (n, b) -> (n, c); brute force: the terms of the
+    # sum are the elements of the operands' broadcast (n, c, a, b), counted by expanding them
+    i1, w, i2 = torch.randn(n, a), torch.randn(c, a, b), torch.randn(n, b)
+    out = torch._trilinear(i1, w, i2, [1, 3], [0], [1, 2], [2, 3])
+    terms = torch.broadcast_shapes((n, 1, a, 1), (1, c, a, b), (n, 1, 1, b)).numel()
+    assert torch.allclose(out, torch.einsum("na,cab,nb->nc", i1, w, i2), atol=1e-5)
+    assert call_handle("aten::_trilinear", torch.ops.aten._trilinear.default, i1, w, i2, [1, 3], [0], [1, 2],
+                       [2, 3]) == terms
+
+
 def test_frozen_linear_has_no_backward_product() -> None:
     layer = nn.Linear(10, 20).requires_grad_(False)
     analysis = measure(nn.Sequential(layer, nn.Linear(20, 3)), torch.randn(4, 10), backward=True)
