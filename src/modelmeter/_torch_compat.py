@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import (
 # Jagged nested tensors (torch.nested._internal.nested_tensor): inputs of ``torch.jagged`` layout have no public
 # class to test for.
 from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
+from torch.nn.utils import parametrize
 
 # pytree (torch.utils._pytree): maps over the nested containers of a call's arguments.
 from torch.utils import _pytree as pytree
@@ -54,7 +55,8 @@ from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_tempo
 
 __all__ = [  # what the package imports from here
     "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER", "FLEX_ATTENTION_MODULE",
-    "MODULE_CALL_IMPL", "MODULE_TABLES", "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
+    "MODULE_CALL_IMPL", "MODULE_TABLES", "NO_TENSOR_HOOKS", "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER",
+    "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",
@@ -64,10 +66,11 @@ __all__ = [  # what the package imports from here
     "forward_hook_tables", "function_modes", "global_backward_hooks", "global_forward_hooks",
     "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
-    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
-    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name",
-    "saved_tensors_hooks_set_aside", "schema_of", "script_object_type", "set_state_dict_metadata",
-    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
+    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "parametrizations_set_aside",
+    "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module",
+    "resolve_group_name", "saved_tensors_hooks_set_aside", "schema_of", "script_object_type",
+    "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata", "tensor_hooks",
+    "unseen_global_shape_runs", "unset_fake_temporarily",
     "version_counter", "weights_only_allowed_globals",
 ]
 
@@ -123,6 +126,20 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 # A tensor's own hook tables (attributes of every tensor, since 2.1): ``register_hook`` and
 # ``register_post_accumulate_grad_hook`` make one on a tensor that has none; the snapshot empties those a run made.
 TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def tensor_hooks(tensor: torch.Tensor) -> tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]]:
+    """The hooks ``register_hook`` and ``register_post_accumulate_grad_hook`` set on ``tensor``, each in the order
+    they fire (the values of its hook tables, dicts ordered by registration; no public reader). Read for every
+    parameter of a cache key: one check for the common tensor without any."""
+    grad = tensor._backward_hooks
+    accumulate = tensor._post_accumulate_grad_hooks
+    if not grad and not accumulate:
+        return NO_TENSOR_HOOKS
+    return tuple(grad.values()) if grad else (), tuple(accumulate.values()) if accumulate else ()
+
+
+NO_TENSOR_HOOKS: tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]] = ((), ())
 
 
 _FORWARD_AD = torch.autograd.forward_ad
@@ -548,6 +565,28 @@ def saved_tensors_hooks_set_aside(pack: Callable[[torch.Tensor], Any]) -> Iterat
         yield
     finally:
         graph.disable_saved_tensors_hooks = original
+
+
+@contextlib.contextmanager
+def parametrizations_set_aside() -> Iterator[None]:
+    """While open, ``torch.nn.utils.parametrize``'s cache of computed weights is empty; afterwards it holds what it
+    held before, the same objects, and nothing the run computed.
+
+    Inside ``parametrize.cached()`` torch keeps each parametrized tensor, once computed, in the module global
+    ``_cache`` (keyed by the module's ``id`` and the tensor's name, since 1.9) until the block ends. A run computes
+    the weight from its stand-ins (meta tensors, FakeTensors, clones): left there, the caller's next forward in the
+    block would read it (garbage, or a graph that never reaches the parameters). The caller's entries are set aside
+    too: they hold the real parameters' graph, which the run's backward pass must not run through; the run computes
+    each weight once, as the first forward in a ``cached()`` block does.
+    """
+    cache = parametrize._cache
+    kept = dict(cache)
+    cache.clear()
+    try:
+        yield
+    finally:
+        cache.clear()
+        cache.update(kept)
 
 
 @contextlib.contextmanager

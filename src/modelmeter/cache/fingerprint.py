@@ -62,6 +62,7 @@ from torch import nn
 
 from .. import _version as modelmeter_version
 from .._torch_compat import (
+    NO_TENSOR_HOOKS,
     backward_hooks,
     buffers_of,
     children_of,
@@ -70,6 +71,7 @@ from .._torch_compat import (
     global_forward_hooks,
     non_persistent_buffers,
     parameters_of,
+    tensor_hooks,
 )
 from ..engine.naming import named_modules_with_dup
 from ..engine.serialize import FORMAT_VERSION, schema_signature
@@ -750,8 +752,10 @@ class _Fingerprint(CodeWalk):
             stride = None
         kind = type(t)
         subclass = None if kind in _TORCH_TENSOR_TYPES or _is_torch(kind.__module__) else self.klass(kind)
-        return (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
-                _text(t.layout), stride, bool(t.requires_grad), self.storage(t))
+        record = (kind.__qualname__, subclass, tuple(map(int, t.shape)), _text(t.dtype), _text(t.device),
+                  _text(t.layout), stride, bool(t.requires_grad), self.storage(t))
+        hooks = tensor_hooks(t)  # gradient hooks the run fires and counts (nearly always none: the key as before)
+        return record if hooks is NO_TENSOR_HOOKS else (*record, ("gradient hooks", self.value(hooks)))
 
     def storage(self, t: torch.Tensor) -> Any:
         """Where a tensor lies in its storage — which of the storages met (views of one base share it, as the run's

@@ -45,7 +45,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._torch_compat import backward_hooks, buffers_of, children_of, forward_hook_tables, parameters_of, version_counter
+from .._torch_compat import (
+    NO_TENSOR_HOOKS,
+    backward_hooks,
+    buffers_of,
+    children_of,
+    forward_hook_tables,
+    parameters_of,
+    tensor_hooks,
+    version_counter,
+)
 from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
@@ -159,11 +168,16 @@ class _State(CodeWalk):
             data = t.data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, a subclass without storage
             data = None
+        hooks = tensor_hooks(t)  # gradient hooks the run fires, and counts the work of (nearly always none)
         if t.layout == torch.strided:  # (nearly every tensor; the layout is then implied, and the length differs)
             return (self._named(t), version_counter(t), type(t), t.shape, t.stride(), t.storage_offset(), t.dtype,
-                    t.device, t.requires_grad, data)
+                    t.device, t.requires_grad, data, self._hooks(hooks))
         return (self._named(t), version_counter(t), type(t), t.shape, t.dtype, t.device, t.layout, t.requires_grad,
-                data)
+                data, self._hooks(hooks))
+
+    def _hooks(self, hooks: tuple[Any, ...]) -> Any:
+        """A tensor's gradient hooks (:func:`tensor_hooks`) as values; the common empty ones as they are."""
+        return hooks if hooks is NO_TENSOR_HOOKS else self.value(hooks)
 
     def value(self, obj: Any, depth: int = 0) -> Any:
         """A value's state: plain values by value, containers and objects walked, tensors by :meth:`tensor`, code

@@ -32,8 +32,10 @@ from .._torch_compat import (
     no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
+    parametrizations_set_aside,
     pytree,
     saved_tensors_hooks_set_aside,
+    tensor_hooks,
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
@@ -140,6 +142,7 @@ def _cuda_step(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str
 
 _CUDA = torch.device("cuda", 0)
 _META = torch.device("meta")  # a device object: a device given by its name is parsed at every call, once per tensor
+_CPU = torch.device("cpu")
 
 
 def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], execution: Execution,
@@ -307,6 +310,7 @@ class _Run:
                 for wrapper in parts.wrappers:
                     stack.enter_context(wrapper)
                 stack.enter_context(eager_flex_attention())
+                stack.enter_context(parametrizations_set_aside())  # parametrize.cached()'s weights: not the run's
                 # the CPU RNG states an activation checkpoint keeps: made outside the dispatcher, unseen otherwise
                 stack.enter_context(observed_cpu_rng_states(
                     lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
@@ -479,9 +483,24 @@ def _input_stand_ins(tree: Any, leaf_of: Callable[[torch.Tensor], torch.Tensor])
 def _stand_in(t: torch.Tensor, leaf_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     leaf = leaf_of(t)
     if t.is_leaf:
-        return leaf
+        return leaf if leaf is t else _with_hooks_of(t, leaf)
     with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
-        return leaf.clone()
+        return _with_hooks_of(t, leaf.clone())
+
+
+def _with_hooks_of(original: torch.Tensor, stand_in: torch.Tensor) -> torch.Tensor:
+    """``stand_in`` with the gradient hooks set on ``original`` (``register_hook``, and on a leaf
+    ``register_post_accumulate_grad_hook``): a real step fires them, and what they compute (a clipped gradient) is
+    work of the step. The original keeps its own; the stand-in, and what was registered on it, is dropped after."""
+    grad_hooks, accumulate_hooks = tensor_hooks(original)
+    if not stand_in.requires_grad:  # (a tensor that stopped requiring grad keeps hooks that cannot fire)
+        return stand_in
+    for hook in grad_hooks:
+        stand_in.register_hook(hook)
+    if stand_in.is_leaf:
+        for hook in accumulate_hooks:
+            stand_in.register_post_accumulate_grad_hook(hook)
+    return stand_in
 
 
 def _detached(t: torch.Tensor) -> torch.Tensor:
@@ -553,8 +572,7 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals, all on
     ``device`` when given; else meta inputs of a real model, and any input of a meta model, move to its device."""
-    state = parts.state()
-    target = _META if model_on_meta else (state[0].device if state else None)
+    target = _META if model_on_meta else _model_device(parts)
     storages = _InputStorages()
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
@@ -565,6 +583,16 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
 
     fake_args, fake_kwargs = _seeded(_input_stand_ins((args, kwargs), leaf_of), (args, kwargs), shadows)
     return fake_args, fake_kwargs
+
+
+def _model_device(parts: _Parts) -> torch.device | None:
+    """Where the model's tensors are: its first parameter's or buffer's device; the CPU for a model whose weights
+    are all packed (``quantize_dynamic``'s: quantized kernels run on the CPU only, so meta inputs must stand there);
+    None for a model without either."""
+    state = parts.state()
+    if state:
+        return state[0].device
+    return _CPU if parts.packed else None
 
 
 def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device | None = None,
@@ -596,7 +624,7 @@ class _Faker:
         fake = fake_like(self.mode, tensor, self.device)
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(fake, tensor)
-        return fake
+        return _with_hooks_of(tensor, fake)
 
 
 class _MetaStandIn:
@@ -614,7 +642,7 @@ class _MetaStandIn:
             meta.requires_grad_(tensor.requires_grad)
         if not isinstance(tensor, nn.Parameter):
             self.shadows.seed(meta, tensor)
-        return meta
+        return _with_hooks_of(tensor, meta)
 
 
 class _SwappedState:
