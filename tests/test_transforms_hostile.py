@@ -174,3 +174,31 @@ def test_the_command_counts_a_dynamic_quantized_model(capsys: pytest.CaptureFixt
     out, err = capsys.readouterr()
     assert status == 0, err
     assert out.splitlines()[1].split(",")[4] == str(4 * 16 * 32 + 4 * 32 * 8)
+
+
+# --- compiled modules -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_module_compiled_in_place_runs_eagerly_and_keeps_its_compiled_call(backward: bool) -> None:
+    """``module.compile()`` (compiled in place, no wrapper) made the run call torch.compile's call, which compiled the
+    recorders' own code with the model's (over a minute for a small MLP, dynamo's recompile limits hit). The run
+    calls the module's eager call, as for a ``torch.compile`` wrapper, and the compiled call is left in place."""
+    x = torch.randn(4, 16)
+    expected = FlopCountAnalysis(_mlp(), x, convention="flops", backward=backward).by_operator()
+    model = _mlp()
+    model[2].compile()
+    model.compile()
+    compiled = model._compiled_call_impl
+    calls: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return compiled(*args, **kwargs)
+
+    model._compiled_call_impl = counted
+    try:
+        assert FlopCountAnalysis(model, x, convention="flops", backward=backward).by_operator() == expected
+    finally:
+        assert model._compiled_call_impl is counted
+        model._compiled_call_impl = compiled
+    assert not calls
+    assert model[2]._compiled_call_impl is not None

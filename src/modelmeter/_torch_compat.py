@@ -54,7 +54,8 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_temporarily
 
 __all__ = [  # what the package imports from here
-    "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER", "FLEX_ATTENTION_MODULE",
+    "COMPILED_CALL_IMPL", "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER",
+    "FLEX_ATTENTION_MODULE",
     "MODULE_CALL_IMPL", "MODULE_TABLES", "NO_TENSOR_HOOKS", "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER",
     "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
@@ -366,6 +367,8 @@ MODULE_CALL_IMPL = "_call_impl"
 # ``torch.compile(module)`` returns an ``OptimizedModule`` (since 2.0) keeping the module under ``_orig_mod``.
 COMPILED_MODULE_CLASS = "OptimizedModule"
 COMPILED_MODULE_ATTRIBUTE = "_orig_mod"
+# ``module.compile()`` (since 2.2) compiles in place: the module's call runs ``_compiled_call_impl`` when not None.
+COMPILED_CALL_IMPL = "_compiled_call_impl"
 
 
 # --- state dicts -----------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import (
+    COMPILED_CALL_IMPL,
     COMPILED_MODULE_ATTRIBUTE,
     COMPILED_MODULE_CLASS,
     MODULE_CALL_IMPL,
@@ -210,11 +211,13 @@ class _Parts:
         self.pristine = ModelSnapshot(self.modules, objects)
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
-        self.wrappers: list[_Transparent] = []
+        self.wrappers: list[_Transparent | _Eager] = []
         for module in self.modules:
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
+            if vars(module).get(COMPILED_CALL_IMPL) is not None:
+                self.wrappers.append(_Eager(module))
         self.packed = self.pristine.packed  # (packed weights: FakeTensors' cache cannot key them)
         self.parameters = _unique(t for _, _, t in self.held_parameters)
         self.buffers = _unique(t for _, _, t in self.pristine.buffers)
@@ -743,6 +746,24 @@ class _Transparent:
 
 
 _NONE = object()  # no such attribute
+
+
+class _Eager:
+    """Make a module compiled in place (``module.compile()``) make its eager call while tracing: its compiled call
+    would compile the recorders along with the model. The compiled call is put back as it was."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.compiled: Any = None
+
+    def __enter__(self) -> _Eager:
+        attributes = vars(self.module)
+        self.compiled = attributes[COMPILED_CALL_IMPL]
+        attributes[COMPILED_CALL_IMPL] = None
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        vars(self.module)[COMPILED_CALL_IMPL] = self.compiled
 
 
 def _wrapped_attribute(module: nn.Module) -> str | None:
