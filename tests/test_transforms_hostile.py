@@ -202,3 +202,34 @@ def test_a_module_compiled_in_place_runs_eagerly_and_keeps_its_compiled_call(bac
         model._compiled_call_impl = compiled
     assert not calls
     assert model[2]._compiled_call_impl is not None
+
+
+# --- TorchScript inside an eager model ------------------------------------------------------------------------------
+class _WithScripted(nn.Module):
+    def __init__(self, scripted: nn.Module) -> None:
+        super().__init__()
+        self.inner = scripted
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.inner(x))
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_torchscript_submodule_is_refused_naming_it(how: str, cache: bool, tmp_path: object) -> None:
+    """A scripted or traced submodule inside an eager model failed with a bare ``AttributeError`` from inside torch
+    (``'_CachedForward' object has no attribute '__getattr__'``, the in-process key reading its ``forward``). Its
+    operators run in TorchScript's interpreter, where the model's modules cannot be followed: it is refused as a
+    TorchScript model is, naming the submodule."""
+    x = torch.randn(4, 16)
+    layers = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
+        scripted = torch.jit.script(layers) if how == "script" else torch.jit.trace(layers, x)
+    model = _WithScripted(scripted)
+    options = {"cache_dir": tmp_path} if cache else {}
+    with pytest.raises(TypeError, match=r"module 'inner' is a TorchScript module \((RecursiveScriptModule|"
+                                        r"TopLevelTracedModule)"):
+        FlopCountAnalysis(model, x, **options).total()
+    assert torch.equal(model(x), model.head(layers(x)))

@@ -208,6 +208,7 @@ class _Parts:
 
     def __init__(self, names: ModuleNames, objects: list[Any]) -> None:
         self.modules = list(names.modules.values())
+        _refuse_script_modules(names)
         self.pristine = ModelSnapshot(self.modules, objects)
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
@@ -230,6 +231,17 @@ class _Parts:
         """``tensors`` as the running model holds them: their stand-ins where they have one."""
         stand_ins = self.stand_ins
         return [stand_ins.get(id(t), t) for t in tensors]
+
+
+def _refuse_script_modules(names: ModuleNames) -> None:
+    """A TorchScript submodule (``torch.jit.script``, ``torch.jit.trace``) runs its operators in TorchScript's
+    interpreter, where neither its modules nor its tensors can be followed or stood in for: refused, named, as a
+    TorchScript model is (:func:`~modelmeter.engine.inputs.check_inputs`)."""
+    for name, module in names.modules.items():
+        if isinstance(module, torch.jit.ScriptModule):
+            raise InvalidTypeError(f"module {name!r} is a TorchScript module ({type(module).__name__}, from "
+                                   "torch.jit.script or torch.jit.trace), which cannot be analysed: put the nn.Module "
+                                   "it was made from in its place")
 
 
 def _objects_in(inputs: Any) -> list[Any]:
