@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import (
 # Jagged nested tensors (torch.nested._internal.nested_tensor): inputs of ``torch.jagged`` layout have no public
 # class to test for.
 from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
+from torch.nn.utils import parametrize
 
 # pytree (torch.utils._pytree): maps over the nested containers of a call's arguments.
 from torch.utils import _pytree as pytree
@@ -53,8 +54,8 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_temporarily
 
 __all__ = [  # what the package imports from here
-    "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER", "FLEX_ATTENTION_MODULE",
-    "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS", "TENSOR_HOOK_TABLES",
+    "COMPILED_CALL_IMPL", "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER",
+    "FLEX_ATTENTION_MODULE", "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS", "TENSOR_HOOK_TABLES",
     "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
@@ -65,10 +66,11 @@ __all__ = [  # what the package imports from here
     "forward_hook_tables", "function_modes", "global_backward_hooks", "global_forward_hooks",
     "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
-    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "pop_mode_temporarily",
-    "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module", "resolve_group_name",
-    "saved_tensors_hooks_set_aside", "schema_of", "script_object_type", "set_state_dict_metadata",
-    "sharded_tensor_type", "state_dict_metadata", "unseen_global_shape_runs", "unset_fake_temporarily",
+    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "parametrizations_set_aside",
+    "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module",
+    "resolve_group_name", "saved_tensors_hooks_set_aside", "schema_of", "script_object_type",
+    "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
+    "unseen_global_shape_runs", "unset_fake_temporarily",
     "version_counter", "weights_only_allowed_globals",
 ]
 
@@ -354,6 +356,8 @@ MODULE_CALL_IMPL = "_call_impl"
 # ``torch.compile(module)`` returns an ``OptimizedModule`` (since 2.0) keeping the module under ``_orig_mod``.
 COMPILED_MODULE_CLASS = "OptimizedModule"
 COMPILED_MODULE_ATTRIBUTE = "_orig_mod"
+# ``module.compile()`` (since 2.2) compiles in place: the module's call runs ``_compiled_call_impl`` when not None.
+COMPILED_CALL_IMPL = "_compiled_call_impl"
 
 
 # --- state dicts -----------------------------------------------------------------------------------------------------
@@ -553,6 +557,28 @@ def saved_tensors_hooks_set_aside(pack: Callable[[torch.Tensor], Any]) -> Iterat
         yield
     finally:
         graph.disable_saved_tensors_hooks = original
+
+
+@contextlib.contextmanager
+def parametrizations_set_aside() -> Iterator[None]:
+    """While open, ``torch.nn.utils.parametrize``'s cache of computed weights is empty; afterwards it holds what it
+    held before, the same objects, and nothing the run computed.
+
+    Inside ``parametrize.cached()`` torch keeps each parametrized tensor, once computed, in the module global
+    ``_cache`` (keyed by the module's ``id`` and the tensor's name, since 1.9) until the block ends. A run computes
+    the weight from its stand-ins (meta tensors, FakeTensors, clones): left there, the caller's next forward in the
+    block would read it (garbage, or a graph that never reaches the parameters). The caller's entries are set aside
+    too: they hold the real parameters' graph, which the run's backward pass must not run through; the run computes
+    each weight once, as the first forward in a ``cached()`` block does.
+    """
+    cache = parametrize._cache
+    kept = dict(cache)
+    cache.clear()
+    try:
+        yield
+    finally:
+        cache.clear()
+        cache.update(kept)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import (
+    COMPILED_CALL_IMPL,
     COMPILED_MODULE_ATTRIBUTE,
     COMPILED_MODULE_CLASS,
     GRADIENT_HOOKS,
@@ -34,6 +35,7 @@ from .._torch_compat import (
     no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
+    parametrizations_set_aside,
     pytree,
     saved_tensors_hooks_set_aside,
     unseen_global_shape_runs,
@@ -144,6 +146,7 @@ def _cuda_step(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str
 
 _CUDA = torch.device("cuda", 0)
 _META = torch.device("meta")  # a device object: a device given by its name is parsed at every call, once per tensor
+_CPU = torch.device("cpu")
 
 
 def _record_fake(run: _Run, parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], execution: Execution,
@@ -208,14 +211,17 @@ class _Parts:
 
     def __init__(self, names: ModuleNames, objects: list[Any]) -> None:
         self.modules = list(names.modules.values())
+        _refuse_script_modules(names)
         self.pristine = ModelSnapshot(self.modules, objects)
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
-        self.wrappers: list[_Transparent] = []
+        self.wrappers: list[_Transparent | _Eager] = []
         for module in self.modules:
             wrapped = _wrapped_attribute(module)
             if wrapped is not None:
                 self.wrappers.append(_Transparent(module, wrapped))
+            if vars(module).get(COMPILED_CALL_IMPL) is not None:
+                self.wrappers.append(_Eager(module))
         self.packed = self.pristine.packed  # (packed weights: FakeTensors' cache cannot key them)
         self.parameters = _unique(t for _, _, t in self.held_parameters)
         self.buffers = _unique(t for _, _, t in self.pristine.buffers)
@@ -228,6 +234,17 @@ class _Parts:
         """``tensors`` as the running model holds them: their stand-ins where they have one."""
         stand_ins = self.stand_ins
         return [stand_ins.get(id(t), t) for t in tensors]
+
+
+def _refuse_script_modules(names: ModuleNames) -> None:
+    """A TorchScript submodule (``torch.jit.script``, ``torch.jit.trace``) runs its operators in TorchScript's
+    interpreter, where neither its modules nor its tensors can be followed or stood in for: refused, named, as a
+    TorchScript model is (:func:`~modelmeter.engine.inputs.check_inputs`)."""
+    for name, module in names.modules.items():
+        if isinstance(module, torch.jit.ScriptModule):
+            raise InvalidTypeError(f"module {name!r} is a TorchScript module ({type(module).__name__}, from "
+                                   "torch.jit.script or torch.jit.trace), which cannot be analysed: put the nn.Module "
+                                   "it was made from in its place")
 
 
 def _objects_in(inputs: Any) -> list[Any]:
@@ -311,6 +328,7 @@ class _Run:
                 for wrapper in parts.wrappers:
                     stack.enter_context(wrapper)
                 stack.enter_context(eager_flex_attention())
+                stack.enter_context(parametrizations_set_aside())  # parametrize.cached()'s weights: not the run's
                 # the CPU RNG states an activation checkpoint keeps: made outside the dispatcher, unseen otherwise
                 stack.enter_context(observed_cpu_rng_states(
                     lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
@@ -493,9 +511,21 @@ def _input_stand_ins(tree: Any, leaf_of: Callable[[torch.Tensor], torch.Tensor])
 def _stand_in(t: torch.Tensor, leaf_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     leaf = leaf_of(t)
     if t.is_leaf:
-        return leaf
+        return leaf if leaf is t else _with_hooks_of(t, leaf)
     with torch.enable_grad():  # the copy must have a grad_fn whatever the caller's grad mode
-        return leaf.clone()
+        return _with_hooks_of(t, leaf.clone())
+
+
+def _with_hooks_of(original: torch.Tensor, stand_in: torch.Tensor) -> torch.Tensor:
+    """``stand_in`` running the hooks ``register_hook`` set on the gradient of ``original`` (a clipped gradient): a
+    real step fires them, and what they compute is work of the step. The original keeps its own; the stand-in, and
+    what was registered on it, is dropped after. (Hooks run once a leaf's gradient is accumulated — an optimizer
+    stepping in the backward pass — are set aside by the run, :class:`_Gradients`: not carried.)"""
+    hooks = getattr(original, GRADIENT_HOOKS, None)
+    if hooks and stand_in.requires_grad:  # (a tensor that stopped requiring grad keeps hooks that cannot fire)
+        for hook in hooks.values():
+            stand_in.register_hook(hook)
+    return stand_in
 
 
 def _detached(t: torch.Tensor) -> torch.Tensor:
@@ -567,8 +597,7 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Inputs as FakeTensors (their values kept as shadows when small), leaves or not as the originals, all on
     ``device`` when given; else meta inputs of a real model, and any input of a meta model, move to its device."""
-    state = parts.state()
-    target = _META if model_on_meta else (state[0].device if state else None)
+    target = _META if model_on_meta else _model_device(parts)
     storages = _InputStorages()
 
     def leaf_of(t: torch.Tensor) -> torch.Tensor:
@@ -579,6 +608,16 @@ def _fake_inputs(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any], m
 
     fake_args, fake_kwargs = _seeded(_input_stand_ins((args, kwargs), leaf_of), (args, kwargs), shadows)
     return fake_args, fake_kwargs
+
+
+def _model_device(parts: _Parts) -> torch.device | None:
+    """Where the model's tensors are: its first parameter's or buffer's device; the CPU for a model whose weights
+    are all packed (``quantize_dynamic``'s: quantized kernels run on the CPU only, so meta inputs must stand there);
+    None for a model without either."""
+    state = parts.state()
+    if state:
+        return state[0].device
+    return _CPU if parts.packed else None
 
 
 def fake_like(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device | None = None,
@@ -655,9 +694,8 @@ class _SwappedState:
             stand_in = made.get(id(tensor))
             if stand_in is None:
                 stand_in = made[id(tensor)] = make(tensor)
-                hooks = getattr(tensor, GRADIENT_HOOKS, None)
-                if hooks and stand_in.requires_grad:  # run on its gradient (clipping), as in a real run
-                    _add_gradient_hooks(stand_in, hooks)
+                if getattr(tensor, GRADIENT_HOOKS, None):  # (one check: nearly no parameter has any)
+                    _with_hooks_of(tensor, stand_in)
             table[name] = stand_in
         self.parts.stand_ins = made
         return self
@@ -666,13 +704,6 @@ class _SwappedState:
         for table, name, tensor in reversed(self.saved):
             table[name] = tensor
         self.parts.stand_ins = {}
-
-
-def _add_gradient_hooks(stand_in: torch.Tensor, hooks: dict[Any, Any]) -> None:
-    """Make ``stand_in`` run the hooks ``register_hook`` set on the gradient of the tensor it stands for (a
-    parameter's gradient clipped by a hook), as that tensor does in a real run."""
-    for hook in hooks.values():
-        stand_in.register_hook(hook)
 
 
 def _reject_meta_inputs_for_real_model(parts: _Parts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -739,6 +770,24 @@ class _Transparent:
 
 
 _NONE = object()  # no such attribute
+
+
+class _Eager:
+    """Make a module compiled in place (``module.compile()``) make its eager call while tracing: its compiled call
+    would compile the recorders along with the model. The compiled call is put back as it was."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.compiled: Any = None
+
+    def __enter__(self) -> _Eager:
+        attributes = vars(self.module)
+        self.compiled = attributes[COMPILED_CALL_IMPL]
+        attributes[COMPILED_CALL_IMPL] = None
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        vars(self.module)[COMPILED_CALL_IMPL] = self.compiled
 
 
 def _wrapped_attribute(module: nn.Module) -> str | None:
