@@ -55,8 +55,8 @@ from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_tempo
 
 __all__ = [  # what the package imports from here
     "COMPILED_CALL_IMPL", "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER",
-    "FLEX_ATTENTION_MODULE", "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS", "TENSOR_HOOK_TABLES",
-    "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
+    "FLEX_ATTENTION_MODULE", "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS",
+    "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
     "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",

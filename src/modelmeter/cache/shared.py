@@ -306,6 +306,8 @@ class _State(CodeWalk):
     def module_class(self, kind: type[nn.Module]) -> tuple[Any, ...]:
         """A module class by its code (:meth:`klass`; an installed one by identity) and its ``forward`` by identity
         (an installed class's ``forward`` replaced in this process)."""
+        if issubclass(kind, torch.jit.ScriptModule):  # (its ``forward`` is compiled: the run refuses it, naming it)
+            raise _Unshareable("a TorchScript module")
         forward = kind.forward
         code = getattr(forward, "__code__", None)
         return (kind, self.klass(kind), self.identity(forward), None if code is None else self.identity(code))
