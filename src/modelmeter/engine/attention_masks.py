@@ -16,6 +16,7 @@ import torch
 
 from .._torch_compat import FakeTensor, disable_current_modes
 from .trace import TensorMeta
+from .values import note_held_values_read
 
 # user-level attention operators -> position of the mask in their schema
 MASK_ARGUMENT = {"aten::scaled_dot_product_attention": ("attn_mask", 3)}
@@ -74,6 +75,8 @@ def score_batch(query: Sequence[int], key: Sequence[int], value: Sequence[int]) 
 def _with_values(tensor: torch.Tensor, values: Values | None) -> torch.Tensor | None:
     """``tensor`` itself when it holds values, else its known values, else None."""
     if not isinstance(tensor, FakeTensor) and not tensor.is_meta:
+        if values is not None:  # a fake run (a real one gives no values): the mask is one it was handed as it is
+            note_held_values_read([tensor])
         return tensor
     return values(tensor) if values is not None else None
 

@@ -50,6 +50,18 @@ def _note_read(tensor: torch.Tensor) -> None:
         _note(READ)
 
 
+def note_held_values_read(tensors: list[torch.Tensor]) -> None:
+    """A fake run read values of real tensors it did not make from known values: those held in an object passed as
+    input (a key-value cache's length or mask) or in the model's lists and dicts get no stand-in and run as they
+    are, as does what is computed from them. The caches' keys cover their metadata, not their values: another
+    length of the same shapes would be served this run's trace. (A real tensor the run made from shapes and
+    constants — a CPU mask of a meta run — has a shadow: its values follow from the key.)"""
+    for t in tensors:
+        if not t.is_meta and not isinstance(t, FakeTensor) and (not hasattr(t, _VALUES) or getattr(t, _GIVEN, False)):
+            _note(READ)
+            return
+
+
 def note_random_draws() -> None:
     """The run drew random numbers from the caller's generators (a LayerDrop's ``random.random()``)."""
     _note(DREW)
@@ -146,6 +158,7 @@ class Shadows:
         if not _reads_values(func):
             return None
         tensors = _tensors((args, kwargs))
+        note_held_values_read(tensors)  # real kernels read those: the run goes on with their values
         if not tensors or any(self.get(t) is None for t in tensors):  # (a read of the caller's values is noted)
             return None
         with disable_current_modes(), torch.no_grad():
