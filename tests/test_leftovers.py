@@ -291,3 +291,37 @@ def test_positions_past_a_learned_position_table_fail_as_the_real_run_does(execu
     first = analyze(model, fits, cache_dir=tmp_path, quiet=True, **options)
     assert first.result().total("flops") > 0 and not first.from_cache
     assert analyze(model, fits.clone(), cache_dir=tmp_path, quiet=True, **options).from_cache
+
+
+# --- inputs the model's own code refuses: a usage error, as a layer's refusal is --------------------------------
+@pytest.mark.parametrize(("argv", "words"), [
+    (["resnet18", "--input", "3x32x32"], ["module 'bn1' (BatchNorm2d)", "expected 4D input (got 3D input)",
+                                          "the input given (--input 3x32x32) does not fit the model",
+                                          "default input (1x3x224x224 float32)"]),
+    (["gpt2_tiny", "--seq-len", "2048"], ["sequence length exceeds block_size", "(--seq-len 2048)",
+                                          "default input (1x64 int64)"]),
+    (["gpt2_tiny", "--input", "1x2048:int64"], ["(--input 1x2048:int64)"]),
+])
+def test_inputs_the_models_code_refuses_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                               words: list[str]) -> None:
+    from modelmeter.cli import main
+
+    assert main([*argv, "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(word in err for word in words), err
+
+
+def test_a_model_that_fails_on_its_default_input_too_still_exits_1(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    """The default run is the oracle: a model that fails whatever its input is at fault (exit 1)."""
+    from modelmeter.cli import main
+
+    (tmp_path / "broken.py").write_text(
+        "import torch\n"
+        "class Broken(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('always')\n"
+        "def build():\n"
+        "    return Broken(), torch.zeros(2, 3)\n")
+    assert main([f"{tmp_path / 'broken.py'}:build", "--input", "4x3", "--no-cache"]) == 1
+    assert "ValueError: always" in capsys.readouterr().err
