@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .._torch_compat import FakeTensor
+from ..errors import UnsupportedError
 from .metadata import recorded_device
 from .values import made_bounds
 
@@ -244,6 +245,29 @@ def _indices_in_table(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         raise IndexError("index out of range in self")  # torch's words
 
 
+def _quantizes(op: str) -> Check:
+    """A quantization of FakeTensors: their fake kernels make the output in the input's float dtype where the CPU's
+    make a quantized one (qint8: a byte an element), and FakeTensors cannot be quantized. Refused as an operator
+    without a fake kernel is, so that execution 'auto' runs the real kernels; meta tensors are quantized directly
+    (engine/meta_kernels.py)."""
+    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if any(isinstance(t, FakeTensor) for t in _tensor_arguments(args, kwargs)):
+            raise UnsupportedError(f"{op} makes a quantized tensor, which FakeTensors cannot stand for: quantized "
+                                   "tensors need real kernels (execution 'auto' or 'real', a model built on the CPU)")
+
+    return check
+
+
+def _tensor_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among the arguments, in lists too (``quantize_per_tensor.tensors``)."""
+    found: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found += [t for t in items if isinstance(t, torch.Tensor)]
+    return found
+
+
+_QUANTIZING = ("quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic")
 _FLOATING_ONLY = ("gelu", "gelu_", "silu", "silu_", "mish", "mish_", "hardswish", "hardswish_", "hardsigmoid",
                   "hardsigmoid_", "elu", "elu_", "softplus", "log_sigmoid_forward", "glu", "_softmax", "_log_softmax")
 _STATISTICS = ("var", "std", "var_mean", "std_mean")  # their ``correction`` overloads, what torch.var & co. call
@@ -310,4 +334,6 @@ def _build() -> dict[Any, Check]:
             packet = getattr(_aten, name)
             floating.update({getattr(packet, overload): _floating_only(name.strip("_"), *also, cpu_only=True)
                              for overload in packet.overloads()})
-    return {**matrices, **updates, **norms, **others, **floating}
+    quantizing = {getattr(getattr(_aten, name), overload): _quantizes(name)
+                  for name in _QUANTIZING for overload in getattr(_aten, name).overloads()}
+    return {**matrices, **updates, **norms, **others, **floating, **quantizing}
