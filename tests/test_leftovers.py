@@ -325,3 +325,62 @@ def test_a_model_that_fails_on_its_default_input_too_still_exits_1(capsys: pytes
         "    return Broken(), torch.zeros(2, 3)\n")
     assert main([f"{tmp_path / 'broken.py'}:build", "--input", "4x3", "--no-cache"]) == 1
     assert "ValueError: always" in capsys.readouterr().err
+
+
+# --- torchvision's nms on the meta device: every box kept, an upper bound said so ------------------------------
+class KeepsBoxes(nn.Module):
+    """A detection head's pattern: non-maximum suppression, then a layer over the boxes kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 16)
+
+    def forward(self, boxes: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import nms
+
+        return self.head(boxes[nms(boxes, scores, 0.5)])
+
+
+def _boxes(overlapping: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ten boxes: apart (nms keeps them all) or all on one spot (it keeps one)."""
+    corners = torch.zeros(10, 2) if overlapping else torch.arange(10.0).repeat(2, 1).t() * 10
+    return torch.cat([corners, corners + 5], dim=1), torch.linspace(1, 0, 10)
+
+
+def test_nms_on_meta_keeps_every_box_an_upper_bound_of_the_real_runs() -> None:
+    """Oracle: real runs. Boxes apart are all kept, and the meta run counts as much; boxes on one spot are one
+    kept, and the meta run counts more (the bound), saying what it assumed."""
+    with torch.device("meta"):
+        on_meta = KeepsBoxes()
+    meta = analyze(on_meta, tuple(t.to("meta") for t in _boxes(False)), cache=False)
+    apart = analyze(KeepsBoxes(), _boxes(False), execution="real", cache=False)
+    together = analyze(KeepsBoxes(), _boxes(True), execution="real", cache=False)
+    assert meta.flops.total() == apart.flops.total() == 10 * 4 * 16 > together.flops.total() == 4 * 16
+    assert any("nms of 10 meta boxes assumed to keep every one (an upper bound" in a for a in meta.assumptions())
+
+
+def test_a_detection_model_runs_on_meta_with_nms_kept_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.cli import main
+
+    assert main(["torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", "--depth", "0", "--no-cache"]) == 0
+    assert "torchvision's nms of 450 meta boxes assumed to keep every one (an upper bound" in \
+        " ".join(capsys.readouterr().out.split())
+
+
+def test_a_model_that_needs_values_is_told_to_run_real(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Shapes that depend on values where no placeholder is assumed (``unique``, as a detection model's classes):
+    a usage error naming --real, which runs it."""
+    from modelmeter.cli import main
+
+    (tmp_path / "classes.py").write_text(
+        "import torch\n"
+        "class Classes(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.unique(x)\n"
+        "def build():\n"
+        "    return Classes(), torch.zeros(2, 3)\n")
+    spec = f"{tmp_path / 'classes.py'}:build"
+    assert main([spec, "--input", "8", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "at operator aten::_unique2" in err and "run it with --real" in err, err
+    assert main([spec, "--input", "8", "--real", "--no-cache"]) == 0

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from ..engine.tracer import NEEDS_VALUES
 from ..errors import ModelMeterError, ModelRunError
 from ..zoo import ZOO
 from .commands import COMMANDS
@@ -54,10 +55,10 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     try:
         result, _, seconds, cached = analyse(job, save_trace=args.save_trace)
     except ModelRunError as exc:
-        misfit = given_inputs_misfit(job, exc)
-        if misfit is None:
+        usage = needs_real_run(job, exc) or given_inputs_misfit(job, exc)
+        if usage is None:
             raise
-        raise misfit from exc
+        raise usage from exc
     source = ", from the cache" if cached else ""
     header = header_line(result, backward=job.backward, source=source, seconds=seconds, parallel=job.parallel)
     text = render_report(result, args, header)
@@ -65,6 +66,19 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
     if args.html:
         write_html_report(args.html, result, other)
     return guard(args, job, result, expected)
+
+
+def needs_real_run(job: Job, exc: ModelRunError) -> ModelSpecError | None:
+    """A usage error when the model needs values a fake run has none of — shapes that depend on them (a detection
+    model's boxes past a score threshold, the classes ``unique`` finds), beyond the placeholders assumed on the
+    meta device (docs/guide.md) —: the command builds it on the meta device unless ``--real``, so execution 'auto'
+    has no values to fall back on, and ``--real`` is what runs it."""
+    if job.execution == "real" or not isinstance(exc.__cause__, NEEDS_VALUES):
+        return None
+    where = f" in module {exc.module!r}" if exc.module else ""
+    return ModelSpecError(f"the model needs tensor values{where} at operator {exc.operator or '(unknown)'} (what it "
+                          "computes there depends on them): the command builds models on the meta device, without "
+                          "values; run it with --real (built on the CPU, real kernels)")
 
 
 def given_inputs_misfit(job: Job, exc: ModelRunError) -> ModelSpecError | None:
