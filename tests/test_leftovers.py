@@ -384,3 +384,67 @@ def test_a_model_that_needs_values_is_told_to_run_real(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "at operator aten::_unique2" in err and "run it with --real" in err, err
     assert main([spec, "--input", "8", "--real", "--no-cache"]) == 0
+
+
+# --- the caller's token ids past the vocabulary: refused as the real run refuses them, cached or not --------------
+def _gpt2(on_meta: bool) -> nn.Module:
+    """A transformers GPT-2 of 100 tokens (it views the ids before its embedding); on meta, or on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_positions=16, n_embd=32, n_layer=1, n_head=2, vocab_size=100,
+                                     bos_token_id=0, eos_token_id=0)
+    if on_meta:
+        with torch.device("meta"):
+            return transformers.GPT2Model(config)
+    return transformers.GPT2Model(config).eval()
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "meta"])
+@pytest.mark.parametrize("cache", ["shared", "disk"])
+def test_token_ids_past_the_vocabulary_fail_on_a_first_and_a_cached_run(execution: str, cache: str,
+                                                                         tmp_path: Path) -> None:
+    """Oracle: the real run's IndexError. Ids of the same shape and dtype reach the caches' keys alike; a run of ids
+    that fit must not let ids past the table through afterwards (nor the other way round): the keys hold the ids'
+    least and greatest values."""
+    from modelmeter.cache.shared import SHARED
+
+    fits = torch.randint(0, 100, (1, 8))
+    past = fits.clone()
+    past[0, 3] = 100
+    negative = fits.clone()
+    negative[0, 5] = -1
+    for ids in (past, negative):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            _gpt2(False)(ids)
+    model = _gpt2(execution == "meta")
+    options: dict[str, Any] = {} if execution == "meta" else {"execution": execution}
+
+    def run(ids: torch.Tensor) -> Any:
+        if cache == "disk":
+            SHARED.clear()  # the disk cache alone
+        return analyze(model, ids, cache_dir=tmp_path, quiet=True, **options)
+
+    # (auto then runs real kernels, whose error is torch's own words alone)
+    detail = "" if execution == "auto" else r" \(indices from -?\d+ to \d+, into a table of 100 rows\)"
+    for ids in (past, negative):
+        with pytest.raises(ModelRunError, match=r"'wte' \(Embedding\) at operator aten::embedding: IndexError: "
+                                                r"index out of range in self" + detail):
+            run(ids)
+    first = run(fits)
+    assert first.flops.total() > 0 and not first.from_cache
+    assert run(fits.clone()).from_cache  # the same ids: served from the cache
+    for ids in (past, negative):  # the run of the ids that fit, cached, lets none of these through
+        with pytest.raises(ModelRunError, match="IndexError: index out of range in self"):
+            run(ids)
+
+
+def test_the_zoo_gpt_refuses_ids_past_its_vocabulary() -> None:
+    """The zoo's GPT takes the ids straight into its embedding (no view): the same check."""
+    from modelmeter.zoo.registry import get_model
+
+    model = get_model("gpt2_tiny")
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    ids[0, 0] = 1000
+    with pytest.raises(IndexError):
+        model(ids)
+    with pytest.raises(ModelRunError, match=r"into a table of 1000 rows"):
+        analyze(model, ids, execution="fake", cache=False)

@@ -9,12 +9,12 @@ module's call is then explained by :mod:`.expectations` as for a real run. Real 
 
 The table was found by running wrong calls on the CPU and on meta tensors side by side; ``WRONG_CALLS`` in
 tests/test_wrong_inputs.py keeps them, each refused by the CPU and by a fake run. Only what the CPU kernel refuses
-whatever the values is checked, but for an embedding index past its table where the model made the index's values
-itself (known values, engine/values.py: an ``arange`` of positions). Most checks hold on every device
-(operands of one dtype, shapes, integer indices); the CPU's own rules (a norm's mixes of dtypes, integer inputs to
-``histc`` and resampling) apply only to tensors that stand for CPU ones — not to a model built on meta, which may be
-meant for any device and whose code may take another device's path, nor to FakeTensors on ``cuda`` (a model
-written for GPUs).
+whatever the values is checked, but for an embedding index past its table where the index's values are known and
+keyed (engine/values.py): made by the model itself (an ``arange`` of positions), or the caller's token ids. Most
+checks hold on every device (operands of one dtype, shapes, integer indices); the CPU's own rules (a norm's mixes of
+dtypes, integer inputs to ``histc`` and resampling) apply only to tensors that stand for CPU ones — not to a model
+built on meta, which may be meant for any device and whose code may take another device's path, nor to FakeTensors
+on ``cuda`` (a model written for GPUs).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from .._torch_compat import FakeTensor
 from ..errors import UnsupportedError
 from .metadata import recorded_device
-from .values import made_bounds
+from .values import caller_bounds, made_bounds
 
 Check = Callable[[tuple[Any, ...], dict[str, Any]], None]
 _aten = torch.ops.aten
@@ -234,15 +234,18 @@ def _index(op: str) -> Check:
 
 def _indices_in_table(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``embedding`` of an index past its table — a position beyond a learned position table (``arange`` of a
-    sequence longer than ``max_position_embeddings``) — which the CPU kernel refuses and a meta kernel cannot see.
-    Only values the model made from what the caches key are read (:func:`~.values.made_bounds`: an ``arange`` of a
-    length, never the caller's token ids, whose values would then steer the trace unkeyed)."""
+    sequence longer than ``max_position_embeddings``), a token id past the vocabulary — which the CPU kernel refuses
+    and a meta kernel cannot see. Only values that follow from what the caches key are read: the model's own made
+    from shapes and constants (:func:`~.values.made_bounds`: an ``arange`` of a length), and the caller's ids as
+    given, or viewed, reshaped or copied (:func:`~.values.caller_bounds`: the caches key their least and greatest
+    values, :func:`~.values.index_bounds`). Ids the model computes from the caller's otherwise are not checked."""
     weight, indices = _argument(args, kwargs, 0, "weight"), _argument(args, kwargs, 1, "indices")
-    bounds = made_bounds(indices)
+    bounds = made_bounds(indices) or caller_bounds(indices)
     if bounds is None or not _without_values(weight):
         return
-    if bounds[0] < 0 or bounds[1] >= weight.shape[0]:
-        raise IndexError("index out of range in self")  # torch's words
+    if bounds[0] < 0 or bounds[1] >= weight.shape[0]:  # torch's words, then what was out of range
+        raise IndexError(f"index out of range in self (indices from {bounds[0]} to {bounds[1]}, into a table of "
+                         f"{weight.shape[0]} rows)")
 
 
 def _quantizes(op: str) -> Check:
