@@ -163,10 +163,15 @@ class Shadows:
 def made_bounds(tensor: Any) -> tuple[int | float, int | float] | None:
     """The least and the greatest of ``tensor``'s known values when the model made them from what the caches key —
     shapes and constants (``arange`` of a length) —, not from the caller's tensors; None otherwise, or when it is
-    empty. Not noted as a read: such values follow from the key. Read with the run's modes set aside (a fake
-    run's FakeTensorMode would take the values for fake ones)."""
+    empty. Not noted as a read: such values follow from the key."""
     if not isinstance(tensor, torch.Tensor) or getattr(tensor, _GIVEN, False):
         return None
+    return _bounds(tensor)
+
+
+def _bounds(tensor: torch.Tensor) -> tuple[int | float, int | float] | None:
+    """The least and the greatest of ``tensor``'s known values; None when unknown or empty. Read with the run's
+    modes set aside (a fake run's FakeTensorMode would take the values for fake ones)."""
     values = getattr(tensor, _VALUES, None)
     if values is None or _overwritten(values) or values.numel() == 0:
         return None
@@ -188,11 +193,7 @@ def caller_bounds(tensor: Any) -> tuple[int | float, int | float] | None:
     (:func:`index_bounds`): not noted as a read. None otherwise, or when it is empty."""
     if not isinstance(tensor, torch.Tensor) or not getattr(tensor, _WHOLE, False):
         return None
-    values = getattr(tensor, _VALUES, None)
-    if values is None or _overwritten(values) or values.numel() == 0:
-        return None
-    with disable_current_modes(), torch.no_grad():
-        return values.min().item(), values.max().item()
+    return _bounds(tensor)
 
 
 def index_bounds(tensors: list[Any]) -> tuple[tuple[int, int] | None, ...]:
