@@ -448,3 +448,19 @@ def test_the_zoo_gpt_refuses_ids_past_its_vocabulary() -> None:
         model(ids)
     with pytest.raises(ModelRunError, match=r"into a table of 1000 rows"):
         analyze(model, ids, execution="fake", cache=False)
+
+
+def test_the_disk_key_holds_the_ids_bounds_but_not_a_counters() -> None:
+    """Ids of another least or greatest value are another key; ids of the same bounds, and a scalar counter that
+    training moves (BatchNorm's ``num_batches_tracked``), are not: the key changes only where a check could."""
+    from modelmeter.cache.fingerprint import trace_key
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.BatchNorm1d(3)).eval()
+
+    def key(ids: list[int]) -> str | None:
+        return trace_key(RunSpec(model, (torch.tensor([ids]),)))
+
+    before = key([0, 5, 9])
+    assert before == key([9, 0, 5]) != key([0, 5, 10]) != key([1, 5, 9])
+    model[1].num_batches_tracked += 7
+    assert key([0, 5, 9]) == before

@@ -197,17 +197,23 @@ def caller_bounds(tensor: Any) -> tuple[int | float, int | float] | None:
 
 
 def index_bounds(tensors: list[Any]) -> tuple[tuple[int, int] | None, ...]:
-    """The least and the greatest value of each integer tensor among ``tensors`` that a fake run follows (index
-    dtypes, with values, at most :data:`LIMIT` elements; None for an empty one), in order: part of the caches' keys,
+    """The least and the greatest value of each tensor of ids among ``tensors`` that a fake run follows
+    (:func:`_keyed_ids`, with values; None for an empty one), in order: part of the caches' keys,
     since a fake run refuses an embedding of the caller's ids past its table (:func:`caller_bounds`), which of them it
     refuses following from these alone. Other tensors are left out (their values are keyed, or never read)."""
     bounds: list[tuple[int, int] | None] = []
     with disable_current_modes(), torch.no_grad():
         for t in tensors:
-            if (isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.layout == torch.strided
-                    and not t.is_meta and not isinstance(t, FakeTensor) and t.numel() <= LIMIT):
+            if isinstance(t, torch.Tensor) and _keyed_ids(t) and not t.is_meta and not isinstance(t, FakeTensor):
                 bounds.append((int(t.min()), int(t.max())) if t.numel() else None)
     return tuple(bounds)
+
+
+def _keyed_ids(t: torch.Tensor) -> bool:
+    """Whether :func:`index_bounds` keys ``t``'s bounds: ids (int64, int32) of at least one dimension and at most
+    :data:`LIMIT` elements. A scalar is left out: BatchNorm's ``num_batches_tracked`` counts training steps, and
+    would change the key at each (a scalar's values are then not checked as ids either)."""
+    return t.dtype in INDEX_DTYPES and t.dim() > 0 and t.layout == torch.strided and t.numel() <= LIMIT
 
 
 def has_values(tensor: torch.Tensor) -> bool:
@@ -234,7 +240,7 @@ def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for fake, real in seeds:
             setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
             setattr(fake, _GIVEN, True)
-            if real.dtype in INDEX_DTYPES:  # ids: index_bounds keys their least and greatest values
+            if _keyed_ids(real):
                 setattr(fake, _WHOLE, True)
 
 
