@@ -71,14 +71,15 @@ def _run_one(args: argparse.Namespace, job: Job) -> int:
 def needs_real_run(job: Job, exc: ModelRunError) -> ModelSpecError | None:
     """A usage error when the model needs values a fake run has none of — shapes that depend on them (a detection
     model's boxes past a score threshold, the classes ``unique`` finds), beyond the placeholders assumed on the
-    meta device (docs/guide.md) —: the command builds it on the meta device unless ``--real``, so execution 'auto'
-    has no values to fall back on, and ``--real`` is what runs it."""
+    meta device (docs/guide.md) —: the command's inputs, and the models it builds, are on the meta device unless
+    ``--real``, so execution 'auto' has no values to fall back on, and ``--real`` is what runs it."""
     if job.execution == "real" or not isinstance(exc.__cause__, NEEDS_VALUES):
         return None
     where = f" in module {exc.module!r}" if exc.module else ""
     return ModelSpecError(f"the model needs tensor values{where} at operator {exc.operator or '(unknown)'} (what it "
-                          "computes there depends on them): the command builds models on the meta device, without "
-                          "values; run it with --real (built on the CPU, real kernels)")
+                          "computes there depends on them), which the command's fake run has none of (its inputs, "
+                          "and the models it builds, are on the meta device): run it with --real (on the CPU, real "
+                          "kernels)")
 
 
 def given_inputs_misfit(job: Job, exc: ModelRunError) -> ModelSpecError | None:
