@@ -466,3 +466,23 @@ def test_the_disk_key_holds_the_ids_bounds_but_not_a_counters() -> None:
     assert before == key([9, 0, 5]) != key([0, 5, 10]) != key([1, 5, 9])
     model[1].num_batches_tracked += 7
     assert key([0, 5, 9]) == before
+
+
+class SharedTable(nn.Module):
+    """One embedding for two inputs (an encoder-decoder's shared vocabulary): its second call is the same call's
+    metadata again, which must still be checked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.table(a) + self.table(b)
+
+
+def test_a_second_lookup_in_one_table_is_checked_too() -> None:
+    fits, past = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 10]])
+    with pytest.raises(IndexError):
+        SharedTable()(fits, past)
+    with pytest.raises(ModelRunError, match=r"indices from 4 to 10, into a table of 10 rows"):
+        analyze(SharedTable(), (fits, past), execution="fake", cache=False)
