@@ -281,9 +281,12 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
     assert message in err
 
 
-def test_model_failure_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    _, err = run(capsys, "gpt2_tiny", "--seq-len", "100", code=1)
+def test_a_sequence_past_the_block_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """An input the model's code refuses, where its default input runs: a usage error (a model failing on its
+    default input too exits 1: tests/test_leftovers.py)."""
+    _, err = run(capsys, "gpt2_tiny", "--seq-len", "100", code=2)
     assert err.startswith("modelmeter: the model failed in ") and "exceeds block_size 64" in err
+    assert "its default input (1x64 int64)" in err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 

@@ -291,3 +291,198 @@ def test_positions_past_a_learned_position_table_fail_as_the_real_run_does(execu
     first = analyze(model, fits, cache_dir=tmp_path, quiet=True, **options)
     assert first.result().total("flops") > 0 and not first.from_cache
     assert analyze(model, fits.clone(), cache_dir=tmp_path, quiet=True, **options).from_cache
+
+
+# --- inputs the model's own code refuses: a usage error, as a layer's refusal is --------------------------------
+@pytest.mark.parametrize(("argv", "words"), [
+    (["resnet18", "--input", "3x32x32"], ["module 'bn1' (BatchNorm2d)", "expected 4D input (got 3D input)",
+                                          "the input given (--input 3x32x32) does not fit the model",
+                                          "default input (1x3x224x224 float32)"]),
+    (["gpt2_tiny", "--seq-len", "2048"], ["sequence length exceeds block_size", "(--seq-len 2048)",
+                                          "default input (1x64 int64)"]),
+    (["gpt2_tiny", "--input", "1x2048:int64"], ["(--input 1x2048:int64)"]),
+])
+def test_inputs_the_models_code_refuses_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                               words: list[str]) -> None:
+    from modelmeter.cli import main
+
+    assert main([*argv, "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(word in err for word in words), err
+
+
+def test_a_model_that_fails_on_its_default_input_too_still_exits_1(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    """The default run is the oracle: a model that fails whatever its input is at fault (exit 1)."""
+    from modelmeter.cli import main
+
+    (tmp_path / "broken.py").write_text(
+        "import torch\n"
+        "class Broken(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('always')\n"
+        "def build():\n"
+        "    return Broken(), torch.zeros(2, 3)\n")
+    assert main([f"{tmp_path / 'broken.py'}:build", "--input", "4x3", "--no-cache"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("modelmeter: the model failed in ") and "ValueError: always" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+# --- torchvision's nms on the meta device: every box kept, an upper bound said so ------------------------------
+class KeepsBoxes(nn.Module):
+    """A detection head's pattern: non-maximum suppression, then a layer over the boxes kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 16)
+
+    def forward(self, boxes: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import nms
+
+        return self.head(boxes[nms(boxes, scores, 0.5)])
+
+
+def _boxes(overlapping: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ten boxes: apart (nms keeps them all) or all on one spot (it keeps one)."""
+    corners = torch.zeros(10, 2) if overlapping else torch.arange(10.0).repeat(2, 1).t() * 10
+    return torch.cat([corners, corners + 5], dim=1), torch.linspace(1, 0, 10)
+
+
+def test_nms_on_meta_keeps_every_box_an_upper_bound_of_the_real_runs() -> None:
+    """Oracle: real runs. Boxes apart are all kept, and the meta run counts as much; boxes on one spot are one
+    kept, and the meta run counts more (the bound), saying what it assumed."""
+    with torch.device("meta"):
+        on_meta = KeepsBoxes()
+    meta = analyze(on_meta, tuple(t.to("meta") for t in _boxes(False)), cache=False)
+    apart = analyze(KeepsBoxes(), _boxes(False), execution="real", cache=False)
+    together = analyze(KeepsBoxes(), _boxes(True), execution="real", cache=False)
+    assert meta.flops.total() == apart.flops.total() == 10 * 4 * 16 > together.flops.total() == 4 * 16
+    assert any("nms of 10 meta boxes assumed to keep every one (an upper bound" in a for a in meta.assumptions())
+
+
+def test_a_detection_model_runs_on_meta_with_nms_kept_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelmeter.cli import main
+
+    assert main(["torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", "--depth", "0", "--no-cache"]) == 0
+    assert "torchvision's nms of 450 meta boxes assumed to keep every one (an upper bound" in \
+        " ".join(capsys.readouterr().out.split())
+
+
+def test_a_model_that_needs_values_is_told_to_run_real(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Shapes that depend on values where no placeholder is assumed (``unique``, as a detection model's classes):
+    a usage error naming --real, which runs it."""
+    from modelmeter.cli import main
+
+    (tmp_path / "classes.py").write_text(
+        "import torch\n"
+        "class Classes(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.unique(x)\n"
+        "def build():\n"
+        "    return Classes(), torch.zeros(2, 3)\n")
+    spec = f"{tmp_path / 'classes.py'}:build"
+    assert main([spec, "--input", "8", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "at operator aten::_unique2" in err and "run it with --real" in err, err
+    assert main([spec, "--input", "8", "--real", "--no-cache"]) == 0
+
+
+# --- the caller's token ids past the vocabulary: refused as the real run refuses them, cached or not --------------
+def _gpt2(on_meta: bool) -> nn.Module:
+    """A transformers GPT-2 of 100 tokens (it views the ids before its embedding); on meta, or on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_positions=16, n_embd=32, n_layer=1, n_head=2, vocab_size=100,
+                                     bos_token_id=0, eos_token_id=0)
+    if on_meta:
+        with torch.device("meta"):
+            return transformers.GPT2Model(config)
+    return transformers.GPT2Model(config).eval()
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "meta"])
+@pytest.mark.parametrize("cache", ["shared", "disk"])
+def test_token_ids_past_the_vocabulary_fail_on_a_first_and_a_cached_run(execution: str, cache: str,
+                                                                         tmp_path: Path) -> None:
+    """Oracle: the real run's IndexError. Ids of the same shape and dtype reach the caches' keys alike; a run of ids
+    that fit must not let ids past the table through afterwards (nor the other way round): the keys hold the ids'
+    least and greatest values."""
+    from modelmeter.cache.shared import SHARED
+
+    fits = torch.randint(0, 100, (1, 8))
+    past = fits.clone()
+    past[0, 3] = 100
+    negative = fits.clone()
+    negative[0, 5] = -1
+    for ids in (past, negative):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            _gpt2(False)(ids)
+    model = _gpt2(execution == "meta")
+    options: dict[str, Any] = {} if execution == "meta" else {"execution": execution}
+
+    def run(ids: torch.Tensor) -> Any:
+        if cache == "disk":
+            SHARED.clear()  # the disk cache alone
+        return analyze(model, ids, cache_dir=tmp_path, quiet=True, **options)
+
+    # (auto then runs real kernels, whose error is torch's own words alone)
+    detail = "" if execution == "auto" else r" \(indices from -?\d+ to \d+, into a table of 100 rows\)"
+    for ids in (past, negative):
+        with pytest.raises(ModelRunError, match=r"'wte' \(Embedding\) at operator aten::embedding: IndexError: "
+                                                r"index out of range in self" + detail):
+            run(ids)
+    first = run(fits)
+    assert first.flops.total() > 0 and not first.from_cache
+    assert run(fits.clone()).from_cache  # the same ids: served from the cache
+    for ids in (past, negative):  # the run of the ids that fit, cached, lets none of these through
+        with pytest.raises(ModelRunError, match="IndexError: index out of range in self"):
+            run(ids)
+
+
+def test_the_zoo_gpt_refuses_ids_past_its_vocabulary() -> None:
+    """The zoo's GPT takes the ids straight into its embedding (no view): the same check."""
+    from modelmeter.zoo.registry import get_model
+
+    model = get_model("gpt2_tiny")
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    ids[0, 0] = 1000
+    with pytest.raises(IndexError):
+        model(ids)
+    with pytest.raises(ModelRunError, match=r"into a table of 1000 rows"):
+        analyze(model, ids, execution="fake", cache=False)
+
+
+def test_the_disk_key_holds_the_ids_bounds_but_not_a_counters() -> None:
+    """Ids of another least or greatest value are another key; ids of the same bounds, and a scalar counter that
+    training moves (BatchNorm's ``num_batches_tracked``), are not: the key changes only where a check could."""
+    from modelmeter.cache.fingerprint import trace_key
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.BatchNorm1d(3)).eval()
+
+    def key(ids: list[int]) -> str | None:
+        return trace_key(RunSpec(model, (torch.tensor([ids]),)))
+
+    before = key([0, 5, 9])
+    assert before == key([9, 0, 5]) != key([0, 5, 10]) != key([1, 5, 9])
+    model[1].num_batches_tracked += 7
+    assert key([0, 5, 9]) == before
+
+
+class SharedTable(nn.Module):
+    """One embedding for two inputs (an encoder-decoder's shared vocabulary): its second call is the same call's
+    metadata again, which must still be checked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.table(a) + self.table(b)
+
+
+def test_a_second_lookup_in_one_table_is_checked_too() -> None:
+    fits, past = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 10]])
+    with pytest.raises(IndexError):
+        SharedTable()(fits, past)
+    with pytest.raises(ModelRunError, match=r"indices from 4 to 10, into a table of 10 rows"):
+        analyze(SharedTable(), (fits, past), execution="fake", cache=False)

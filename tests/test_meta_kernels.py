@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from model_helpers import small_resnet
-from modelmeter import analyze
+from modelmeter import ModelRunError, analyze
 from modelmeter.engine.meta_kernels import IN_PLACE, fast_meta_kernel
 from modelmeter.engine.metadata import meta_stands_for
 from modelmeter.zoo.registry import get_model
@@ -811,3 +811,77 @@ def test_a_training_step_on_meta_stand_ins_records_what_real_kernels_record(name
     assert [(e.op, e.inputs, e.outputs, e.kwargs) for e in meta.events] == \
         [(e.op, e.inputs, e.outputs, e.kwargs) for e in real.events]
     assert meta.storages == real.storages
+
+
+# --- quantization: the output in the quantized dtype, as the CPU's ------------------------------------------------
+def _quantize_calls(x: torch.Tensor) -> list[tuple[object, tuple[object, ...]]]:
+    channels = x.shape[0]
+    per_channel = (torch.ones(channels), torch.zeros(channels, dtype=torch.long), 0)
+    return [(torch.ops.aten.quantize_per_tensor.default, (x, 0.1, 3, torch.quint8)),
+            (torch.ops.aten.quantize_per_tensor.default, (x, 0.1, 0, torch.qint8)),
+            (torch.ops.aten.quantize_per_tensor.default, (x, 0.1, 0, torch.qint32)),
+            (torch.ops.aten.quantize_per_tensor.tensor_qparams, (x, torch.tensor(0.1), torch.tensor(0),
+                                                                 torch.quint8)),
+            (torch.ops.aten.quantize_per_channel.default, (x, *per_channel, torch.qint8)),
+            (torch.ops.aten.quantize_per_tensor_dynamic.default, (x, torch.quint8, False))]
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+@pytest.mark.parametrize("make", [lambda: torch.randn(2, 3, 4, 5),
+                                  lambda: torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+                                  lambda: torch.randn(4, 6).t(), lambda: torch.randn(4, 6)[:, ::2]])
+def test_quantization_on_meta_gives_the_cpus_dtype_and_layout(make: Any) -> None:
+    """Oracle: the CPU's kernel — dtype, element size, shape and strides of each quantization's output (PyTorch's
+    meta kernels give the input's float32)."""
+    x = make()
+    for op, args in _quantize_calls(x):
+        real = op(*args)  # type: ignore[operator]
+        meta = [a.to("meta") if isinstance(a, torch.Tensor) and a is x else a for a in args]
+        kernel = fast_meta_kernel(op, tuple(meta))
+        assert kernel is not None, op
+        out = kernel(*meta)
+        assert (out.dtype, out.element_size(), out.shape, out.stride()) == \
+            (real.dtype, real.element_size(), real.shape, real.stride()), op
+
+
+class Quantizes(nn.Module):
+    """Quantizes its input (qint8), and with ``dequantize`` goes on in float through a linear layer."""
+
+    def __init__(self, dequantize: bool) -> None:
+        super().__init__()
+        self.dequantize = dequantize
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+        return self.linear(q.dequantize()) if self.dequantize else q
+
+
+def _dispatched(analysis: Any) -> list[tuple[str, list[object]]]:
+    return [(e.op, [getattr(o, "dtype", None) for o in e.outputs]) for e in analysis.trace.events
+            if e.level == "dispatch"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+@pytest.mark.parametrize("dequantize", [False, True])
+def test_a_quantizing_model_records_the_cpus_dtypes_and_memory(dequantize: bool) -> None:
+    """A fake run (auto) records what the real run records: the quantized output's qint8 (one byte an element, not
+    float32's four) and its memory; where later operators need the quantized tensor's values, the run falls back
+    to real kernels."""
+    model, x = Quantizes(dequantize).eval(), torch.randn(4, 8)
+    auto = analyze(model, x, cache=False, memory=True)
+    real = analyze(model, x, execution="real", cache=False, memory=True)
+    assert _dispatched(auto) == _dispatched(real)
+    assert ("aten::quantize_per_tensor", ["qint8"]) in _dispatched(auto)
+    assert auto.memory.peak() == real.memory.peak() > 0
+    assert (auto.trace.execution == "fake") is (not dequantize)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_quantizing_fake_tensors_is_refused_not_counted_in_float() -> None:
+    model, x = Quantizes(False), torch.randn(4, 8)
+    with torch.device("meta"):
+        on_meta = Quantizes(True)
+    with pytest.raises(ModelRunError, match="quantize_per_tensor makes a quantized tensor, which FakeTensors"):
+        analyze(on_meta, torch.randn(4, 8, device="meta"), cache=False)
+    assert ("aten::quantize_per_tensor", ["qint8"]) in _dispatched(analyze(model, x, execution="fake", cache=False))

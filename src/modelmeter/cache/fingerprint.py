@@ -75,6 +75,7 @@ from .._torch_compat import (
 from ..engine.naming import named_modules_with_dup
 from ..engine.serialize import FORMAT_VERSION, schema_signature
 from ..engine.spec import RunSpec
+from ..engine.values import index_bounds
 from ..errors import ModelMeterError
 from ..io.atomic import atomic_write
 
@@ -1101,6 +1102,7 @@ def cache_key(spec: RunSpec, memo_dir: str | None = None) -> Key:
         raise Uncacheable("a tensor that the code refers to (a module-level constant, a default, a closure "
                           "variable) has values that cannot be read")
     fp.add("constant values", constant_values)
+    fp.add("index bounds", index_bounds(fp.tensors))  # a fake run refuses ids past a table (engine/values.py)
     if execution == "real":
         values = bytes_digest(fp.tensors)
         if values is None:

@@ -58,7 +58,7 @@ from ..engine.exclusive import RECORDING
 from ..engine.gc_pause import no_gc
 from ..engine.spec import RunSpec
 from ..engine.trace import Trace
-from ..engine.values import DREW, watch_given_reads
+from ..engine.values import DREW, index_bounds, watch_given_reads
 from .fingerprint import (
     NOT_CODE,
     CodeWalk,
@@ -421,7 +421,8 @@ def _call_state(spec: RunSpec) -> tuple[_Key, list[weakref.ref[Any]], list[Any]]
                    state.value(spec.args), state.value(spec.kwargs),
                    None if spec.parallel is None else spec.parallel.key(),
                    state.reached())  # last: what every piece of code walked above may look up
-            return _Key(key), state.alive, state.held
+            # the bounds of integer tensors: a fake run refuses ids past an embedding's table (engine/values.py)
+            return _Key((*key, index_bounds(state.held))), state.alive, state.held
     except (_Unshareable, Uncacheable, TypeError):  # (TypeError: something in it cannot be hashed)
         return None
 

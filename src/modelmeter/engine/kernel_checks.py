@@ -9,12 +9,12 @@ module's call is then explained by :mod:`.expectations` as for a real run. Real 
 
 The table was found by running wrong calls on the CPU and on meta tensors side by side; ``WRONG_CALLS`` in
 tests/test_wrong_inputs.py keeps them, each refused by the CPU and by a fake run. Only what the CPU kernel refuses
-whatever the values is checked, but for an embedding index past its table where the model made the index's values
-itself (known values, engine/values.py: an ``arange`` of positions). Most checks hold on every device
-(operands of one dtype, shapes, integer indices); the CPU's own rules (a norm's mixes of dtypes, integer inputs to
-``histc`` and resampling) apply only to tensors that stand for CPU ones — not to a model built on meta, which may be
-meant for any device and whose code may take another device's path, nor to FakeTensors on ``cuda`` (a model
-written for GPUs).
+whatever the values is checked, but for an embedding index past its table where the index's values are known and
+keyed (engine/values.py): made by the model itself (an ``arange`` of positions), or the caller's token ids. Most
+checks hold on every device (operands of one dtype, shapes, integer indices); the CPU's own rules (a norm's mixes of
+dtypes, integer inputs to ``histc`` and resampling) apply only to tensors that stand for CPU ones — not to a model
+built on meta, which may be meant for any device and whose code may take another device's path, nor to FakeTensors
+on ``cuda`` (a model written for GPUs).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from .._torch_compat import FakeTensor
+from ..errors import UnsupportedError
 from .attention_masks import score_batch
 from .metadata import recorded_device
-from .values import made_bounds
+from .values import caller_bounds, made_bounds
 
 Check = Callable[[tuple[Any, ...], dict[str, Any]], None]
 _aten = torch.ops.aten
@@ -257,15 +258,18 @@ def _index(op: str) -> Check:
 
 def _indices_in_table(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``embedding`` of an index past its table — a position beyond a learned position table (``arange`` of a
-    sequence longer than ``max_position_embeddings``) — which the CPU kernel refuses and a meta kernel cannot see.
-    Only values the model made from what the caches key are read (:func:`~.values.made_bounds`: an ``arange`` of a
-    length, never the caller's token ids, whose values would then steer the trace unkeyed)."""
+    sequence longer than ``max_position_embeddings``), a token id past the vocabulary — which the CPU kernel refuses
+    and a meta kernel cannot see. Only values that follow from what the caches key are read: the model's own made
+    from shapes and constants (:func:`~.values.made_bounds`: an ``arange`` of a length), and the caller's ids as
+    given, or viewed, reshaped or copied (:func:`~.values.caller_bounds`: the caches key their least and greatest
+    values, :func:`~.values.index_bounds`). Ids the model computes from the caller's otherwise are not checked."""
     weight, indices = _argument(args, kwargs, 0, "weight"), _argument(args, kwargs, 1, "indices")
-    bounds = made_bounds(indices)
+    bounds = made_bounds(indices) or caller_bounds(indices)
     if bounds is None or not _without_values(weight):
         return
-    if bounds[0] < 0 or bounds[1] >= weight.shape[0]:
-        raise IndexError("index out of range in self")  # torch's words
+    if bounds[0] < 0 or bounds[1] >= weight.shape[0]:  # torch's words, then what was out of range
+        raise IndexError(f"index out of range in self (indices from {bounds[0]} to {bounds[1]}, into a table of "
+                         f"{weight.shape[0]} rows)")
 
 
 def _non_empty(op: str, dims: int, channels: bool) -> Check:
@@ -278,6 +282,19 @@ def _non_empty(op: str, dims: int, channels: bool) -> Check:
         if _without_values(x) and 0 in x.shape[-checked:]:
             raise RuntimeError(f"{op} expects an input with elements in every dimension but the batch, got shape "
                                f"{list(x.shape)}")
+
+    return check
+
+
+def _quantizes(op: str) -> Check:
+    """A quantization of FakeTensors: their fake kernels make the output in the input's float dtype where the CPU's
+    make a quantized one (qint8: a byte an element), and FakeTensors cannot be quantized. Refused as an operator
+    without a fake kernel is, so that execution 'auto' runs the real kernels; meta tensors are quantized directly
+    (engine/meta_kernels.py)."""
+    def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if any(isinstance(t, FakeTensor) for t in _tensor_arguments(args, kwargs)):
+            raise UnsupportedError(f"{op} makes a quantized tensor, which FakeTensors cannot stand for: quantized "
+                                   "tensors need real kernels (execution 'auto' or 'real', a model built on the CPU)")
 
     return check
 
@@ -297,6 +314,16 @@ def _reduced(op: str) -> Check:
     return reduction_check
 
 
+def _tensor_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among the arguments, in lists too (``quantize_per_tensor.tensors``)."""
+    found: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found += [t for t in items if isinstance(t, torch.Tensor)]
+    return found
+
+
+_QUANTIZING = ("quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic")
 _FLOATING_ONLY = ("gelu", "gelu_", "silu", "silu_", "mish", "mish_", "hardswish", "hardswish_", "hardsigmoid",
                   "hardsigmoid_", "elu", "elu_", "softplus", "log_sigmoid_forward", "glu", "_softmax", "_log_softmax")
 _STATISTICS = ("var", "std", "var_mean", "std_mean")  # their ``correction`` overloads, what torch.var & co. call
@@ -363,7 +390,9 @@ def _build() -> dict[Any, Check]:
             packet = getattr(_aten, name)
             floating.update({getattr(packet, overload): _floating_only(name.strip("_"), *also, cpu_only=True)
                              for overload in packet.overloads()})
-    table = {**matrices, **updates, **norms, **others, **floating}
+    quantizing = {getattr(getattr(_aten, name), overload): _quantizes(name)
+                  for name in _QUANTIZING for overload in getattr(_aten, name).overloads()}
+    table = {**matrices, **updates, **norms, **others, **floating, **quantizing}
     for func, check in _empty_inputs().items():
         table[func] = _both(table[func], check) if func in table else check
     return table

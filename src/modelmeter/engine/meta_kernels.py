@@ -938,6 +938,38 @@ def _roll_fits(args: tuple[Any, ...]) -> bool:
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
 
 
+
+def _quantized_fits(dtype_at: int) -> Callable[[tuple[Any, ...]], bool]:
+    """A meta input whose quantized dtype is given positionally at ``dtype_at``."""
+    def fits(args: tuple[Any, ...]) -> bool:
+        return _plain_meta(args[0]) and len(args) > dtype_at
+
+    return fits
+
+
+def _quantized(dtype_at: int) -> Callable[..., torch.Tensor]:
+    """``quantize_per_tensor`` & co. on meta: the output in the quantized dtype asked (one byte an element for
+    qint8/quint8) — the meta kernels make it in the input's float dtype, four times the CPU's bytes, and every later
+    operator would take a float tensor where the CPU gives a quantized one. Contiguous, or channels-last for a
+    channels-last input, as the CPU's kernel makes it (its input's suggested memory format)."""
+
+    def kernel(*args: Any, **_: Any) -> torch.Tensor:
+        x = args[0]
+        return torch.empty(x.shape, dtype=args[dtype_at], device=x.device, memory_format=_suggested_format(x))
+
+    return kernel
+
+
+def _suggested_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format the CPU's kernels give a new tensor made from ``x`` (torch's ``suggest_memory_format``)."""
+    if x.is_contiguous():
+        return torch.contiguous_format
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
 _aten = torch.ops.aten
 IN_PLACE = (_aten.sigmoid_.default, _aten.tanh_.default, _aten.relu_.default, _aten.silu_.default,
             _aten.gelu_.default, _aten.exp_.default, _aten.neg_.default, _aten.hardtanh_.default,
@@ -994,6 +1026,11 @@ _DIRECT: dict[Any, tuple[Callable[[tuple[Any, ...]], bool], Callable[..., Any]]]
     _FLASH: (_flash_fits, _flash),
     **{op: (_arange_fits, _arange(op)) for op in (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)},
     _aten.native_batch_norm_backward.default: (_batch_norm_backward_fits, _batch_norm_backward),
+    # quantization: the output in the quantized dtype (its position in each schema)
+    _aten.quantize_per_tensor.default: (_quantized_fits(3), _quantized(3)),
+    _aten.quantize_per_tensor.tensor_qparams: (_quantized_fits(3), _quantized(3)),
+    _aten.quantize_per_channel.default: (_quantized_fits(4), _quantized(4)),
+    _aten.quantize_per_tensor_dynamic.default: (_quantized_fits(1), _quantized(1)),
     _aten.native_layer_norm_backward.default: (_layer_norm_backward_fits, _layer_norm_backward),
     _aten.convolution_backward.default: (_any_convolution_backward_fits, _any_convolution_backward),
 }

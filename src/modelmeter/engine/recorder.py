@@ -659,6 +659,9 @@ def _kernel(operator: _Operator, func: OpOverload, args: tuple[Any, ...], kwargs
 
 
 def _operator(func: OpOverload) -> _Operator:
+    placeholder = _LIBRARY_PLACEHOLDERS.get(dispatch_op_name(func))
+    if placeholder is not None:  # a library's operator: known once called (its library need not be loaded)
+        _PLACEHOLDERS[func] = placeholder
     schema = schema_of(func)
     groups = group_name_positions(func.namespace, schema)
     collective = func.namespace in _COLLECTIVE_NAMESPACES
@@ -733,6 +736,14 @@ def _nonzero_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
     return torch.empty((tensor.numel(), tensor.dim()), dtype=torch.long, device=tensor.device)
 
 
+def _nms_placeholder(rec: Recorder, args: tuple[Any, ...]) -> Any:
+    """torchvision's ``nms`` keeps every box, best first: an upper bound (which boxes it keeps depends on values)."""
+    boxes = args[0]
+    _guessed(rec, f"{_where(rec)}: torchvision's nms of {boxes.shape[0]} meta boxes assumed to keep every one (an "
+                  "upper bound: the boxes kept depend on values)")
+    return torch.empty((boxes.shape[0],), dtype=torch.long, device=boxes.device)
+
+
 def _guessed(rec: Recorder, text: str) -> None:
     if len(rec.guessed_values) >= GUESSES:  # a loop until a value changes (``while err > tol``) would never end
         raise ModelRunError(f"the model read {GUESSES} values of meta tensors, each assumed: it likely loops until a "
@@ -771,3 +782,4 @@ _PLACEHOLDERS = {
     _ITEM: _scalar_placeholder,
     torch.ops.aten.nonzero.default: _nonzero_placeholder,
 }
+_LIBRARY_PLACEHOLDERS = {"torchvision::nms": _nms_placeholder}

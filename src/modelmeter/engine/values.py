@@ -23,6 +23,9 @@ LIMIT = 1 << 24  # elements: a (1, 1, 4096, 4096) boolean mask is 16 MiB
 _CPU = torch.device("cpu")
 _VALUES = "_modelmeter_values"  # the attribute of a fake tensor that holds its values
 _GIVEN = "_modelmeter_given"  # marks a fake tensor whose values derive from the caller's (an input's, a buffer's)
+# marks a fake tensor that holds exactly the values of one of the caller's tensors — its stand-in, or a view, reshape
+# or copy of it —, whose least and greatest values the caches key (:func:`index_bounds`)
+_WHOLE = "_modelmeter_whole"
 #: The lists of the :func:`watch_given_reads` blocks open, in every thread (a run may read values in threads it
 #: starts; a read in another analysis's thread marks this one too, which only costs a cache entry).
 _WATCHERS: dict[int, list[str]] = {}  # id -> the list (lists compare by value)
@@ -145,10 +148,13 @@ class Shadows:
                 _forget(outputs)
             return
         given = any(getattr(t, _GIVEN, False) for t in _each_tensor((args, kwargs)))
+        whole = _whole_dtypes(func, first)
         for fake, real in zip(outputs, _tensors(values), strict=False):
             setattr(fake, _VALUES, real)
             if given:
                 setattr(fake, _GIVEN, True)
+            if real.dtype in whole:  # (int32 to int64 keeps the values)
+                setattr(fake, _WHOLE, True)
 
     def answer(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The result of an operator whose result is made of its operands' values — ``.item()``, ``nonzero``,
@@ -170,15 +176,57 @@ class Shadows:
 def made_bounds(tensor: Any) -> tuple[int | float, int | float] | None:
     """The least and the greatest of ``tensor``'s known values when the model made them from what the caches key —
     shapes and constants (``arange`` of a length) —, not from the caller's tensors; None otherwise, or when it is
-    empty. Not noted as a read: such values follow from the key. Read with the run's modes set aside (a fake
-    run's FakeTensorMode would take the values for fake ones)."""
+    empty. Not noted as a read: such values follow from the key."""
     if not isinstance(tensor, torch.Tensor) or getattr(tensor, _GIVEN, False):
         return None
+    return _bounds(tensor)
+
+
+def _bounds(tensor: torch.Tensor) -> tuple[int | float, int | float] | None:
+    """The least and the greatest of ``tensor``'s known values; None when unknown or empty. Read with the run's
+    modes set aside (a fake run's FakeTensorMode would take the values for fake ones)."""
     values = getattr(tensor, _VALUES, None)
     if values is None or _overwritten(values) or values.numel() == 0:
         return None
     with disable_current_modes(), torch.no_grad():
         return values.min().item(), values.max().item()
+
+
+def _whole_dtypes(func: OpOverload, first: Any) -> tuple[torch.dtype, ...]:
+    """The dtypes in which ``func``'s outputs hold exactly the values of a caller's tensor ``first`` (a view, reshape
+    or copy of it, int32 widened to int64 too); () when they do not."""
+    if func not in _SAME_VALUES or not isinstance(first, torch.Tensor) or not getattr(first, _WHOLE, False):
+        return ()
+    return first.dtype, torch.int64
+
+
+def caller_bounds(tensor: Any) -> tuple[int | float, int | float] | None:
+    """The least and the greatest of ``tensor``'s values when they are exactly those of one of the caller's tensors
+    (an input's, a buffer's: its stand-in, or a view, reshape or copy of it), which the caches key
+    (:func:`index_bounds`): not noted as a read. None otherwise, or when it is empty."""
+    if not isinstance(tensor, torch.Tensor) or not getattr(tensor, _WHOLE, False):
+        return None
+    return _bounds(tensor)
+
+
+def index_bounds(tensors: list[Any]) -> tuple[tuple[int, int] | None, ...]:
+    """The least and the greatest value of each tensor of ids among ``tensors`` that a fake run follows
+    (:func:`_keyed_ids`, with values; None for an empty one), in order: part of the caches' keys,
+    since a fake run refuses an embedding of the caller's ids past its table (:func:`caller_bounds`), which of them it
+    refuses following from these alone. Other tensors are left out (their values are keyed, or never read)."""
+    bounds: list[tuple[int, int] | None] = []
+    with disable_current_modes(), torch.no_grad():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and _keyed_ids(t) and not t.is_meta and not isinstance(t, FakeTensor):
+                bounds.append((int(t.min()), int(t.max())) if t.numel() else None)
+    return tuple(bounds)
+
+
+def _keyed_ids(t: torch.Tensor) -> bool:
+    """Whether :func:`index_bounds` keys ``t``'s bounds: ids (int64, int32) of at least one dimension and at most
+    :data:`LIMIT` elements. A scalar is left out: BatchNorm's ``num_batches_tracked`` counts training steps, and
+    would change the key at each (a scalar's values are then not checked as ids either)."""
+    return t.dtype in INDEX_DTYPES and t.dim() > 0 and t.layout == torch.strided and t.numel() <= LIMIT
 
 
 def has_values(tensor: torch.Tensor) -> bool:
@@ -205,6 +253,8 @@ def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for fake, real in seeds:
             setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
             setattr(fake, _GIVEN, True)
+            if _keyed_ids(real):
+                setattr(fake, _WHOLE, True)
 
 
 def _each_tensor(value: Any) -> Iterator[torch.Tensor]:
@@ -238,6 +288,14 @@ def _reads_values(func: OpOverload) -> bool:
 
 
 _READS: dict[OpOverload, bool] = {}
+INDEX_DTYPES = (torch.int64, torch.int32)  # what embeddings take as ids
+_aten = torch.ops.aten
+# operators whose output holds exactly the values of their first operand (views, reshapes, copies)
+_SAME_VALUES = frozenset({
+    _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default, _aten.expand.default, _aten.clone.default,
+    _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.permute.default,
+    _aten.t.default, _aten.transpose.int, _aten.alias.default, _aten.detach.default, _aten._to_copy.default,
+    _aten.lift_fresh_copy.default})
 
 
 def _stand_in(values: torch.Tensor, device: torch.device, given: bool) -> torch.Tensor:
