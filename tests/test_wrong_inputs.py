@@ -478,3 +478,19 @@ def test_ids_of_three_dimensions_that_a_model_takes_are_not_refused() -> None:
     analysis = modelmeter.analyze(model, ids, convention="flops", cache=False, quiet=True)
     real = modelmeter.analyze(model, ids, convention="flops", execution="real", cache=False, quiet=True)
     assert analysis.result().total("flops") == real.result().total("flops") > 0
+
+
+class _Concat(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cat([a, b], 1)
+
+
+@pytest.mark.parametrize("execution", ["fake", "auto"])
+def test_a_rejected_input_prints_no_torch_traceback(execution: str, capfd: pytest.CaptureFixture[str]) -> None:
+    # torch's FakeTensor logger printed the whole traceback (some 45 lines, at ERROR) of an operator that rejects its
+    # inputs before the analysis raised its one-line error: the command silenced it, the Python API did not
+    with pytest.raises(ModelRunError, match=r"_Concat\.forward at operator aten::cat"):
+        modelmeter.analyze(_Concat(), (torch.randn(2, 3), torch.randn(3, 3)), execution=execution, cache=False,
+                           quiet=True).flops.total()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "fake_tensor" not in err, err[:400]

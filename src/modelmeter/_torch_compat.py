@@ -12,6 +12,7 @@ records them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -62,7 +63,8 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",
     "class_name",
     "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
-    "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "flat_dcp_state", "flattened_mesh",
+    "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "fake_tensor_log_silenced",
+    "flat_dcp_state", "flattened_mesh",
     "forward_hook_tables", "function_modes", "global_backward_hooks", "global_forward_hooks",
     "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
@@ -579,6 +581,20 @@ def parametrizations_set_aside() -> Iterator[None]:
     finally:
         cache.clear()
         cache.update(kept)
+
+
+@contextlib.contextmanager
+def fake_tensor_log_silenced() -> Iterator[None]:
+    """Silence torch's FakeTensor logger while open: when an operator rejects its fake inputs (a model given an input
+    that does not fit it), it logs the whole traceback at ERROR before raising the error the analysis reports in a
+    line, naming the module. Its level is put back after."""
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager

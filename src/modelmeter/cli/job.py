@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -262,7 +261,7 @@ def _analyse(job: Job, save_trace: str | None) -> tuple[Result, LoadedModel, flo
                                real=real)
     timing = _timing(job.device)
     start = time.perf_counter()
-    with _quiet_fake_tensor_log(), _plan_errors(job.parallel):
+    with _plan_errors(job.parallel):
         try:
             analysis = analyze(loaded.model, inputs, convention=job.convention, dense_attention=job.dense_attention,
                                backward=job.backward, execution=job.execution, cache=job.cache,
@@ -322,21 +321,6 @@ def _save(analysis: Analysis, path: str, name: str) -> None:
     except OSError as exc:
         raise ModelSpecError(f"cannot write --save-trace {path}: {exc.strerror or exc}") from None
     print(f"modelmeter: wrote {path}", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """Silence torch's FakeTensor logger while a model runs: it logs a traceback (ERROR) when an operator rejects
-    its inputs, before raising the error that the command reports in one line."""
-    from .._torch_compat import FAKE_TENSOR_LOGGER
-
-    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def worker_row(job: Job, row: Callable[[Result, float], dict[str, Any]]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from .._torch_compat import (
     UnsupportedFakeTensorException,
     eager_flex_attention,
     fake_from_meta,
+    fake_tensor_log_silenced,
     no_torch_function,
     observed_cpu_rng_states,
     observed_storage_resizes,
@@ -306,6 +307,7 @@ class _Run:
                             stack.enter_context(meta_stands_for("cpu"))
                 elif fake:
                     fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                    stack.enter_context(fake_tensor_log_silenced())  # a rejected input: reported in a line, below
                     if parts.packed:  # torch's cache of fake results compares packed weights with ==, which they lack
                         fake_mode.cache_enabled = False
                     shadows = recorder.shadows = Shadows()
