@@ -27,6 +27,7 @@ from modelmeter.engine.recorder import Recorder
 from modelmeter.engine.spec import RunSpec
 from modelmeter.engine.trace import OpEvent, Trace
 from modelmeter.engine.tracer import record_trace
+from modelmeter.errors import ModelRunError
 from trace_equality import assert_same_trace
 
 
@@ -413,3 +414,30 @@ def test_real_architectures_record_the_same_with_replay(name: str) -> None:
     model, args = _architectures()[name]()
     _, replayed = _same(model, *args)
     assert replayed
+
+
+class _Positions(nn.Module):
+    """One learned position table looked up three times, with positions the model makes (known values): the last
+    run of positions is past the table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = nn.Embedding(20, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[-1]
+        out = x.new_zeros(length, 4)
+        for start in (0, length, 2 * length):
+            out = out + self.positions(torch.arange(start, start + length, device=x.device))
+        return out
+
+
+def test_a_call_on_other_known_values_is_checked_again() -> None:
+    """The replay key had whether a tensor's values are known, not what a check reads of them: the second and third
+    lookups replayed the first's template (the same metadata), and positions past the table were counted."""
+    with pytest.raises(IndexError):
+        _Positions()(torch.zeros(1, 8))  # 16 to 23 in a table of 20
+    with pytest.raises(ModelRunError, match="index out of range"):
+        record_trace(RunSpec(_Positions(), (torch.zeros(1, 8),), {}))
+    _, replayed = _same(_Positions(), torch.zeros(1, 6))  # 12 to 17: it fits, each lookup recorded
+    assert "aten::embedding" not in replayed

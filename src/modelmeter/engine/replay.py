@@ -12,7 +12,8 @@ operator inside it: no function or dispatch mode round trip per operator, no arg
 Only records that a copy reproduces exactly are kept as templates (:func:`_template` checks each):
 
 * every tensor argument is a plain meta tensor whose storage the run has seen; whether its values are known is part
-  of the key (an operator on known values computes values, engine/values.py);
+  of the key (an operator on known values computes values, engine/values.py), and so is what a kernel check reads of
+  known values (their bounds: an embedding of positions or ids past its table fails, ``values.checked_values``);
 * every operator inside is one whose record depends on metadata alone (:func:`replayable`: none draws random numbers,
   reads a value, resizes a storage or communicates; no attention reads a mask's values), nothing was imported or
   assumed, and no module ran inside;
@@ -42,7 +43,7 @@ from .._torch_compat import OpOverload, any_autocast_enabled, no_dispatch, versi
 from .fast_paths import FastPath
 from .storages import StorageTracker
 from .trace import OpEvent, Storage, Trace
-from .values import has_values
+from .values import checked_values, has_values
 
 _PLAIN = frozenset({bool, int, str, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
                     torch.memory_format})
@@ -233,7 +234,7 @@ class _Parts:
                 valued = has_values(item)
                 self.valued = self.valued or valued
                 parts.append((kind, item.shape, item.stride(), item.storage_offset(), item.dtype, item.requires_grad,
-                              valued))
+                              checked_values(item) if valued else None))
                 self.tensors.append(item)
             elif kind is float:
                 parts.append((float, item.hex()))

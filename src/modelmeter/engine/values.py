@@ -192,6 +192,14 @@ def _bounds(tensor: torch.Tensor) -> tuple[int | float, int | float] | None:
         return values.min().item(), values.max().item()
 
 
+def checked_values(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What a kernel check may read of a tensor whose values are known (engine/kernel_checks.py: the bounds of an
+    embedding's indices, and whether they are the model's own, :func:`made_bounds`, or the caller's as given,
+    :func:`caller_bounds`): part of a replayed call's key (engine/replay.py), as the same call on other such values
+    may fail where the call its template was made of passed."""
+    return getattr(tensor, _GIVEN, False), getattr(tensor, _WHOLE, False), _bounds(tensor)
+
+
 def _whole_dtypes(func: OpOverload, first: Any) -> tuple[torch.dtype, ...]:
     """The dtypes in which ``func``'s outputs hold exactly the values of a caller's tensor ``first`` (a view, reshape
     or copy of it, int32 widened to int64 too); () when they do not."""
