@@ -293,3 +293,17 @@ def test_one_test_recording_one_entry_twice_with_other_costs_fails_the_update(wa
         "*test_loop records the entry 'MLP' of *costs.json with other costs or inputs than an earlier call of "
         "the same test did in this run*", "modelmeter: recorded 2 baseline entries in *"])
     assert models(pytester.path / "tests" / "costs.json")["MLP"]["modules"][""]["flops"] == 96  # the first's
+
+
+def test_a_second_recording_of_one_entry_within_the_tolerance_fails_the_update(warm: None,
+                                                                              pytester: pytest.Pytester) -> None:
+    """The second call's costs were compared with the test's tolerance: within it, the entry kept the first model's
+    costs and the second was checked against them from then on (able to grow past its own tolerance)."""
+    write_tests(pytester, """
+        def test_loop(assert_cost):
+            for extra in (0, 1):
+                assert_cost(MLP(extra=extra), torch.randn(2, 4), "costs.json", tolerance=10.0)
+        """)
+    result = run(pytester, "--update-baselines")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_loop records the entry 'MLP' of *costs.json with other costs*"])

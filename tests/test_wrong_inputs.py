@@ -494,3 +494,12 @@ def test_a_rejected_input_prints_no_torch_traceback(execution: str, capfd: pytes
                            quiet=True).flops.total()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "fake_tensor" not in err, err[:400]
+
+
+def test_a_rejected_input_under_a_plan_prints_no_torch_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    # a plan's rank runs under the runner's own FakeTensorMode, which the engine's silencing did not cover
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    with pytest.raises(ModelRunError):
+        modelmeter.analyze(model, torch.randn(2, 5), parallel="dp=2", cache=False, quiet=True).flops.total()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "fake_tensor" not in err, err[:400]

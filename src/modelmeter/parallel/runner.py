@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import Shard
 
-from .._torch_compat import FakeTensorMode, class_name
+from .._torch_compat import FakeTensorMode, class_name, fake_tensor_log_silenced
 from ..engine.inputs import map_tensors
 from ..engine.naming import ModuleNames
 from ..engine.spec import RunSpec
@@ -51,7 +51,7 @@ def record_parallel(spec: RunSpec) -> Trace:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         materialize(copy, mode)
         sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
-        with mode:
+        with mode, fake_tensor_log_silenced():  # a rejected input: reported in a line, as a run without a plan
             args, kwargs = (map_tensors(lambda t: fake_like(mode, t, _CPU), part) for part in (spec.args, spec.kwargs))
             try:
                 # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
