@@ -256,8 +256,8 @@ def test_every_option_the_command_writes_is_a_run_option_unless_the_guard_compar
     written = {token.partition("=")[0] for token in argv if token.startswith("--")}
     assert written >= COMPARED_APART | NOT_MEASURED
     assert not COMPARED_APART & NOT_MEASURED
-    assert run_options(argv) == ("--attention-kernel math --dense-attention --foreach --optimizer adam "
-                                 "--parallel dp=2 --state-dtype bfloat16")
+    assert run_options(argv) == ("--attention-kernel math --dense-attention --dtype bfloat16 --foreach "
+                                 "--optimizer adam --parallel dp=2 --state-dtype bfloat16")
 
 
 def test_an_option_the_guard_does_not_know_is_a_run_option() -> None:
@@ -267,6 +267,12 @@ def test_an_option_the_guard_does_not_know_is_a_run_option() -> None:
     assert run_options(spec) == "--grad-accum 4 --optimizer adam"
     assert run_options(spec, "eval") == "--grad-accum 4 --optimizer adam; mode: eval"
     assert run_options([]) == "none"
+
+
+def test_the_dtype_is_a_run_option() -> None:
+    """--dtype was compared with the inputs, which a language model's token ids (int64 whatever the dtype) do not
+    show: gpt2 in bfloat16 checked against a float32 baseline "shrank" and passed."""
+    assert run_options(["gpt2_tiny", "--dtype", "bfloat16"]) == "--dtype bfloat16"
 
 
 def test_no_warning_for_an_entry_that_records_its_mode(tmp_path: Path) -> None:

@@ -226,3 +226,29 @@ def test_a_gradient_hook_added_after_an_analysis_is_a_new_run(cache: bool | None
     for handle in handles:
         handle.remove()
     assert peak() == plain
+
+
+class _ScaledByAttribute(nn.Module):
+    """A plain tensor attribute that requires grad (no parameter): a real run keeps it as a clone of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = torch.ones(4, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+@pytest.mark.parametrize("execution", ["real", "fake", "auto"])
+def test_a_gradient_hook_fires_once_whatever_the_stand_in(execution: str) -> None:
+    # a real run's clone of the attribute carried its hooks as well, and passed its gradient on to the original,
+    # whose own hooks fired again: twice per step (a plain step: once)
+    model, fired = _ScaledByAttribute(), []
+    model.scale.register_hook(lambda g: fired.append("scale"))
+    model.lin.weight.register_hook(lambda g: fired.append("weight"))
+    model(torch.randn(2, 4)).sum().backward()
+    assert sorted(fired) == ["scale", "weight"]
+    fired.clear()
+    analyze(model, torch.randn(2, 4), backward=True, execution=execution, cache=False, quiet=True).flops.total()
+    assert sorted(fired) == ["scale", "weight"]

@@ -9,7 +9,9 @@ model's outputs and gradients in a real step after the analysis.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -71,6 +73,22 @@ def test_a_run_inside_parametrize_cached_computes_a_parametrization_once() -> No
         assert dict(parametrize._cache) == kept and all(parametrize._cache[k] is v for k, v in kept.items())
     uncached = FlopCountAnalysis(model, x, convention="macs").by_operator()
     assert cached["mv"] == 16 * 16 and uncached["mv"] == 2 * 16 * 16
+
+
+def test_the_caches_tell_a_run_inside_parametrize_cached_from_one_outside(tmp_path: Any) -> None:
+    """Inside ``cached()`` a weight read twice is computed once, outside twice: the persistent key held neither, and
+    served one run's trace to the other (a fresh model each time, so the in-process store cannot answer)."""
+    x = torch.randn(4, 16)
+
+    def mv(cached: bool) -> int:
+        torch.manual_seed(0)
+        model = _TwiceThroughOne()
+        parametrizations.spectral_norm(model.layer)
+        model.eval()
+        with parametrize.cached() if cached else contextlib.nullcontext():
+            return FlopCountAnalysis(model, x, convention="macs", cache_dir=str(tmp_path)).by_operator()["mv"]
+
+    assert [mv(True), mv(False), mv(True)] == [16 * 16, 2 * 16 * 16, 16 * 16]
 
 
 class _TwiceThroughOne(nn.Module):

@@ -55,8 +55,8 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_temporarily
 
 __all__ = [  # what the package imports from here
-    "COMPILED_CALL_IMPL", "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FAKE_TENSOR_LOGGER",
-    "FLEX_ATTENTION_MODULE", "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS",
+    "COMPILED_CALL_IMPL", "COMPILED_MODULE_ATTRIBUTE", "COMPILED_MODULE_CLASS", "FLEX_ATTENTION_MODULE",
+    "GRADIENT_HOOKS", "MODULE_CALL_IMPL", "MODULE_TABLES", "POST_ACCUMULATE_GRAD_HOOKS",
     "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
@@ -68,7 +68,8 @@ __all__ = [  # what the package imports from here
     "forward_hook_tables", "function_modes", "global_backward_hooks", "global_forward_hooks",
     "intercepted_function_apply",
     "kept_distributed_globals", "local_tensor", "no_dispatch", "no_torch_function", "non_persistent_buffers",
-    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "parametrizations_set_aside",
+    "observed_cpu_rng_states", "observed_storage_resizes", "parameters_of", "parametrizations_cached",
+    "parametrizations_set_aside",
     "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module",
     "resolve_group_name", "saved_tensors_hooks_set_aside", "schema_of", "script_object_type",
     "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
@@ -559,6 +560,13 @@ def saved_tensors_hooks_set_aside(pack: Callable[[torch.Tensor], Any]) -> Iterat
         yield
     finally:
         graph.disable_saved_tensors_hooks = original
+
+
+def parametrizations_cached() -> bool:
+    """Whether the caller is inside ``parametrize.cached()`` (torch's module counter ``_cache_enabled``): each
+    parametrized weight is then computed once per run, else at every access — a model reading one twice runs its
+    parametrization twice, so the caches key it."""
+    return parametrize._cache_enabled > 0
 
 
 @contextlib.contextmanager

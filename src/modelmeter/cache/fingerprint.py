@@ -17,14 +17,16 @@ The key covers
 * **the inputs**: their structure (tuples, lists, dicts, named tuples, objects), tensor metadata and every
   non-tensor value;
 * **the run**: ``execution``, grad and inference mode, default dtype and device, autocast, the attention
-  backend switches; and the versions of modelmeter (with a digest of its recording engine's source), torch,
-  Python and the trace format.
+  backend switches, whether ``parametrize.cached()`` is open; and the versions of modelmeter (with a digest of the
+  source that records: engine, parallel runner, torch internals), torch, Python and the trace format.
 
 Code is fingerprinted from the code objects that actually run (byte code, constants, names, defaults,
 closures) rather than from ``inspect.getsource``, which reads the file on disk — it may have been edited
 since the class was imported, and classes made by ``exec`` have no file at all.
 
-Parameter and input *values* are not part of the key. A fake run never reads a parameter's; it may read a small
+Parameter and input *values* are not part of the key, but for the least and greatest value of each tensor of ids
+(a fake run checks the caller's token ids against an embedding's table, ``values.index_bounds``); a tensor's
+gradient hooks are (a training step runs them). A fake run never reads a parameter's values; it may read a small
 input's, buffer's or tensor attribute's (an attention mask, a counter: ``engine/values.py``), and a trace whose run
 did is not stored (:func:`modelmeter.cache.cached_trace`). A run with real kernels (``execution="real"``) may read
 any, so for it the bytes of every tensor are hashed too (see :func:`trace_key`).
@@ -71,6 +73,7 @@ from .._torch_compat import (
     global_forward_hooks,
     non_persistent_buffers,
     parameters_of,
+    parametrizations_cached,
 )
 from ..engine.naming import named_modules_with_dup
 from ..engine.serialize import FORMAT_VERSION, schema_signature
@@ -949,23 +952,25 @@ def run_options(execution: str) -> tuple[Any, ...]:
         switches.append((name, check() if callable(check) else None))
     mha = getattr(getattr(torch.backends, "mha", None), "get_fastpath_enabled", None)
     return (execution, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), str(torch.get_default_dtype()),
-            str(torch.get_default_device()), tuple(autocast), tuple(switches), mha() if callable(mha) else None)
+            str(torch.get_default_device()), tuple(autocast), tuple(switches), mha() if callable(mha) else None,
+            parametrizations_cached())
 
 
 @functools.lru_cache(maxsize=8)
 def _recorder_digest(memo_dir: str | None = None) -> str:
     """A digest of the source of what records a trace — modelmeter's engine, the trace format (serialize.py) among
-    it, and the parallel runner, which writes a plan's part of the trace — so a development checkout that changes
-    how traces are recorded does not read traces of its former self (``memo_dir``: see :func:`package_digest`)."""
+    it, the parallel runner, which writes a plan's part of the trace, and the torch internals both run on — so a
+    development checkout that changes how traces are recorded does not read traces of its former self
+    (``memo_dir``: see :func:`package_digest`)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        parts = [_source_digest(os.path.join(package, folder), memo_dir) for folder in _RECORDING_FOLDERS]
+        parts = [_source_digest(os.path.join(package, part), memo_dir) for part in _RECORDING_SOURCES]
     except OSError:  # not installed as files (a zip, a frozen app): the version has to do
         return ""
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-_RECORDING_FOLDERS = ("engine", "parallel")
+_RECORDING_SOURCES = ("engine", "parallel", "_torch_compat.py")  # (the torch internals a recording runs on)
 
 
 @functools.lru_cache(maxsize=8)
@@ -1037,7 +1042,9 @@ def _stats_digest(root: str, paths: list[str]) -> tuple[str, int]:
 
 
 def _source_files(root: str) -> list[str]:
-    """The ``.py`` files under ``root``, in a fixed order, ``__pycache__`` left out."""
+    """The ``.py`` files under ``root`` (or ``root`` itself, a file), in a fixed order, ``__pycache__`` left out."""
+    if os.path.isfile(root):
+        return [root]
     found = []
     for directory, subdirectories, files in os.walk(root):
         subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")

@@ -28,6 +28,7 @@ from .._torch_compat import (
     POST_ACCUMULATE_GRAD_HOOKS,
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
     FakeTensorMode,
     UnsupportedFakeTensorException,
     eager_flex_attention,
@@ -524,7 +525,9 @@ def _with_hooks_of(original: torch.Tensor, stand_in: torch.Tensor) -> torch.Tens
     what was registered on it, is dropped after. (Hooks run once a leaf's gradient is accumulated — an optimizer
     stepping in the backward pass — are set aside by the run, :class:`_Gradients`: not carried.)"""
     hooks = getattr(original, GRADIENT_HOOKS, None)
-    if hooks and stand_in.requires_grad:  # (a tensor that stopped requiring grad keeps hooks that cannot fire)
+    # (a tensor that stopped requiring grad keeps hooks that cannot fire; a real run's clone passes its gradient on
+    # to the original, whose hooks fire then)
+    if hooks and stand_in.requires_grad and (stand_in.is_meta or isinstance(stand_in, FakeTensor)):
         for hook in hooks.values():
             stand_in.register_hook(hook)
     return stand_in

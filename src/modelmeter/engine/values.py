@@ -155,6 +155,8 @@ class Shadows:
                 setattr(fake, _GIVEN, True)
             if real.dtype in whole:  # (int32 to int64 keeps the values)
                 setattr(fake, _WHOLE, True)
+            elif hasattr(fake, _WHOLE):  # the caller's ids written over in place: no longer what the caches key
+                delattr(fake, _WHOLE)
 
     def answer(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The result of an operator whose result is made of its operands' values — ``.item()``, ``nonzero``,
@@ -225,9 +227,12 @@ def index_bounds(tensors: list[Any]) -> tuple[tuple[int, int] | None, ...]:
     bounds: list[tuple[int, int] | None] = []
     with disable_current_modes(), torch.no_grad():
         for t in tensors:
-            if isinstance(t, torch.Tensor) and _keyed_ids(t) and not t.is_meta and not isinstance(t, FakeTensor):
+            if type(t) in _PLAIN_TENSORS and _keyed_ids(t) and not t.is_meta:  # (a subclass may not take min())
                 bounds.append((int(t.min()), int(t.max())) if t.numel() else None)
     return tuple(bounds)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _keyed_ids(t: torch.Tensor) -> bool:
@@ -261,7 +266,7 @@ def _copy_values(seeds: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for fake, real in seeds:
             setattr(fake, _VALUES, real.detach().to(_CPU, copy=True))
             setattr(fake, _GIVEN, True)
-            if _keyed_ids(real):
+            if type(real) in _PLAIN_TENSORS and _keyed_ids(real):  # as index_bounds keys them
                 setattr(fake, _WHOLE, True)
 
 

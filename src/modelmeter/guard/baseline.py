@@ -239,12 +239,13 @@ def _mode_notes(baseline: Entry, current: Entry) -> list[str]:
 
 
 # The options of the command's arguments (cli/job.py, job_argv) that a comparison does not take as run options:
-# those it compares on their own (the inputs, the convention, the passes, the device and the roofline's settings)
+# those it compares on their own (the inputs, the convention, the passes, the device and the roofline's settings;
+# not --dtype, which a language model's token ids do not show: the model's parameters take it)
 # and those that change nothing it compares (--execution: fake tensors count as real ones do; --memory: its
 # metrics, checked as metrics; --measured-time: the MFU, which is no cost). Every other option changes what a run
 # measures (an optimizer's step in the peak, the attention's FLOPs, a rank's share) and is a run option: one added
 # to the command is compared from the start, never forgotten here (tests/test_guard_leftovers.py).
-COMPARED_APART = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention", "--backward",
+COMPARED_APART = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--convention", "--backward",
                             "--device", "--devices-file", "--efficiency", "--launch-overhead", "--tf32"})
 NOT_MEASURED = frozenset({"--execution", "--memory", "--measured-time"})
 

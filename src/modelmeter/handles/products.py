@@ -92,11 +92,11 @@ def vecdot_cost(x: Any, y: Any, dim: int = -1, *, result: Any) -> tuple[int, int
 
 @by_name
 def bilinear_cost(input1: Any, input2: Any, bias: Any, *, result: Any) -> tuple[int, int]:
-    """``bilinear(input1, input2, weight, bias)`` (``nn.Bilinear``): ``x1ᵀ·A_o·x2 + b_o`` per output feature, as the
-    cheapest order computes it — a linear layer over the outer product ``x1 ⊗ x2``: ``in1·in2`` multiply-adds per
-    output element, plus the outer product's multiplies (one per row and pair) and the bias adds."""
+    """``bilinear(input1, input2, weight, bias)`` (``nn.Bilinear``): ``x1ᵀ·A_o·x2 + b_o`` per output feature, counted
+    in one order of it — a linear layer over the outer product ``x1 ⊗ x2``: ``in1·in2`` multiply-adds per output
+    element, plus the outer product's multiplies (one per row and pair) and the bias adds."""
     in1, in2 = shape_of(input1)[-1], shape_of(input2)[-1]
-    rows = numel(result) // shape_of(result)[-1] if shape_of(result)[-1] else 0
+    rows = prod(shape_of(result)[:-1])
     return numel(result) * in1 * in2, rows * in1 * in2 + _output_terms(result, get_shape(bias) is not None)
 
 
@@ -105,8 +105,8 @@ def trilinear_cost(i1: Any, i2: Any, i3: Any, expand1: list[int], expand2: list[
                    result: Any) -> tuple[int, int]:
     """``_trilinear`` (what ``bilinear`` runs, and its backward's gradients): the sum over ``sumdim`` of the product
     of three operands, each unsqueezed at its ``expand`` dimensions: one multiply-add per term of the sum, the
-    elements of the three operands' broadcast shape (the product of two of them is shared along the third's own
-    dimensions, as in ``bilinear``'s outer product)."""
+    elements of the three operands' broadcast shape (the product of two of them counted as shared along the third's
+    own dimensions, as in ``bilinear``'s outer product)."""
     shapes = [_unsqueezed(shape_of(x), expand) for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
     return prod(_broadcast(_broadcast(shapes[0], shapes[1]), shapes[2])), 0
 
