@@ -235,3 +235,13 @@ def test_groups_of_other_shards_but_equal_cost_are_one_row() -> None:
     assert folded_ranks_of(merged.to_dict()) == ["0–7 (×6, tp 0,1,3)", "2–6 (×2, tp 2)"]
     whole = with_peers(costs(_entry(0, 6, 6, (0, 1, 2), 100)), [costs(_entry(3, 7, 2, (3,), 100))])
     assert [(e.first, e.last, e.count, e.coordinates) for e in whole.entries] == [(0, 7, 8, None)]
+
+
+def test_a_loss_that_needs_values_under_a_plan_is_not_told_to_run_real() -> None:
+    # the loss_fn's error was worded as text, not from parts: under a plan it kept the engine's advice,
+    # execution='auto' or 'real', which a plan refuses
+    model = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(modelmeter.ModelRunError) as raised:
+        modelmeter.analyze(model, torch.randn(2, 8), backward=True, parallel="dp=2", loss_fn=lambda o: o[o > 0].sum(),
+                cache=False, quiet=True).flops.total()
+    assert "execution=" not in str(raised.value) and "cannot run under one" in str(raised.value)

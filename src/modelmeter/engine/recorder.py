@@ -243,7 +243,7 @@ class Recorder:
         the saved tensor would, without the reference cycle that saving an output by itself makes."""
         if self.phase == "forward":
             self.storages.saved(tensor, self._scope)
-        if self.shadows is not None and not _without_values(tensor):
+        if self.shadows is not None and not (tensor.is_meta or isinstance(tensor, FakeTensor)):  # (inlined: hot)
             return tensor  # a real tensor in a fake run (a loss's target): detached, it would become a fake copy
         paused, self.paused = self.paused, True
         try:
@@ -461,8 +461,8 @@ class FunctionRecorder(TorchFunctionMode):
 
 
 def _as_on_the_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``func(*args, **kwargs)``; on meta tensors, attention runs as the CPU's fused kernel would
-    (meta_kernels.py)."""
+    """``func(*args, **kwargs)``; on meta tensors, attention runs as the CPU's fused kernel would (meta_kernels.py),
+    after the CPU's check of its mask (kernel_checks.attention_call_check)."""
     if func is not F.scaled_dot_product_attention:
         return func(*args, **kwargs)
     attention_call_check(args, kwargs)

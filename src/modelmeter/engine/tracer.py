@@ -421,10 +421,11 @@ def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor
             raise InvalidTypeError(f"loss_fn must return a tensor with one element, got {got}")
     except Exception as exc:
         op = recorder.failed_op
-        at = f" at operator {op}" if op else ""
-        hint = " (the loss needs real tensor values: use execution='auto' or 'real')" \
-            if isinstance(exc, NEEDS_VALUES) else ""
-        raise _LossFnError(f"the loss_fn failed{at}: {type(exc).__name__}: {exc}{hint}", None, op) from exc
+        at = literal(f" at operator {op}") if op else ""
+        hint = " (the loss needs real tensor values: {advice})" if isinstance(exc, NEEDS_VALUES) else ""
+        wording = Wording(f"the loss_fn failed{at}: {literal(f'{type(exc).__name__}: {exc}')}{hint}",
+                          advice=VALUES_ADVICE)
+        raise _LossFnError(wording.text(), None, op, wording) from exc
     return loss
 
 

@@ -118,7 +118,8 @@ _ROOFLINE = obj({"device": _DEVICE, "dtype": nullable(text), "time": _time, "com
 _RANK = obj({"ranks": items(count, length=2), "count": count, "flops": obj({"total": number}),
              "parameters": obj({"held": number}), "communication": obj({"sent": number, "received": number})},
             {"stage": nullable(count), "memory": nullable(obj({"peak": number, "parts": mapping(number)})),
-             "time": nullable(obj({"step": number, "assumption": text}))})
+             "time": nullable(obj({"step": number, "assumption": text})),
+             "coordinates": nullable(mapping(items(count)))})  # an uneven tensor-parallel split's rows
 _PIPELINE = obj({"stages": count, "micro_batches": count},
                 {"bubble_fraction": nullable(number), "schedule": nullable(text)})
 _PARALLEL = obj({"plan": text, "world_size": count, "mesh": mapping(count), "ranks": items(_RANK)},
