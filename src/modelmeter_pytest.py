@@ -6,6 +6,7 @@ Loaded in every pytest session where modelmeter is installed, so it imports noth
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
     the model's class name) of the baseline file (a path relative to the test file), or when that entry is
     missing or was recorded for other inputs, convention or passes. With ``--update-baselines`` it records the
     entry instead and passes."""
+    from modelmeter.errors import InvalidTypeError
     from modelmeter.guard.assertions import CostAssertionError, entry_name
     from modelmeter.guard.assertions import assert_cost as check
 
@@ -44,6 +46,8 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
     def assert_cost(model: Any, inputs: Any, baseline: str | Path, *, name: str | None = None,
                     tolerance: float = 0.0, convention: str = "fvcore", backward: bool = False) -> Comparison | None:
         __tracebackhide__ = True
+        if not isinstance(baseline, (str, os.PathLike)):  # (pathlib's own TypeError names no argument)
+            raise InvalidTypeError(f"baseline must be a path, got {type(baseline).__name__}")
         path = here / baseline
         recorded_by = _recorded_by(request, path, entry_name(model, name)) if update else None
         try:

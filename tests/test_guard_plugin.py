@@ -307,3 +307,14 @@ def test_a_second_recording_of_one_entry_within_the_tolerance_fails_the_update(w
     result = run(pytester, "--update-baselines")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*test_loop records the entry 'MLP' of *costs.json with other costs*"])
+
+
+def test_a_baseline_that_is_no_path_is_refused_naming_it(warm: None, pytester: pytest.Pytester) -> None:
+    """``here / 1`` raised pathlib's TypeError, naming no argument."""
+    write_tests(pytester, """
+        def test_mlp(assert_cost):
+            assert_cost(MLP(), torch.randn(2, 4), 1)
+        """)
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*InvalidTypeError: baseline must be a path, got int*"])

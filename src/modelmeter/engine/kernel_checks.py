@@ -221,9 +221,12 @@ _CONVOLUTION_DTYPES = _same_dtype("convolution", (0, "input"), (1, "weight"), (2
 
 
 def _transposed(x: torch.Tensor, weight: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    if x.dim() < 2 or x.shape[1] != weight.shape[0] or weight.shape[0] == 0:
+    if weight.shape[0] == 0:
+        raise RuntimeError(f"transposed convolution needs a weight of at least one input channel, got shape "
+                           f"{list(weight.shape)}")
+    if x.dim() < 2 or x.shape[1] != weight.shape[0]:
         raise RuntimeError(f"transposed convolution with a weight of shape {list(weight.shape)} expects an input "
-                           f"of {weight.shape[0]} channels (at least one), got shape {list(x.shape)}")
+                           f"of {weight.shape[0]} channels, got shape {list(x.shape)}")
     if x.numel() == 0 and x.shape[0] and x.shape[1]:
         raise RuntimeError(f"transposed convolution takes an empty input only of an empty batch or no channels, got "
                            f"shape {list(x.shape)}")

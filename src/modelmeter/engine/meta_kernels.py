@@ -938,7 +938,6 @@ def _roll_fits(args: tuple[Any, ...]) -> bool:
     return _plain_meta(args[0]) and (args[0].dim() < 4 or args[0].is_contiguous())
 
 
-
 def _quantized_fits(dtype_at: int) -> Callable[[tuple[Any, ...]], bool]:
     """A meta input whose quantized dtype is given positionally at ``dtype_at``."""
     def fits(args: tuple[Any, ...]) -> bool:

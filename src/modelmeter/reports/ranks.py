@@ -74,10 +74,11 @@ def plan_notes(parallel: Mapping[str, Any]) -> list[str]:
         per = f"; numbers per step of {parallel['micro_batches']} micro-batches"
     lines = [f"Per rank under {parallel['plan']}: {world:,} rank{'s' if world != 1 else ''} (mesh {mesh}), "
              f"ranks of equal cost in one row{per}"]
-    if any(entry.get("coordinates") for entry in parallel["ranks"]):
-        lines.append("Uneven tensor-parallel split: tp does not divide a sharded dimension, so ranks hold shards of "
-                     "different sizes; each row is the ranks of the tensor-parallel coordinates it names, simulated")
     shown = sum(entry["count"] for entry in parallel["ranks"])
+    if any(entry.get("coordinates") for entry in parallel["ranks"]):
+        simulated = "simulated" if shown == world else "the rank the trace records"
+        lines.append("Uneven tensor-parallel split: tp does not divide a sharded dimension, so ranks hold shards of "
+                     f"different sizes; each row is the ranks of the tensor-parallel coordinates it names, {simulated}")
     if shown < world:
         lines.append(f"Not shown: {world - shown:,} ranks holding other tensor-parallel shards (a trace records one "
                      "rank; an analysis simulates the others)")
