@@ -199,6 +199,8 @@ def checked_values(tensor: torch.Tensor) -> tuple[Any, ...]:
     embedding's indices, and whether they are the model's own, :func:`made_bounds`, or the caller's as given,
     :func:`caller_bounds`): part of a replayed call's key (engine/replay.py), as the same call on other such values
     may fail where the call its template was made of passed."""
+    if tensor.dtype not in INDEX_DTYPES:  # (checks read indices only: a BatchNorm's statistics are known values too)
+        return ()
     return getattr(tensor, _GIVEN, False), getattr(tensor, _WHOLE, False), _bounds(tensor)
 
 
@@ -227,7 +229,8 @@ def index_bounds(tensors: list[Any]) -> tuple[tuple[int, int] | None, ...]:
     bounds: list[tuple[int, int] | None] = []
     with disable_current_modes(), torch.no_grad():
         for t in tensors:
-            if type(t) in _PLAIN_TENSORS and _keyed_ids(t) and not t.is_meta:  # (a subclass may not take min())
+            # (the dtype first: most tensors are no ids; a subclass may not take min())
+            if type(t) in _PLAIN_TENSORS and t.dtype in INDEX_DTYPES and _keyed_ids(t) and not t.is_meta:
                 bounds.append((int(t.min()), int(t.max())) if t.numel() else None)
     return tuple(bounds)
 
