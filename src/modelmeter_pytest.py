@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 PYTEST_HINT = "run `pytest --update-baselines` to record it"
 
 _updated = pytest.StashKey[list[str]]()
-_recorders = pytest.StashKey[dict[tuple[str, str], str]]()  # (baseline file, entry) -> the test that recorded it
+# The test that recorded each entry (baseline path, name) in this ``--update-baselines`` run. Two models sharing an
+# entry (the class name by default: two ResNets), in two tests or in a loop of one, would overwrite each other, and
+# the one recorded first would from then on be checked against the other's costs (a smaller one always passing): a
+# second call may record it only with the same costs, compared instead. An entry is noted once recorded (a first
+# recording that failed leaves it to the next call).
+_recorders = pytest.StashKey[dict[tuple[str, str], str]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,7 +54,9 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
         if not isinstance(baseline, (str, os.PathLike)):  # (pathlib's own TypeError names no argument)
             raise InvalidTypeError(f"baseline must be a path, got {type(baseline).__name__}")
         path = here / baseline
-        recorded_by = _recorded_by(request, path, entry_name(model, name)) if update else None
+        recorders = request.config.stash.setdefault(_recorders, {})
+        entry = (str(path.resolve()), entry_name(model, name))
+        recorded_by = recorders.get(entry) if update else None
         try:
             # a second recording of one entry passes with the same costs only: within a tolerance, the entry would
             # keep the first's costs and check the second against them
@@ -66,26 +73,13 @@ def assert_cost(request: pytest.FixtureRequest) -> Callable[..., Comparison | No
         if failure:  # failed outside the except block, so that pytest shows the report alone, not a chain
             pytest.fail(failure, pytrace=False)
         if update:
-            if recorded_by is None:  # (a second recording, compared instead, wrote nothing)
+            if recorded_by is None:  # recorded (a second recording, compared instead, wrote nothing)
+                recorders[entry] = request.node.nodeid
                 request.config.stash.setdefault(_updated, []).append(str(path))
             return None
         return comparison
 
     return assert_cost
-
-
-def _recorded_by(request: pytest.FixtureRequest, path: Path, name: str) -> str | None:
-    """The test that recorded the entry ``name`` of ``path`` earlier in this ``--update-baselines`` run, if one
-    did (None for the first): another test, or this one (a loop over two models). Two models sharing an entry
-    (the class name by default: two ResNets) would overwrite each other, and the one recorded first would from
-    then on be checked against the other's costs (a smaller one always passing): a second call may record it only
-    with the same costs, compared instead."""
-    recorders = request.config.stash.setdefault(_recorders, {})
-    key = (str(path.resolve()), name)
-    if key in recorders:
-        return recorders[key]
-    recorders[key] = request.node.nodeid
-    return None
 
 
 def _differences(comparison: Comparison | None) -> str:

@@ -318,3 +318,23 @@ def test_a_baseline_that_is_no_path_is_refused_naming_it(warm: None, pytester: p
     result = run(pytester)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*InvalidTypeError: baseline must be a path, got int*"])
+
+
+def test_a_first_recording_that_failed_leaves_the_entry_to_the_next_call(warm: None, pytester: pytest.Pytester) -> None:
+    """The entry was noted as recorded before its first recording ran: one that failed (the model raised) made the
+    next call compare against an entry never written, said to be recorded "with other costs"."""
+    write_tests(pytester, """
+        class Broken(MLP):
+            def forward(self, x):
+                raise ValueError("broken")
+
+        def test_loop(assert_cost):
+            try:
+                assert_cost(Broken(), torch.randn(2, 4), "costs.json", name="mlp")
+            except Exception:
+                pass
+            assert_cost(MLP(), torch.randn(2, 4), "costs.json", name="mlp")
+        """)
+    result = run(pytester, "--update-baselines")
+    result.assert_outcomes(passed=1)
+    assert models(pytester.path / "tests" / "costs.json")["mlp"]["modules"][""]["flops"] == 96

@@ -73,8 +73,8 @@ def needs_real_run(job: Job, exc: ModelRunError) -> ModelSpecError | None:
     model's boxes past a score threshold, the classes ``unique`` finds), beyond the placeholders assumed on the
     meta device (docs/guide.md) —: the command's inputs, and the models it builds, are on the meta device unless
     ``--real``, so execution 'auto' has no values to fall back on, and ``--real`` is what runs it."""
-    if job.execution == "real" or not isinstance(exc.__cause__, NEEDS_VALUES):
-        return None
+    if job.execution == "real" or job.parallel is not None or not isinstance(exc.__cause__, NEEDS_VALUES):
+        return None  # (under a plan, --real is refused: the plan's own message says why)
     where = f" in module {exc.module!r}" if exc.module else ""
     return ModelSpecError(f"the model needs tensor values{where} at operator {exc.operator or '(unknown)'} (what it "
                           "computes there depends on them), which the command's fake run has none of (its inputs, "
