@@ -141,6 +141,7 @@ class Analysis:
         #: The one run every view reads: its spec, its trace, the caches.
         self.session = Session(spec, cache=cache, cache_dir=cache_dir)
         self._cache = (cache, cache_dir)  # the other ranks' runs of an uneven plan (rank_costs) share the cache
+        self._peers: dict[int, Analysis] = {}  # those runs, by rank: recorded once, counted with this one's handles
         self.flops = FlopCountAnalysis.from_session(self.session, convention=convention,
                                                     dense_attention=dense_attention, attention_kernel=attention_kernel)
         # Activation handles count only a few operators, and uncalled modules are the flops' to report.
@@ -228,7 +229,7 @@ class Analysis:
         plan = self.session.spec.parallel
         if own is None or plan is None:
             return None
-        # an uneven tensor-parallel split: the ranks holding other shards are runs of their own
+        # an uneven tensor-parallel split: the ranks holding other shards are runs of their own, counted as this one
         peers = (self._peer(plan, rank).simulated_rank_costs(interconnect) for rank in tp_peers(self.trace))
         return with_peers(own, [costs for costs in peers if costs is not None])
 
@@ -247,14 +248,20 @@ class Analysis:
         return rank_costs(self.trace, convention=self.flops.convention, flops=self.flops.by_phase(), memory=memory,
                           optimizer=None if self.memory is None else self.memory.optimizer, time=self._time,
                           compute=None if time is None else time.summary["time"], interconnect=links,
-                          calls=self.communication)
+                          calls=self.communication, count_units=self.flops.units)
 
     def _peer(self, plan: ParallelPlan, rank: int) -> Analysis:
-        """This analysis of another rank of its ``plan``."""
-        spec = self.session.spec
-        return Analysis(self.model, self.inputs, **self._settings, backward=spec.backward, loss_fn=spec.loss_fn,
-                        execution=spec.execution, cache=self._cache[0], cache_dir=self._cache[1], quiet=True,
-                        parallel=plan.with_rank(rank))
+        """This analysis of another rank of its ``plan``: its run recorded once, its FLOPs counted with this one's
+        current handles (set with ``set_op_handle``)."""
+        peer = self._peers.get(rank)
+        if peer is None:
+            spec = self.session.spec
+            peer = self._peers[rank] = Analysis(
+                self.model, self.inputs, **self._settings, backward=spec.backward, loss_fn=spec.loss_fn,
+                execution=spec.execution, cache=self._cache[0], cache_dir=self._cache[1], quiet=True,
+                parallel=plan.with_rank(rank))
+        peer.flops = self.flops.on_session(peer.session).quiet_view()
+        return peer
 
     def _check_interconnect(self, interconnect: str | Device | Interconnect | None) -> None:
         """Refuse an ``interconnect`` that names none, or one given without a device (its time is not counted)."""

@@ -17,6 +17,7 @@ import warnings
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 from torch import nn
@@ -457,11 +458,13 @@ def result_from_trace(trace: Trace, *, name: str | None = None, convention: str 
                              optimizer=spec)
     parallel = None
     if trace.parallel is not None:
-        from .parallel.summary import rank_costs  # imports the pipeline: only for a parallel run
+        from .parallel.pipeline import flop_units  # imports the pipeline: only for a parallel run
+        from .parallel.summary import rank_costs
 
         by_phase = {phase: sum(table.get("", {}).values()) for phase, table in flops.by_phase.items()}
         parallel = rank_costs(trace, convention=chosen.name, flops=by_phase, memory=model, optimizer=spec, time=time,
-                              compute=None if predicted is None else predicted.summary["time"]).to_dict()
+                              compute=None if predicted is None else predicted.summary["time"],
+                              count_units=partial(flop_units, trace, chosen)).to_dict()
     return assemble_result(trace, metrics, name=name, convention=chosen.name, memory=columns, time=predicted,
                            parallel=parallel)
 

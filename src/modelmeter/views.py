@@ -23,7 +23,7 @@ from .handles.base import CountInside, Handle
 from .handles.binding import Formula
 from .handles.conventions import get_convention
 from .handles.fvcore import ACTIVATION_HANDLES
-from .metrics.counting import AncestorMode, Statistics, count
+from .metrics.counting import AncestorMode, Statistics, Unit, count
 from .parallel.plan import ParallelPlan
 from .session import CacheSetting, Session, counted_phases, log_statistics, log_warnings
 
@@ -224,6 +224,15 @@ class ModelAnalysis(MetricView):
             self._warned = True
         return self._stats
 
+    def units(self) -> list[Unit]:
+        """Every count the view's handles take over the trace, event by event
+        (:class:`~modelmeter.metrics.counting.Unit`): what a count split otherwise than by module (a pipeline's
+        stages) is summed from, so that it agrees with :meth:`statistics`."""
+        found: list[Unit] = []
+        count(self.trace, self._op_handles, self._ancestor_mode, user=self._user_handles,
+              elementwise=self._elementwise, phases=self._phases, units=found, tables=False)
+        return found
+
     def counts_as_made(self) -> bool:
         """True while the view counts with the handles and ancestor mode it was made with (no
         :meth:`set_op_handle`, :meth:`clear_op_handles` or ancestor mode ``"caller"``): the only counts a result
@@ -326,6 +335,11 @@ class ModelAnalysis(MetricView):
         session = self._session
         if new_model is not None or new_inputs is not None:
             session = session.with_spec(session.spec.with_call(new_model, new_inputs))
+        return self.on_session(session)
+
+    def on_session(self: T, session: Session) -> T:
+        """The same analysis (class, handles, modes, warnings) as a view of ``session``: another rank's run of a
+        parallel plan is counted as this one is (:meth:`~modelmeter.Analysis.rank_costs`)."""
         other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         other._session = session

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..devices import Device, get_device
 from ..engine.trace import ModuleInfo, Trace
 from ..errors import InvalidValueError, ModelMeterError
-from ..handles.conventions import get_convention
+from ..handles.conventions import Convention, get_convention
 from ..handles.sizes import itemsize
 from ..metrics.counting import Unit, count
 from ..metrics.roofline import RooflineSettings, unit_times
@@ -158,8 +158,8 @@ def even_layout(blocks: int, pp: int) -> list[int]:
     return [base + 1 if s < extra else base for s in range(pp)]
 
 
-def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
-                 layout: Sequence[int] | None = None) -> tuple[BlockList, list[Stage]]:
+def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore", layout: Sequence[int] | None = None,
+                 units: Sequence[Unit] | None = None) -> tuple[BlockList, list[Stage]]:
     """Cut the model of ``trace`` into ``pp`` stages between its repeated blocks (:func:`find_blocks`).
 
     ``layout`` gives the number of blocks of every stage (default :func:`even_layout`); everything before the first
@@ -168,10 +168,12 @@ def split_stages(trace: Trace, pp: int, *, convention: str = "fvcore",
     before it (the first stage before any); a backward event outside every block to the stage of the forward call
     whose autograd node ran it, else to the last stage its module ran forward work in (the loss: the last stage); a
     recomputed one (activation checkpointing) outside every block to the stage of the backward pass it feeds.
-    FLOPs are counted under ``convention``. With ``pp=1`` the one stage is the whole model, repeated blocks or not.
+    FLOPs are counted under ``convention``, or summed from ``units``: the trace's counts as an analysis took them
+    (:meth:`~modelmeter.FlopCountAnalysis.units`: its handles and attention settings). With ``pp=1`` the one stage
+    is the whole model, repeated blocks or not.
     """
     cut = _cut(trace, pp, layout)
-    return cut.blocks, _stages(trace, cut, convention)
+    return cut.blocks, _stages(trace, cut, _units(trace, convention, units))
 
 
 def event_stages(trace: Trace, pp: int, *, layout: Sequence[int] | None = None) -> list[int]:
@@ -206,11 +208,25 @@ def _cut(trace: Trace, pp: int, layout: Sequence[int] | None) -> _Cut:
     return _Cut(found, counts, _Placement(trace, block_stage, pp - 1))
 
 
-def _stages(trace: Trace, cut: _Cut, convention: str) -> list[Stage]:
+def flop_units(trace: Trace, convention: str | Convention = "fvcore") -> list[Unit]:
+    """The FLOP counts of ``trace``'s events (:class:`~modelmeter.metrics.counting.Unit`) under ``convention``'s
+    table: a name, or a :class:`~modelmeter.handles.conventions.Convention` got with its attention settings."""
+    chosen = get_convention(convention) if isinstance(convention, str) else convention
+    units: list[Unit] = []
+    count(trace, chosen.handles, elementwise=chosen.elementwise, units=units, tables=False)
+    return units
+
+
+def _units(trace: Trace, convention: str, units: Sequence[Unit] | None) -> Sequence[Unit]:
+    """``units`` when given, else the FLOP counts of ``trace`` under ``convention``'s table."""
+    return flop_units(trace, convention) if units is None else units
+
+
+def _stages(trace: Trace, cut: _Cut, units: Sequence[Unit]) -> list[Stage]:
     pp, found, where = len(cut.counts), cut.blocks, cut.placement
     ends = [sum(cut.counts[:s + 1]) for s in range(pp)]
     last_blocks = [found.blocks[end - 1] for end in ends[:-1]]  # what sends to the next stage
-    flops = _flops_by_stage(trace, where, pp, convention)
+    flops = _flops_by_stage(trace, where, pp, units)
     params, param_bytes = _parameters_by_stage(trace, where, found, pp)
     sent = [_returned(trace, block) for block in last_blocks]
     saved = _saved_by_stage(trace, where, last_blocks, sent)
@@ -227,10 +243,11 @@ def _stages(trace: Trace, cut: _Cut, convention: str) -> list[Stage]:
 def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = "fvcore",
                 layout: Sequence[int] | None = None, device: str | Device | RooflineSettings | None = None,
                 flops_per_second: float | None = None, times: Sequence[tuple[float, float]] | None = None,
-                bandwidth: float | None = None) -> PipelineCost:
+                bandwidth: float | None = None, units: Sequence[Unit] | None = None) -> PipelineCost:
     """The per-rank cost of one training step of ``micro_batches`` micro-batches on a ``pp``-stage 1F1B pipeline.
 
-    ``trace`` is the run of one micro-batch with a backward pass; the stages are cut as :func:`split_stages` says.
+    ``trace`` is the run of one micro-batch with a backward pass; the stages are cut as :func:`split_stages` says
+    (``layout``), their FLOPs counted as it counts them (``convention``, or the analysis's ``units``).
     A stage's time per micro-batch (one of these at most) is ``times[s]`` (forward, backward seconds); or the
     roofline time of its operators on ``device`` (a name, a :class:`~modelmeter.devices.Device`, or
     :class:`~modelmeter.metrics.roofline.RooflineSettings` with an efficiency; docs/roofline.md); or its FLOPs
@@ -244,7 +261,7 @@ def stage_costs(trace: Trace, pp: int, micro_batches: int, *, convention: str = 
     if sum(option is not None for option in (times, device, flops_per_second)) > 1:
         raise InvalidValueError("pass one of times, device and flops_per_second, not several")
     cut = _cut(trace, pp, layout)
-    stages = _stages(trace, cut, convention)
+    stages = _stages(trace, cut, _units(trace, convention, units))
     if device is not None:
         forward, backward = _roofline_by_stage(trace, cut.placement, pp, device)
         unit = "s"
@@ -356,10 +373,7 @@ def _block_of(name: str, block_stage: dict[str, int]) -> int | None:
         name = name.rpartition(".")[0]
 
 
-def _flops_by_stage(trace: Trace, where: _Placement, pp: int, convention: str) -> list[dict[str, float]]:
-    chosen = get_convention(convention)
-    units: list[Unit] = []
-    count(trace, chosen.handles, elementwise=chosen.elementwise, units=units, tables=False)
+def _flops_by_stage(trace: Trace, where: _Placement, pp: int, units: Sequence[Unit]) -> list[dict[str, float]]:
     out = [{"forward": 0.0, "backward": 0.0, "recompute": 0.0} for _ in range(pp)]
     for unit in units:
         out[where.events[unit.event]][trace.events[unit.event].phase] += unit.total
@@ -373,11 +387,13 @@ def _parameters_by_stage(trace: Trace, where: _Placement, found: BlockList, pp: 
             _by_stage(trace, where, found, pp, lambda info: info.param_bytes))
 
 
-def bytes_by_stage(trace: Trace, pp: int, by_module: Mapping[str, int]) -> list[int]:
+def bytes_by_stage(trace: Trace, cost: PipelineCost, by_module: Mapping[str, int]) -> list[int]:
     """``by_module`` (bytes of a module's own parameters, by module name) summed per stage of the model of ``trace``
-    cut into ``pp`` stages, each module's on the stage its parameters belong to."""
-    cut = _cut(trace, pp, None)
-    return _by_stage(trace, cut.placement, cut.blocks, pp, lambda info: by_module.get(info.name, 0))
+    cut as ``cost`` cut it (its stages' blocks, an uneven layout given to :func:`stage_costs` included), each
+    module's on the stage its parameters belong to."""
+    layout = None if cost.pp == 1 else [len(stage.blocks) for stage in cost.stages]
+    cut = _cut(trace, cost.pp, layout)
+    return _by_stage(trace, cut.placement, cut.blocks, cost.pp, lambda info: by_module.get(info.name, 0))
 
 
 def _by_stage(trace: Trace, where: _Placement, found: BlockList, pp: int,

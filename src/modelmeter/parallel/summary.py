@@ -13,7 +13,7 @@ of it); with one, a step of ``micro_batches`` micro-batches under 1F1B.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,12 +22,12 @@ from ..engine.trace import Trace
 from ..errors import InvalidValueError
 from ..handles.conventions import get_convention
 from ..metrics.communication import CollectiveCall, Communication, communication
-from ..metrics.counting import count
+from ..metrics.counting import Unit, count
 from ..metrics.memory import MemoryModel, OptimizerSpec, optimizer_bytes, peak
 from ..metrics.parameters import count_by_prefix
 from ..metrics.roofline import RooflineSettings, roofline
 from ..metrics.step_time import OVERLAP, step_time
-from .pipeline import PipelineCost, StageCost, bytes_by_stage, event_stages, split_stages, stage_costs
+from .pipeline import PipelineCost, StageCost, bytes_by_stage, event_stages, flop_units, split_stages, stage_costs
 from .schedule import FORWARD
 
 #: What the numbers of an entry are per (``RankCosts.per``).
@@ -130,14 +130,18 @@ class RankCosts:
 def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, float] | None = None,
                memory: MemoryModel | None = None, optimizer: OptimizerSpec | None = None,
                time: RooflineSettings | None = None, compute: Mapping[str, float] | None = None,
-               interconnect: Interconnect | None = None, calls: Communication | None = None) -> RankCosts:
+               interconnect: Interconnect | None = None, calls: Communication | None = None,
+               count_units: Callable[[], Sequence[Unit]] | None = None) -> RankCosts:
     """The per-rank cost of the parallel run ``trace`` records (``trace.parallel`` set).
 
     ``flops``: the rank's FLOPs by phase, when counted already (else counted under ``convention``). ``memory``: the
     trace's memory model, for the peak and its parts with ``optimizer``'s state (None: no memory). ``time``: the
     roofline's settings, for the step time (None: no time), with ``compute`` (seconds by phase, a roofline's
     ``summary["time"]``, when predicted already) and ``interconnect`` (default: the device's own). ``calls``: the
-    trace's communication, when totalled already (else totalled here).
+    trace's communication, when totalled already (else totalled here). ``count_units``: counts the rank's FLOPs
+    event by event as ``flops`` were counted (an analysis's handles and attention settings:
+    :meth:`~modelmeter.FlopCountAnalysis.units`), what a pipeline's stages are summed from (else the stages count
+    under ``convention``'s table).
     """
     parallel = trace.parallel
     if not isinstance(parallel, dict):
@@ -156,7 +160,8 @@ def rank_costs(trace: Trace, *, convention: str = "fvcore", flops: Mapping[str, 
         entry = _every_rank(trace, calls, world, whole, convention, flops, memory, optimizer, time, compute, links)
         return _own_class(RankCosts(plan, world, mesh, None, PER_MICRO_BATCH, (entry,)), parallel)
     micro_batches = int(parallel["options"]["micro_batches"])
-    entries, bubble = _pipeline(trace, calls, pp, micro_batches, world, whole, convention, memory, optimizer, time,
+    counted = _Counted(convention, flop_units(trace, convention) if count_units is None else count_units())
+    entries, bubble = _pipeline(trace, calls, pp, micro_batches, world, whole, counted, memory, optimizer, time,
                                 links)
     return _own_class(RankCosts(plan, world, mesh, micro_batches, PER_STEP, entries, bubble), parallel)
 
@@ -242,19 +247,28 @@ def _flops_by_phase(trace: Trace, convention: str) -> dict[str, float]:
     return {phase: sum(table.get("", {}).values()) for phase, table in stats.by_phase.items()}
 
 
+@dataclass(frozen=True)
+class _Counted:
+    """How a pipeline's stages count FLOPs: the ``convention``'s name and the rank's counts event by event (``units``,
+    taken as the rank's FLOPs were: with the analysis's handles)."""
+
+    convention: str
+    units: Sequence[Unit]
+
+
 def _pipeline(trace: Trace, calls: Communication, pp: int, micro_batches: int, world: int, whole: int,
-              convention: str, memory: MemoryModel | None, optimizer: OptimizerSpec | None,
+              counted: _Counted, memory: MemoryModel | None, optimizer: OptimizerSpec | None,
               time: RooflineSettings | None, links: Interconnect | None) -> tuple[tuple[RankCost, ...], float | None]:
     """One entry per stage (the stage's share of the rank's work, per step of ``micro_batches``) and the share of
     the step all ranks spend idle (None for a run without a backward pass, which has no 1F1B schedule)."""
     stages = event_stages(trace, pp)
     stage_calls = [Communication([call for call in calls.calls if stages[call.event] == s]) for s in range(pp)]
     if not trace.backward:
-        return _forward_pipeline(trace, stage_calls, micro_batches, world, whole, convention), None
-    cost = stage_costs(trace, pp, micro_batches, convention=convention, device=time)
+        return _forward_pipeline(trace, stage_calls, micro_batches, world, whole, counted), None
+    cost = stage_costs(trace, pp, micro_batches, convention=counted.convention, device=time, units=counted.units)
     times: list[RankTime | None] = [None] * pp
     if time is not None and links is not None:
-        cost, times = _timed(trace, cost, stage_calls, links)
+        cost, times = _timed(trace, cost, stage_calls, links, counted.units)
     per_stage = world // pp
     trained = _trained_shares(trace, cost)
     entries = []
@@ -270,11 +284,11 @@ def _pipeline(trace: Trace, calls: Communication, pp: int, micro_batches: int, w
 
 
 def _forward_pipeline(trace: Trace, stage_calls: list[Communication], micro_batches: int, world: int, whole: int,
-                      convention: str) -> tuple[RankCost, ...]:
+                      counted: _Counted) -> tuple[RankCost, ...]:
     """The stages of a run without a backward pass (inference): FLOPs, parameters and communication per step of
     ``micro_batches``, each stage sending its last block's activation forward; no memory or time (the 1F1B schedule
     and its held activations are a training step's)."""
-    _, stages = split_stages(trace, len(stage_calls), convention=convention)
+    _, stages = split_stages(trace, len(stage_calls), convention=counted.convention, units=counted.units)
     per_stage = world // len(stages)
     entries = []
     for stage in stages:
@@ -296,8 +310,8 @@ def _transfer(count: int, nbytes: int, sent: bool) -> dict[str, float]:
             "received": 0.0 if sent else float(nbytes)}
 
 
-def _timed(trace: Trace, compute_only: PipelineCost, stage_calls: list[Communication],
-           links: Interconnect) -> tuple[PipelineCost, list[RankTime | None]]:
+def _timed(trace: Trace, compute_only: PipelineCost, stage_calls: list[Communication], links: Interconnect,
+           units: Sequence[Unit]) -> tuple[PipelineCost, list[RankTime | None]]:
     """The pipeline simulated again with every stage's forward and backward times including the exposed part of the
     stage's collectives (per micro-batch, as :func:`~modelmeter.metrics.step_time.step_time` times them), and
     each stage's time per step."""
@@ -309,7 +323,7 @@ def _timed(trace: Trace, compute_only: PipelineCost, stage_calls: list[Communica
         backward = next(slot.end - slot.start for slot in slots if slot.action.kind != FORWARD)
         steps.append(step_time(calls, {"forward": forward, "backward": backward}, links))
     passes = [(step.phase("forward"), sum(step.phase(p) for p in step.phases() if p != "forward")) for step in steps]
-    cost = stage_costs(trace, compute_only.pp, m, convention=compute_only.convention, times=passes)
+    cost = stage_costs(trace, compute_only.pp, m, convention=compute_only.convention, times=passes, units=units)
     assumption = OVERLAP + _PIPELINE_TIME.format(m=m)
     times: list[RankTime | None] = []
     for step, rank in zip(steps, cost.ranks, strict=True):
@@ -356,7 +370,7 @@ def _trained_shares(trace: Trace, cost: PipelineCost) -> list[float]:
     frozen = (trace.parallel or {}).get("frozen") or {}
     held = [stage.parameter_bytes for stage in cost.stages]
     if frozen:
-        held = [total - part for total, part in zip(held, bytes_by_stage(trace, cost.pp, frozen), strict=True)]
+        held = [total - part for total, part in zip(held, bytes_by_stage(trace, cost, frozen), strict=True)]
     total = sum(held)
     return [part / total if total else 0.0 for part in held]
 
