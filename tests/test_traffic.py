@@ -303,6 +303,32 @@ def test_in_place_scatters_touch_the_selected_part() -> None:
     assert bytes_of(Fn(index_add), r(10, 5), index, r(3, 5))["index_add_"] == 2 * 15 * F32 + 3 * 8 + 15 * F32
 
 
+def put_at(x: torch.Tensor, *index_and_values: torch.Tensor) -> torch.Tensor:
+    """``x[indices] = values``: an ``index_put_`` of a copy of ``x``."""
+    *indices, values = index_and_values
+    y = x.clone()
+    y[tuple(indices)] = values
+    return y
+
+
+@pytest.mark.parametrize("index", [torch.tensor([], dtype=torch.long), torch.zeros(0, 3, dtype=torch.long)])
+def test_an_empty_index_puts_nothing(index: torch.Tensor) -> None:
+    """An empty integer index selects no element: its size 0 broadcast as a 1 counted a whole row (40, 120 bytes)."""
+    values = torch.randn(*index.shape, 5)
+    assert bytes_of(Fn(put_at), r(10, 5), index, values)["index_put_"] == 0
+
+
+def test_a_mask_beside_an_integer_index_selects_as_many_as_the_index() -> None:
+    """A mask over the rows beside an index of 3 columns selects 3 elements (torch pairs the mask's true rows with
+    the columns, one each): the mask's 10 elements were taken as the bound of that dimension."""
+    x, mask, columns = r(10, 5), torch.zeros(10, dtype=torch.bool), torch.tensor([0, 2, 4])
+    mask[[1, 5, 7]] = True
+    selected = x[mask, columns].numel()
+    assert bytes_of(Fn(put_at), x, mask, columns, torch.tensor(1.0))["index_put_"] == \
+        2 * selected * F32 + 10 + 3 * 8 + F32
+
+
+
 def test_out_forms_do_not_read_what_they_write_into() -> None:
     def add_out(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)

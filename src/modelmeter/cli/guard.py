@@ -22,13 +22,14 @@ from ..guard import (
 )
 from ..guard.baseline import COMMAND_MODE
 from ..guard.budget import within_budget
-from ..guard.specs import check_spec, project_of
+from ..guard.specs import ENTRY_OPTIONS, check_spec, project_of
 from ..guard.values import GuardFileError
 from ..reports.result import Result
 from .errors import ModelSpecError
-from .job import Job, job_argv, job_from_args, worker_row
-from .options import build_parser
+from .job import Job, job_argv, job_from_args
+from .options import ONE_RUN_OPTIONS, build_parser, options_given
 from .parallel import in_parallel
+from .refusals import worker_row
 
 
 @contextlib.contextmanager
@@ -99,24 +100,16 @@ def _entry(result: Result, job: Job) -> Entry:
     return entry_from_result(result, spec=job_argv(job), mode=COMMAND_MODE)
 
 
-# What a check of every model of a baseline takes from each entry: giving it on the command line is a mistake
-_PER_ENTRY = {"--budget": "budget", "--save-baseline": "save_baseline", "--name": "name", "--input": "input",
-              "--batch": "batch", "--resolution": "resolution", "--seq-len": "seq_len", "--dtype": "dtype",
-              "--sweep": "sweep", "--fit": "fit", "--html": "html", "--compare": "compare", "--output": "output",
-              "--backward": "backward", "--dense-attention": "dense_attention", "--memory": "memory",
-              "--optimizer": "optimizer", "--state-dtype": "state_dtype", "--foreach": "foreach",
-              "--parallel": "parallel", "--device": "device", "--devices-file": "devices_file",
-              "--measured-time": "measured_time", "--launch-overhead": "launch_overhead", "--tf32": "tf32"}
+# What acts on one model's run or report: a check of every model takes none (nor the options each entry holds,
+# ENTRY_OPTIONS), and giving one on its command line is a mistake (--format: the reports are text)
+_ONE_MODEL = (*(option for option in ONE_RUN_OPTIONS if option != "--check-baseline"), "--name", "--sweep", "--fit",
+              "--real", "--compare", "--output", "--format")
 
 
 def check_all(args: argparse.Namespace) -> int:
     """``modelmeter --check-baseline FILE``: every model of FILE analysed again (in parallel) and compared. What
     an entry may run is checked for every entry before any model is built (modelmeter.guard.specs)."""
-    ignored = [flag for flag, dest in _PER_ENTRY.items() if getattr(args, dest) not in (None, False)]
-    ignored += ["--convention"] * (args.convention != "fvcore") + ["--execution"] * (args.execution != "auto")
-    ignored += ["--real"] * args.real
-    ignored += ["--attention-kernel"] * (args.attention_kernel != "fused") + ["--efficiency"] * (args.efficiency != 1)
-    ignored += ["--format"] * (args.format != "table")  # the reports are text
+    ignored = options_given(args, (*_ONE_MODEL, *ENTRY_OPTIONS))
     if ignored:
         raise ModelSpecError(f"{', '.join(ignored)}: a check of every model of {args.check_baseline} runs each "
                              "entry as it was saved; name a MODEL to check one model with other options")

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +16,12 @@ import torch
 
 from ..devices import DeviceError
 from ..engine.tracer import Execution
-from ..errors import InputMismatchError, ModelExitError, ModelMeterError, ParallelPlanError
+from ..errors import InputMismatchError, ModelExitError, ParallelPlanError
 from ..parallel.pipeline import PipelineSplitError
 from ..reports.result import MEMORY_METRICS, ROOFLINE_METRICS, Result
-from .errors import ModelSpecError, one_line
+from .errors import ModelSpecError
 from .models import LoadedModel, load_model
-from .options import FIT_DEVICE, OPTIMIZERS
+from .options import FIT_DEVICE, GUARD_OPTIONS, ONE_RUN_OPTIONS, OPTIMIZERS, options_given
 from .output import check_layout
 
 if TYPE_CHECKING:
@@ -94,9 +94,8 @@ def job_from_args(args: argparse.Namespace) -> Job:
                              f"--{args.sweep[0].replace('_', '-')} both set; keep one")
     if args.compare and not args.html:
         raise ModelSpecError("--compare shows the difference in the HTML report: add --html FILE")
-    if args.sweep and (args.budget or args.save_baseline or args.check_baseline or args.html or args.save_trace):
-        raise ModelSpecError("--sweep reports many runs: use --budget / --save-baseline / --check-baseline / --html "
-                             "/ --save-trace per run")
+    if args.sweep and options_given(args, ONE_RUN_OPTIONS):
+        raise ModelSpecError(f"--sweep reports many runs: use {' / '.join(ONE_RUN_OPTIONS)} per run")
     _check_memory_options(args)
     _check_loose_options(args)
     runs = [flag for flag, given in (("--sweep", args.sweep), ("--fit", args.fit is not None)) if given]
@@ -112,7 +111,7 @@ def job_from_args(args: argparse.Namespace) -> Job:
     memory = (args.memory or args.optimizer is not None or args.fit is not None
               or any(metric in MEMORY_METRICS for metric in args.budget or {}))
     # A cost guard judges the model as it is: it runs it, never reads (or writes) the trace cache.
-    guarded = bool(args.budget or args.save_baseline or args.check_baseline)
+    guarded = bool(options_given(args, GUARD_OPTIONS))
     return Job(spec=args.model or "resnet50", overrides=tuple(args.overrides), shapes=tuple(args.input or ()),
                dtype=getattr(torch, args.dtype) if args.dtype else None, execution=execution,
                convention=args.convention, backward=backward, dense_attention=args.dense_attention,
@@ -133,8 +132,8 @@ def _check_loose_options(args: argparse.Namespace) -> None:
     """Options that qualify another one that is not given: each would be ignored, silently."""
     for flag, given, needed, what in (
             ("--tolerance", args.tolerance != 0, args.check_baseline, "the growth --check-baseline FILE allows"),
-            ("--name", args.name is not None, args.budget or args.save_baseline or args.check_baseline,
-             "the name the cost guard (--budget, --save-baseline, --check-baseline) reports and saves"),
+            ("--name", args.name is not None, options_given(args, GUARD_OPTIONS),
+             f"the name the cost guard ({', '.join(GUARD_OPTIONS)}) reports and saves"),
             ("--jobs", args.jobs is not None, args.sweep,
              "the worker processes of --sweep (or of --check-baseline FILE without a MODEL)")):
         if given and not needed:
@@ -191,22 +190,15 @@ def _check_memory_options(args: argparse.Namespace) -> None:
                              "step: add --backward (or --optimizer)")
     if args.fit is not None and (args.input or args.batch or args.sweep):
         raise ModelSpecError("--fit searches the batch size: drop --batch/--input/--sweep")
-    if args.fit is not None and (args.budget or args.save_baseline or args.check_baseline or args.html
-                                 or args.save_trace):
-        raise ModelSpecError("--fit analyses many batches: use --budget / --save-baseline / --check-baseline / "
-                             "--html / --save-trace on one run (--batch N)")
+    if args.fit is not None and options_given(args, ONE_RUN_OPTIONS):
+        raise ModelSpecError(f"--fit analyses many batches: use {' / '.join(ONE_RUN_OPTIONS)} on one run (--batch N)")
 
 
 def job_argv(job: Job) -> list[str]:
     """The command-line arguments that build and run ``job`` again (what a baseline entry keeps)."""
-    argv = [job.spec, *job.overrides]
-    for shape, dtype in job.shapes:
-        argv += ["--input", "x".join(map(str, shape)) + (f":{str(dtype).removeprefix('torch.')}" if dtype else "")]
-    for flag, value in (("--batch", job.batch), ("--resolution", job.resolution), ("--seq-len", job.seq_len)):
-        if value is not None:
-            argv += [flag, str(value)]
+    argv = [job.spec, *job.overrides, *input_argv(job)]
     if job.dtype is not None:
-        argv += ["--dtype", str(job.dtype).removeprefix("torch.")]
+        argv += ["--dtype", _dtype_name(job.dtype)]
     argv += ["--convention", job.convention, "--execution", job.execution]
     argv += ["--backward"] * job.backward + ["--dense-attention"] * job.dense_attention
     argv += ["--attention-kernel", job.attention_kernel] if job.attention_kernel != "fused" else []
@@ -214,6 +206,22 @@ def job_argv(job: Job) -> list[str]:
     argv += (["--state-dtype", job.state_dtype] if job.state_dtype else []) + ["--foreach"] * bool(job.foreach)
     argv += ["--parallel", job.parallel] if job.parallel is not None else []
     return argv + (job.device.argv() if job.device is not None else [])
+
+
+def input_argv(job: Job) -> list[str]:
+    """The input options of ``job`` as the command line gives them (``--input 2x128:int64``, ``--batch 8``); []
+    for none: what a baseline entry keeps of them, and what a message about inputs that do not fit names."""
+    argv = []
+    for shape, dtype in job.shapes:
+        argv += ["--input", "x".join(map(str, shape)) + (f":{_dtype_name(dtype)}" if dtype else "")]
+    for flag, value in (("--batch", job.batch), ("--resolution", job.resolution), ("--seq-len", job.seq_len)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # --- the run ---------------------------------------------------------------------------------------------
@@ -321,15 +329,3 @@ def _save(analysis: Analysis, path: str, name: str) -> None:
     except OSError as exc:
         raise ModelSpecError(f"cannot write --save-trace {path}: {exc.strerror or exc}") from None
     print(f"modelmeter: wrote {path}", file=sys.stderr)
-
-
-def worker_row(job: Job, row: Callable[[Result, float], dict[str, Any]]) -> dict[str, Any]:
-    """What a worker process sends back: ``row(result, seconds)``, or the error as data (some exceptions,
-    ModelRunError among them, do not survive pickling)."""
-    try:
-        result, _, seconds, _ = analyse(job)
-    except ModelSpecError as exc:
-        return {"error": one_line(exc), "code": 2}
-    except ModelMeterError as exc:
-        return {"error": one_line(exc), "code": 1}
-    return row(result, seconds)

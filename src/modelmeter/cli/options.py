@@ -19,6 +19,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("table", "markdown", "json", "csv", "tree")  # modelmeter.reports.FORMATS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")  # modelmeter.OPTIMIZERS
 FIT_DEVICE = "device"  # --fit device: the memory of the --device chosen
+# The cost guard's options that judge one run (``--tolerance`` and ``--name`` qualify them): a run under one is
+# guarded (it runs the model, never the cache); with the reports of one run, what --sweep and --fit refuse
+GUARD_OPTIONS = ("--budget", "--save-baseline", "--check-baseline")
+ONE_RUN_OPTIONS = (*GUARD_OPTIONS, "--html", "--save-trace")
 SWEEP_AXES = {"resolution": "resolution", "batch": "batch", "seq-len": "seq_len", "seq_len": "seq_len"}
 # --input's dtype names -> torch's
 INPUT_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
@@ -164,6 +168,13 @@ def build_parser(usage: str | None = None, commands: str = "") -> argparse.Argum
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides (transformers) or builder / factory keyword arguments")
     return parser
+
+
+def options_given(args: argparse.Namespace, options: tuple[str, ...]) -> list[str]:
+    """Those of ``options`` that ``args`` (the analysis's, parsed) holds at other than their default."""
+    parser = build_parser()
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    return [option for option in options if getattr(args, dests[option]) != parser.get_default(dests[option])]
 
 
 def subcommand_parser(prog: str, usage: str, description: str) -> argparse.ArgumentParser:

@@ -14,10 +14,11 @@ from ..reports import jsontext
 from ..reports.columns import Column, UnitKind, fit, format_bound, unit_column
 from ..reports.format import format_rate, titled_table, wrapped
 from .errors import ModelSpecError
-from .job import Job, model_code, worker_row
+from .job import Job, model_code
 from .models import load_model
 from .output import emit, report_width
 from .parallel import in_parallel
+from .refusals import worker_row
 
 
 def run_sweep(args: argparse.Namespace, job: Job) -> int:

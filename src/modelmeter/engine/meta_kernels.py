@@ -43,7 +43,6 @@ record (``tests/test_meta_kernels.py``).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from functools import cache
@@ -52,7 +51,9 @@ from typing import Any
 import torch
 
 from .._torch_compat import FakeTensor, FakeTensorMode, conv_memory_format, fake_from_meta
+from ..errors import InvalidValueError
 from .metadata import recorded_device
+from .shapes import broadcast_shape
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -551,23 +552,21 @@ def _contiguous_broadcast(args: tuple[Any, ...]) -> bool:
     a, b = args[0], args[1]
     return (_plain_meta(a) and _plain_meta(b) and a.is_floating_point() and a.dtype == b.dtype
             and a.stride() == _contiguous_strides(a.shape) and b.stride() == _contiguous_strides(b.shape)
-            and _broadcast_shape(a.shape, b.shape) is not None)
+            and _broadcasts(a.shape, b.shape))
 
 
-def _broadcast_shape(a: torch.Size, b: torch.Size) -> tuple[int, ...] | None:
-    """The shape ``a`` and ``b`` broadcast to, or None when they do not. (Written here: torch's ``broadcast_shapes``
-    checks the sizes with ``torch._check``, whose first call imports sympy.)"""
-    shape = []
-    for n, m in itertools.zip_longest(reversed(a), reversed(b), fillvalue=1):
-        if n != m and 1 not in (n, m):
-            return None
-        shape.append(m if n == 1 else n)
-    return tuple(reversed(shape))
+def _broadcasts(a: torch.Size, b: torch.Size) -> bool:
+    """Whether shapes ``a`` and ``b`` broadcast (where they do not, torch's own kernel raises the user's error)."""
+    try:
+        broadcast_shape(a, b)
+    except InvalidValueError:
+        return False
+    return True
 
 
 def _broadcast(a: torch.Tensor, b: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
     """The output of :func:`_contiguous_broadcast`'s operands: their broadcast shape, contiguous."""
-    return torch.empty(_broadcast_shape(a.shape, b.shape) or (), dtype=a.dtype, device=a.device)
+    return torch.empty(broadcast_shape(a.shape, b.shape), dtype=a.dtype, device=a.device)
 
 
 def _elementwise(a: torch.Tensor, b: Any, *_: object, **__: object) -> torch.Tensor:

@@ -3,7 +3,7 @@
 A baseline file is data — it may come with a pull request — so what ``modelmeter --check-baseline FILE`` runs
 again for an entry is confined to what the command line would accept from FILE's own project:
 
-* options: only those the command writes into an entry (:data:`SPEC_FLAGS`, :data:`SPEC_OPTIONS`), in the form
+* options: only those the command writes into an entry (:data:`ENTRY_OPTIONS`), in the form
   it writes them, with values the command's own option types accept;
 * a built-in (zoo) model; ``torchvision:`` / ``timm:`` / ``transformers:`` models, which the loaders restrict
   to the libraries' registered builders and config classes — without options that load weights, checkpoints
@@ -29,11 +29,16 @@ from typing import Any, NoReturn
 
 from ..cli.models import ModelSpecError, on_path, parse_overrides
 
-# What ``modelmeter.cli.job.job_argv`` writes into an entry: flags, and options followed by one value.
-SPEC_FLAGS = frozenset({"--backward", "--dense-attention", "--memory", "--foreach", "--tf32"})
-SPEC_OPTIONS = frozenset({"--input", "--batch", "--resolution", "--seq-len", "--dtype", "--convention",
-                          "--execution", "--attention-kernel", "--optimizer", "--state-dtype", "--device",
-                          "--devices-file", "--efficiency", "--launch-overhead", "--measured-time", "--parallel"})
+# The options a baseline entry holds: what ``modelmeter.cli.job.job_argv`` writes into one, each with whether one
+# value follows it. The one list of them: a saved spec may hold these alone (below), a check of every model refuses
+# them on its command line (each entry brings its own: cli/guard.py), a comparison sorts them (guard/baseline.py);
+# tests/test_cli_one_source.py checks each against it.
+ENTRY_OPTIONS: dict[str, bool] = {
+    "--input": True, "--batch": True, "--resolution": True, "--seq-len": True, "--dtype": True, "--convention": True,
+    "--execution": True, "--backward": False, "--dense-attention": False, "--attention-kernel": True,
+    "--memory": False, "--optimizer": True, "--state-dtype": True, "--foreach": False, "--parallel": True,
+    "--device": True, "--devices-file": True, "--efficiency": True, "--launch-overhead": True, "--tf32": False,
+    "--measured-time": True}
 MAX_TOKENS = 256
 MAX_TOKEN_CHARS = 1000
 
@@ -83,13 +88,13 @@ def _positional(tokens: list[str], what: str) -> list[str]:
     positional = []
     tokens_left = iter(tokens)
     for token in tokens_left:
-        if token in SPEC_OPTIONS:
+        if ENTRY_OPTIONS.get(token):
             value = next(tokens_left, None)
             if value is None or value.startswith("-"):  # no value of these options starts with "-"
                 raise ModelSpecError(f"{what}: {token} needs a value")
         elif token.startswith("-"):
-            if token not in SPEC_FLAGS:
-                allowed = ", ".join(sorted(SPEC_FLAGS | SPEC_OPTIONS))
+            if token not in ENTRY_OPTIONS:
+                allowed = ", ".join(sorted(ENTRY_OPTIONS))
                 raise ModelSpecError(f"{what}: its spec holds the option {token!r}, which a baseline may not "
                                      f"hold (only {allowed})")
         else:

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..engine.shapes import broadcast_shape
 from ..errors import InvalidValueError
 from .base import CountInside, Handle, get_shape, numel, prod, shape_of
 from .binding import Formula, by_name
@@ -87,7 +88,7 @@ def matmul_cost(self: Any, *, result: Any) -> tuple[int, int]:
 @by_name
 def vecdot_cost(x: Any, y: Any, dim: int = -1, *, result: Any) -> tuple[int, int]:
     """``linalg_vecdot(x, y, dim)``: a dot product along ``dim`` (of the broadcast operands) per output element."""
-    return numel(result) * _broadcast(shape_of(x), shape_of(y))[dim], 0
+    return numel(result) * broadcast_shape(shape_of(x), shape_of(y))[dim], 0
 
 
 @by_name
@@ -108,7 +109,7 @@ def trilinear_cost(i1: Any, i2: Any, i3: Any, expand1: list[int], expand2: list[
     elements of the three operands' broadcast shape (the product of two of them counted as shared along the third's
     own dimensions, as in ``bilinear``'s outer product)."""
     shapes = [_unsqueezed(shape_of(x), expand) for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
-    return prod(_broadcast(_broadcast(shapes[0], shapes[1]), shapes[2])), 0
+    return prod(broadcast_shape(*shapes)), 0
 
 
 def _unsqueezed(shape: list[int], dims: list[int]) -> list[int]:
@@ -117,13 +118,6 @@ def _unsqueezed(shape: list[int], dims: list[int]) -> list[int]:
     for dim in sorted(dims):
         shape.insert(dim, 1)
     return shape
-
-
-def _broadcast(first: list[int], second: list[int]) -> list[int]:
-    """The shape two shapes broadcast to (aligned at their last dimension; a size 1 stretches to the other's)."""
-    rank = max(len(first), len(second))
-    padded = ([1] * (rank - len(shape)) + shape for shape in (first, second))
-    return [b if a == 1 else a for a, b in zip(*padded, strict=True)]
 
 
 @by_name(mat1=("batch1", "mat"))

@@ -17,6 +17,7 @@ from collections import Counter
 from functools import cache
 from typing import Any
 
+from ..engine.shapes import broadcast_shape
 from ..engine.trace import TensorMeta
 from .attention import Attention, attention_sizes, check_attention_kernel, flex_attention_pairs
 from .base import Handle, backward_key, prod, shape_of
@@ -149,28 +150,29 @@ def index_put_bytes(self: Any, indices: Any, values: Any) -> int:
 def _indexed(shape: list[int], indices: list[Any]) -> int:
     """Elements of a tensor of ``shape`` that advanced indexing by ``indices`` (None: a whole dimension) selects."""
     index_shapes: list[list[int]] = []
+    masks: list[int] = []
     rest, dim = 1, 0
     for index in indices:
         if index is None:
             rest *= shape[dim]
             dim += 1
         elif index.dtype in ("bool", "uint8"):  # a mask over as many dimensions as it has
-            index_shapes.append([index.numel()])
+            masks.append(index.numel())
             dim += index.dim()
         else:
             index_shapes.append(list(index.shape))
             dim += 1
-    return _broadcast_numel(index_shapes) * rest * prod(shape[dim:])
+    return _index_elements(index_shapes, masks) * rest * prod(shape[dim:])
 
 
-def _broadcast_numel(shapes: list[list[int]]) -> int:
-    """Elements of the shape ``shapes`` broadcast to."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for shape in shapes:
-        for i, size in enumerate(shape, ndim - len(shape)):
-            out[i] = max(out[i], size)
-    return prod(out)
+def _index_elements(shapes: list[list[int]], masks: list[int]) -> int:
+    """Elements of the broadcast of advanced indices: the integer indices' ``shapes`` broadcast as torch does; a
+    boolean mask's true elements (at most its ``masks`` size: how many are true is unknown without values) are one
+    last dimension, which the bound sets only where the integer indices leave it 1 (else theirs is the size)."""
+    broadcast = list(broadcast_shape(*shapes, *([1] for _ in masks)))
+    if masks and broadcast[-1] == 1:
+        broadcast[-1] = max(masks)
+    return prod(broadcast)
 
 
 # --- attention ----------------------------------------------------------------------------------
