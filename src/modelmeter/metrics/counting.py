@@ -181,7 +181,8 @@ class _Visitor:
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
             self.visit_children(index, -1, inside, _CLOSED)
-            self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
+            self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into,
+                           dtype=self.call_dtype(index, None))
             return
         if handle is _MISSING:
             if event.level == "function":
@@ -213,10 +214,11 @@ class _Visitor:
             handle = self.at_overload(handle, event.overload)
         if from_user:  # (the user's code, with arguments an alias may have made: called every time)
             self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, _run(handle, key, inputs,
-                                                                                          event.outputs)), into)
+                                                                                          event.outputs)), into,
+                           dtype=self.call_dtype(index, None))
         else:
             items, dtype = self.counted(handle, key, inputs, event.outputs)
-            self.tally.add(index, event, self.ancestors(event.scope), items, into, dtype=dtype)
+            self.tally.add(index, event, self.ancestors(event.scope), items, into, dtype=self.call_dtype(index, dtype))
 
     def counted(self, handle: Handle, key: str, inputs: list[Any], outputs: list[Any]) -> tuple[list[Any], str]:
         """``_as_items(key, handle(inputs, outputs))`` and the work's dtype (:func:`work_dtype`) of an event's own
@@ -239,6 +241,29 @@ class _Visitor:
         if found is None:
             found = self.results[memo_key] = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
         return found
+
+    def call_dtype(self, index: int, dtype: str | None) -> str | None:
+        """The work dtype of event ``index``: ``dtype`` (its own arguments', None: found when needed), except that a
+        user-level call's is that of the first kernel it ran that computes, whose operands autocast has cast (a
+        ``linear`` called in float32 under bfloat16 autocast runs its ``addmm`` in bfloat16)."""
+        if self.events[index].level != "function" or not self.tally.tables:
+            return dtype
+        return self.kernel_dtype(index) or dtype
+
+    def kernel_dtype(self, index: int) -> str | None:
+        """:func:`work_dtype` of the first kernel (dispatched operator) call ``index`` ran, in order and inner calls
+        included, that is not free (a copy, a cast, a view) and computes in a floating-point dtype; None if none."""
+        for child in self.children[index]:
+            event = self.events[child]
+            if event.level == "function":
+                found = self.kernel_dtype(child)
+            elif self.kind(event.op) == _FREE:
+                continue
+            else:
+                found = work_dtype(event)
+            if found is not None and found != "other":
+                return found
+        return None
 
     def at_overload(self, handle: Handle, overload: str) -> Handle:
         """``handle`` for a call that ``overload`` placed (:func:`binding.at_overload`), remembered for this pass."""
