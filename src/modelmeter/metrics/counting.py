@@ -244,10 +244,15 @@ class _Visitor:
 
     def call_dtype(self, index: int, dtype: str | None) -> str | None:
         """The work dtype of event ``index``: ``dtype`` (its own arguments', None: found when needed), except that a
-        user-level call's is that of the first kernel it ran that computes, whose operands autocast has cast (a
-        ``linear`` called in float32 under bfloat16 autocast runs its ``addmm`` in bfloat16)."""
-        if self.events[index].level != "function" or not self.tally.tables:
+        user-level call whose result is of another dtype than its first floating-point input takes that of the first
+        kernel it ran that computes, whose operands autocast has cast (a ``linear`` called in float32 under bfloat16
+        autocast runs its ``addmm`` in bfloat16)."""
+        event = self.events[index]
+        if event.level != "function" or not self.tally.tables:
             return dtype
+        result = _first_floating(event.outputs)
+        if result is None or result == (dtype or work_dtype(event)):
+            return dtype  # (nothing changed its dtype: its kernels computed in its inputs')
         return self.kernel_dtype(index) or dtype
 
     def kernel_dtype(self, index: int) -> str | None:
@@ -370,12 +375,16 @@ def work_dtype(event: OpEvent) -> str:
 
 
 def _work_dtype(inputs: list[Any], outputs: list[Any]) -> str:
-    for group in (inputs, outputs):
-        for value in group:
-            for meta in value if isinstance(value, list) else (value,):
-                if isinstance(meta, TensorMeta) and meta.is_floating_point:
-                    return meta.dtype
-    return "other"
+    return _first_floating(inputs) or _first_floating(outputs) or "other"
+
+
+def _first_floating(values: list[Any]) -> str | None:
+    """The dtype of the first floating-point tensor among ``values`` (lists walked), or None."""
+    for value in values:
+        for meta in value if isinstance(value, list) else (value,):
+            if isinstance(meta, TensorMeta) and meta.is_floating_point:
+                return meta.dtype
+    return None
 
 
 class _Tally:
