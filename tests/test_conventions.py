@@ -509,9 +509,10 @@ def test_fused_rms_norm_backward_equals_its_gradient_formula() -> None:
     pytest.param(lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"), (1, 1, 2, 2, 2), 64 * 16, 64 * 16, 0,
                  id="trilinear"),
     pytest.param(lambda x: F.interpolate(x, size=2, mode="area"), (1, 1, 5, 5), 36 + 4, 36 + 4, 25, id="area"),
-    # 8 -> 4, scale 2, support 2: taps per output 3, 4, 4, 3 per dimension: 14 · 14 = 196
+    # 8 -> 4, scale 2, support 2: taps per output 3, 4, 4, 3 per dimension (14); forward, separably: the width
+    # on 8 rows, then the height on 4 columns (8 · 14 + 4 · 14 = 168); backward: every 2-D tap, 14 · 14 = 196
     pytest.param(lambda x: F.interpolate(x, size=4, mode="bilinear", antialias=True), (1, 1, 8, 8),
-                 2 * 196, 2 * 196, 0, id="bilinear-aa"),
+                 2 * 168, 2 * 196, 0, id="bilinear-aa"),
 ])
 def test_pooling_and_resampling_by_hand(fn: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...],
                                         fwd: int, bwd: int, fvcore: int) -> None:
@@ -568,13 +569,21 @@ def test_antialias_taps_are_the_filter_taps(size_in: int, size_out: int, mode: s
 
     # the kernel multiplies by every weight in the filter's support, some of which can be exactly 0 (at
     # scale 1 the cubic kernel is 0 at every other integer offset): the non-zero weights are a lower bound,
-    # the support's size torch allocates per output (ceil(support) · 2 + 1 per dimension) an upper bound
-    taps = _nonzero_weights(resize, shape)
-    counted = forward_flops(resize, torch.randn(shape))
+    # the support's size torch allocates per output (ceil(support) · 2 + 1) an upper bound. The forward resizes
+    # one dimension at a time: the width of every input row, then the height of every output column, each with
+    # a one-dimensional filter (whose taps a row's resize shows); a kept size is not resized. The backward
+    # scatters every output gradient to each 2-D tap.
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(t, size=(1, size_out), mode=mode, antialias=True)
+
+    taps_2d, taps_1d = _nonzero_weights(resize, shape), _nonzero_weights(rows, (1, 1, 1, size_in))
+    counted = counts(resize, grad(*shape))
     interp = 2 if mode == "bilinear" else 4
     support = interp / 2 * max(size_in / size_out, 1.0)
-    widest = (math.ceil(support) * 2 + 1) ** 2
-    assert 2 * taps <= counted <= 2 * widest * size_out ** 2
+    widest = math.ceil(support) * 2 + 1
+    passes = 0 if size_in == size_out else size_in + size_out
+    assert 2 * passes * taps_1d <= counted["forward"] <= 2 * passes * widest * size_out
+    assert 2 * taps_2d <= counted["backward"] <= 2 * widest ** 2 * size_out ** 2
 
 
 @pytest.mark.parametrize(("mode", "taps"), [("bilinear", 4), ("bicubic", 16), ("nearest", 0)])
@@ -594,12 +603,16 @@ def test_grid_sample_by_hand(mode: str, taps: int) -> None:
 
 def test_antialias_uses_the_scale_factor() -> None:
     # 7 -> 3 with scale_factor 0.5: torch filters with scale 2 (not 7 / 3); bilinear weights at scale 2
-    # are never exactly 0, so the Jacobian's non-zero entries are the taps
+    # are never exactly 0, so the Jacobian's non-zero entries are the taps: a row's resize shows one dimension's
+    # (the forward's width pass on 7 rows, its height pass on 3 columns), the whole resize's the 2-D taps (backward)
     def resize(t: torch.Tensor) -> torch.Tensor:
         return F.interpolate(t, scale_factor=0.5, mode="bilinear", antialias=True)
 
-    taps = _nonzero_weights(resize, (1, 1, 7, 7))
-    assert counts(resize, grad(1, 1, 7, 7)) == {"forward": 2 * taps, "backward": 2 * taps}
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(t, scale_factor=(1.0, 0.5), mode="bilinear", antialias=True)
+
+    taps_2d, taps_1d = _nonzero_weights(resize, (1, 1, 7, 7)), _nonzero_weights(rows, (1, 1, 1, 7))
+    assert counts(resize, grad(1, 1, 7, 7)) == {"forward": 2 * (7 + 3) * taps_1d, "backward": 2 * taps_2d}
 
 
 # --- embeddings, recurrent layers, losses --------------------------------------------------------------------

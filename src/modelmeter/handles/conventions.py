@@ -7,7 +7,8 @@ Table values: a handle (counts the call), a :class:`CountInside` (counts what th
 The table of a convention is assembled from the operator families, each a module exporting
 ``handles(convention)``: matrix products and attention (:mod:`.products`, :mod:`.attention`), and
 element-wise operators, reductions, norms, pooling and resampling, embeddings, recurrent layers and
-losses (:mod:`.elementwise`, :mod:`.reductions`, :mod:`.norms`, :mod:`.pooling`, :mod:`.layers`), collectives and
+losses (:mod:`.elementwise`, :mod:`.reductions`, :mod:`.norms`, :mod:`.pooling`, :mod:`.layers`), pairwise distances
+(:mod:`.distances`), collectives and
 their helpers (:mod:`.collectives`: free on the rank's device), then
 the formulas registered with :func:`register_handle`. docs/handles.md lists every formula.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, check_flag
-from . import attention, collectives, elementwise, layers, norms, pooling, products, reductions
+from . import attention, collectives, distances, elementwise, layers, norms, pooling, products, reductions
 from .base import CountInside, Handle
 from .binding import Formula
 from .catalog import CONVENTIONS, DESCRIPTIONS
@@ -53,7 +54,7 @@ def get_convention(name: str = "fvcore", *, dense_attention: bool = False,
     _check_convention(name)
     check_flag("dense_attention", dense_attention)  # a truthy "no" would count masked attention as dense
     table: dict[str, Handle | CountInside | None] = {}
-    for family in (elementwise, reductions, norms, pooling, layers, collectives):
+    for family in (elementwise, reductions, norms, pooling, layers, distances, collectives):
         table.update(family.handles(name))
     if name == "fvcore":
         table.update(FLOP_HANDLES)

@@ -8,13 +8,15 @@ with the accumulator rule of :mod:`.reductions` and of the matrix products (a do
 - max pooling: a comparison per input element a window reads (``K`` per output element, less where a window is
   clipped by padding or ``ceil_mode``: torch's kernels read only the input); adaptive windows counted exactly;
 - average pooling: those adds and a divide per output element; adaptive windows exactly;
-- interpolation: ``T`` multiply-adds, ``2T`` per output element, with ``T = 2^d`` for (bi/tri)linear,
-  ``4^d`` for bicubic and the exact number of taps of the antialiased filters (torch multiplies by every
-  weight of the filter's support); nearest-neighbour modes copy (0); the per-index weights, shared by
-  every channel, are not counted;
+- interpolation: ``T`` multiply-adds, ``2T`` per output element, with ``T = 2^d`` for (bi/tri)linear and
+  ``4^d`` for bicubic; nearest-neighbour modes copy (0); the per-index weights, shared by every channel, are not
+  counted. Antialiased filters: the exact number of taps of their support (torch multiplies by every weight of
+  it), which grows with the downscale factor, counted as torch's CPU kernel runs them — separably, the width
+  resized first (each input row), then the height (each output column), a dimension of unchanged size skipped;
 - backward, as scatters of the output gradient (one add per element accumulated): max pooling ``1`` per
   output-gradient element, average pooling as its forward (a divide, and the adds of its clipped windows), nearest
-  ``1``, interpolation ``2T`` (``T`` multiplies, ``T`` adds); ``grid_sample``: ``2T`` for the input
+  ``1``, interpolation ``2T`` (``T`` multiplies, ``T`` adds; antialiased: every 2-D tap, as torch's CPU kernel
+  scatters them); ``grid_sample``: ``2T`` for the input
   gradient and ``2T`` for the grid gradient per output-gradient element.
 
 ``fvcore``: fvcore's estimates where fvcore has one — adaptive average pooling 1 per input element,
@@ -201,12 +203,29 @@ def _aa_taps(size_in: int, size_out: int, interp_size: int, align_corners: bool,
     return total
 
 
-def _aa_flops(small: Any, big: Any, interp_size: int, align_corners: Any, scales: list[Any]) -> int:
-    """``2T`` per element of ``big`` (the upsampled side), ``T`` the filter's exact taps."""
-    x, out = shape_of(small), shape_of(big)
-    taps = prod(_aa_taps(i, o, interp_size, bool(align_corners), s)
-                for i, o, s in zip(x[-2:], out[-2:], scales, strict=True))
-    return 2 * prod(out[:-2]) * taps
+def _aa_dimension_taps(small: Any, big: Any, interp_size: int, align_corners: Any, scales: list[Any]
+                       ) -> tuple[list[int], list[int], list[int]]:
+    """(sizes of ``small``, sizes of ``big``, the filter's taps summed over ``big``'s positions) per resized
+    dimension (height, width); ``big`` is the side the filter is evaluated at (the output, the output gradient)."""
+    x, out = shape_of(small)[-2:], shape_of(big)[-2:]
+    taps = [_aa_taps(i, o, interp_size, bool(align_corners), s) for i, o, s in zip(x, out, scales, strict=True)]
+    return x, out, taps
+
+
+def _aa_separable_flops(x: Any, out: Any, interp_size: int, align_corners: Any, scales: list[Any]) -> int:
+    """Forward: torch's CPU kernel resizes one dimension at a time, the width first (every input row), then the
+    height (every output column); a dimension whose size does not change is not resized. ``2`` per tap."""
+    (h_in, w_in), (h_out, w_out), (taps_h, taps_w) = _aa_dimension_taps(x, out, interp_size, align_corners, scales)
+    macs = (h_in * taps_w if w_out != w_in else 0) + (w_out * taps_h if h_out != h_in else 0)
+    return 2 * prod(shape_of(out)[:-2]) * macs
+
+
+def _aa_backward_flops(grad_input: Any, grad_output: Any, interp_size: int, align_corners: Any,
+                       scales: list[Any]) -> int:
+    """Backward: torch's CPU kernel scatters each output-gradient element to every 2-D tap of its filter, ``2T``
+    per element (``T`` its taps), the weight products shared by the channels not counted."""
+    _, _, (taps_h, taps_w) = _aa_dimension_taps(grad_input, grad_output, interp_size, align_corners, scales)
+    return 2 * prod(shape_of(grad_output)[:-2]) * taps_h * taps_w
 
 
 def _scales(first: Any, second: Any) -> list[Any]:
@@ -218,12 +237,12 @@ def _scales(first: Any, second: Any) -> list[Any]:
 
 
 def aa_counter(interp_size: int) -> Formula[int]:
-    """``_upsample_{bilinear,bicubic}2d_aa`` (``antialias=True``): ``2T`` per output element, ``T`` the filter's
-    exact taps."""
+    """``_upsample_{bilinear,bicubic}2d_aa`` (``antialias=True``): the filter's exact taps, separably: ``2`` per tap
+    of the width pass over the input's rows and of the height pass over the output's columns."""
 
     @by_name(self="input", scales_h="scale_factors")
     def aa_flops(self: Any, align_corners: Any, scales_h: Any = None, scales_w: Any = None, *, result: Any) -> int:
-        return _aa_flops(self, result, interp_size, align_corners, _scales(scales_h, scales_w))
+        return _aa_separable_flops(self, result, interp_size, align_corners, _scales(scales_h, scales_w))
 
     return aa_flops
 
@@ -234,7 +253,7 @@ def aa_backward_counter(interp_size: int) -> Formula[int]:
     @by_name
     def aa_backward_flops(grad_output: Any, align_corners: Any, scales_h: Any = None, scales_w: Any = None, *,
                           result: Any) -> int:
-        return _aa_flops(result, grad_output, interp_size, align_corners, _scales(scales_h, scales_w))
+        return _aa_backward_flops(result, grad_output, interp_size, align_corners, _scales(scales_h, scales_w))
 
     return aa_backward_flops
 

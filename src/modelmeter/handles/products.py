@@ -127,18 +127,29 @@ def addmm_cost(mat1: Any, beta: Any, alpha: Any, *, result: Any) -> tuple[int, i
     Extra flops per output element: the add (``beta != 0``), ``beta``'s multiply (``beta`` not 0 or 1)
     and ``alpha``'s multiply (``alpha != 1``).
     """
-    beta, alpha = _scalar(beta), _scalar(alpha)
-    macs = numel(result) * shape_of(mat1)[-1]
-    return macs, _output_terms(result, beta != 0, beta not in (0, 1), alpha != 1)
+    return numel(result) * shape_of(mat1)[-1], _scaled_terms(result, beta, alpha)
 
 
 @by_name
 def addbmm_cost(batch1: Any, beta: Any, alpha: Any, *, result: Any) -> tuple[int, int]:
     """``addbmm(self, batch1, batch2, *, beta, alpha)``: the batch of products summed into one matrix."""
-    beta, alpha = _scalar(beta), _scalar(alpha)
     a = shape_of(batch1)
-    macs = numel(result) * a[0] * a[-1]
-    return macs, _output_terms(result, beta != 0, beta not in (0, 1), alpha != 1)
+    return numel(result) * a[0] * a[-1], _scaled_terms(result, beta, alpha)
+
+
+@by_name
+def addr_cost(beta: Any, alpha: Any, *, result: Any) -> tuple[int, int]:
+    """``addr(self, vec1, vec2, *, beta, alpha)``: ``beta·self + alpha·(vec1 ⊗ vec2)``. The outer product is a
+    product whose contracted dimension has size 1 (``addmm`` of an ``(M, 1)`` and a ``(1, N)`` matrix): one
+    multiply-add per output element, and ``addmm``'s extra terms."""
+    return numel(result), _scaled_terms(result, beta, alpha)
+
+
+def _scaled_terms(result: Any, beta: Any, alpha: Any) -> int:
+    """The extra flops of ``beta·self + alpha·product`` per output element: the add (``beta != 0``), ``beta``'s
+    multiply (``beta`` not 0 or 1) and ``alpha``'s multiply (``alpha != 1``)."""
+    beta, alpha = _scalar(beta), _scalar(alpha)
+    return _output_terms(result, beta != 0, beta not in (0, 1), alpha != 1)
 
 
 def _grouped_macs(a: list[int], b: list[int], out: Any) -> int:
@@ -238,6 +249,7 @@ COSTS: dict[str, tuple[Formula[tuple[int, int]], str | None]] = {
     "aten::bilinear": (bilinear_cost, None),
     "aten::_trilinear": (trilinear_cost, None),
     "aten::addbmm": (addbmm_cost, None),
+    "aten::addr": (addr_cost, None),
     "aten::_grouped_mm": (grouped_mm_cost, None),
     "aten::_scaled_mm": (scaled_mm_cost, None),
     "aten::_scaled_grouped_mm": (scaled_grouped_mm_cost, None),

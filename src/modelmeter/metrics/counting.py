@@ -181,7 +181,8 @@ class _Visitor:
         if isinstance(handle, CountInside):
             inside: Counter[str] = Counter()
             self.visit_children(index, -1, inside, _CLOSED)
-            self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into)
+            self.tally.add(index, event, self.ancestors(event.scope), [(handle.key, sum(inside.values()))], into,
+                           dtype=self.call_dtype(index, None))
             return
         if handle is _MISSING:
             if event.level == "function":
@@ -213,10 +214,11 @@ class _Visitor:
             handle = self.at_overload(handle, event.overload)
         if from_user:  # (the user's code, with arguments an alias may have made: called every time)
             self.tally.add(index, event, self.ancestors(event.scope), _as_items(key, _run(handle, key, inputs,
-                                                                                          event.outputs)), into)
+                                                                                          event.outputs)), into,
+                           dtype=self.call_dtype(index, None))
         else:
             items, dtype = self.counted(handle, key, inputs, event.outputs)
-            self.tally.add(index, event, self.ancestors(event.scope), items, into, dtype=dtype)
+            self.tally.add(index, event, self.ancestors(event.scope), items, into, dtype=self.call_dtype(index, dtype))
 
     def counted(self, handle: Handle, key: str, inputs: list[Any], outputs: list[Any]) -> tuple[list[Any], str]:
         """``_as_items(key, handle(inputs, outputs))`` and the work's dtype (:func:`work_dtype`) of an event's own
@@ -239,6 +241,34 @@ class _Visitor:
         if found is None:
             found = self.results[memo_key] = (_as_items(key, handle(inputs, outputs)), _work_dtype(inputs, outputs))
         return found
+
+    def call_dtype(self, index: int, dtype: str | None) -> str | None:
+        """The work dtype of event ``index``: ``dtype`` (its own arguments', None: found when needed), except that a
+        user-level call whose result is of another dtype than its first floating-point input takes that of the first
+        kernel it ran that computes, whose operands autocast has cast (a ``linear`` called in float32 under bfloat16
+        autocast runs its ``addmm`` in bfloat16)."""
+        event = self.events[index]
+        if event.level != "function" or not self.tally.tables:
+            return dtype
+        result = _first_floating(event.outputs)
+        if result is None or result == (dtype or work_dtype(event)):
+            return dtype  # (nothing changed its dtype: its kernels computed in its inputs')
+        return self.kernel_dtype(index) or dtype
+
+    def kernel_dtype(self, index: int) -> str | None:
+        """:func:`work_dtype` of the first kernel (dispatched operator) call ``index`` ran, in order and inner calls
+        included, that is not free (a copy, a cast, a view) and computes in a floating-point dtype; None if none."""
+        for child in self.children[index]:
+            event = self.events[child]
+            if event.level == "function":
+                found = self.kernel_dtype(child)
+            elif self.kind(event.op) == _FREE:
+                continue
+            else:
+                found = work_dtype(event)
+            if found is not None and found != "other":
+                return found
+        return None
 
     def at_overload(self, handle: Handle, overload: str) -> Handle:
         """``handle`` for a call that ``overload`` placed (:func:`binding.at_overload`), remembered for this pass."""
@@ -345,12 +375,16 @@ def work_dtype(event: OpEvent) -> str:
 
 
 def _work_dtype(inputs: list[Any], outputs: list[Any]) -> str:
-    for group in (inputs, outputs):
-        for value in group:
-            for meta in value if isinstance(value, list) else (value,):
-                if isinstance(meta, TensorMeta) and meta.is_floating_point:
-                    return meta.dtype
-    return "other"
+    return _first_floating(inputs) or _first_floating(outputs) or "other"
+
+
+def _first_floating(values: list[Any]) -> str | None:
+    """The dtype of the first floating-point tensor among ``values`` (lists walked), or None."""
+    for value in values:
+        for meta in value if isinstance(value, list) else (value,):
+            if isinstance(meta, TensorMeta) and meta.is_floating_point:
+                return meta.dtype
+    return None
 
 
 class _Tally:
