@@ -1,0 +1,130 @@
+"""Numbers at scale: counts past 2**53 and 2**64, bytes past 2**53, sums that must be exact, and the values no
+result can hold.
+
+Oracles: hand arithmetic on the shapes (a linear layer of fvcore's convention does ``batch * in * out``
+multiply-adds), the exact integer sums of the parts, and what the result's own reader (``Result.from_json``) takes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modelmeter import Analysis, FlopCountAnalysis, analyze, build_result, render, save_trace
+from modelmeter.errors import InvalidValueError
+from modelmeter.reports import Result
+
+WIDTH = 2**16  # a square linear layer's width: 2**32 parameters, 2**32 multiply-adds per row
+ROWS = 2**36  # the input's rows: 2**52 elements, 2**54 bytes in float32
+
+
+def _stack(layers: int = 3) -> nn.Module:
+    with torch.device("meta"):
+        return nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
+
+
+@pytest.fixture(scope="module")
+def stack() -> Analysis:
+    return analyze(_stack(), torch.empty(ROWS, WIDTH, device="meta"), memory=True, quiet=True, device="h100")
+
+
+# --- exact counts past 2**64, bytes past 2**53 ----------------------------------------------------------------
+def test_a_stack_past_two_to_the_64_counts_exactly(stack: Analysis) -> None:
+    per_layer = ROWS * WIDTH * WIDTH  # 2**68 multiply-adds
+    assert stack.flops.by_module() == {"": 3 * per_layer, "0": per_layer, "1": per_layer, "2": per_layer}
+    assert all(type(v) is int for v in stack.flops.by_module().values())
+    # the peak: the parameters, the input and the two outputs live while layer 1 runs (each 2**54 bytes)
+    assert stack.memory.peak() == 3 * WIDTH * WIDTH * 4 + 3 * ROWS * WIDTH * 4 > 2**55
+    result = stack.result()
+    row = next(csv.DictReader(io.StringIO(render(result, "csv"))))
+    assert int(row["flops"]) == 3 * per_layer and int(row["peak_memory"]) == stack.memory.peak()
+    data = json.loads(result.to_json())
+    assert data["modules"][0]["metrics"]["flops"] == 3 * per_layer
+    assert Result.from_json(result.to_json()).total("peak_memory") == stack.memory.peak()
+
+
+# --- a cost no result can hold is refused where it is made ---------------------------------------------------
+class _PaddedConv(nn.Module):
+    """A convolution whose padding makes 2**41 output positions of a 2**61-element kernel: 2**102 multiply-adds,
+    past the 1e30 a result holds (and its reader takes)."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv1d(x, w, padding=2**40)
+
+
+def test_a_count_past_what_a_result_holds_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    # it was made, rendered and saved, and only `load_trace` / `modelmeter report` refused the file
+    channels, kernel = 2**30, 2**31
+    x = torch.empty(1, channels, 1, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(1, channels, kernel, device="meta", dtype=torch.bfloat16)
+    a = analyze(_PaddedConv(), (x, w), quiet=True)
+    positions = 1 + 2 * 2**40 - (kernel - 1)
+    assert a.flops.total() == positions * channels * kernel > 10**30  # the analysis itself stays exact
+    refused = r"cannot be reported or saved: .*flops.* not a number from 0 to 1e\+30"
+    with pytest.raises(InvalidValueError, match=refused):
+        a.result()
+    path = tmp_path / "conv.mmtrace"
+    with pytest.raises(InvalidValueError, match="cannot be reported or saved"):
+        save_trace(a, path)
+    assert not path.exists()
+
+
+class _Relu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+@pytest.mark.parametrize(("count", "shown"), [(10**40, "an integer of about 41 digits"),
+                                              (10**400, "an integer of about 401 digits"), (1e300, r"1e\+300")],
+                         ids=["10**40", "10**400", "1e300"])
+def test_a_handles_absurd_count_is_a_clear_error_in_full(count: float, shown: str) -> None:
+    # 10**400 was an OverflowError from deep inside; 10**40 was named by its first 40 digits (read as 10**39)
+    model = _Relu()
+    flops = FlopCountAnalysis(model, torch.zeros(1, 4)).set_op_handle("aten::relu", lambda i, o: count)
+    with pytest.raises(InvalidValueError, match=f"cannot be reported or saved: .* is {shown}, not"):
+        build_result(model, {"flops": flops})
+
+
+def test_a_measured_time_no_result_holds_is_refused() -> None:
+    # accepted, and the result's own JSON was refused by Result.from_json
+    with pytest.raises(InvalidValueError, match=r"measured_time is 1e-40, not 0 or a number from 1e-30"):
+        analyze(_Relu(), torch.zeros(1, 4), device="h100", measured_time=1e-40, quiet=True).result()
+
+
+class _View(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1)
+
+
+class _Idle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@pytest.mark.parametrize("model", [_View, _Idle, _Relu])
+@pytest.mark.parametrize("backward", [False, True])
+def test_every_result_made_reads_back(model: type[nn.Module], backward: bool) -> None:
+    """Zero FLOPs, zero bytes, zero parameters: what a result holds is what its reader takes."""
+    x = torch.zeros(1, 4, requires_grad=backward)
+    for options in ({}, {"device": "h100"}, {"device": "h100", "measured_time": 1e-12}):
+        result = analyze(model(), x, memory=True, backward=backward, quiet=True, **options).result()
+        back = Result.from_json(result.to_json())
+        assert back.to_json() == result.to_json()
+        for fmt in ("table", "markdown", "csv", "tree"):
+            text = render(result, fmt).lower()
+            assert "nan" not in text.replace("inference", "") and "inf " not in text
