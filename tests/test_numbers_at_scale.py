@@ -11,15 +11,31 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelmeter import Analysis, FlopCountAnalysis, analyze, build_result, render, save_trace
+import test_html
+from modelmeter import (
+    Analysis,
+    FlopCountAnalysis,
+    analyze,
+    build_result,
+    flop_count_str,
+    flop_count_table,
+    render,
+    save_trace,
+)
 from modelmeter.errors import InvalidValueError
-from modelmeter.reports import Result
+from modelmeter.guard.diff import Difference
+from modelmeter.reports import Result, write_html
+from modelmeter.reports.result import ModuleRow
+from test_html import Opened, needs_browser
+
+browser = test_html.browser  # the headless Chromium of the HTML report's tests
 
 WIDTH = 2**16  # a square linear layer's width: 2**32 parameters, 2**32 multiply-adds per row
 ROWS = 2**36  # the input's rows: 2**52 elements, 2**54 bytes in float32
@@ -128,3 +144,68 @@ def test_every_result_made_reads_back(model: type[nn.Module], backward: bool) ->
         for fmt in ("table", "markdown", "csv", "tree"):
             text = render(result, fmt).lower()
             assert "nan" not in text.replace("inference", "") and "inf " not in text
+
+
+# --- a share is 0.0% or 100.0% only when it is exactly that ---------------------------------------------------
+TOTAL = 2**64 + 1  # a part of 1 is 5e-18 of it; a part of TOTAL - 1 rounds to 1 in floats
+
+
+def _shares_result() -> Result:
+    values = {"": TOTAL, "big": TOTAL - 1, "tiny": 1, "none": 0}
+    rows = [ModuleRow(name, "M", 0, {"flops": value}, {"flops": {"linear": value} if value else {}})
+            for name, value in values.items()]
+    return Result("M", [], ["flops"], rows)
+
+
+def test_a_share_that_is_not_zero_or_whole_never_prints_as_one() -> None:
+    # "tiny" showed 0.0% beside its value 0.000P, "big" 100.0% though it is not the whole model
+    lines = render(_shares_result(), "table").splitlines()
+    shares = {line.split()[0]: line.split()[-1] for line in lines[2:]}
+    assert shares == {"model": "100.0%", "big": ">99.9%", "tiny": "<0.1%", "none": "0.0%"}
+    markdown = render(_shares_result(), "markdown")
+    assert "|  \\>99.9% |" in markdown and "|   \\<0.1% |" in markdown and "|     0.0% |" in markdown
+
+
+def test_a_predicted_mfu_too_small_for_its_decimal_is_not_zero() -> None:
+    result = analyze(_Relu(), torch.zeros(1, 4), device="h100", measured_time=1.0, quiet=True).result()
+    assert 0 < result.roofline["mfu"] < 0.0005 and "MFU <0.1%, HFU <0.1%" in render(result, "table")
+
+
+def test_a_diff_of_a_tiny_change_is_not_shown_as_none() -> None:
+    # modelmeter diff printed +0.0% for a change of one FLOP
+    assert Difference("", "flops", TOTAL, TOTAL + 1).row()[-1] == "+5.4e-18%"
+    assert Difference("", "flops", TOTAL, TOTAL - 2**60).row()[-1] == "-6.2%"
+
+
+@needs_browser
+def test_the_page_shows_no_share_of_zero_or_whole_that_is_not(browser: Any, tmp_path: Path) -> None:
+    path = tmp_path / "shares.html"
+    write_html(_shares_result(), path)
+    report = Opened(browser, path)
+    whole = 2**50  # (a JavaScript number: TOTAL - 1 and TOTAL are one double on the page)
+    cases = [[1, whole], [-1, whole], [whole - 1, whole], [0, whole], [1, 0], [whole, whole], [1, 4]]
+    assert report.page.evaluate("cases => cases.map(([x, t]) => pct(x, t))", cases) == [
+        "<0.01%", ">-0.01%", ">99.99%", "0.00%", "0.00%", "100.00%", "25.00%"]
+    assert report.errors == []
+    report.context.close()
+
+
+# --- fvcore's printers and the tree: a count too small for the last decimal is not 0 --------------------------
+def test_a_count_too_small_for_its_decimals_is_not_printed_as_zero() -> None:
+    # a handle's 0.0004 FLOPs printed as 0, which is how an exact zero prints
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    flops = FlopCountAnalysis(model, torch.zeros(1, 4)).set_op_handle("aten::relu", lambda i, o: 0.0004)
+    assert flops.by_module()["0"] == 16
+    assert "|  <0.001  |" in flop_count_table(flops)  # (the ReLU's own row: it has no parameters)
+    assert "#flops: <0.01)" in flop_count_str(flops)  # two decimals, as fvcore's flop_count_str
+    assert "#flops: <0.001)" in render(build_result(model, {"flops": flops}), "tree")
+    exact = FlopCountAnalysis(model, torch.zeros(1, 4)).set_op_handle("aten::relu", lambda i, o: 0.0)
+    assert "(1): ReLU()" in flop_count_str(exact)  # an exact zero: no line at all
+
+
+def test_a_peak_before_any_operator_says_so() -> None:
+    # "during the forward of the model at  (parameter 12B, input 16B)": a model that runs no operator
+    result = analyze(_Idle(), torch.zeros(1, 4), memory=True, quiet=True).result()
+    assert result.memory["operator"] == "" and result.memory["peak"] == 3 * 4 + 4 * 4
+    assert ("Peak memory (inference): 28B during the forward of the model, before its first operator "
+            "(parameter 12B, input 16B)") in render(result, "table")

@@ -510,7 +510,12 @@ function full(k, x) {
   if (UNIT[k] === "time") return Number(x.toPrecision(6)) + " s";
   return exact(x);
 }
-function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
+function pct(x, total) {  // two decimals; a part not 0 is never "0.00%", a part below the total never "100.00%"
+  if (!total) return "0.00%";
+  const t = (100 * x / total).toFixed(2);
+  if (x !== 0 && Number(t) === 0) return (x / total > 0 ? "<0.01" : ">-0.01") + "%";
+  return (t === "100.00" && x < total ? ">99.99" : t) + "%";
+}
 const MODEL = shown(D.model), OTHER = C ? shown(C.model) : "";
 function label(m) { return m.name === "" ? MODEL : shown(m.name); }
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .format import format_bytes
-from .render import memory_step
+from .render import memory_step, peak_place
 from .result import NOT_ADDITIVE, Result
 
 __all__ = ["memory_timeline_chart", "operator_mix_chart"]
@@ -85,8 +85,7 @@ def memory_timeline_chart(memory: Mapping[str, Any]) -> dict[str, Any]:
         peak = {"x": x(data["peak"] + 0.5), "y": y(memory["peak"]), "bytes": memory["peak"], "point": peak_point,
                 "position": data["peak"], "module": memory["module"], "operator": memory["operator"],
                 "phase": memory["phase"],
-                "label": f"peak {format_bytes(memory['peak'])} in the {memory['phase']} of "
-                         f"{memory['module'] or 'the model'} at {memory['operator']}"}
+                "label": f"peak {format_bytes(memory['peak'])} in the {peak_place(memory)}"}
     x_label = f"operators in run order ({length})"
     if bucket > 1:
         x_label += f"; each step of the line is the highest of {bucket}"
