@@ -32,8 +32,10 @@ from modelmeter import (
 from modelmeter.errors import InvalidValueError
 from modelmeter.guard.diff import Difference
 from modelmeter.reports import Result, write_html
+from modelmeter.reports.html_memory import memory_timeline_chart
 from modelmeter.reports.result import ModuleRow
 from test_html import Opened, needs_browser
+from test_html_memory import _hover_at
 
 browser = test_html.browser  # the headless Chromium of the HTML report's tests
 
@@ -209,3 +211,41 @@ def test_a_peak_before_any_operator_says_so() -> None:
     assert result.memory["operator"] == "" and result.memory["peak"] == 3 * 4 + 4 * 4
     assert ("Peak memory (inference): 28B during the forward of the model, before its first operator "
             "(parameter 12B, input 16B)") in render(result, "table")
+
+
+# --- the memory timeline's live bytes past 2**53 ---------------------------------------------------------------
+PARAMS = 2**55 + 4  # a double holds 2**55 (ties to even): the page reads this as 2**55
+
+
+def _huge_step() -> Result:
+    """Three operators' live bytes past 2**53, 3 * 2**54 + 4, 2**56 + 4 (the peak) and 2**55 + 4; a module's peak
+    of 3 * 2**54 + 2 is the integer the page knew for the double the first total's page sum gave."""
+    timeline = {"length": 3, "bucket": 1, "position": [0, 1, 2], "kinds": ["parameter", "activation"],
+                "bytes": {"parameter": [PARAMS] * 3, "activation": [2**54, 2**55, 0]},
+                "module": [0, 0, 0], "modules": ["a"], "operator": [0, 0, 0], "operators": ["mm"],
+                "phases": [["forward", 0]], "peak": 1}
+    memory = {"peak": PARAMS + 2**55, "phase": "forward", "module": "a", "operator": "mm",
+              "by_kind": {"parameter": PARAMS, "activation": 2**55}, "training": False, "optimizer": None,
+              "timeline": timeline}
+    rows = [ModuleRow("", "M", 0, {"peak_memory": PARAMS + 2**55}, {}),
+            ModuleRow("a", "L", 0, {"peak_memory": 3 * 2**54 + 2}, {})]
+    return Result("M", [], ["peak_memory"], rows, memory=memory)
+
+
+@needs_browser
+def test_the_timeline_never_shows_a_rounded_sum_as_exact(browser: Any, tmp_path: Path) -> None:
+    # the page summed each point's kinds in doubles: 3 * 2**54 + 4 became the double of the module's peak, whose
+    # digits it then showed as exact ("54,043,195,528,445,954 bytes")
+    result = _huge_step()
+    chart = memory_timeline_chart(result.memory)
+    assert chart["live"] == [3 * 2**54 + 4, 2**56 + 4, 2**55 + 4]
+    path = tmp_path / "huge.html"
+    write_html(result, path)
+    report = Opened(browser, path)
+    edges = chart["edges"]
+    for point, live in enumerate(chart["live"]):
+        text = _hover_at(report, "#memory-chart", (edges[point] + edges[point + 1]) / 2, 200, chart["width"])
+        line = text.splitlines()[2]
+        assert line.startswith((f"live: {live:,} bytes", "live: ≈")), (point, line)
+    assert report.errors == []
+    report.context.close()
