@@ -30,6 +30,7 @@ from modelmeter import (
     save_trace,
 )
 from modelmeter.errors import InvalidValueError
+from modelmeter.guard.budget import check_budget
 from modelmeter.guard.diff import Difference
 from modelmeter.reports import Result, write_html
 from modelmeter.reports.html_memory import memory_timeline_chart
@@ -249,3 +250,14 @@ def test_the_timeline_never_shows_a_rounded_sum_as_exact(browser: Any, tmp_path:
         assert line.startswith((f"live: {live:,} bytes", "live: ≈")), (point, line)
     assert report.errors == []
     report.context.close()
+
+
+# --- a budget given as a float is the number it spells -------------------------------------------------------
+def test_a_count_exactly_at_a_float_budget_is_within_it() -> None:
+    # {"flops": 1e23} is 99,999,999,999,999,991,611,392 as a float: 10**23 FLOPs were "over the budget by 0 (+0.0%)"
+    result = Result("M", [], ["flops", "time"], [ModuleRow("", "M", 0, {"flops": 10**23, "time": 0.005}, {})])
+    assert check_budget(result, {"flops": 1e23, "time": 0.005}) == []
+    over = check_budget(result, {"flops": 9.99e22, "time": 0.004})
+    assert [(o.metric, o.limit) for o in over] == [("flops", 999 * 10**20), ("time", 0.004)]
+    assert str(over[0]).endswith("by 100000P (+0.1%)") and "(99,900,000,000,000,000,000,000)" in str(over[0])
+    assert check_budget(result, {"flops": 1e23 - 2**24}) != []  # the float below 1e23 spells a smaller number
