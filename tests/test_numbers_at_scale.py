@@ -33,6 +33,7 @@ from modelmeter.errors import InvalidValueError
 from modelmeter.guard.budget import check_budget
 from modelmeter.guard.diff import Difference
 from modelmeter.reports import Result, write_html
+from modelmeter.reports.columns import format_bound
 from modelmeter.reports.html_memory import memory_timeline_chart
 from modelmeter.reports.result import ModuleRow
 from test_html import Opened, needs_browser
@@ -169,6 +170,12 @@ def test_a_share_that_is_not_zero_or_whole_never_prints_as_one() -> None:
     assert "|  \\>99.9% |" in markdown and "|   \\<0.1% |" in markdown and "|     0.0% |" in markdown
 
 
+def test_a_bound_is_whole_only_when_it_is() -> None:
+    # 99.6% of the time compute-bound printed as "compute 100%"
+    assert [format_bound(s) for s in (1.0, 0.996, 0.0, 0.004, 0.9)] == [
+        "compute 100%", "compute >99%", "memory 100%", "memory >99%", "compute 90%"]
+
+
 def test_a_predicted_mfu_too_small_for_its_decimal_is_not_zero() -> None:
     result = analyze(_Relu(), torch.zeros(1, 4), device="h100", measured_time=1.0, quiet=True).result()
     assert 0 < result.roofline["mfu"] < 0.0005 and "MFU <0.1%, HFU <0.1%" in render(result, "table")
@@ -189,6 +196,9 @@ def test_the_page_shows_no_share_of_zero_or_whole_that_is_not(browser: Any, tmp_
     cases = [[1, whole], [-1, whole], [whole - 1, whole], [0, whole], [1, 0], [whole, whole], [1, 4]]
     assert report.page.evaluate("cases => cases.map(([x, t]) => pct(x, t))", cases) == [
         "<0.01%", ">-0.01%", ">99.99%", "0.00%", "0.00%", "100.00%", "25.00%"]
+    # the roofline's shares (compute-bound, MFU): three significant figures
+    assert report.page.evaluate("xs => xs.map(percent)", [0.9996, 1, 0.5, 1e-9, 1.2, None]) == [
+        ">99.9%", "100%", "50%", "1e-7%", "120%", "–"]
     assert report.errors == []
     report.context.close()
 

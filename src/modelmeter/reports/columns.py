@@ -60,10 +60,11 @@ def format_share(part: float, total: float) -> str:
 
 
 def format_bound(share: float) -> str:
-    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it."""
-    if share >= 0.5:
-        return f"compute {100 * share:.0f}%"
-    return f"memory {100 * (1 - share):.0f}%"
+    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it; ``"compute >99%"`` for a share
+    that rounds to 100% but is not all of it (``"100%"`` is all)."""
+    kind, part = ("compute", share) if share >= 0.5 else ("memory", 1 - share)
+    text = f"{100 * part:.0f}%"
+    return f"{kind} {'>99%' if text == '100%' and part < 1 else text}"
 
 
 @dataclass(frozen=True)

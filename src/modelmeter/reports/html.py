@@ -497,7 +497,11 @@ function seconds(x) {  // in the largest of s, ms, µs, ns that shows at least 1
   const [scale, suffix] = unit || (x === 0 ? TIMES[0] : TIMES[TIMES.length - 1]);
   return Number((x / scale).toPrecision(3)) + suffix;
 }
-function percent(x) { return x === null || x === undefined ? "–" : plain(100 * x) + "%"; }
+function percent(x) {  // three significant figures; "100%" only for all of it
+  if (x === null || x === undefined) return "–";
+  const t = plain(100 * x);
+  return (t === "100" && x < 1 ? ">99.9" : t) + "%";
+}
 function short(k, x) {
   if (BYTES.has(k)) return bytes(x);
   if (UNIT[k] === "time") return seconds(x);
