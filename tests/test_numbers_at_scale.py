@@ -33,7 +33,7 @@ from modelmeter.errors import InvalidValueError
 from modelmeter.guard.budget import check_budget
 from modelmeter.guard.diff import Difference
 from modelmeter.reports import Result, write_html
-from modelmeter.reports.columns import format_bound
+from modelmeter.reports.columns import format_bound, format_metric
 from modelmeter.reports.html_memory import memory_timeline_chart
 from modelmeter.reports.result import ModuleRow
 from test_html import Opened, needs_browser
@@ -68,6 +68,14 @@ def test_a_stack_past_two_to_the_64_counts_exactly(stack: Analysis) -> None:
     data = json.loads(result.to_json())
     assert data["modules"][0]["metrics"]["flops"] == 3 * per_layer
     assert Result.from_json(result.to_json()).total("peak_memory") == stack.memory.peak()
+
+
+def test_a_large_intensity_prints_as_the_page_prints_it(stack: Analysis) -> None:
+    # 16383.99 FLOPs per byte printed as "1.64e+04" in the table and the tree, "16400" on the page
+    result = stack.result()
+    assert 16383 < result.total("intensity") < 16384
+    assert "flops/byte: 16400," in render(result, "tree")
+    assert [format_metric("intensity", v) for v in (9.5432, 2352.3, 0.111, 1e-5)] == ["9.54", "2350", "0.111", "1e-05"]
 
 
 # --- a cost no result can hold is refused where it is made ---------------------------------------------------

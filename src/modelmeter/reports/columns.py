@@ -37,10 +37,19 @@ def format_metric(metric: str, value: float) -> str:
     if metric in TIME_METRICS:
         return format_time(value)
     if metric == "intensity":
-        return f"{value:.3g}"
+        return _three_figures(value)
     if metric == "compute_bound":
         return format_bound(value)
     return format_size(value)
+
+
+def _three_figures(value: float) -> str:
+    """``value`` with three significant figures, as the HTML page prints a ratio: ``9.54``, ``2350`` (not
+    ``2.35e+03``); an exponent only below 1e-4 or from 1e16 on, where the digits would run long."""
+    shown = f"{value:.3g}"
+    if "e+" in shown and abs(value) < 1e16:
+        return f"{float(shown):.0f}"
+    return shown
 
 
 def format_percent(fraction: float) -> str:
