@@ -192,6 +192,8 @@ def test_a_predicted_mfu_too_small_for_its_decimal_is_not_zero() -> None:
 def test_a_diff_of_a_tiny_change_is_not_shown_as_none() -> None:
     # modelmeter diff printed +0.0% for a change of one FLOP
     assert Difference("", "flops", TOTAL, TOTAL + 1).row()[-1] == "+5.4e-18%"
+    # and the model's row was "model", as is a Hugging Face causal LM's body (two rows "model", two values)
+    assert [Difference(name, "flops", 1, 2).row()[0] for name in ("", "model")] == ["(model)", "model"]
     assert Difference("", "flops", TOTAL, TOTAL - 2**60).row()[-1] == "-6.2%"
 
 

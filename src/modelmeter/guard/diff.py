@@ -131,7 +131,8 @@ class Difference:
         share = percent(self.change / self.before) if self.before else "new"
         # each metric as the reports print it: seconds and bytes (moved or held) in their units, counts as fvcore
         before, after = format_metric(self.metric, self.before), format_metric(self.metric, self.after)
-        return [self.module or "model", self.metric, before, after, format_change(self.metric, self.change), share]
+        # the model's row: "(model)", as no module is named (a Hugging Face causal LM's body is named "model")
+        return [self.module or "(model)", self.metric, before, after, format_change(self.metric, self.change), share]
 
 
 def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[Difference]:
