@@ -251,7 +251,7 @@ def test_command_budget_and_diff(capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, "m.py:build", "--format", "json", "--output", "a.json")
     cli(capsys, "m.py:build", "extra=2", "--format", "json", "--output", "b.json")
     out, _ = cli(capsys, "diff", "a.json", "b.json")
-    assert out.splitlines()[1].split()[:2] == ["model", "flops"]
+    assert out.splitlines()[1].split()[:2] == ["(model)", "flops"]
     data = json.loads(cli(capsys, "diff", "a.json", "b.json", "--format", "json")[0])
     assert data[0] == {"module": "", "metric": "flops", "before": 1280, "after": 1280 + 2 * 2 * 32 * 32,
                        "change": 2 * 2 * 32 * 32}

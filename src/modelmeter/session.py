@@ -49,7 +49,7 @@ from .metrics.memory import (
 from .metrics.memory_timeline import memory_timeline
 from .metrics.parameters import count_by_module, count_by_prefix
 from .metrics.roofline import Roofline, RooflineSettings, roofline
-from .reports.result import SCHEMA_VERSION, ModuleRow, Result
+from .reports.result import SCHEMA_VERSION, ModuleRow, Result, check_reportable
 
 __all__ = ["Execution", "LossFn", "RunSpec", "Session", "plain_settings", "result_from_trace"]
 
@@ -315,6 +315,7 @@ def assemble_result(trace: Trace, metrics: Mapping[str, Counted], *, name: str |
     with no_gc():
         result = _assemble(trace, metrics, name, convention, memory, time)
     result.parallel = parallel
+    check_reportable(result)
     return result
 
 

@@ -102,7 +102,18 @@ def check_budget(result: Result, budget: Budget) -> list[Over]:
     for metric, limit in budget.items():
         check_amount(limit, f"budget[{metric!r}]")
     values = _budgeted_values(result, budget)
-    return [Over(m, values[m], limit) for m, limit in budget.items() if values[m] > limit]
+    limits = {metric: exact_amount(limit) for metric, limit in budget.items()}
+    return [Over(m, values[m], limit) for m, limit in limits.items() if values[m] > limit]
+
+
+def exact_amount(limit: float) -> float:
+    """A limit given as a float that spells a whole number, as that integer (``1e23`` -> 10**23, where the float
+    is 99,999,999,999,999,991,611,392): as :func:`parse_quantity`'s amounts, a count exactly at it is within it,
+    and what it is over by is exact. Any other limit as it is."""
+    if type(limit) is not float:
+        return limit
+    spelled = Fraction(repr(limit))
+    return int(spelled) if spelled.denominator == 1 else limit
 
 
 def within_budget(result: Result, budget: Budget) -> str:

@@ -14,7 +14,7 @@ from ..reports.saved import SavedTraceError, is_saved_trace, read_saved_trace
 from .baseline import FORMAT as BASELINE_FORMAT
 from .baseline import BaselineFile
 from .budget import with_recompute
-from .values import GuardFileError, check_amount, check_name, read_json
+from .values import GuardFileError, check_amount, check_name, percent, read_json
 
 Costs = dict[str, dict[str, float]]  # "model/module" or "module" -> metric -> value
 
@@ -128,10 +128,11 @@ class Difference:
         return self.after - self.before
 
     def row(self) -> list[str]:
-        share = f"{100 * self.change / self.before:+.1f}%" if self.before else "new"
+        share = percent(self.change / self.before) if self.before else "new"
         # each metric as the reports print it: seconds and bytes (moved or held) in their units, counts as fvcore
         before, after = format_metric(self.metric, self.before), format_metric(self.metric, self.after)
-        return [self.module or "model", self.metric, before, after, format_change(self.metric, self.change), share]
+        # the model's row: "(model)", as no module is named (a Hugging Face causal LM's body is named "model")
+        return [self.module or "(model)", self.metric, before, after, format_change(self.metric, self.change), share]
 
 
 def diff(before: Costs, after: Costs, metrics: list[str] | None = None) -> list[Difference]:

@@ -37,17 +37,43 @@ def format_metric(metric: str, value: float) -> str:
     if metric in TIME_METRICS:
         return format_time(value)
     if metric == "intensity":
-        return f"{value:.3g}"
+        return _three_figures(value)
     if metric == "compute_bound":
         return format_bound(value)
     return format_size(value)
 
 
+def _three_figures(value: float) -> str:
+    """``value`` with three significant figures, as the HTML page prints a ratio: ``9.54``, ``2350`` (not
+    ``2.35e+03``); an exponent only below 1e-4 or from 1e16 on, where the digits would run long."""
+    shown = f"{value:.3g}"
+    if "e+" in shown and abs(value) < 1e16:
+        return f"{float(shown):.0f}"
+    return shown
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction as a percentage with one decimal, ``0.25 -> "25.0%"``; one above 0 too small for the decimal is
+    ``"<0.1%"``: ``"0.0%"`` is an exact zero (as ``0`` is in a column of values)."""
+    text = f"{100 * fraction:.1f}%"
+    return "<0.1%" if text == "0.0%" and fraction > 0 else text
+
+
+def format_share(part: float, total: float) -> str:
+    """``part``'s share of ``total`` as :func:`format_percent` prints it (``"0.0%"`` of a total of 0), and
+    ``">99.9%"`` for a part below the total that would round to ``"100.0%"``: that is the whole total only."""
+    if not total:
+        return "0.0%"
+    text = format_percent(part / total)
+    return ">99.9%" if text == "100.0%" and part < total else text
+
+
 def format_bound(share: float) -> str:
-    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it."""
-    if share >= 0.5:
-        return f"compute {100 * share:.0f}%"
-    return f"memory {100 * (1 - share):.0f}%"
+    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it; ``"compute >99%"`` for a share
+    that rounds to 100% but is not all of it (``"100%"`` is all)."""
+    kind, part = ("compute", share) if share >= 0.5 else ("memory", 1 - share)
+    text = f"{100 * part:.0f}%"
+    return f"{kind} {'>99%' if text == '100%' and part < 1 else text}"
 
 
 @dataclass(frozen=True)
@@ -120,7 +146,7 @@ def _column(result: Result, rows: list[ModuleRow], key: str) -> Column:
     if key.startswith("%"):
         metric = key[1:]
         total = result.total(metric)
-        shares = [f"{100 * row.metrics.get(metric, 0) / total if total else 0.0:.1f}%" for row in rows]
+        shares = [format_share(row.metrics.get(metric, 0), total) for row in rows]
         return _right(key, key, [cell if row.called else "N/A" for cell, row in zip(shares, rows, strict=True)])
     if key in RATIO_METRICS:
         return _right(key, RATIO_HEADERS[key], [ratio_cell(key, row) for row in rows])

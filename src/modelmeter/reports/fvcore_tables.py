@@ -29,13 +29,20 @@ def format_size(x: float, sig_figs: int = 3) -> str:
     """A count in human units, as fvcore prints it: ``13000 -> "13K"``, ``654321 -> "0.654M"``.
 
     Above 100 the value is scaled to K, M, G, T or P (thresholds are strict: 100 stays ``"100"``,
-    101 is ``"0.101K"``) and printed with ``sig_figs`` decimals, trailing zeros stripped.
+    101 is ``"0.101K"``) and printed with ``sig_figs`` decimals, trailing zeros stripped. A value that is not 0
+    but too small for the last decimal is ``"<0.001"`` (``">-0.001"`` below 0): ``"0"`` is an exact zero.
     """
     size = abs(x)
     for threshold, scale, suffix in _UNITS:
         if size > threshold:
             return _fixed(x / scale, sig_figs) + suffix
-    return _fixed(x, sig_figs)
+    text = _fixed(x, sig_figs)
+    if x == 0:
+        return "0"  # (-0.0 too)
+    if text.lstrip("-") != "0":
+        return text
+    last = f"{10.0 ** -sig_figs:.{sig_figs}f}"
+    return f"<{last}" if x > 0 else f">-{last}"
 
 
 def _fixed(value: float, sig_figs: int) -> str:

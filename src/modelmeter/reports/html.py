@@ -497,7 +497,11 @@ function seconds(x) {  // in the largest of s, ms, µs, ns that shows at least 1
   const [scale, suffix] = unit || (x === 0 ? TIMES[0] : TIMES[TIMES.length - 1]);
   return Number((x / scale).toPrecision(3)) + suffix;
 }
-function percent(x) { return x === null || x === undefined ? "–" : plain(100 * x) + "%"; }
+function percent(x) {  // three significant figures; "100%" only for all of it
+  if (x === null || x === undefined) return "–";
+  const t = plain(100 * x);
+  return (t === "100" && x < 1 ? ">99.9" : t) + "%";
+}
 function short(k, x) {
   if (BYTES.has(k)) return bytes(x);
   if (UNIT[k] === "time") return seconds(x);
@@ -510,7 +514,12 @@ function full(k, x) {
   if (UNIT[k] === "time") return Number(x.toPrecision(6)) + " s";
   return exact(x);
 }
-function pct(x, total) { return total ? (100 * x / total).toFixed(2) + "%" : "0.00%"; }
+function pct(x, total) {  // two decimals; a part not 0 is never "0.00%", a part below the total never "100.00%"
+  if (!total) return "0.00%";
+  const t = (100 * x / total).toFixed(2);
+  if (x !== 0 && Number(t) === 0) return (x / total > 0 ? "<0.01" : ">-0.01") + "%";
+  return (t === "100.00" && x < total ? ">99.99" : t) + "%";
+}
 const MODEL = shown(D.model), OTHER = C ? shown(C.model) : "";
 function label(m) { return m.name === "" ? MODEL : shown(m.name); }
 

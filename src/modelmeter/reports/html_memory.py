@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .format import format_bytes
-from .render import memory_step
+from .render import memory_step, peak_place
 from .result import NOT_ADDITIVE, Result
 
 __all__ = ["memory_timeline_chart", "operator_mix_chart"]
@@ -55,7 +55,8 @@ def memory_timeline_chart(memory: Mapping[str, Any]) -> dict[str, Any]:
     kind, in stacking order (bottom first), with the ``top`` pixel of its area at each kept point (its bottom is the
     layer below's top, or the plot's bottom) and its bytes ``at_peak``. ``phases``: a band per run of one phase
     (``x0``..``x1``, ``label`` when wide enough to be named). ``peak``: its position's centre and height, bytes,
-    module, operator and phase, and the kept point it is. ``timeline``: the data itself (for the tooltips).
+    module, operator and phase, and the kept point it is. ``timeline``: the data itself (for the tooltips), and
+    ``live`` the total bytes of each kept point, exact.
     """
     data = memory["timeline"]
     left, top, right, bottom = _PLOT
@@ -85,8 +86,7 @@ def memory_timeline_chart(memory: Mapping[str, Any]) -> dict[str, Any]:
         peak = {"x": x(data["peak"] + 0.5), "y": y(memory["peak"]), "bytes": memory["peak"], "point": peak_point,
                 "position": data["peak"], "module": memory["module"], "operator": memory["operator"],
                 "phase": memory["phase"],
-                "label": f"peak {format_bytes(memory['peak'])} in the {memory['phase']} of "
-                         f"{memory['module'] or 'the model'} at {memory['operator']}"}
+                "label": f"peak {format_bytes(memory['peak'])} in the {peak_place(memory)}"}
     x_label = f"operators in run order ({length})"
     if bucket > 1:
         x_label += f"; each step of the line is the highest of {bucket}"
@@ -97,6 +97,7 @@ def memory_timeline_chart(memory: Mapping[str, Any]) -> dict[str, Any]:
         "y_max": ticks[-1], "y_ticks": [[y(tick), format_bytes(tick)] for tick in ticks],
         "edges": [x(i * bucket) for i in range(count)] + [x(length)],
         "layers": layers, "phases": phases, "peak": peak, "timeline": data,
+        "live": below,  # each kept point's live bytes, summed here: in the page's doubles a sum past 2**53 rounds
     }
 
 
@@ -263,7 +264,7 @@ function viewX(svg, e, width) {  // the mouse's x in the viewBox's pixels
     const vx = viewX(svg, e, T.width);
     if (vx < left || vx > right) { tip.hidden = true; cursor.setAttribute("visibility", "hidden"); return; }
     const i = pointAt(vx), position = L.position[i], module = L.modules[L.module[i]];
-    const total = L.kinds.reduce((s, k) => s + L.bytes[k][i], 0);
+    const total = T.live[i];
     const lines = ["operator " + (position + 1) + " of " + L.length + " (" + phaseOf(position) + ")",
                    (module === "" ? MODEL : shown(module)) + "  at " + shown(L.operators[L.operator[i]]),
                    "live: " + exact(total) + " bytes = " + bytes(total)];

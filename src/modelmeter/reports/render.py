@@ -24,6 +24,7 @@ from .columns import (
     fit_keys,
     format_bound,
     format_metric,
+    format_percent,
     ratio_cell,
     shapes_cell,
 )
@@ -163,8 +164,16 @@ def memory_note(memory: dict[str, Any]) -> str:
     """One line on the peak: how much, where, and what it was made of."""
     kinds = memory.get("by_kind") or {}
     parts = ", ".join(f"{kind.replace('_', ' ')} {format_bytes(n)}" for kind, n in kinds.items() if n)
-    where = f"{memory.get('phase')} of {memory.get('module') or 'the model'} at {memory.get('operator')}"
-    return f"Peak memory ({memory_step(memory)}): {format_bytes(memory['peak'])} during the {where} ({parts})"
+    return (f"Peak memory ({memory_step(memory)}): {format_bytes(memory['peak'])} during the {peak_place(memory)} "
+            f"({parts})")
+
+
+def peak_place(memory: Mapping[str, Any]) -> str:
+    """Where the peak was: ``"forward of layer1 at conv2d"``; ``"forward of the model, before its first operator"``
+    for a run whose peak is what it started with (a model that runs no operator)."""
+    where = f"{memory.get('phase')} of {memory.get('module') or 'the model'}"
+    operator = memory.get("operator")
+    return f"{where} at {operator}" if operator else f"{where}, before its first operator"
 
 
 def memory_step(memory: Mapping[str, Any]) -> str:
@@ -190,7 +199,7 @@ def roofline_note(summary: dict[str, Any]) -> str:
         parts.append(f"{format_rate(summary['throughput'])} {unit}/s")
     parts.append(f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound")
     if summary.get("predicted_mfu") is not None:
-        parts.append(f"predicted MFU {100 * summary['predicted_mfu']:.1f}%")
+        parts.append(f"predicted MFU {format_percent(summary['predicted_mfu'])}")
     if summary.get("measured_time") is not None:
         parts.append(_measured(summary))
     return "; ".join(parts)
@@ -198,8 +207,8 @@ def roofline_note(summary: dict[str, Any]) -> str:
 
 def _measured(summary: dict[str, Any]) -> str:
     """The measured time's MFU and HFU, with a warning when either is over 100% (no kernel beats the peak)."""
-    text = (f"measured {format_time(summary['measured_time'])}: MFU {100 * summary['mfu']:.1f}%, "
-            f"HFU {100 * summary['hfu']:.1f}%")
+    text = (f"measured {format_time(summary['measured_time'])}: MFU {format_percent(summary['mfu'])}, "
+            f"HFU {format_percent(summary['hfu'])}")
     if max(summary["mfu"], summary["hfu"]) > 1:
         text += (" (over 100%: the measured step ran faster than the device's peak allows; check the measured "
                  "time, the device and the dtype)")

@@ -8,12 +8,12 @@ model.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import InvalidNameError, InvalidTypeError, InvalidValueError
 from . import jsontext
-from .summaries import MAX_NUMBER, check_summaries
+from .summaries import MAX_NUMBER, check_summaries, shown
 
 SCHEMA_VERSION = 1
 # Metrics in bytes (rendered in binary units); "peak_memory" is a module's peak, not a sum over its children.
@@ -172,6 +172,21 @@ class Result:
         return cls.from_dict(data)
 
 
+def check_reportable(result: Result) -> None:
+    """Refuse a result just made that its own JSON could not be read back from: :meth:`Result.from_dict`'s checks
+    of the JSON :meth:`Result.to_json` writes, on every part a report prints but the rows below the model's (its
+    costs bound theirs: they are sums of parts >= 0). A cost over :data:`~.summaries.MAX_NUMBER` (shapes no real
+    model has, a handle's absurd count) or a summary's time under ``MIN_POSITIVE`` is an InvalidValueError here,
+    where it is made, not a file that ``modelmeter report`` and ``load_trace`` refuse later."""
+    data = {f.name: getattr(result, f.name) for f in fields(Result) if f.name != "modules"}
+    data["memory"] = {name: value for name, value in result.memory.items() if name in _MEMORY_TYPES}
+    data["modules"] = [asdict(result.root)]
+    try:
+        Result.from_dict(jsontext.loads(jsontext.dumps(data), "a result"))
+    except ValueError as exc:
+        raise InvalidValueError(f"this run's result cannot be reported or saved: {exc}") from None
+
+
 # The types of a Result's fields and of its rows', as JSON holds them.
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "inputs": (list,), "metrics": (list,), "modules": (list,), "convention": (str,),
@@ -250,4 +265,4 @@ def _check_costs(values: dict[str, Any], where: str) -> None:
         if value is None:
             continue
         if type(value) not in (int, float) or not 0 <= value <= MAX_NUMBER:  # NaN fails both comparisons
-            raise InvalidValueError(f"{where}: {name} is {value!r:.40}, not a number from 0 to {MAX_NUMBER:g}")
+            raise InvalidValueError(f"{where}: {name} is {shown(value)}, not a number from 0 to {MAX_NUMBER:g}")

@@ -7,6 +7,7 @@ modelmeter writes it: each field a report reads present and of its type (a summa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -20,8 +21,16 @@ MAX_NUMBER = 1e30  # no model's cost comes near this (the guard's limit too): a 
 MIN_POSITIVE = 1e-30
 
 
+def shown(value: Any) -> str:
+    """``value`` for a message: a number in full (a number cut to 40 characters reads as a smaller one), an integer
+    of over 39 digits by its size, anything else cut to 40 characters."""
+    if type(value) is int and value.bit_length() > 128:  # (str() refuses ints of over 4300 digits)
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return f"{value!r:.40}"
+
+
 def _refuse(where: str, value: Any, kind: str) -> NoReturn:
-    raise InvalidValueError(f"{where} is {value!r:.40}, not {kind}")
+    raise InvalidValueError(f"{where} is {shown(value)}, not {kind}")
 
 
 def number(value: Any, where: str) -> None:
