@@ -10,6 +10,7 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
@@ -48,6 +49,7 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
     ModelRunError,
+    UnsupportedError,
     Wording,
     cuda_failure,
     literal,
@@ -352,10 +354,11 @@ class _Run:
                 stack.enter_context(DispatchRecorder(recorder))
                 try:
                     output = model(*args, **kwargs)
+                    _refuse_unrun_output(model, output)
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
                     recorder.finish_storages(parts.running(parts.parameters))
-                except _LossFnError:
+                except (_LossFnError, _OutputRefused):
                     raise
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
@@ -381,6 +384,11 @@ class _Run:
         if self.loss_fn is not None:  # the user's loss is work of the step: recorded, at the model's level
             loss = _user_loss(self.loss_fn, output, recorder)
         else:
+            if not any(t.is_floating_point() for t in tensors_in(output)):  # not "nothing requires grad": say so
+                raise _OutputRefused(
+                    f"backward=True: the model's output ({type(output).__name__}) holds no floating-point tensor for "
+                    "the default loss (the sum of the floating-point tensors in tuples, lists, dicts and dataclasses "
+                    "of the output): pass loss_fn=lambda output: <a scalar tensor of it>")
             recorder.paused = True
             try:
                 loss = _sum_of_outputs(output)
@@ -410,6 +418,22 @@ _op_of = attrgetter("op")
 
 class _LossFnError(ModelRunError):
     """The user's ``loss_fn`` failed, or returned no one-element tensor: named as such, not as the model's."""
+
+
+class _OutputRefused(UnsupportedError):
+    """What the model returned cannot be analysed as asked (a generator; no tensor for the default loss)."""
+
+
+def _refuse_unrun_output(model: nn.Module, output: Any) -> None:
+    """A forward that returns a generator or a coroutine has run none of its body yet: counting what ran so far
+    would be a silent zero, and consuming it is the caller's choice (it may never end)."""
+    if not (inspect.isgenerator(output) or inspect.iscoroutine(output) or inspect.isasyncgen(output)):
+        return
+    if not inspect.isasyncgen(output):  # (an async generator's close is a coroutine itself)
+        output.close()  # unstarted, it runs none of the body; a coroutine closed warns of no missing await
+    raise _OutputRefused(
+        f"{type(model).__name__}.forward returned an object of type {type(output).__name__}, whose body runs only as "
+        "it is iterated or awaited: none of it ran. Analyse a module whose forward iterates or awaits it")
 
 
 def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor:

@@ -1,0 +1,204 @@
+"""Models in unusual forms: what their forward takes and returns (dataclasses, generators, outputs without a
+floating-point tensor), beside the forms that already counted right (fx GraphModules, torch.export's unlifted
+module, functional_call, vmap, shared and tied modules, ModuleDict/ParameterList, user hooks).
+
+Oracles: hand arithmetic of the linear layers (``tokens * in * out`` multiply-adds forward; the weight's gradient
+and, where the input requires grad, the input's, the same again backward), torch's ``FlopCounterMode`` (its two
+flops per multiply-add halved) on the eager model, and the same model given its tensors in a plain tuple.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from modelmeter import UnsupportedError, analyze
+
+TOKENS, IN, OUT = 2, 8, 4
+MACS = TOKENS * IN * OUT  # one Linear(IN, OUT) on TOKENS rows
+
+
+def products(model: nn.Module, *args: Any) -> int:
+    """``FlopCounterMode``'s multiply-adds of the eager model (two flops each)."""
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(*args)
+    return int(counter.get_total_flops()) // 2
+
+
+def state_of(model: nn.Module) -> list[tuple[str, torch.Tensor, bool]]:
+    return [(name, t.detach().clone(), t.requires_grad) for name, t in model.state_dict(keep_vars=True).items()]
+
+
+def assert_same_state(model: nn.Module, before: list[tuple[str, torch.Tensor, bool]]) -> None:
+    after = state_of(model)
+    assert [(n, g) for n, _, g in after] == [(n, g) for n, _, g in before]
+    assert all(torch.equal(a, b) for (_, a, _), (_, b, _) in zip(after, before, strict=True))
+    assert all(p.grad is None for p in model.parameters())
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenBatch:
+    x: torch.Tensor
+    scale: float = 1.0
+
+
+@dataclasses.dataclass
+class Pair:
+    logits: torch.Tensor
+    doubled: torch.Tensor
+
+
+class PairTuple(NamedTuple):
+    logits: torch.Tensor
+    doubled: torch.Tensor
+
+
+class _TakesBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        x = batch if isinstance(batch, torch.Tensor) else batch.x
+        return self.proj(x) * 1.0
+
+
+class _ReturnsPair(nn.Module):
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = self.proj(x)
+        return self.kind(y, y * 2)
+
+
+# --- dataclasses: what pytree leaves whole ---------------------------------------------------------------------
+@pytest.mark.parametrize("kind", [Pair, PairTuple])
+def test_a_dataclass_output_feeds_the_default_loss(kind: type) -> None:
+    # The default loss sums the output's floating-point tensors: those of a dataclass too (it was taken for an
+    # output without any, and the backward pass was empty: "nothing requires grad")
+    model = _ReturnsPair(kind)
+    analysis = analyze(model, torch.randn(TOKENS, IN), backward=True, convention="macs", quiet=True)
+    assert analysis.flops.by_phase() == {"forward": MACS, "backward": MACS}  # the weight's gradient
+    assert not any("backward pass is empty" in a for a in analysis.flops.assumptions())
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+@pytest.mark.parametrize("wrap", [Batch, FrozenBatch])
+def test_a_dataclass_input_is_cut_from_the_callers_graph_as_a_tensor_is(execution: str, wrap: type) -> None:
+    # A tensor made by the caller's own graph is cut from it at the model's input: the backward pass neither runs
+    # into the caller's layer (its work is not the model's) nor leaves a gradient on it. In a dataclass it was
+    # passed on as it was: the caller's layer's backward was counted and its weight got a gradient.
+    caller = nn.Linear(IN, IN)
+    model = _TakesBatch()
+    before = state_of(model)
+    plain = analyze(model, (caller(torch.randn(TOKENS, IN)),), backward=True, execution=execution,
+                    convention="macs", memory=True, quiet=True)
+    batch = wrap(caller(torch.randn(TOKENS, IN)))
+    given = batch.x
+    wrapped = analyze(model, (batch,), backward=True, execution=execution, convention="macs", memory=True,
+                      quiet=True)
+    # forward, then the weight's gradient and the input's
+    assert wrapped.flops.by_phase() == plain.flops.by_phase() == {"forward": MACS, "backward": 2 * MACS}
+    assert wrapped.memory.peak() == plain.memory.peak()
+    assert wrapped.memory.peak_info().by_kind == plain.memory.peak_info().by_kind
+    assert caller.weight.grad is None and caller.bias.grad is None
+    assert batch.x is given and batch.scale == 1.0  # the caller's dataclass is left as it was
+    assert_same_state(model, before)
+
+
+def test_a_dataclass_input_counts_its_tensor_as_an_input() -> None:
+    model = _TakesBatch()
+    x = torch.randn(TOKENS, IN)
+    plain = analyze(model, (x,), memory=True, quiet=True)
+    wrapped = analyze(model, (Batch(x),), memory=True, quiet=True)
+    assert wrapped.flops.total() == plain.flops.total() == products(model, x) == MACS
+    assert wrapped.memory.peak() == plain.memory.peak()  # the input's bytes were missing from the peak
+    assert wrapped.trace.inputs == plain.trace.inputs
+
+
+# --- outputs that ran nothing, or hold nothing to differentiate -------------------------------------------------
+class _Generates(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+
+    def forward(self, x: torch.Tensor) -> Iterator[torch.Tensor]:
+        for _ in range(2):
+            yield self.proj(x)
+
+
+class _Awaits(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+
+    async def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+@pytest.mark.parametrize("model_class", [_Generates, _Awaits])
+@pytest.mark.parametrize("options", [{}, {"backward": True}, {"memory": True}])
+def test_a_forward_that_returns_a_generator_or_coroutine_is_refused(model_class: type,
+                                                                     options: dict[str, Any]) -> None:
+    # Its body runs only as it is consumed: the run recorded nothing, and counted 0 FLOPs without a word
+    model = model_class()
+    before = state_of(model)
+    with pytest.raises(UnsupportedError, match=f"{model_class.__name__}.forward returned an object of type "
+                                               r"(generator|coroutine).*none of it ran"):
+        analyze(model, torch.randn(TOKENS, IN), quiet=True, **options)
+    assert_same_state(model, before)
+
+
+class _Argmax(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).argmax(-1)
+
+
+class _Holder:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+class _ReturnsObject(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+
+    def forward(self, x: torch.Tensor) -> _Holder:
+        return _Holder(self.proj(x))
+
+
+@pytest.mark.parametrize("model_class", [_Argmax, _ReturnsObject])
+def test_a_backward_pass_without_a_floating_point_output_is_refused(model_class: type) -> None:
+    # The default loss found nothing to sum and the step was counted with an empty backward pass, "because no
+    # parameter or input requires grad" (they did)
+    model = model_class()
+    with pytest.raises(UnsupportedError, match=rf"output \({'Tensor' if model_class is _Argmax else '_Holder'}\) "
+                                               "holds no floating-point tensor for the default loss.*loss_fn"):
+        analyze(model, torch.randn(TOKENS, IN), backward=True, quiet=True)
+
+
+def test_an_object_output_is_differentiated_through_the_loss_fn_given() -> None:
+    model = _ReturnsObject()
+    counted = analyze(model, torch.randn(TOKENS, IN), backward=True, convention="macs", quiet=True,
+                      loss_fn=lambda out: out.t.sum())
+    assert counted.flops.by_phase() == {"forward": MACS, "backward": MACS}
