@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelmeter import UnsupportedError, analyze
+from modelmeter import InvalidValueError, UnsupportedError, analyze
 
 TOKENS, IN, OUT = 2, 8, 4
 MACS = TOKENS * IN * OUT  # one Linear(IN, OUT) on TOKENS rows
@@ -202,3 +202,64 @@ def test_an_object_output_is_differentiated_through_the_loss_fn_given() -> None:
     counted = analyze(model, torch.randn(TOKENS, IN), backward=True, convention="macs", quiet=True,
                       loss_fn=lambda out: out.t.sum())
     assert counted.flops.by_phase() == {"forward": MACS, "backward": MACS}
+
+
+# --- objects of other classes: what the run cannot replace (a key-value cache) ----------------------------------
+class _Keys:
+    """An object holding tensors, passed to the model (as transformers' ``DynamicCache`` is)."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+
+
+class _Attends(nn.Module):
+    """One query row's scores over cached keys: ``TOKENS x IN`` by ``IN x cached``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(IN, IN)
+
+    def forward(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
+        keys = cache.keys if isinstance(cache, _Keys) else cache[0]
+        return self.query(x) @ keys.T
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_the_tensors_of_an_object_passed_in_are_inputs_of_the_step(execution: str) -> None:
+    # The cache's bytes are live for the whole step, as an argument's are: they were missing from the peak
+    cached = 64
+    x, keys = torch.randn(TOKENS, IN), torch.randn(cached, IN)
+    model = _Attends()
+    in_object = analyze(model, (x, _Keys(keys)), memory=True, execution=execution, convention="macs", quiet=True)
+    in_list = analyze(model, (x, [keys]), memory=True, execution=execution, convention="macs", quiet=True)
+    assert in_object.flops.total() == in_list.flops.total() == TOKENS * IN * IN + TOKENS * IN * cached
+    assert in_object.memory.peak_info().by_kind["input"] == (x.numel() + keys.numel()) * 4
+    assert in_object.memory.peak() == in_list.memory.peak()
+
+
+@pytest.mark.parametrize("execution", ["auto", "real"])
+def test_a_backward_pass_refuses_an_object_holding_a_tensor_of_the_callers_graph(execution: str) -> None:
+    # The run cannot cut it from the caller's graph (it is no argument it replaces): the backward pass ran on into
+    # the caller's layer, counted its work and left a gradient on its weight
+    caller, model = nn.Linear(IN, IN), _Attends()
+    before = state_of(model)
+    cache = _Keys(caller(torch.randn(16, IN)))
+    with pytest.raises(InvalidValueError, match=r"an object passed to the model \(_Keys\) holds a tensor made by "
+                                                r"your autograd graph \(grad_fn AddmmBackward0\).*\.detach\(\)"):
+        analyze(model, (torch.randn(TOKENS, IN), cache), backward=True, execution=execution, quiet=True)
+    assert caller.weight.grad is None
+    assert_same_state(model, before)
+    detached = analyze(model, (torch.randn(TOKENS, IN), _Keys(cache.keys.detach())), backward=True,
+                       execution=execution, convention="macs", quiet=True)
+    # forward: the query and the scores; backward: the query's weight, and the query output's gradient
+    assert detached.flops.by_phase() == {"forward": TOKENS * IN * IN + TOKENS * IN * 16,
+                                         "backward": TOKENS * IN * IN + TOKENS * 16 * IN}
+
+
+def test_a_leaf_held_by_an_object_passed_in_gets_its_gradient_and_keeps_its_own() -> None:
+    model, keys = _Attends(), torch.randn(16, IN, requires_grad=True)
+    keys.grad = torch.ones_like(keys)
+    analysis = analyze(model, (torch.randn(TOKENS, IN), _Keys(keys)), backward=True, convention="macs", quiet=True)
+    # the keys' gradient too: scores' gradient (TOKENS x 16) by the query output (TOKENS x IN)
+    assert analysis.flops.by_phase()["backward"] == TOKENS * IN * IN + 2 * TOKENS * 16 * IN
+    assert torch.equal(keys.grad, torch.ones_like(keys))

@@ -103,7 +103,9 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
             execution: Execution, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    parts = _Parts(names, _objects_in((args, kwargs)))
+    parts = _Parts(names, _objects_in((args, kwargs)), tensors_in((args, kwargs)))
+    if backward:
+        _refuse_graphs_in_objects(parts)
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn, random_states)
@@ -213,10 +215,12 @@ class _Parts:
     stand-ins. ``pristine`` is everything the modules hold, as found (one walk finds the tensors too): each run
     puts it back."""
 
-    def __init__(self, names: ModuleNames, objects: list[Any]) -> None:
+    def __init__(self, names: ModuleNames, objects: list[Any], arguments: list[torch.Tensor]) -> None:
         self.modules = list(names.modules.values())
         _refuse_script_modules(names)
         self.pristine = ModelSnapshot(self.modules, objects)
+        stood_in = {id(t) for t in arguments}  # (a dataclass's tensors are arguments: they get stand-ins)
+        self.held_by_objects = [(given, t) for given, t in self.pristine.held_by_objects if id(t) not in stood_in]
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
         self.wrappers: list[_Transparent | _Eager] = []
@@ -249,6 +253,19 @@ def _refuse_script_modules(names: ModuleNames) -> None:
             raise InvalidTypeError(f"module {name!r} is a TorchScript module ({type(module).__name__}, from "
                                    "torch.jit.script or torch.jit.trace), which cannot be analysed: put the nn.Module "
                                    "it was made from in its place")
+
+
+def _refuse_graphs_in_objects(parts: _Parts) -> None:
+    """A tensor of the caller's autograd graph held by an object the model is given (not an argument, which the
+    run replaces by a stand-in cut from that graph): a backward pass would run on into the caller's graph, count
+    its work as the model's and leave gradients on the caller's tensors."""
+    for given, tensor in parts.held_by_objects:
+        if tensor.grad_fn is not None:
+            raise InvalidValueError(
+                f"backward=True: an object passed to the model ({type(given).__name__}) holds a tensor made by your "
+                f"autograd graph (grad_fn {tensor.grad_fn.name()}), which the run cannot cut from it: the backward "
+                "pass would run on into your graph. Pass it detached (.detach()), or as an argument in a tuple, list, "
+                "dict or dataclass")
 
 
 def _objects_in(inputs: Any) -> list[Any]:
@@ -290,6 +307,7 @@ class _Run:
         args, kwargs = self.args, self.kwargs
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
+        held = [t for _, t in parts.held_by_objects]  # the inputs' objects' tensors, as the run meets them
         if on_meta and not self.backward:  # a forward on meta tensors: repeated calls are replayed (replay.py)
             recorder.memo = CallMemo(recorder)
         try:
@@ -317,6 +335,7 @@ class _Run:
                     with shadows.seeding():
                         args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)
                         stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
+                    held = [fake_mode.from_tensor(t) for t in held]  # (the conversion its operators make: memoised)
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
                     stack.enter_context(KeptValues(tensors_in((args, kwargs))))
@@ -339,7 +358,7 @@ class _Run:
                     lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
                 # storages freed and allocated again by hand (FSDP2's unsharded parameters): lifetimes of their own
                 stack.enter_context(observed_storage_resizes(recorder.storages.resized))
-                _note_existing_storages(recorder, parts, args, kwargs)
+                _note_existing_storages(recorder, parts, [*tensors_in((args, kwargs)), *held])
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
                     pack = recorder.pack_saved  # one object: the hooks are told apart by it
@@ -464,14 +483,14 @@ def _packed(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.values() if isinstance(tensor, JaggedTensor) else tensor
 
 
-def _note_existing_storages(recorder: Recorder, parts: _Parts, args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> None:
-    """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs."""
+def _note_existing_storages(recorder: Recorder, parts: _Parts, inputs: list[torch.Tensor]) -> None:
+    """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs (those the
+    objects it is given hold too: a key-value cache)."""
     for tensor in parts.running(parts.parameters):
         recorder.storages.existing(tensor, "parameter")
     for tensor in parts.running(parts.buffers):
         recorder.storages.existing(tensor, "buffer")
-    for tensor in tensors_in((args, kwargs)):
+    for tensor in inputs:
         recorder.storages.existing(tensor, "input")
 
 
