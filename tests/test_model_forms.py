@@ -10,7 +10,9 @@ flops per multiply-add halved) on the eager model, and the same model given its 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -19,6 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from modelmeter import InvalidValueError, UnsupportedError, analyze
+from modelmeter.cli import main
 
 TOKENS, IN, OUT = 2, 8, 4
 MACS = TOKENS * IN * OUT  # one Linear(IN, OUT) on TOKENS rows
@@ -263,3 +266,48 @@ def test_a_leaf_held_by_an_object_passed_in_gets_its_gradient_and_keeps_its_own(
     # the keys' gradient too: scores' gradient (TOKENS x 16) by the query output (TOKENS x IN)
     assert analysis.flops.by_phase()["backward"] == TOKENS * IN * IN + 2 * TOKENS * 16 * IN
     assert torch.equal(keys.grad, torch.ones_like(keys))
+
+
+# --- the command -------------------------------------------------------------------------------------------------
+_FACTORIES = '''
+import torch
+from torch import nn
+
+
+def exported():
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU()).eval()
+    return torch.export.export(model, (torch.randn(2, 8),)).module()
+
+
+def generates():
+    class Generates(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 4)
+
+        def forward(self, x):
+            yield self.proj(x)
+
+    return Generates()
+'''
+
+
+def test_the_command_analyses_an_exported_programs_module(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # torch.export's module refuses eval() (its graph fixed the mode): the command stopped on torch's traceback
+    (tmp_path / "forms.py").write_text(_FACTORIES)
+    assert main([f"{tmp_path / 'forms.py'}:exported", "--input", "2x8", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    model = report["modules"][0]
+    assert model["name"] == "" and model["metrics"]["flops"] == 2 * 8 * 4  # one Linear(8, 4) on 2 rows
+    assert any("cannot be put in eval mode" in note for note in report["assumptions"])
+
+
+def test_the_command_refuses_a_forward_that_returns_a_generator(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "forms.py").write_text(_FACTORIES)
+    assert main([f"{tmp_path / 'forms.py'}:generates", "--input", "2x8"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err == ("modelmeter: Generates.forward returned an object of type generator, whose body runs only as it is "
+                   "iterated or awaited: none of it ran. Analyse a module whose forward iterates or awaits it\n")
