@@ -311,3 +311,26 @@ def test_the_command_refuses_a_forward_that_returns_a_generator(tmp_path: Path,
     assert out == "" and "Traceback" not in err
     assert err == ("modelmeter: Generates.forward returned an object of type generator, whose body runs only as it is "
                    "iterated or awaited: none of it ran. Analyse a module whose forward iterates or awaits it\n")
+
+
+# --- transforms inside forward --------------------------------------------------------------------------------
+class _Hessian(nn.Module):
+    """``torch.func.hessian`` of a squared linear form: its forward-mode pass runs torch's primitives
+    (``prims::add``, ``prims::mul``) beside aten's operators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.func.hessian(lambda y: self.proj(y).pow(2).sum())(x[0])
+
+
+@pytest.mark.parametrize("convention", ["fvcore", "macs", "flops"])
+def test_the_element_wise_primitives_of_a_hessian_are_element_wise_operators(convention: str) -> None:
+    # They were reported as unsupported operators, and the "flops" convention left their work out
+    analysis = analyze(_Hessian(), torch.randn(3, IN), convention=convention, quiet=True)
+    assert not analysis.flops.unsupported_ops()
+    without = analysis.flops.copy().set_op_handle("prims::add", None, "prims::mul", None)
+    # one flop per output element: two adds of IN x 1 (x 1) gradients, one product of a 1 x 1 one
+    assert analysis.flops.total() - without.total() == (2 * IN + 1 if convention == "flops" else 0)
