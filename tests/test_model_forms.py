@@ -334,3 +334,52 @@ def test_the_element_wise_primitives_of_a_hessian_are_element_wise_operators(con
     without = analysis.flops.copy().set_op_handle("prims::add", None, "prims::mul", None)
     # one flop per output element: two adds of IN x 1 (x 1) gradients, one product of a 1 x 1 one
     assert analysis.flops.total() - without.total() == (2 * IN + 1 if convention == "flops" else 0)
+
+
+# --- sparse tensors: what they store ----------------------------------------------------------------------------
+class _SparseWeight(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(self.weight, x.T)
+
+
+class _SparseInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(IN, OUT))
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(a, self.weight)
+
+
+def _stored_bytes(sparse: torch.Tensor) -> int:
+    """Its values' and indices' bytes, by hand: COO keeps nnz values and a 2 x nnz int64 index."""
+    nnz = sparse.coalesce().values().numel()
+    return nnz * sparse.element_size() + 2 * nnz * 8
+
+
+@pytest.mark.parametrize("execution", ["auto", "real"])
+def test_a_sparse_parameter_or_input_counts_what_it_stores(execution: str) -> None:
+    # Its bytes were left out of memory (a sparse tensor has no storage of its own: its values and indices have),
+    # and a fake run's copy stores nothing: it runs real kernels, as a quantized tensor does
+    weight = (torch.randn(64, IN) * (torch.rand(64, IN) < 0.3)).to_sparse()
+    model = _SparseWeight(weight)
+    analysis = analyze(model, torch.randn(TOKENS, IN), memory=True, execution=execution, quiet=True)
+    assert analysis.memory.peak_info().by_kind["parameter"] == _stored_bytes(weight)
+    assert analysis.trace.execution == "real"
+    assert any("sparse tensors ('weight', held by the model)" in a for a in analysis.assumptions()) \
+        == (execution == "auto")
+    a = torch.randn(TOKENS, IN).relu().to_sparse()
+    given = analyze(_SparseInput(), a, memory=True, execution=execution, quiet=True)
+    assert given.memory.peak_info().by_kind["input"] == _stored_bytes(a)
+
+
+def test_a_fake_run_of_a_sparse_tensor_is_refused_by_name() -> None:
+    model = _SparseWeight(torch.eye(IN).to_sparse())
+    with pytest.raises(InvalidValueError, match=r"sparse tensors \('weight', held by the model\) need real kernels"):
+        analyze(model, torch.randn(TOKENS, IN), execution="fake", quiet=True)
+    with pytest.raises(InvalidValueError, match=r"sparse tensors \(inputs\[0\]\) need real kernels"):
+        analyze(_SparseInput(), torch.eye(IN).to_sparse(), execution="fake", quiet=True)

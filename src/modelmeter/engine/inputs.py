@@ -76,11 +76,10 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         raise InvalidTypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}{hint}") from None
 
 
-def quantized_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """The path of the first quantized tensor among the inputs (``"inputs[0]"``), or None: only real kernels take
-    one."""
-    return next((path for path, leaf in _leaves(args, kwargs)
-                 if isinstance(leaf, torch.Tensor) and leaf.is_quantized), None)
+def input_where(args: tuple[Any, ...], kwargs: dict[str, Any], test: Callable[[torch.Tensor], bool]) -> str | None:
+    """The path of the first input tensor that passes ``test`` (``"inputs[0]"``), or None (a quantized or a sparse
+    one: only real kernels take it)."""
+    return next((path for path, leaf in _leaves(args, kwargs) if isinstance(leaf, torch.Tensor) and test(leaf)), None)
 
 
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:

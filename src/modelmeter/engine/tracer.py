@@ -59,8 +59,8 @@ from .cuda_stand_in import CudaRequests, on_device
 from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
-from .inputs import map_tensors, quantized_input, tensors_in
-from .metadata import describe, meta_stands_for
+from .inputs import input_where, map_tensors, tensors_in
+from .metadata import describe, is_sparse, meta_stands_for
 from .naming import ModuleNames
 from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
@@ -112,10 +112,14 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
         return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
                               "the lengths of their sequences are values")
-    quantized = quantized_input(args, kwargs) or _quantized_state(parts)
+    quantized = input_where(args, kwargs, _is_quantized) or _state_where(parts, _is_quantized)
     if quantized is not None:
         return _run_real_only(run, execution, no_values, f"quantized tensors ({quantized})",
                               "FakeTensors and meta tensors cannot stand for them")
+    sparse = input_where(args, kwargs, is_sparse) or _state_where(parts, is_sparse)
+    if sparse is not None:
+        return _run_real_only(run, execution, no_values, f"sparse tensors ({sparse})",
+                              "their FakeTensors and meta copies store no values or indices")
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     try:
@@ -201,12 +205,16 @@ def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: st
     return trace
 
 
-def _quantized_state(parts: _Parts) -> str | None:
-    """The name of the model's first quantized parameter, buffer or tensor attribute, or None."""
+def _state_where(parts: _Parts, test: Callable[[torch.Tensor], bool]) -> str | None:
+    """The name of the model's first parameter, buffer or tensor attribute that passes ``test``, or None."""
     for _, name, tensor in (*parts.held_parameters, *parts.held_others):
-        if tensor.is_quantized:
+        if test(tensor):
             return f"{name!r}, held by the model"
     return None
+
+
+def _is_quantized(tensor: torch.Tensor) -> bool:
+    return tensor.is_quantized
 
 
 class _Parts:
