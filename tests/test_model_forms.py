@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelmeter import InvalidValueError, UnsupportedError, analyze
+from modelmeter import InvalidValueError, UnsupportedError, analyze, parameter_count
 from modelmeter.cli import main
 
 TOKENS, IN, OUT = 2, 8, 4
@@ -383,3 +383,46 @@ def test_a_fake_run_of_a_sparse_tensor_is_refused_by_name() -> None:
         analyze(model, torch.randn(TOKENS, IN), execution="fake", quiet=True)
     with pytest.raises(InvalidValueError, match=r"sparse tensors \(inputs\[0\]\) need real kernels"):
         analyze(_SparseInput(), torch.eye(IN).to_sparse(), execution="fake", quiet=True)
+
+
+# --- module trees -------------------------------------------------------------------------------------------------
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, IN)
+
+    def forward(self, x: torch.Tensor, inner: bool = False) -> torch.Tensor:
+        return self.proj(x) if inner else self.loop(x)
+
+
+class _Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, IN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.back(self.proj(x), inner=True)
+
+
+def test_a_cycle_of_submodules_is_refused_by_path() -> None:
+    # It runs (each call takes another branch), but every walk of its tree went round it: a RecursionError from
+    # deep inside the shared store's walk
+    outer, loop = _Outer(), _Loop()
+    outer.loop = loop
+    loop.back = outer
+    assert outer(torch.randn(TOKENS, IN)).shape == (TOKENS, IN)
+    weights = [p.detach().clone() for p in outer.parameters()]
+    for options in ({}, {"backward": True, "memory": True}):
+        with pytest.raises(InvalidValueError, match=r"module 'loop.back' is 'the model' again, which contains it: "
+                                                    r"a cycle of submodules \(_Outer\)"):
+            analyze(outer, torch.randn(TOKENS, IN), quiet=True, **options)
+    with pytest.raises(InvalidValueError, match="a cycle of submodules"):
+        parameter_count(outer)
+    assert all(torch.equal(a, b) for a, b in zip(outer.parameters(), weights, strict=True))
+
+
+def test_a_module_shared_by_two_parents_is_no_cycle() -> None:
+    shared = nn.Linear(IN, IN)
+    model = nn.Sequential(nn.Sequential(shared), nn.Sequential(shared, nn.ReLU()))
+    analysis = analyze(model, torch.randn(TOKENS, IN), convention="macs", quiet=True)
+    assert analysis.flops.total() == products(model, torch.randn(TOKENS, IN)) == 2 * TOKENS * IN * IN

@@ -14,6 +14,7 @@ from torch import nn
 from .._torch_compat import pytree
 from ..errors import InvalidTypeError
 from .metadata import NESTED_STRIDED
+from .naming import named_modules_with_dup
 
 
 class Args:
@@ -58,6 +59,7 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if isinstance(model, torch.jit.ScriptModule):  # its modules are C++ objects: nothing to attribute counts to
         raise InvalidTypeError(f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
                                "torch.jit.trace), which cannot be analysed: pass the nn.Module it was made from")
+    named_modules_with_dup(model)  # (refuses a cycle of submodules, before any other walk goes round it)
     for path, leaf in _leaves(args, kwargs):
         module = type(leaf).__module__
         if module == "numpy" or module.startswith("numpy."):
