@@ -262,8 +262,19 @@ def load_model(spec: str, overrides: Sequence[str] = (), *, device: str | torch.
         raise ModelSpecError(_file_without_factory(spec))
     else:
         loaded = _load_zoo(spec, parse_overrides(items), torch.device(device), resolution)
-    loaded.model.eval()
+    _to_eval_mode(loaded, spec)
     return loaded
+
+
+def _to_eval_mode(loaded: LoadedModel, spec: str) -> None:
+    """The model in eval mode. One that cannot switch (torch.export's module, whose graph fixed the mode it was
+    exported in, raises NotImplementedError) runs as it is, and the run's assumptions say so."""
+    with _building(f"{spec!r} in eval mode"):
+        try:
+            loaded.model.eval()
+        except NotImplementedError as exc:
+            loaded.notes.append(f"the model cannot be put in eval mode ({one_line(exc)}): it runs in the mode it "
+                                "was made in (torch.export fixes it at export)")
 
 
 _EXAMPLES = {"torchvision": "resnet50", "timm": "resnet50", "transformers": "LlamaConfig"}

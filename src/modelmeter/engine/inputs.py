@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +14,7 @@ from torch import nn
 from .._torch_compat import pytree
 from ..errors import InvalidTypeError
 from .metadata import NESTED_STRIDED
+from .naming import named_modules_with_dup
 
 
 class Args:
@@ -56,6 +59,7 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if isinstance(model, torch.jit.ScriptModule):  # its modules are C++ objects: nothing to attribute counts to
         raise InvalidTypeError(f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
                                "torch.jit.trace), which cannot be analysed: pass the nn.Module it was made from")
+    named_modules_with_dup(model)  # (refuses a cycle of submodules, before any other walk goes round it)
     for path, leaf in _leaves(args, kwargs):
         module = type(leaf).__module__
         if module == "numpy" or module.startswith("numpy."):
@@ -74,11 +78,10 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         raise InvalidTypeError(f"inputs do not match {type(model).__name__}.forward{signature}: {exc}{hint}") from None
 
 
-def quantized_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """The path of the first quantized tensor among the inputs (``"inputs[0]"``), or None: only real kernels take
-    one."""
-    return next((path for path, leaf in _leaves(args, kwargs)
-                 if isinstance(leaf, torch.Tensor) and leaf.is_quantized), None)
+def input_where(args: tuple[Any, ...], kwargs: dict[str, Any], test: Callable[[torch.Tensor], bool]) -> str | None:
+    """The path of the first input tensor that passes ``test`` (``"inputs[0]"``), or None (a quantized or a sparse
+    one: only real kernels take it)."""
+    return next((path for path, leaf in _leaves(args, kwargs) if isinstance(leaf, torch.Tensor) and test(leaf)), None)
 
 
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -90,9 +93,46 @@ def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, An
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
-    """Apply ``fn`` to every tensor in a nested structure of arguments."""
-    return pytree.tree_map_only(torch.Tensor, fn, tree)
+    """Apply ``fn`` to every tensor in a nested structure of arguments, the fields of dataclasses included (a
+    dataclass holding a tensor is copied, with the field replaced: the caller's is left as it is)."""
+    def leaf(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if _is_dataclass_instance(value):
+            return _with_fields(value, lambda field: map_tensors(fn, field))
+        return value
+
+    return pytree.tree_map(leaf, tree)
 
 
 def tensors_in(tree: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    """Every tensor in a nested structure, in order: in pytree's containers and in the fields of dataclasses (a
+    batch or an output given as a dataclass, which pytree leaves whole)."""
+    found: list[torch.Tensor] = []
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif _is_dataclass_instance(leaf):
+            found += tensors_in([getattr(leaf, field.name) for field in dataclasses.fields(leaf)])
+    return found
+
+
+def _is_dataclass_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _with_fields(value: Any, convert: Callable[[Any], Any]) -> Any:
+    """``value`` itself when ``convert`` returns every field as it is, else a shallow copy of it with the fields
+    ``convert`` changed (set as a frozen dataclass allows: no ``__init__`` or ``__post_init__`` runs again)."""
+    changed = {}
+    for field in dataclasses.fields(value):
+        before = getattr(value, field.name)
+        after = convert(before)
+        if after is not before:
+            changed[field.name] = after
+    if not changed:
+        return value
+    made = copy.copy(value)
+    for name, after in changed.items():
+        object.__setattr__(made, name, after)
+    return made

@@ -130,13 +130,20 @@ _SPARSE_LAYOUTS: dict[torch.layout, tuple[str, ...]] = {
 }
 
 
+def is_sparse(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` has a sparse layout (COO, CSR, CSC, BSR, BSC)."""
+    return tensor.layout in _SPARSE_LAYOUTS
+
+
+def sparse_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """What a sparse tensor stores, its values and indices, as tensors of their own; ``[]`` for another layout."""
+    return [getattr(tensor, part)() for part in _SPARSE_LAYOUTS.get(tensor.layout, ())]
+
+
 def _stored(tensor: torch.Tensor) -> int:
     """A sparse tensor's footprint: what it stores (its values and indices), in elements of its dtype rounded up,
     not the dense shape it describes. A meta copy (a fake run) stores nothing."""
-    stored = 0
-    for part in _SPARSE_LAYOUTS[tensor.layout]:
-        values = getattr(tensor, part)()
-        stored += values.numel() * values.element_size()
+    stored = sum(part.numel() * part.element_size() for part in sparse_parts(tensor))
     return -(-stored // tensor.element_size())
 
 

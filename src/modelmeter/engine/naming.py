@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .._torch_compat import children_of, class_name, local_tensor, parameters_of
+from ..errors import InvalidValueError
 from .metadata import dtype_name
 from .trace import ModuleInfo, ParameterInfo
 
@@ -24,19 +25,30 @@ _NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.Identity)
 
 
 def named_modules_with_dup(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
-    """Like ``named_modules()`` but yields a shared module once per path that reaches it."""
+    """Like ``named_modules()`` but yields a shared module once per path that reaches it. A module that is its own
+    submodule (``a.b = b; b.a = a``) is refused: every walk of the tree — torch's ``train()`` and ``state_dict()``,
+    the analysis's — would go round it until Python's recursion limit."""
     found: list[tuple[str, nn.Module]] = []
-    _paths(model, prefix, found)
+    _paths(model, prefix, found, {})
     return iter(found)
 
 
-def _paths(module: nn.Module, prefix: str, found: list[tuple[str, nn.Module]]) -> None:
+def _paths(module: nn.Module, prefix: str, found: list[tuple[str, nn.Module]], above: dict[int, str]) -> None:
     """Append every path to ``module`` and its submodules, depth first: one call per path (nested generators would
-    pass each path up through every level above it)."""
+    pass each path up through every level above it). ``above``: id -> path of the modules above ``prefix``."""
     found.append((prefix, module))
+    above[id(module)] = prefix
     for name, child in children_of(module).items():
-        if child is not None:
-            _paths(child, f"{prefix}.{name}" if prefix else name, found)
+        if child is None:
+            continue
+        path = f"{prefix}.{name}" if prefix else name
+        if id(child) in above:
+            raise InvalidValueError(
+                f"module {path!r} is {above[id(child)] or 'the model'!r} again, which contains it: a cycle of "
+                f"submodules ({type(child).__name__}), whose walks (torch's train() and state_dict(), the "
+                "analysis's) never end; keep one of the two references out of the module tree")
+        _paths(child, path, found, above)
+    del above[id(module)]
 
 
 class ModuleNames:

@@ -46,8 +46,8 @@ class ModelSnapshot:
     of the tensors there — a forward that appends to a cache it is passed must leave it as it was.
 
     Found on the way: where each parameter, buffer and plain tensor attribute of a module is held (what a run
-    swaps for a stand-in), and whether a module holds a script object (``packed``: a quantized layer's packed
-    weights).
+    swaps for a stand-in), whether a module holds a script object (``packed``: a quantized layer's packed
+    weights), and ``held_by_objects``: each tensor the objects hold, with the object given (the step's inputs too).
     """
 
     def __init__(self, modules: list[nn.Module], objects: Iterable[Any] = ()) -> None:
@@ -65,7 +65,11 @@ class ModelSnapshot:
         self._seen = {id(module) for module in modules}
         for module in modules:
             self._module(module)
-        self._walk(objects, into_objects=True)
+        held_by_objects = []  # (an object the run is given, a tensor found from it): its input's bytes
+        for given in objects:
+            first = len(self._tensors)
+            self._walk([given], into_objects=True)
+            held_by_objects += [(given, t) for t in self._tensors[first:]]
         held = [t for _, _, t in (*self.parameters, *self.buffers, *self.attributes)]
         tensors = {id(t): t for t in (*held, *self._tensors)}.values()
         self.leaves = [(t, t.requires_grad, t.grad) for t in tensors if t.is_leaf]  # what a run may change of them
@@ -74,6 +78,7 @@ class ModelSnapshot:
         # are parameters, buffers or attributes too (a list of the model's parameters): a copy of every one for
         # every analysis would double the model's memory, and real kernels copy a parameter when it is written
         swapped = {id(t) for t in held}
+        self.held_by_objects = [(given, t) for given, t in held_by_objects if id(t) not in swapped]
         self.values = KeptValues(t for t in self._tensors if id(t) not in swapped)
 
     def _module(self, module: nn.Module) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .._torch_compat import local_tensor
-from .metadata import describe, device_name, dtype_name, storage_device_name
+from .metadata import describe, device_name, dtype_name, sparse_parts, storage_device_name
 from .trace import Storage, StorageKind, TensorMeta
 
 
@@ -48,6 +48,8 @@ class StorageTracker:
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less layouts
+            for part in sparse_parts(tensor):  # a sparse tensor's bytes: the storages of its values and indices
+                self._record(part, kind, born)
             return None
         key = id(storage)
         record = self._live.get(key)

@@ -10,6 +10,7 @@ placeholder values are assumed instead, and each assumption is recorded in the t
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
@@ -48,6 +49,7 @@ from ..errors import (
     InvalidTypeError,
     InvalidValueError,
     ModelRunError,
+    UnsupportedError,
     Wording,
     cuda_failure,
     literal,
@@ -57,8 +59,8 @@ from .cuda_stand_in import CudaRequests, on_device
 from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
-from .inputs import map_tensors, quantized_input, tensors_in
-from .metadata import describe, meta_stands_for
+from .inputs import input_where, map_tensors, tensors_in
+from .metadata import describe, is_sparse, meta_stands_for
 from .naming import ModuleNames
 from .op_tags import op_tags
 from .recorder import DispatchRecorder, FunctionRecorder, JaggedTensor, Recorder, autograd_functions
@@ -101,17 +103,23 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
             execution: Execution, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    parts = _Parts(names, _objects_in((args, kwargs)))
+    parts = _Parts(names, _objects_in((args, kwargs)), tensors_in((args, kwargs)))
+    if backward:
+        _refuse_graphs_in_objects(parts)
     model_on_meta = any(t.is_meta for t in parts.state())
     no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn, random_states)
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
         return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
                               "the lengths of their sequences are values")
-    quantized = quantized_input(args, kwargs) or _quantized_state(parts)
+    quantized = input_where(args, kwargs, _is_quantized) or _state_where(parts, _is_quantized)
     if quantized is not None:
         return _run_real_only(run, execution, no_values, f"quantized tensors ({quantized})",
                               "FakeTensors and meta tensors cannot stand for them")
+    sparse = input_where(args, kwargs, is_sparse) or _state_where(parts, is_sparse)
+    if sparse is not None:
+        return _run_real_only(run, execution, no_values, f"sparse tensors ({sparse})",
+                              "their FakeTensors and meta copies store no values or indices")
     if execution == "real":
         return run(fake=False, model_on_meta=model_on_meta, no_values=no_values)
     try:
@@ -197,12 +205,16 @@ def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: st
     return trace
 
 
-def _quantized_state(parts: _Parts) -> str | None:
-    """The name of the model's first quantized parameter, buffer or tensor attribute, or None."""
+def _state_where(parts: _Parts, test: Callable[[torch.Tensor], bool]) -> str | None:
+    """The name of the model's first parameter, buffer or tensor attribute that passes ``test``, or None."""
     for _, name, tensor in (*parts.held_parameters, *parts.held_others):
-        if tensor.is_quantized:
+        if test(tensor):
             return f"{name!r}, held by the model"
     return None
+
+
+def _is_quantized(tensor: torch.Tensor) -> bool:
+    return tensor.is_quantized
 
 
 class _Parts:
@@ -211,10 +223,12 @@ class _Parts:
     stand-ins. ``pristine`` is everything the modules hold, as found (one walk finds the tensors too): each run
     puts it back."""
 
-    def __init__(self, names: ModuleNames, objects: list[Any]) -> None:
+    def __init__(self, names: ModuleNames, objects: list[Any], arguments: list[torch.Tensor]) -> None:
         self.modules = list(names.modules.values())
         _refuse_script_modules(names)
         self.pristine = ModelSnapshot(self.modules, objects)
+        stood_in = {id(t) for t in arguments}  # (a dataclass's tensors are arguments: they get stand-ins)
+        self.held_by_objects = [(given, t) for given, t in self.pristine.held_by_objects if id(t) not in stood_in]
         self.held_parameters: list[_Held] = self.pristine.parameters
         self.held_others: list[_Held] = [*self.pristine.buffers, *self.pristine.attributes]
         self.wrappers: list[_Transparent | _Eager] = []
@@ -247,6 +261,19 @@ def _refuse_script_modules(names: ModuleNames) -> None:
             raise InvalidTypeError(f"module {name!r} is a TorchScript module ({type(module).__name__}, from "
                                    "torch.jit.script or torch.jit.trace), which cannot be analysed: put the nn.Module "
                                    "it was made from in its place")
+
+
+def _refuse_graphs_in_objects(parts: _Parts) -> None:
+    """A tensor of the caller's autograd graph held by an object the model is given (not an argument, which the
+    run replaces by a stand-in cut from that graph): a backward pass would run on into the caller's graph, count
+    its work as the model's and leave gradients on the caller's tensors."""
+    for given, tensor in parts.held_by_objects:
+        if tensor.grad_fn is not None:
+            raise InvalidValueError(
+                f"backward=True: an object passed to the model ({type(given).__name__}) holds a tensor made by your "
+                f"autograd graph (grad_fn {tensor.grad_fn.name()}), which the run cannot cut from it: the backward "
+                "pass would run on into your graph. Pass it detached (.detach()), or as an argument in a tuple, list, "
+                "dict or dataclass")
 
 
 def _objects_in(inputs: Any) -> list[Any]:
@@ -288,6 +315,7 @@ class _Run:
         args, kwargs = self.args, self.kwargs
         recorder = Recorder(names, track_autograd=self.backward)
         recorder.placeholders = no_values
+        held = [t for _, t in parts.held_by_objects]  # the inputs' objects' tensors, as the run meets them
         if on_meta and not self.backward:  # a forward on meta tensors: repeated calls are replayed (replay.py)
             recorder.memo = CallMemo(recorder)
         try:
@@ -315,6 +343,7 @@ class _Run:
                     with shadows.seeding():
                         args, kwargs = _fake_inputs(parts, args, kwargs, fake_mode, model_on_meta, shadows, device)
                         stack.enter_context(_SwappedState(parts, _Faker(fake_mode, shadows, device)))
+                    held = [fake_mode.from_tensor(t) for t in held]  # (the conversion its operators make: memoised)
                 else:
                     _reject_meta_inputs_for_real_model(parts, args, kwargs)
                     stack.enter_context(KeptValues(tensors_in((args, kwargs))))
@@ -337,7 +366,7 @@ class _Run:
                     lambda state: recorder.storages.outputs(state, len(recorder.trace.events), "other")))
                 # storages freed and allocated again by hand (FSDP2's unsharded parameters): lifetimes of their own
                 stack.enter_context(observed_storage_resizes(recorder.storages.resized))
-                _note_existing_storages(recorder, parts, args, kwargs)
+                _note_existing_storages(recorder, parts, [*tensors_in((args, kwargs)), *held])
                 if self.backward:  # training: autograd records the graph; what it saves is noted
                     stack.enter_context(torch.enable_grad())
                     pack = recorder.pack_saved  # one object: the hooks are told apart by it
@@ -352,10 +381,11 @@ class _Run:
                 stack.enter_context(DispatchRecorder(recorder))
                 try:
                     output = model(*args, **kwargs)
+                    _refuse_unrun_output(model, output)
                     if self.backward:
                         self._backward(output, args, kwargs, recorder)
                     recorder.finish_storages(parts.running(parts.parameters))
-                except _LossFnError:
+                except (_LossFnError, _OutputRefused):
                     raise
                 except Exception as exc:
                     raise _describe_failure(model, names, recorder, exc) from exc
@@ -381,6 +411,11 @@ class _Run:
         if self.loss_fn is not None:  # the user's loss is work of the step: recorded, at the model's level
             loss = _user_loss(self.loss_fn, output, recorder)
         else:
+            if not any(t.is_floating_point() for t in tensors_in(output)):  # not "nothing requires grad": say so
+                raise _OutputRefused(
+                    f"backward=True: the model's output ({type(output).__name__}) holds no floating-point tensor for "
+                    "the default loss (the sum of the floating-point tensors in tuples, lists, dicts and dataclasses "
+                    "of the output): pass loss_fn=lambda output: <a scalar tensor of it>")
             recorder.paused = True
             try:
                 loss = _sum_of_outputs(output)
@@ -412,6 +447,22 @@ class _LossFnError(ModelRunError):
     """The user's ``loss_fn`` failed, or returned no one-element tensor: named as such, not as the model's."""
 
 
+class _OutputRefused(UnsupportedError):
+    """What the model returned cannot be analysed as asked (a generator; no tensor for the default loss)."""
+
+
+def _refuse_unrun_output(model: nn.Module, output: Any) -> None:
+    """A forward that returns a generator or a coroutine has run none of its body yet: counting what ran so far
+    would be a silent zero, and consuming it is the caller's choice (it may never end)."""
+    if not (inspect.isgenerator(output) or inspect.iscoroutine(output) or inspect.isasyncgen(output)):
+        return
+    if not inspect.isasyncgen(output):  # (an async generator's close is a coroutine itself)
+        output.close()  # unstarted, it runs none of the body; a coroutine closed warns of no missing await
+    raise _OutputRefused(
+        f"{type(model).__name__}.forward returned an object of type {type(output).__name__}, whose body runs only as "
+        "it is iterated or awaited: none of it ran. Analyse a module whose forward iterates or awaits it")
+
+
 def _user_loss(loss_fn: LossFn, output: Any, recorder: Recorder) -> torch.Tensor:
     """``loss_fn(output)``, a tensor of one element; a :class:`_LossFnError` naming the operator where it failed."""
     try:
@@ -440,14 +491,14 @@ def _packed(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.values() if isinstance(tensor, JaggedTensor) else tensor
 
 
-def _note_existing_storages(recorder: Recorder, parts: _Parts, args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> None:
-    """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs."""
+def _note_existing_storages(recorder: Recorder, parts: _Parts, inputs: list[torch.Tensor]) -> None:
+    """The storages the run starts with: the model's state (as it runs: the stand-ins) and the inputs (those the
+    objects it is given hold too: a key-value cache)."""
     for tensor in parts.running(parts.parameters):
         recorder.storages.existing(tensor, "parameter")
     for tensor in parts.running(parts.buffers):
         recorder.storages.existing(tensor, "buffer")
-    for tensor in tensors_in((args, kwargs)):
+    for tensor in inputs:
         recorder.storages.existing(tensor, "input")
 
 

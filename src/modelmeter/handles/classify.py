@@ -68,6 +68,16 @@ QUANTIZED_ELEMENTWISE_OPS = frozenset(f"quantized::{op}" for op in (
     "celu", "clamp", "elu", "leaky_relu", "relu6", "sigmoid"))
 
 
+# Element-wise arithmetic of torch's primitives (``prims::``), which functorch's transforms reach through their
+# decompositions (``torch.func.hessian``'s forward-mode pass) and torch tags with nothing: by their full names.
+PRIMS_ELEMENTWISE_OPS = frozenset(f"prims::{op}" for op in (
+    "abs", "acos", "acosh", "add", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "cos", "cosh",
+    "digamma", "div", "erf", "erf_inv", "erfc", "erfcx", "exp", "exp2", "expm1", "floor", "fmax", "fmin", "fmod",
+    "hypot", "lgamma", "log", "log10", "log1p", "log2", "maximum", "minimum", "mul", "ndtri", "neg", "nextafter",
+    "pow", "reciprocal", "remainder", "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "sub", "tan", "tanh",
+    "trunc"))
+
+
 # Operators that move data into or out of torch, allocate, or read metadata: no computation of their own. A custom
 # autograd Function that runs nothing else computed its outputs where the recorder cannot see (numpy, an extension).
 BRIDGE_OPS = frozenset({
@@ -129,7 +139,7 @@ class Classifier:
     def _elementwise_uncached(self, op: str) -> bool:
         if self.is_free(op):
             return False
-        if _short(op) in UNTAGGED_ELEMENTWISE_OPS or op in QUANTIZED_ELEMENTWISE_OPS:
+        if _short(op) in UNTAGGED_ELEMENTWISE_OPS or op in QUANTIZED_ELEMENTWISE_OPS or op in PRIMS_ELEMENTWISE_OPS:
             return True
         pointwise = "pointwise" in self.tags(op)
         if _in_place(op):
