@@ -112,11 +112,12 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
     if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
         return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
                               "the lengths of their sequences are values")
-    quantized = input_where(args, kwargs, _is_quantized) or _state_where(parts, _is_quantized)
+    quantized_state, sparse_state = _unusual_state(parts)
+    quantized = input_where(args, kwargs, _is_quantized) or quantized_state
     if quantized is not None:
         return _run_real_only(run, execution, no_values, f"quantized tensors ({quantized})",
                               "FakeTensors and meta tensors cannot stand for them")
-    sparse = input_where(args, kwargs, is_sparse) or _state_where(parts, is_sparse)
+    sparse = input_where(args, kwargs, is_sparse) or sparse_state
     if sparse is not None:
         return _run_real_only(run, execution, no_values, f"sparse tensors ({sparse})",
                               "their FakeTensors and meta copies store no values or indices")
@@ -205,12 +206,16 @@ def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: st
     return trace
 
 
-def _state_where(parts: _Parts, test: Callable[[torch.Tensor], bool]) -> str | None:
-    """The name of the model's first parameter, buffer or tensor attribute that passes ``test``, or None."""
+def _unusual_state(parts: _Parts) -> tuple[str | None, str | None]:
+    """The names of the model's first quantized and first sparse parameter, buffer or tensor attribute (None where
+    there is none): one pass, with no Python call for a plain tensor (it runs once per parameter)."""
+    quantized = sparse = None
     for _, name, tensor in (*parts.held_parameters, *parts.held_others):
-        if test(tensor):
-            return f"{name!r}, held by the model"
-    return None
+        if quantized is None and tensor.is_quantized:
+            quantized = f"{name!r}, held by the model"
+        if sparse is None and tensor.layout is not torch.strided and is_sparse(tensor):
+            sparse = f"{name!r}, held by the model"
+    return quantized, sparse
 
 
 def _is_quantized(tensor: torch.Tensor) -> bool:
