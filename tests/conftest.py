@@ -14,6 +14,13 @@ def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
 
 
 @pytest.fixture(autouse=True)
+def _no_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports are fitted to COLUMNS when it is set: a test sees the width of a pipe (120), not the one the shell
+    or a pytest-xdist worker (80) exported. Tests of the width set it themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _distributed_globals_kept(request: pytest.FixtureRequest) -> Iterator[None]:
     """A parallel test that sets up a process group of its own leaves what torch keeps globally after one (the
     backend's name, the traceback prefix, DTensor's caches keyed by mesh layout) as it found it, so no later test

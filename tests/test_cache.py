@@ -1654,3 +1654,28 @@ def test_real_model_families_stay_cacheable(cache_env: Path) -> None:
                           timeout=600, env={**os.environ, "MODELMETER_CACHE": str(cache_env)})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {spec: [False, True] for spec in specs}
+
+
+@dataclasses.dataclass
+class _Settings:
+    width: int = 4
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings = _Settings()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)[:, : self.settings.width]
+
+
+def test_copying_an_object_of_a_class_the_key_reads_keeps_the_key() -> None:
+    # copy.copy and pickle write __slotnames__ on the class, a cache of copyreg's: a run that copies a model's
+    # config (a parallel plan's ranks do) must not make every later key of the process differ from the stored one
+    x = torch.randn(2, 4)
+    before = key(_Configured(), x)
+    copy.copy(_Settings())
+    assert "__slotnames__" in vars(_Settings)
+    assert key(_Configured(), x) == before

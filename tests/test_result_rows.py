@@ -346,7 +346,8 @@ def test_only_modelmeters_formulas_are_remembered(monkeypatch: pytest.MonkeyPatc
 
 # fvcore's tables: the sizes as format_size prints each ----------------------------------------------------------
 def _format_size_before(x: float, sig_figs: int = 3) -> str:
-    """format_size as it was written before (the oracle)."""
+    """format_size as it was written before (the oracle), with the rule added since for what rounds to zero: an
+    exact zero is "0" (-0.0 too), any other value "<0.001" or ">-0.001" (at three decimals)."""
     def fixed(v: float) -> str:
         text = f"{v:.{sig_figs}f}"
         return text.rstrip("0").rstrip(".") if "." in text else text
@@ -355,7 +356,14 @@ def _format_size_before(x: float, sig_figs: int = 3) -> str:
                                      (1e2, 1e3, "K")):
         if abs(x) > threshold:
             return fixed(x / scale) + suffix
-    return fixed(x)
+    if x == 0:
+        return "0"
+    if fixed(x) not in ("0", "-0"):
+        return fixed(x)
+    smallest = fixed(10.0 ** -sig_figs)
+    if x > 0:
+        return "<" + smallest
+    return ">-" + smallest
 
 
 @hypothesis.settings(max_examples=300, deadline=None)

@@ -307,7 +307,7 @@ def test_a_diff_of_times_on_two_devices_says_so(capsys: pytest.CaptureFixture[st
     cli(capsys, "m.py:mlp", "--format", "json", "--output", "none.json")
     out, err = cli(capsys, "diff", "h100.json", "a100.json")
     assert "the times are predicted on different devices (h100 before, a100 after)" in err
-    assert re.search(r"model +time +\S+ +\S+ +\+\S+(ns|µs)", out), out  # the time's change in time units
+    assert re.search(r"\(model\) +time +\S+ +\S+ +\+\S+(ns|µs)", out), out  # the time's change in time units
     for same in (("h100.json", "h100b.json"), ("none.json", "h100.json")):
         assert "different devices" not in cli(capsys, "diff", *same)[1]
 

@@ -90,7 +90,8 @@ logger = logging.getLogger("modelmeter.cache")
 # fingerprinted on their own.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
 _SKIPPED_CLASS_ATTRIBUTES = frozenset({"__dict__", "__weakref__", "__doc__", "__module__", "__qualname__",
-                                       "__firstlineno__", "__static_attributes__", "_abc_impl"})
+                                       "__firstlineno__", "__static_attributes__", "_abc_impl",
+                                       "__slotnames__"})  # (copyreg's cache, written by the first copy or pickle)
 # Private attributes that record where or when an object was made rather than what it does (transformers'
 # GenerationConfig keeps ``_original_object_hash = hash(self)``, torch.compile ``_torchdynamo_wrapper_id``):
 # not keyed.
