@@ -50,6 +50,7 @@ from torch.utils import _pytree as pytree
 # Dispatch modes (torch.utils._python_dispatch): TorchDispatchMode is documented but lives in a private module.
 # _disable_current_modes runs real kernels for the values of small tensors in the middle of a fake run;
 # _pop_mode_temporarily runs a higher-order operator or a jagged attention call with the dispatch recorder set aside.
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
 from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_temporarily
@@ -60,7 +61,8 @@ __all__ = [  # what the package imports from here
     "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
-    "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",
+    "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of",
+    "caller_modes_set_aside", "children_of",
     "class_name",
     "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
     "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "fake_tensor_log_silenced",
@@ -262,6 +264,30 @@ def kept_distributed_globals() -> Iterator[None]:
         _redistribute._gen_transform_infos.cache_clear()
         _redistribute.clear_redistribute_planner_cache()
         _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+@contextlib.contextmanager
+def caller_modes_set_aside() -> Iterator[None]:
+    """While open, the caller's ``TorchFunctionMode``s and ``TorchDispatchMode``s are off the stacks, and are put back
+    as they were after (also what a body left pushed is dropped). An analysis is not a call of the model in the
+    caller's program: the caller's modes (a ``FlopCounterMode``, a logging mode, an analysis whose model's forward
+    starts another) neither see its work — which differs by the run it picks, and a cached one has none — nor change
+    what it records. The default device (``torch.set_default_device``, ``with torch.device(...)``: a ``DeviceContext``
+    at the bottom of the function-mode stack, torch's own rule) is the model's environment, not an observer: kept.
+    ``torch._C``'s stack calls are what ``torch.utils._device`` uses itself; ``_disable_current_modes`` (above) sets
+    the dispatch modes aside."""
+    depth = torch._C._len_torch_function_stack()
+    bottom = torch._C._get_function_stack_at(0) if depth else None
+    keep = 1 if isinstance(bottom, DeviceContext) else 0
+    aside = [torch._C._pop_torch_function_stack() for _ in range(depth - keep)]
+    try:
+        with disable_current_modes():
+            yield
+    finally:
+        while torch._C._len_torch_function_stack() > keep:  # (a mode the body pushed and left)
+            torch._C._pop_torch_function_stack()
+        for mode in reversed(aside):
+            torch._C._push_on_torch_function_stack(mode)
 
 
 class _ModesAside:
