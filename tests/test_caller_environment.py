@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -270,3 +271,12 @@ def test_the_callers_environment_changes_no_number_and_is_left_as_found(environm
         analysis = analyze(model, X, backward=backward)
         assert _state() == before
     assert analysis.flops.by_phase()["forward"] == FORWARD
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake"])
+def test_fake_tensor_inputs_under_warnings_as_errors(execution: str) -> None:
+    """Keying a FakeTensor input read its data pointer, which torch answers with a deprecation warning: an error under
+    ``python -W error``."""
+    fake = FakeTensorMode().from_tensor(X)
+    with _warnings_are_errors():
+        assert analyze(_model(), fake, execution=execution).flops.total() == FORWARD
