@@ -280,3 +280,36 @@ def test_fake_tensor_inputs_under_warnings_as_errors(execution: str) -> None:
     fake = FakeTensorMode().from_tensor(X)
     with _warnings_are_errors():
         assert analyze(_model(), fake, execution=execution).flops.total() == FORWARD
+
+
+class _LeavesAModeOn(nn.Module):
+    """A model whose forward enters torch's FlopCounterMode by hand and never leaves it (its ModuleTracker registers
+    global module hooks): a plain call leaves that mode on; a run of the analysis must leave nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        FlopCounterMode(display=False).__enter__()
+        return self.body(x)
+
+
+@pytest.mark.parametrize("execution", ["auto", "real"])
+def test_a_mode_the_forward_leaves_on_leaves_neither_it_nor_the_recorder_behind(execution: str) -> None:
+    before = _state()
+    assert analyze(_LeavesAModeOn(), X, execution=execution).flops.total() == FORWARD
+    assert _state() == before  # the run's dispatch recorder popped the model's mode in its place and stayed on
+
+
+@pytest.mark.parametrize("execution", ["auto", "real"])
+def test_a_training_step_under_the_callers_disable_saved_tensors_hooks(execution: str) -> None:
+    """A plain step runs under ``disable_saved_tensors_hooks`` (it has no hooks); the analysis's own, which note what
+    the forward saves, were refused with the caller's message, a bare RuntimeError."""
+    plain = analyze(_model(), X, execution=execution, backward=True, memory=True, optimizer="adam")
+    with torch.autograd.graph.disable_saved_tensors_hooks("the caller's step takes no hooks"):
+        analysis = analyze(_model(), X, execution=execution, backward=True, memory=True, optimizer="adam")
+        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        with pytest.raises(RuntimeError, match="the caller's step takes no hooks"), hooks:  # the caller's: refused
+            pass
+    assert (analysis.flops.by_phase(), analysis.memory.peak()) == (plain.flops.by_phase(), plain.memory.peak())

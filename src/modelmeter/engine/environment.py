@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .._torch_compat import torch_stacks_kept
+
 
 def _deterministic() -> tuple[bool, bool]:
     return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
@@ -60,16 +62,20 @@ SETTINGS: tuple[tuple[Callable[[], Any], Callable[[Any], None]], ...] = (
 
 class KeptSettings:
     """Torch's settings of :data:`SETTINGS` as found on entry, put back on exit where the run changed them (also
-    when it raises)."""
+    when it raises); the mode stacks and the global module hooks too (a mode or hook the forward left behind:
+    :func:`~modelmeter._torch_compat.torch_stacks_kept`)."""
 
     def __init__(self) -> None:
         self.found: list[Any] = []
+        self.stacks = torch_stacks_kept()
 
     def __enter__(self) -> KeptSettings:
         self.found = [get() for get, _ in SETTINGS]
+        self.stacks.__enter__()
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *exc: Any) -> None:
+        self.stacks.__exit__(*exc)
         for (get, put), value in zip(SETTINGS, self.found, strict=True):
             if get() != value:
                 put(value)
