@@ -16,19 +16,24 @@ The semantics tested here: an analysis is a measurement of the model, not a call
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from modelmeter import analyze
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Hand counts (fvcore's convention: one FLOP per multiply-add) of _model()'s products on a (2, 3, 8, 8) input
 CONV = 2 * 8 * 6 * 6 * 3 * 3 * 3  # outputs x (in-channels x kernel)
@@ -273,13 +278,27 @@ def test_the_callers_environment_changes_no_number_and_is_left_as_found(environm
     assert analysis.flops.by_phase()["forward"] == FORWARD
 
 
-@pytest.mark.parametrize("execution", ["auto", "fake"])
-def test_fake_tensor_inputs_under_warnings_as_errors(execution: str) -> None:
-    """Keying a FakeTensor input read its data pointer, which torch answers with a deprecation warning: an error under
-    ``python -W error``."""
-    fake = FakeTensorMode().from_tensor(X)
-    with _warnings_are_errors():
-        assert analyze(_model(), fake, execution=execution).flops.total() == FORWARD
+# torch warns once per process when a FakeTensor's data pointer is read: only a fresh process sees the warning
+_FAKE_DATA_POINTERS = """
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from modelmeter import analyze
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+x = torch.randn(4, 16)
+print(analyze(model, FakeTensorMode().from_tensor(x)).flops.total())
+print(analyze(model, x, parallel="dp=2").flops.total())
+"""
+
+
+def test_fake_tensor_data_pointers_under_python_w_error() -> None:
+    """Keying a FakeTensor input read its data pointer, and a plan's run (``dp=2``) read the address of a FakeTensor
+    parameter's storage it wrote: torch answers both with a deprecation warning, an error under ``python -W error``."""
+    done = subprocess.run([sys.executable, "-W", "error", "-c", _FAKE_DATA_POINTERS], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [str(16 * 32 * 4 + 32 * 16 * 4)] * 2  # the two products, forward, per rank's batch
 
 
 class _LeavesAModeOn(nn.Module):
@@ -313,3 +332,20 @@ def test_a_training_step_under_the_callers_disable_saved_tensors_hooks(execution
         with pytest.raises(RuntimeError, match="the caller's step takes no hooks"), hooks:  # the caller's: refused
             pass
     assert (analysis.flops.by_phase(), analysis.memory.peak()) == (plain.flops.by_phase(), plain.memory.peak())
+
+
+@pytest.mark.parametrize("plan", ["dp=2", "dp=2,tp=2"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_parallel_plans_under_warnings_as_errors(plan: str, backward: bool) -> None:
+    """A plan's run wrote a FakeTensor parameter, whose storage's address torch answers with a warning (``dp=2``), and
+    FSDP2 warned of its own wrapping's view outputs (``tp``, a training step): both errors under ``python -W error``,
+    neither the user's."""
+    x = torch.randn(4, 16)
+    plain = analyze(_mlp(), x, parallel=plan, backward=backward).flops.by_operator()
+    with _warnings_are_errors():  # (another model: the same one's trace would be shared, not recorded again)
+        assert analyze(_mlp(), x, parallel=plan, backward=backward).flops.by_operator() == plain
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))

@@ -228,7 +228,7 @@ class KeptValues:
         """Copy the storages of ``tensors`` that are kept here and not copied yet (before an operator writes
         them)."""
         for tensor in tensors:
-            if tensor.layout != torch.strided:
+            if tensor.layout != torch.strided or type(tensor) not in _PLAIN:  # (a FakeTensor's: none, and a warning)
                 continue
             key = tensor.untyped_storage().data_ptr()
             if key in self.storages and key not in self.copies:
@@ -253,8 +253,11 @@ def _same_view(tensor: torch.Tensor, data: torch.Tensor) -> bool:
                 and tensor.storage_offset() == data.storage_offset())
 
 
+_PLAIN = (torch.Tensor, nn.Parameter)  # the tensor types whose storage may be kept
+
+
 def _has_values(tensor: torch.Tensor) -> bool:
-    return (type(tensor) in (torch.Tensor, nn.Parameter) and tensor.layout == torch.strided and not tensor.is_meta
+    return (type(tensor) in _PLAIN and tensor.layout == torch.strided and not tensor.is_meta
             and not tensor.is_quantized and not tensor.is_inference())
 
 
