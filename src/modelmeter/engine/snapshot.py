@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES, disable_current_modes
+from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES, FakeTensor, disable_current_modes
 from ..errors import InvalidValueError
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
@@ -228,7 +228,8 @@ class KeptValues:
         """Copy the storages of ``tensors`` that are kept here and not copied yet (before an operator writes
         them)."""
         for tensor in tensors:
-            if tensor.layout != torch.strided or type(tensor) not in _PLAIN:  # (a FakeTensor's: none, and a warning)
+            # (a FakeTensor's storage has no address, and torch warns when asked: it cannot be one kept here)
+            if tensor.layout != torch.strided or isinstance(tensor, FakeTensor):
                 continue
             key = tensor.untyped_storage().data_ptr()
             if key in self.storages and key not in self.copies:
@@ -253,11 +254,8 @@ def _same_view(tensor: torch.Tensor, data: torch.Tensor) -> bool:
                 and tensor.storage_offset() == data.storage_offset())
 
 
-_PLAIN = (torch.Tensor, nn.Parameter)  # the tensor types whose storage may be kept
-
-
 def _has_values(tensor: torch.Tensor) -> bool:
-    return (type(tensor) in _PLAIN and tensor.layout == torch.strided and not tensor.is_meta
+    return (type(tensor) in (torch.Tensor, nn.Parameter) and tensor.layout == torch.strided and not tensor.is_meta
             and not tensor.is_quantized and not tensor.is_inference())
 
 
