@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils import _pytree as pytree
 
 import modelmeter
 from modelmeter._torch_compat import FakeTensorMode
@@ -95,16 +96,19 @@ def single_device(model: nn.Module) -> modelmeter.Analysis:
 
 
 def one_rank(model: nn.Module, shard: Callable[[nn.Module], Any]) -> tuple[modelmeter.Analysis, CommDebugMode]:
-    """``shard(model)`` (on meta), then the rank's training step recorded by modelmeter and, in the same run, by
-    torch's CommDebugMode. The model's tensors are FakeTensors already: ``execution="real"`` runs them as they are,
-    once (as modelmeter's parallel runner does)."""
+    """``shard(model)`` (on meta), then the rank's training step recorded by modelmeter and, in a plain step of the
+    same model (output summed, backward), by torch's CommDebugMode: an analysis sets the caller's modes aside
+    (docs/torch.md). The model's tensors are FakeTensors already: ``execution="real"`` runs them as they are, once
+    (as modelmeter's parallel runner does)."""
     shard(model)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
         tokens = torch.randint(0, VOCAB, (B, S))
-        with CommDebugMode() as comm:
-            analysis = modelmeter.analyze(model, tokens, convention="flops", backward=True, execution="real",
-                                          quiet=True)
+        analysis = modelmeter.analyze(model, tokens, convention="flops", backward=True, execution="real", quiet=True)
+        with CommDebugMode() as comm:  # modelmeter's default loss: the sum of the output's floating-point tensors
+            leaves = pytree.tree_leaves(model(tokens))
+            sum(t.sum() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()).backward()
+        model.zero_grad(set_to_none=True)
     return analysis, comm
 
 

@@ -50,8 +50,10 @@ from torch.utils import _pytree as pytree
 # Dispatch modes (torch.utils._python_dispatch): TorchDispatchMode is documented but lives in a private module.
 # _disable_current_modes runs real kernels for the values of small tensors in the middle of a fake run;
 # _pop_mode_temporarily runs a higher-order operator or a jagged attention call with the dispatch recorder set aside.
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._python_dispatch import _pop_mode as pop_dispatch_mode
 from torch.utils._python_dispatch import _pop_mode_temporarily as pop_mode_temporarily
 
 __all__ = [  # what the package imports from here
@@ -60,7 +62,8 @@ __all__ = [  # what the package imports from here
     "TENSOR_HOOK_TABLES", "WEIGHTS_ONLY_UNPICKLER", "DataDependentOutputException",
     "DynamicOutputShapeException", "EagerDispatchMode", "FakeTensor", "FakeTensorDeviceMismatchError",
     "FakeTensorMode", "HigherOrderOperator", "JaggedTensor", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
-    "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of", "children_of",
+    "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of",
+    "caller_modes_set_aside", "children_of",
     "class_name",
     "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
     "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "fake_tensor_log_silenced",
@@ -73,7 +76,7 @@ __all__ = [  # what the package imports from here
     "pop_mode_temporarily", "python2_pickle_mappings", "pytree", "qualified_name", "replicate_module",
     "resolve_group_name", "saved_tensors_hooks_set_aside", "schema_of", "script_object_type",
     "set_state_dict_metadata", "sharded_tensor_type", "state_dict_metadata",
-    "unseen_global_shape_runs", "unset_fake_temporarily",
+    "torch_stacks_kept", "unseen_global_shape_runs", "unset_fake_temporarily",
     "version_counter", "weights_only_allowed_globals",
 ]
 
@@ -262,6 +265,65 @@ def kept_distributed_globals() -> Iterator[None]:
         _redistribute._gen_transform_infos.cache_clear()
         _redistribute.clear_redistribute_planner_cache()
         _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+@contextlib.contextmanager
+def caller_modes_set_aside() -> Iterator[None]:
+    """While open, the caller's ``TorchFunctionMode``s and ``TorchDispatchMode``s are off the stacks, and are put back
+    as they were after (also what a body left pushed is dropped). An analysis is not a call of the model in the
+    caller's program: the caller's modes (a ``FlopCounterMode``, a logging mode, an analysis whose model's forward
+    starts another) neither see its work — which differs by the run it picks, and a cached one has none — nor change
+    what it records. The default device (``torch.set_default_device``, ``with torch.device(...)``: a ``DeviceContext``
+    at the bottom of the function-mode stack, torch's own rule) is the model's environment, not an observer: kept.
+    ``torch._C``'s stack calls are what ``torch.utils._device`` uses itself; ``_disable_current_modes`` (above) sets
+    the dispatch modes aside."""
+    depth = torch._C._len_torch_function_stack()
+    bottom = torch._C._get_function_stack_at(0) if depth else None
+    keep = 1 if isinstance(bottom, DeviceContext) else 0
+    aside = [torch._C._pop_torch_function_stack() for _ in range(depth - keep)]
+    autograd = torch._C._autograd
+    enabled: bool = autograd._saved_tensors_hooks_is_enabled()  # type: ignore[attr-defined]
+    refusal = None if enabled else autograd._saved_tensors_hooks_get_disabled_error_message()
+    if refusal is not None:  # the caller's disable_saved_tensors_hooks: a training step's analysis notes what is saved
+        autograd._saved_tensors_hooks_enable()
+    try:
+        with disable_current_modes():
+            yield
+    finally:
+        while torch._C._len_torch_function_stack() > keep:  # (a mode the body pushed and left)
+            torch._C._pop_torch_function_stack()
+        for mode in reversed(aside):
+            torch._C._push_on_torch_function_stack(mode)
+        if refusal is not None:
+            autograd._saved_tensors_hooks_disable(refusal)
+
+
+@contextlib.contextmanager
+def torch_stacks_kept() -> Iterator[None]:
+    """While open, a body may push modes and register global module hooks and leave them: on exit the function- and
+    dispatch-mode stacks are cut back to their depths on entry, and ``torch.nn.modules.module``'s ``_global_*`` hook
+    tables (and its full-backward flag) hold what they held. A forward that enters a mode and never leaves it (a
+    ``FlopCounterMode`` entered by hand, whose ``ModuleTracker`` registers global hooks) would otherwise make the
+    run's own dispatch recorder pop that mode in its place and stay on the stack, recording every later operator of
+    the process. The tables are found by their prefix, as torch names them (since 1.13)."""
+    functions, dispatch = torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+    hooks = nn.modules.module
+    tables = {name: dict(table) for name, table in vars(hooks).items()
+              if name.startswith("_global_") and isinstance(table, dict)}
+    full_backward = getattr(hooks, "_global_is_full_backward_hook", None)
+    try:
+        yield
+    finally:
+        while torch._C._len_torch_function_stack() > functions:
+            torch._C._pop_torch_function_stack()
+        while torch._C._len_torch_dispatch_stack() > dispatch:
+            pop_dispatch_mode()
+        for name, found in tables.items():
+            table = getattr(hooks, name)
+            if table != found:
+                table.clear()
+                table.update(found)
+        hooks._global_is_full_backward_hook = full_backward
 
 
 class _ModesAside:

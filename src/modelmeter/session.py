@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, cast
 
 from torch import nn
 
+from ._torch_compat import caller_modes_set_aside
 from ._version import __version__
 from .cache import StoredTrace, TraceCache, cached_trace, package_digest, stored_entry
 from .cache.shared import SHARED, Shared
@@ -157,7 +158,8 @@ class Session:
             return trace
 
         try:
-            shared = SHARED.share(self.spec, load_or_record)
+            with caller_modes_set_aside():  # the caller's modes see none of the analysis, and change none of it
+                shared = SHARED.share(self.spec, load_or_record)
         except ValueError as exc:  # torch refuses to touch an uninitialised parameter; say which and why
             refuse_uninitialised(self.spec.model, exc)
             raise

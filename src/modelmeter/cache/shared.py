@@ -47,6 +47,7 @@ from torch import nn
 
 from .._torch_compat import (
     GRADIENT_HOOKS,
+    FakeTensor,
     backward_hooks,
     buffers_of,
     children_of,
@@ -164,7 +165,8 @@ class _State(CodeWalk):
         if t.is_inference():  # changed in place inside inference_mode without a trace: nothing to key it by
             raise _Unshareable("an inference tensor tracks no version counter")
         try:
-            data = t.data_ptr()
+            # a FakeTensor's is 0, with a warning (an error under `python -W error`): none, as it has no data
+            data = None if isinstance(t, FakeTensor) else t.data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, a subclass without storage
             data = None
         hooks = getattr(t, GRADIENT_HOOKS, None)  # run on its gradient (a parameter's: a fake run's stand-in too)

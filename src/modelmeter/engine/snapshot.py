@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES, disable_current_modes
+from .._torch_compat import MODULE_TABLES, TENSOR_HOOK_TABLES, FakeTensor, disable_current_modes
 from ..errors import InvalidValueError
 
 _Table = dict[Any, Any] | list[Any] | set[Any] | deque[Any]
@@ -233,7 +233,8 @@ class KeptValues:
         """Copy the storages of ``tensors`` that are kept here and not copied yet (before an operator writes
         them)."""
         for tensor in tensors:
-            if tensor.layout != torch.strided:
+            # (a FakeTensor's storage has no address, and torch warns when asked: it cannot be one kept here)
+            if tensor.layout != torch.strided or isinstance(tensor, FakeTensor):
                 continue
             key = tensor.untyped_storage().data_ptr()
             if key in self.storages and key not in self.copies:

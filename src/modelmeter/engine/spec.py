@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .._torch_compat import caller_modes_set_aside
 from ..errors import InvalidTypeError, InvalidValueError
 from ..parallel.plan import ParallelPlan, as_plan
 from .inputs import Args, check_inputs, split_inputs, tensors_in
@@ -51,7 +52,8 @@ class RunSpec:
         if not isinstance(backward, bool):  # a truthy "no" would run, and record, a backward pass
             raise InvalidTypeError(f"backward must be True or False, got {backward!r}")
         args, kwargs = split_inputs(inputs)
-        check_inputs(model, args, kwargs)
+        with caller_modes_set_aside():  # reading the inputs is the analysis's work: the caller's modes see none of it
+            check_inputs(model, args, kwargs)
         if loss_fn is not None and not backward:
             raise InvalidValueError("loss_fn is only used for the backward pass: pass backward=True with it")
         return cls(model, args, kwargs, inputs, execution, backward, loss_fn, as_plan(parallel))

@@ -56,6 +56,7 @@ from ..errors import (
     puts_tensors_on_cuda,
 )
 from .cuda_stand_in import CudaRequests, on_device
+from .environment import KeptSettings
 from .exclusive import RECORDING
 from .expectations import mismatch, token_ids_mismatch
 from .gc_pause import no_gc
@@ -325,6 +326,7 @@ class _Run:
             recorder.memo = CallMemo(recorder)
         try:
             with ExitStack() as stack:
+                stack.enter_context(KeptSettings())  # the model's changes of torch's settings are undone after the run
                 # The caller's grad mode must not change what runs: under inference mode, composite operators
                 # (conv2d, linear, batch_norm) reach the recorder undecomposed. The run sets its own mode below.
                 stack.enter_context(torch.inference_mode(False))

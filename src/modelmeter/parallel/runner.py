@@ -14,6 +14,7 @@ coordinates are those of the full world.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -51,7 +52,10 @@ def record_parallel(spec: RunSpec) -> Trace:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         materialize(copy, mode)
         sharded = ModuleNames(copy).infos()  # before the run: every parameter as its shard (a DTensor)
-        with mode, fake_tensor_log_silenced():  # a rejected input: reported in a line, as a run without a plan
+        with mode, fake_tensor_log_silenced(), warnings.catch_warnings():  # a rejected input: reported in a line
+            # FSDP2's warning about an output that is a view speaks of the wrapping this runner made, not the user's:
+            # printed at every call, and an error under `python -W error`
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
             args, kwargs = (map_tensors(lambda t: fake_like(mode, t, _CPU), part) for part in (spec.args, spec.kwargs))
             try:
                 # The copy's tensors are FakeTensors already: "real" runs them as they are, with no stand-ins.
