@@ -16,7 +16,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -65,7 +65,7 @@ __all__ = [  # what the package imports from here
     "UnsupportedFakeTensorException", "any_autocast_enabled", "backward_hooks", "buffers_of",
     "caller_modes_set_aside", "children_of",
     "class_name",
-    "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node",
+    "conv_memory_format", "counted_by_kernels", "cuda_lazy_init_code", "current_autograd_node", "default_device_set",
     "disable_current_modes", "eager_flex_attention", "fake_from_meta", "fake_store", "fake_tensor_log_silenced",
     "flat_dcp_state", "flattened_mesh",
     "forward_hook_tables", "function_modes", "global_backward_hooks", "global_forward_hooks",
@@ -265,6 +265,16 @@ def kept_distributed_globals() -> Iterator[None]:
         _redistribute._gen_transform_infos.cache_clear()
         _redistribute.clear_redistribute_planner_cache()
         _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+def default_device_set() -> torch.device | None:
+    """The device ``torch.set_default_device`` set, None where none is (tensors are made on the CPU): what that
+    function takes to put it back. ``torch.get_default_device()`` says ``cpu`` for both, and setting ``cpu`` back
+    leaves a ``DeviceContext`` on the function-mode stack, which turns torch's fast paths off for the process."""
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    if context is None:
+        return None
+    return cast(torch.device, context.device)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._torch_compat import torch_stacks_kept
+from .._torch_compat import default_device_set, torch_stacks_kept
 
 
 def _deterministic() -> tuple[bool, bool]:
@@ -49,7 +49,7 @@ def _autocast(device: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
 #: (getter, setter) of each setting kept; the grad and inference modes are the run's own contexts (engine/tracer.py)
 SETTINGS: tuple[tuple[Callable[[], Any], Callable[[Any], None]], ...] = (
     (torch.get_default_dtype, torch.set_default_dtype),
-    (torch.get_default_device, torch.set_default_device),
+    (default_device_set, torch.set_default_device),
     (_deterministic, _set_deterministic),
     (torch.get_num_threads, torch.set_num_threads),
     (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
@@ -75,7 +75,9 @@ class KeptSettings:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.stacks.__exit__(*exc)
+        # the settings first: a default device is a mode at the bottom of the function-mode stack, which
+        # set_default_device takes off as it puts the caller's back; the stacks are cut to their depth after
         for (get, put), value in zip(SETTINGS, self.found, strict=True):
             if get() != value:
                 put(value)
+        self.stacks.__exit__(*exc)
