@@ -90,8 +90,10 @@ def guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | 
 
 
 def baseline_point(job: Job) -> dict[str, Any]:
-    """Worker of a baseline check (top level, for spawned processes): the entry as data."""
-    return worker_row(job, lambda result, _: {"entry": asdict(_entry(result, job))})
+    """Worker of a baseline check (top level, for spawned processes): the entry as data. A run the model now
+    refuses (the entry's inputs, a fake run) is a failure, 1, as growth is: the entry chose it, not the command
+    line."""
+    return worker_row(job, lambda result, _: {"entry": asdict(_entry(result, job))}, refused=1)
 
 
 def _entry(result: Result, job: Job) -> Entry:
