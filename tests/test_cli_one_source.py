@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from modelmeter.cli import guard as guard_command
 from modelmeter.cli import main
 from modelmeter.cli.errors import ModelSpecError
 from modelmeter.cli.guard import check_all
 from modelmeter.cli.job import DeviceOptions, Job, input_argv, job_argv, job_from_args
-from modelmeter.cli.options import GUARD_OPTIONS, build_parser
+from modelmeter.cli.options import GUARD_OPTIONS, ONE_RUN_OPTIONS, build_parser, option_defaults, options_given
+from modelmeter.cli.output import PATH_OPTIONS
 from modelmeter.cli.refusals import worker_row
 from modelmeter.guard.baseline import COMPARED_APART, NOT_MEASURED
 from modelmeter.guard.specs import ENTRY_OPTIONS, check_spec
@@ -122,6 +124,28 @@ def test_a_baseline_entry_whose_saved_inputs_the_model_now_refuses_fails_with_gr
     (tmp_path / "width.txt").write_text("16")
     assert main(["--check-baseline", "b.json", "--jobs", "1"]) == 1
     assert "2 over it or failed, 0 not comparable or refused" in capsys.readouterr().err
+
+
+# --- options_given: the parser's options and defaults, read once ---------------------------------------------------
+def test_every_list_of_options_names_options_of_the_parser() -> None:
+    """options_given takes an option the parser lacks as not given: a misspelt or removed option fails here."""
+    every = set(option_defaults())
+    for options in (GUARD_OPTIONS, ONE_RUN_OPTIONS, ENTRY_OPTIONS, guard_command._ONE_MODEL, PATH_OPTIONS):
+        assert set(options) <= every, set(options) - every
+
+
+@pytest.mark.parametrize("argv", [["resnet18"], ["resnet18", "--budget", "flops=1", "--depth", "3", "--html", "x"],
+                                  ["--check-baseline", "b.json", "--batch", "2", "--real", "--format", "json"],
+                                  ["m.py:f", "--depth", "2", "--format", "table", "--memory", "--parallel", "dp=2"]])
+def test_options_given_equals_a_fresh_parsers_reading(argv: list[str]) -> None:
+    """The map built once answers as a parser built for each call did (a default given explicitly is not given)."""
+    args = build_parser().parse_args(argv)
+    options = (*ONE_RUN_OPTIONS, *ENTRY_OPTIONS, *guard_command._ONE_MODEL, "--depth")
+    parser = build_parser()
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    fresh = [option for option in options if getattr(args, dests[option]) != parser.get_default(dests[option])]
+    assert options_given(args, options) == fresh
+    assert options_given(args, ("--no-such-option",)) == []  # was a KeyError at run time
 
 
 # --- the options a baseline entry holds: one list (guard/specs.py), every consumer held to it ----------------------
