@@ -97,8 +97,8 @@ def baseline_point(job: Job) -> dict[str, Any]:
 
 
 def _entry(result: Result, job: Job) -> Entry:
-    """The baseline entry of ``job``'s run: the arguments that run it again, and the model's mode (the command
-    builds every model in eval mode)."""
+    """The baseline entry of ``job``'s run: the arguments that run it again, and the command's mode (it puts every
+    model in eval mode; see :data:`~modelmeter.guard.baseline.COMMAND_MODE` for torch.export's modules)."""
     return entry_from_result(result, spec=job_argv(job), mode=COMMAND_MODE)
 
 
