@@ -1,7 +1,7 @@
 """What the command wrote in two places now has one: the input options of a job (a baseline entry's arguments and
 the message about inputs that do not fit), the options a baseline entry holds (what the command writes, what a
 saved spec may hold, what a check of every model refuses), and the exit status of a refused input (a single run
-and a row of --sweep alike)."""
+and a row of --sweep alike: 2; a baseline entry's: 1)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from modelmeter.cli import guard as guard_command
 from modelmeter.cli import main
 from modelmeter.cli.errors import ModelSpecError
 from modelmeter.cli.guard import check_all
 from modelmeter.cli.job import DeviceOptions, Job, input_argv, job_argv, job_from_args
-from modelmeter.cli.options import GUARD_OPTIONS, build_parser
+from modelmeter.cli.options import GUARD_OPTIONS, ONE_RUN_OPTIONS, build_parser, option_defaults, options_given
+from modelmeter.cli.output import PATH_OPTIONS
 from modelmeter.cli.refusals import worker_row
 from modelmeter.guard.baseline import COMPARED_APART, NOT_MEASURED
 from modelmeter.guard.specs import ENTRY_OPTIONS, check_spec
@@ -71,6 +73,79 @@ def test_a_worker_row_of_a_model_that_fails_on_its_default_input_too_is_code_1(t
         "    return torch.nn.Unflatten(-1, (7, -1)), torch.zeros(2, 3)\n")
     row = worker_row(Job(f"{tmp_path / 'broken.py'}:build", shapes=(((4, 3), None),), cache=False), lambda *_: {})
     assert row["code"] == 1 and row["error"].startswith("the model failed"), row
+
+
+CHECKED_MODELS = """\
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+
+
+class Fits(torch.nn.Module):
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.features = features
+
+    def forward(self, x):
+        if x.shape[-1] != self.features:
+            raise ValueError(f"expected {self.features} features")
+        return x * 2
+
+
+def fits():
+    features = int((HERE / "features.txt").read_text())
+    return Fits(features), torch.zeros(2, features)
+
+
+def grows():
+    return torch.nn.Linear(4, int((HERE / "width.txt").read_text())), torch.zeros(2, 4)
+"""
+
+
+def test_a_baseline_entry_whose_saved_inputs_the_model_now_refuses_fails_with_growth(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry's inputs came from the baseline file, not the command line: a refusal is the model's failure, 1,
+    naming the entry; it exited 2 (a usage error), and so did the check with another entry that grew (README:
+    growth exits 1)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(CHECKED_MODELS)
+    (tmp_path / "features.txt").write_text("3")
+    (tmp_path / "width.txt").write_text("8")
+    assert main(["m.py:fits", "--input", "5x3", "--save-baseline", "b.json", "--no-cache"]) == 0
+    assert main(["m.py:grows", "--save-baseline", "b.json", "--no-cache"]) == 0
+    (tmp_path / "features.txt").write_text("4")
+    capsys.readouterr()
+    assert main(["--check-baseline", "b.json", "--jobs", "1"]) == 1  # the refused entry alone
+    err = capsys.readouterr().err
+    assert "modelmeter: m.py:fits: " in err and "does not fit the model" in err, err
+    assert "1 over it or failed, 0 not comparable or refused" in err, err
+    (tmp_path / "width.txt").write_text("16")
+    assert main(["--check-baseline", "b.json", "--jobs", "1"]) == 1
+    assert "2 over it or failed, 0 not comparable or refused" in capsys.readouterr().err
+
+
+# --- options_given: the parser's options and defaults, read once ---------------------------------------------------
+def test_every_list_of_options_names_options_of_the_parser() -> None:
+    """options_given takes an option the parser lacks as not given: a misspelt or removed option fails here."""
+    every = set(option_defaults())
+    for options in (GUARD_OPTIONS, ONE_RUN_OPTIONS, ENTRY_OPTIONS, guard_command._ONE_MODEL, PATH_OPTIONS):
+        assert set(options) <= every, set(options) - every
+
+
+@pytest.mark.parametrize("argv", [["resnet18"], ["resnet18", "--budget", "flops=1", "--depth", "3", "--html", "x"],
+                                  ["--check-baseline", "b.json", "--batch", "2", "--real", "--format", "json"],
+                                  ["m.py:f", "--depth", "2", "--format", "table", "--memory", "--parallel", "dp=2"]])
+def test_options_given_equals_a_fresh_parsers_reading(argv: list[str]) -> None:
+    """The map built once answers as a parser built for each call did (a default given explicitly is not given)."""
+    args = build_parser().parse_args(argv)
+    options = (*ONE_RUN_OPTIONS, *ENTRY_OPTIONS, *guard_command._ONE_MODEL, "--depth")
+    parser = build_parser()
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    fresh = [option for option in options if getattr(args, dests[option]) != parser.get_default(dests[option])]
+    assert options_given(args, options) == fresh
+    assert options_given(args, ("--no-such-option",)) == []  # was a KeyError at run time
 
 
 # --- the options a baseline entry holds: one list (guard/specs.py), every consumer held to it ----------------------

@@ -105,6 +105,21 @@ def test_cdist_broadcasts_its_batch() -> None:
     assert forward(torch.cdist, torch.randn(3, 1, 2, 4), torch.randn(5, 3, 4)) == 3 * pairs * 4 + pairs
 
 
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
+@pytest.mark.parametrize(("rows", "columns"), [(3, 4), (30, 26)])  # 30 rows: the default mode's product path
+def test_cdist_of_rows_with_no_features_counts_nothing(p: float, rows: int, columns: int) -> None:
+    # torch returns zeros without computing; the sqrt per pair (and on the product path the two added columns)
+    # were counted: 4680 FLOPs for (30, 0) against (26, 0)
+    x1, x2 = torch.randn(rows, 0), torch.randn(columns, 0)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(a, b, p=p)
+
+    assert torch.equal(fn(x1, x2), torch.zeros(rows, columns))
+    for convention in ("flops", "fvcore", "macs"):
+        assert forward(fn, x1, x2, convention=convention) == 0
+
+
 def _euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """``‖a‖² - 2a·b + ‖b‖²`` as one product of widened operands, as torch's matrix-product path computes it."""
     n1, n2 = x1.pow(2).sum(-1, keepdim=True), x2.pow(2).sum(-1, keepdim=True)

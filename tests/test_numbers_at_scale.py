@@ -33,8 +33,10 @@ from modelmeter.errors import InvalidValueError
 from modelmeter.guard.budget import check_budget
 from modelmeter.guard.diff import Difference
 from modelmeter.reports import Result, write_html
-from modelmeter.reports.columns import format_bound, format_metric
+from modelmeter.reports.columns import format_bound, format_metric, format_whole_percent
 from modelmeter.reports.html_memory import memory_timeline_chart
+from modelmeter.reports.ranks import plan_notes
+from modelmeter.reports.render import roofline_note
 from modelmeter.reports.result import ModuleRow
 from test_html import Opened, needs_browser
 from test_html_memory import _hover_at
@@ -182,6 +184,24 @@ def test_a_bound_is_whole_only_when_it_is() -> None:
     # 99.6% of the time compute-bound printed as "compute 100%"
     assert [format_bound(s) for s in (1.0, 0.996, 0.0, 0.004, 0.9)] == [
         "compute 100%", "compute >99%", "memory 100%", "memory >99%", "compute 90%"]
+
+
+def test_the_roofline_line_says_the_compute_bound_share_as_the_bound_column_does() -> None:
+    # the roofline line printed "100% of it compute-bound" for 0.9996 and "0%" for 0.0004
+    summary = {"device": {"label": "D"}, "time": {"total": 1.0}, "dtype": "float32", "throughput": None,
+               "predicted_mfu": None, "measured_time": None}
+    shares = {0.9996: ">99%", 0.0004: "<1%", 1.0: "100%", 0.0: "0%", 0.25: "25%"}
+    for share, shown in shares.items():
+        assert f"; {shown} of it compute-bound" in roofline_note({**summary, "compute_bound_share": share})
+    assert [format_whole_percent(share) for share in shares] == list(shares.values())
+
+
+def test_a_pipeline_bubble_too_small_or_large_for_its_decimal_is_not_zero_or_whole() -> None:
+    plan = {"plan": "pp=2", "world_size": 2, "mesh": {"pp": 2}, "ranks": [],
+            "pipeline": {"stages": 2, "micro_batches": 4096, "schedule": "1F1B"}}
+    for fraction, shown in ((0.0004, "<0.1%"), (0.99996, ">99.9%"), (0.2727, "27.3%")):
+        plan["pipeline"]["bubble_fraction"] = fraction
+        assert plan_notes(plan)[-1].endswith(f"the bubble is {shown} of the step")
 
 
 def test_a_predicted_mfu_too_small_for_its_decimal_is_not_zero() -> None:

@@ -222,9 +222,10 @@ class Analysis:
     def rank_costs(self, interconnect: str | Device | Interconnect | None = None) -> RankCosts | None:
         """What every rank of the parallel plan computes, holds, sends and takes, ranks of equal cost folded into
         one entry (one per pipeline stage, and per group of tensor-parallel coordinates under an uneven split):
-        FLOPs under the analysis's convention, parameters, the peak memory and its parts (with ``memory=True``),
-        communication, and the step time on the analysis's ``device`` over ``interconnect`` (default: the device's
-        own). None for a run on one device (docs/parallel.md, "Per-rank summary")."""
+        FLOPs counted as the analysis counts them (its convention and handles, ``set_op_handle``'s included),
+        parameters, the peak memory and its parts (with ``memory=True``), communication, and the step time on the
+        analysis's ``device`` over ``interconnect`` (default: the device's own). None for a run on one device
+        (docs/parallel.md, "Per-rank summary")."""
         own = self.simulated_rank_costs(interconnect)
         plan = self.session.spec.parallel
         if own is None or plan is None:

@@ -90,13 +90,15 @@ def guard(args: argparse.Namespace, job: Job, result: Result, expected: Entry | 
 
 
 def baseline_point(job: Job) -> dict[str, Any]:
-    """Worker of a baseline check (top level, for spawned processes): the entry as data."""
-    return worker_row(job, lambda result, _: {"entry": asdict(_entry(result, job))})
+    """Worker of a baseline check (top level, for spawned processes): the entry as data. A run the model now
+    refuses (the entry's inputs, a fake run) is a failure, 1, as growth is: the entry chose it, not the command
+    line."""
+    return worker_row(job, lambda result, _: {"entry": asdict(_entry(result, job))}, refused=1)
 
 
 def _entry(result: Result, job: Job) -> Entry:
-    """The baseline entry of ``job``'s run: the arguments that run it again, and the model's mode (the command
-    builds every model in eval mode)."""
+    """The baseline entry of ``job``'s run: the arguments that run it again, and the command's mode (it puts every
+    model in eval mode; see :data:`~modelmeter.guard.baseline.COMMAND_MODE` for torch.export's modules)."""
     return entry_from_result(result, spec=job_argv(job), mode=COMMAND_MODE)
 
 

@@ -98,8 +98,10 @@ def training_mode(model: nn.Module) -> str:
     return f"{mode} except {', '.join(other)}" if other else mode
 
 
-# The command puts every model it builds in eval mode (cli/models.py, load_model): an entry with a spec that records
-# no mode (saved before entries kept it) was run in it
+# The mode the command puts every model it builds in (cli/models.py, _to_eval_mode), and the one its entries record;
+# an entry with a spec that records no mode (saved before entries kept it) was run in it. A torch.export module cannot
+# switch and runs in the mode it was exported in, which its flags do not tell (``training`` is True either way): its
+# entry records the command's mode too, and a check runs the same exported graph, so the costs compare alike.
 COMMAND_MODE = "eval"
 
 

@@ -88,7 +88,8 @@ def _positional(tokens: list[str], what: str) -> list[str]:
     positional = []
     tokens_left = iter(tokens)
     for token in tokens_left:
-        if ENTRY_OPTIONS.get(token):
+        takes_value = ENTRY_OPTIONS.get(token, False)  # False also for a flag of ENTRY_OPTIONS: checked below
+        if takes_value:
             value = next(tokens_left, None)
             if value is None or value.startswith("-"):  # no value of these options starts with "-"
                 raise ModelSpecError(f"{what}: {token} needs a value")

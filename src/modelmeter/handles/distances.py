@@ -21,6 +21,10 @@ operands' broadcast), so ``B·P·R`` pairs of ``M`` features each. torch runs on
 ``fvcore`` and ``macs`` count multiply-adds only: for ``p = 2`` a squared difference accumulated (``(a - b)²``,
 forward), the gradient's weighted sum of the differences (backward) and the product of ``_euclidean_dist`` —
 ``B·P·R·M``, ``B·P·R·M`` and ``B·P·R·(M + 2)``; other ``p`` have no multiply-add (0, known).
+
+Rows of no features (``M = 0``): ``_cdist_forward`` returns zeros without computing (0 under every convention,
+also where the size would take the product path); ``_euclidean_dist`` called directly still multiplies its two
+added columns.
 """
 
 from __future__ import annotations
@@ -49,22 +53,34 @@ def _takes_mm(p: float, compute_mode: Any, rows: int, columns: int) -> bool:
 
 
 def _direct_flops(p: float, pairs: int, features: int) -> int:
+    """The direct kernel's: 3 per pair and feature (4 for ``p`` other than 0, 1, 2, ∞) and a root per pair for
+    ``p`` other than 0, 1, ∞."""
     per_feature = 3 if p in (0, 1, 2, math.inf) else 4
     root = 0 if p in (0, 1, math.inf) else pairs
     return per_feature * pairs * features + root
 
 
+def _euclidean_macs(pairs: int, features: int) -> int:
+    """The matrix-product path's multiply-adds: the product of operands widened by two columns."""
+    return pairs * (features + 2)
+
+
 def _euclidean_flops(x1: Any, result: Any) -> int:
-    pairs, batch = _pairs(result)
-    rows, columns = shape_of(result)[-2:]
+    """The matrix-product path's: the widened product (2 per multiply-add), the rows' squares and sums and the
+    ``-2`` scale ``B·(3P + 2R)·M``, the clamp and the root (2 per pair)."""
+    shape = shape_of(result)
+    pairs, batch = prod(shape), prod(shape[:-2])
+    rows, columns = shape[-2:]
     features = shape_of(x1)[-1]
-    return 2 * pairs * (features + 2) + batch * (3 * rows + 2 * columns) * features + 2 * pairs
+    return 2 * _euclidean_macs(pairs, features) + batch * (3 * rows + 2 * columns) * features + 2 * pairs
 
 
 @by_name
 def cdist_flops(x1: Any, p: float, compute_mode: Any = None, *, result: Any) -> int:
     """``_cdist_forward(x1, x2, p, compute_mode)``: the direct kernel's, or ``_euclidean_dist``'s where it takes
-    the matrix-product path."""
+    the matrix-product path; 0 for rows of no features (torch returns zeros without computing)."""
+    if shape_of(x1)[-1] == 0:
+        return 0
     rows, columns = shape_of(result)[-2:]
     if _takes_mm(float(p), compute_mode, rows, columns):
         return _euclidean_flops(x1, result)
@@ -85,18 +101,22 @@ def cdist_backward_flops(grad_output: Any, x1: Any, p: float) -> int:
 
 @by_name
 def cdist_macs(x1: Any, p: float, compute_mode: Any = None, *, result: Any) -> int:
-    """``_cdist_forward`` for ``p = 2``: one multiply-add per pair and feature (``M + 2`` on the product path)."""
-    if float(p) != 2:
+    """``_cdist_forward`` for ``p = 2``: one multiply-add per pair and feature (``M + 2`` on the product path); 0
+    for rows of no features (torch returns zeros without computing)."""
+    features = shape_of(x1)[-1]
+    if float(p) != 2 or features == 0:
         return 0
+    pairs = _pairs(result)[0]
     rows, columns = shape_of(result)[-2:]
-    features = shape_of(x1)[-1] + (2 if _takes_mm(2.0, compute_mode, rows, columns) else 0)
-    return _pairs(result)[0] * features
+    if _takes_mm(2.0, compute_mode, rows, columns):
+        return _euclidean_macs(pairs, features)
+    return pairs * features
 
 
 @by_name
 def euclidean_dist_macs(x1: Any, *, result: Any) -> int:
     """``_euclidean_dist``: the product of the operands widened by two columns."""
-    return _pairs(result)[0] * (shape_of(x1)[-1] + 2)
+    return _euclidean_macs(_pairs(result)[0], shape_of(x1)[-1])
 
 
 @by_name

@@ -68,12 +68,22 @@ def format_share(part: float, total: float) -> str:
     return ">99.9%" if text == "100.0%" and part < total else text
 
 
+def format_whole_percent(fraction: float) -> str:
+    """A fraction of 0 to 1 as a whole-number percentage, ``0.25 -> "25%"``; one that rounds to ``"0%"`` or
+    ``"100%"`` without being exactly 0 or 1 is ``"<1%"`` or ``">99%"`` (``"0%"`` and ``"100%"`` are exact)."""
+    text = f"{100 * fraction:.0f}%"
+    if text == "0%" and fraction > 0:
+        return "<1%"
+    if text == "100%" and fraction < 1:
+        return ">99%"
+    return text
+
+
 def format_bound(share: float) -> str:
-    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it; ``"compute >99%"`` for a share
-    that rounds to 100% but is not all of it (``"100%"`` is all)."""
+    """``0.9 -> "compute 90%"``: what bounds most of the time, and its share of it (:func:`format_whole_percent`:
+    ``"compute >99%"`` for a share that rounds to 100% but is not all of it)."""
     kind, part = ("compute", share) if share >= 0.5 else ("memory", 1 - share)
-    text = f"{100 * part:.0f}%"
-    return f"{kind} {'>99%' if text == '100%' and part < 1 else text}"
+    return f"{kind} {format_whole_percent(part)}"
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ def format_size(x: float, sig_figs: int = 3) -> str:
     for threshold, scale, suffix in _UNITS:
         if size > threshold:
             return _fixed(x / scale, sig_figs) + suffix
-    text = _fixed(x, sig_figs)
     if x == 0:
         return "0"  # (-0.0 too)
+    text = _fixed(x, sig_figs)
     if text.lstrip("-") != "0":
         return text
     last = f"{10.0 ** -sig_figs:.{sig_figs}f}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .columns import Column, fit, unit_column
+from .columns import Column, fit, format_share, unit_column
 from .format import aligned_table, wrapped
 from .fvcore_tables import pipe_table
 
@@ -89,7 +89,7 @@ def plan_notes(parallel: Mapping[str, Any]) -> list[str]:
             lines.append(f"{stages}, forward only: no schedule, no bubble")
         else:
             lines.append(f"{stages} ({pipeline.get('schedule') or '1F1B'}, derived from per-stage traces): the "
-                         f"bubble is {100 * pipeline['bubble_fraction']:.1f}% of the step")
+                         f"bubble is {format_share(pipeline['bubble_fraction'], 1.0)} of the step")
     assumptions = dict.fromkeys(entry["time"]["assumption"] for entry in parallel["ranks"] if entry.get("time"))
     lines += [f"Step time: {text}" for text in assumptions]
     return lines

@@ -25,6 +25,7 @@ from .columns import (
     format_bound,
     format_metric,
     format_percent,
+    format_whole_percent,
     ratio_cell,
     shapes_cell,
 )
@@ -197,7 +198,7 @@ def roofline_note(summary: dict[str, Any]) -> str:
     if summary.get("throughput"):
         unit = (summary.get("items") or {}).get("unit", "samples")
         parts.append(f"{format_rate(summary['throughput'])} {unit}/s")
-    parts.append(f"{100 * summary['compute_bound_share']:.0f}% of it compute-bound")
+    parts.append(f"{format_whole_percent(summary['compute_bound_share'])} of it compute-bound")
     if summary.get("predicted_mfu") is not None:
         parts.append(f"predicted MFU {format_percent(summary['predicted_mfu'])}")
     if summary.get("measured_time") is not None:
