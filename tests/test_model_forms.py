@@ -454,6 +454,13 @@ def test_a_sparse_tensor_in_a_dataclass_or_object_passed_in_runs_real_kernels(wr
         analyze(_SparseInField(), (wrap(a),), execution="fake", quiet=True)
 
 
+def test_a_numpy_array_in_a_dataclass_field_is_the_models_to_read() -> None:
+    # the walk into fields that finds a sparse tensor there leaves the refusal of a numpy argument to arguments
+    np = pytest.importorskip("numpy")
+    batch = Batch(torch.randn(TOKENS, IN), np.float64(2.0))
+    assert analyze(_TakesBatch(), (batch,), quiet=True).flops.total() == MACS
+
+
 # --- module trees -------------------------------------------------------------------------------------------------
 class _Outer(nn.Module):
     def __init__(self) -> None:

@@ -60,7 +60,7 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         raise InvalidTypeError(f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
                                "torch.jit.trace), which cannot be analysed: pass the nn.Module it was made from")
     named_modules_with_dup(model)  # (refuses a cycle of submodules, before any other walk goes round it)
-    for path, leaf in _leaves(args, kwargs):
+    for path, leaf in _leaves(args, kwargs, fields=False):  # (a dataclass's numpy field may be the model's to read)
         module = type(leaf).__module__
         if module == "numpy" or module.startswith("numpy."):
             raise InvalidTypeError(f"{path} is a numpy array; convert it with torch.from_numpy() first")
@@ -84,19 +84,20 @@ def input_where(args: tuple[Any, ...], kwargs: dict[str, Any], test: Callable[[t
     return next((path for path, leaf in _leaves(args, kwargs) if isinstance(leaf, torch.Tensor) and test(leaf)), None)
 
 
-def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Each leaf of the inputs with its path, the fields of dataclasses walked (each dataclass once: one that refers
-    to itself is no endless walk)."""
+def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any], fields: bool = True) -> list[tuple[str, Any]]:
+    """Each leaf of the inputs with its path, and with ``fields`` the fields of dataclasses walked in their place
+    (each dataclass once: one that refers to itself is no endless walk)."""
     out: list[tuple[str, Any]] = []
-    _leaves_under("inputs", (args, kwargs), out, set(), skip=1)
+    seen: set[int] | None = set() if fields else None
+    _leaves_under("inputs", (args, kwargs), out, seen, skip=1)
     return out
 
 
-def _leaves_under(prefix: str, tree: Any, out: list[tuple[str, Any]], seen: set[int], skip: int = 0) -> None:
+def _leaves_under(prefix: str, tree: Any, out: list[tuple[str, Any]], seen: set[int] | None, skip: int = 0) -> None:
     flat, _ = pytree.tree_flatten_with_path(tree)
     for keys, leaf in flat:
         path = prefix + "".join(str(k) for k in keys[skip:])
-        if _is_dataclass_instance(leaf) and id(leaf) not in seen:
+        if seen is not None and _is_dataclass_instance(leaf) and id(leaf) not in seen:
             seen.add(id(leaf))
             for field in dataclasses.fields(leaf):
                 _leaves_under(f"{path}.{field.name}", getattr(leaf, field.name), out, seen)
