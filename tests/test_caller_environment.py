@@ -68,6 +68,27 @@ def test_the_plain_count_holds_the_products_hand_count() -> None:
     assert analyze(_model(), X).flops.by_operator()["linear"] == LINEAR
 
 
+_FP32_SWITCHES = ["backends", "backends.cuda.matmul", "backends.cudnn", "backends.cudnn.conv", "backends.cudnn.rnn",
+                  "backends.mkldnn", "backends.mkldnn.matmul", "backends.mkldnn.conv", "backends.mkldnn.rnn"]
+
+
+def _switch(path: str) -> Any:
+    owner: Any = torch
+    for name in path.split("."):
+        owner = getattr(owner, name)
+    return owner
+
+
+def _matmul_precisions() -> tuple[str, list[str]]:
+    """The older matmul precision (or torch's refusal to read it, once a newer switch was written) and the newer
+    ``fp32_precision`` switches."""
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        legacy = "refused"
+    return legacy, [_switch(path).fp32_precision for path in _FP32_SWITCHES]
+
+
 def _state() -> dict[str, Any]:
     """Torch's process-wide state an analysis must leave as found."""
     return {
@@ -77,7 +98,7 @@ def _state() -> dict[str, Any]:
                           torch.is_deterministic_algorithms_warn_only_enabled()),
         "autocast": (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
         "threads": torch.get_num_threads(), "rng": torch.get_rng_state().tolist(),
-        "matmul": torch.get_float32_matmul_precision(), "anomaly": torch.is_anomaly_enabled(),
+        "matmul": _matmul_precisions(), "anomaly": torch.is_anomaly_enabled(),
         "function_modes": torch._C._len_torch_function_stack(),
         "dispatch_modes": torch._C._len_torch_dispatch_stack(),
         "module_hooks": [len(getattr(nn.modules.module, name)) for name in dir(nn.modules.module)
@@ -367,3 +388,109 @@ def test_parallel_plans_under_warnings_as_errors(plan: str, backward: bool) -> N
 def _mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+
+
+class _SetsFp32Precision(nn.Module):
+    """A model whose forward writes torch's newer TF32 switch (after which the older getter raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        return self.body(x)
+
+
+@contextlib.contextmanager
+def _fp32_precisions_put_back() -> Iterator[None]:
+    found = [_switch(path).fp32_precision for path in _FP32_SWITCHES]
+    try:
+        yield
+    finally:
+        for path, value in zip(_FP32_SWITCHES, found, strict=True):
+            _switch(path).fp32_precision = value
+        torch.set_float32_matmul_precision("highest")  # (the older switch readable again, as the process began)
+
+
+@pytest.mark.parametrize("by", ["forward", "caller", "both"])
+@pytest.mark.parametrize("execution", ["auto", "real"])
+def test_torchs_newer_tf32_switch_fails_no_run_and_is_put_back(by: str, execution: str) -> None:
+    """``torch.get_float32_matmul_precision()`` raises once a newer ``fp32_precision`` switch was written: every run
+    read it, and each analysis failed with a bare RuntimeError."""
+    with _fp32_precisions_put_back():
+        if by != "forward":  # (a mix the older getter refuses to read)
+            torch.backends.cudnn.fp32_precision = "ieee"
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
+            torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+        model = _SetsFp32Precision() if by != "caller" else _model()
+        before = _state()
+        assert analyze(model, X, execution=execution, cache=False).flops.total() == _forward()
+        assert _state() == before  # the caller's switches exactly, and the older getter readable where it was
+
+
+class _PutBackFails:
+    """A setting whose setter is interrupted (ctrl-c as the analysis puts it back)."""
+
+    value = 0
+
+    @classmethod
+    def get(cls) -> int:
+        return cls.value
+
+    @staticmethod
+    def put(value: int) -> None:
+        raise KeyboardInterrupt
+
+
+def test_kept_settings_cut_the_stacks_back_when_a_setting_cannot_be_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelmeter.engine import environment
+
+    monkeypatch.setattr(environment, "SETTINGS", (*environment.SETTINGS, (_PutBackFails.get, _PutBackFails.put)))
+    monkeypatch.setattr(_PutBackFails, "value", 0)
+    before = _state()
+    kept = environment.KeptSettings()  # held, as the interrupt's traceback holds it (its collection cut the stacks)
+    with pytest.raises(KeyboardInterrupt), kept:
+        _Ops().__enter__()  # left on, as a forward may
+        _PutBackFails.value = 1
+    assert _state() == before  # the mode was left on the dispatch stack
+    del kept
+
+
+class _WritesAndLeavesAMode(nn.Module):
+    def __init__(self, leave: bool) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.leave = leave
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)  # the input written: its value is put back after the run, by kernels the recorder must not see
+        if self.leave:
+            _Ops().__enter__()
+        return self.body(x)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_mode_the_forward_leaves_on_records_no_operator_of_its_own(backward: bool) -> None:
+    # the recorder popped the model's mode in its place and stayed on while the run's contexts exited: it recorded
+    # their copies (empty, set_, copy_) as the model's work
+    x = torch.randn(2, 4)
+    traces = [analyze(_WritesAndLeavesAMode(leave), x, execution="real", backward=backward, cache=False).trace
+              for leave in (False, True)]
+    plain, left = ([(e.op, e.phase) for e in trace.events] for trace in traces)
+    assert left == plain
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_the_callers_modes_come_back_when_setting_them_aside_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelmeter._torch_compat import caller_modes_set_aside
+
+    def refuses() -> bool:
+        raise RuntimeError("refused")
+
+    with _Calls() as calls:
+        monkeypatch.setattr(torch._C._autograd, "_saved_tensors_hooks_is_enabled", refuses)
+        with pytest.raises(RuntimeError, match="refused"), caller_modes_set_aside():
+            pass
+        monkeypatch.undo()
+        assert torch._C._len_torch_function_stack() == 1 and torch._C._get_function_stack_at(0) is calls

@@ -89,6 +89,45 @@ class _ReturnsPair(nn.Module):
         return self.kind(y, y * 2)
 
 
+@dataclasses.dataclass
+class _Node:
+    x: torch.Tensor
+    parent: _Node | None = None
+    cache: list[Any] = dataclasses.field(default_factory=list)
+
+
+class _TakesNode(nn.Module):
+    """Its forward checks the node's cache is the caller's list (``cache``, when given) and a node referring to
+    itself still does."""
+
+    def __init__(self, cache: list[Any] | None = None) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+        self.cache = cache
+
+    def forward(self, node: _Node) -> torch.Tensor:
+        if self.cache is not None and node.cache is not self.cache:
+            raise ValueError("the node's cache is not the caller's list")
+        if node.parent is not None and node.parent.x is not node.x:
+            raise ValueError("the node no longer refers to itself")
+        return self.proj(node.x)
+
+
+@pytest.mark.parametrize("execution", ["auto", "fake", "real"])
+def test_a_dataclass_referring_to_itself_is_an_input(execution: str) -> None:
+    node = _Node(torch.randn(TOKENS, IN))
+    node.parent = node
+    analysis = analyze(_TakesNode(), (node,), execution=execution, memory=True, quiet=True)
+    assert analysis.flops.total() == MACS  # was a RecursionError
+    assert analysis.memory.peak_info().by_kind["input"] == TOKENS * IN * 4
+
+
+def test_a_dataclass_inputs_field_without_tensors_is_the_callers_object() -> None:
+    node = _Node(torch.randn(TOKENS, IN))
+    for execution in ("fake", "real"):  # the list was rebuilt: the forward raised
+        assert analyze(_TakesNode(node.cache), (node,), execution=execution, quiet=True).flops.total() == MACS
+
+
 # --- dataclasses: what pytree leaves whole ---------------------------------------------------------------------
 @pytest.mark.parametrize("kind", [Pair, PairTuple])
 def test_a_dataclass_output_feeds_the_default_loss(kind: type) -> None:
@@ -383,6 +422,43 @@ def test_a_fake_run_of_a_sparse_tensor_is_refused_by_name() -> None:
         analyze(model, torch.randn(TOKENS, IN), execution="fake", quiet=True)
     with pytest.raises(InvalidValueError, match=r"sparse tensors \(inputs\[0\]\) need real kernels"):
         analyze(_SparseInput(), torch.eye(IN).to_sparse(), execution="fake", quiet=True)
+
+
+@dataclasses.dataclass
+class _SparseBatch:
+    a: torch.Tensor
+
+
+class _SparseHolder:
+    def __init__(self, a: torch.Tensor) -> None:
+        self.a = a
+
+
+class _SparseInField(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(IN, OUT))
+
+    def forward(self, given: Any) -> torch.Tensor:
+        return torch.sparse.mm(given.a, self.weight)
+
+
+@pytest.mark.parametrize("wrap", [_SparseBatch, _SparseHolder], ids=["dataclass", "object"])
+def test_a_sparse_tensor_in_a_dataclass_or_object_passed_in_runs_real_kernels(wrap: type) -> None:
+    # an object's tensor was no argument and a dataclass's field no leaf: a fake run, whose copy stores nothing
+    a = torch.randn(TOKENS, IN).relu().to_sparse()
+    analysis = analyze(_SparseInField(), (wrap(a),), memory=True, quiet=True)
+    assert analysis.trace.execution == "real"
+    assert analysis.memory.peak_info().by_kind["input"] == _stored_bytes(a)
+    with pytest.raises(InvalidValueError, match=r"sparse tensors \(.*\) need real kernels"):
+        analyze(_SparseInField(), (wrap(a),), execution="fake", quiet=True)
+
+
+def test_a_numpy_array_in_a_dataclass_field_is_the_models_to_read() -> None:
+    # the walk into fields that finds a sparse tensor there leaves the refusal of a numpy argument to arguments
+    np = pytest.importorskip("numpy")
+    batch = Batch(torch.randn(TOKENS, IN), np.float64(2.0))
+    assert analyze(_TakesBatch(), (batch,), quiet=True).flops.total() == MACS
 
 
 # --- module trees -------------------------------------------------------------------------------------------------

@@ -285,22 +285,27 @@ def caller_modes_set_aside() -> Iterator[None]:
     starts another) neither see its work — which differs by the run it picks, and a cached one has none — nor change
     what it records. The default device (``torch.set_default_device``, ``with torch.device(...)``: a ``DeviceContext``
     at the bottom of the function-mode stack, torch's own rule) is the model's environment, not an observer: kept.
+    The caller's ``torch.autograd.graph.disable_saved_tensors_hooks`` is lifted while open, and put back after: a
+    training step's analysis notes what the forward saves with hooks of its own (a plain step, hook-free, runs).
     ``torch._C``'s stack calls are what ``torch.utils._device`` uses itself; ``_disable_current_modes`` (above) sets
     the dispatch modes aside."""
     depth = torch._C._len_torch_function_stack()
     bottom = torch._C._get_function_stack_at(0) if depth else None
     keep = 1 if isinstance(bottom, DeviceContext) else 0
-    aside = [torch._C._pop_torch_function_stack() for _ in range(depth - keep)]
+    aside: list[Any] = []
+    refusal = None
     autograd = torch._C._autograd
-    enabled: bool = autograd._saved_tensors_hooks_is_enabled()  # type: ignore[attr-defined]
-    refusal = None if enabled else autograd._saved_tensors_hooks_get_disabled_error_message()
-    if refusal is not None:  # the caller's disable_saved_tensors_hooks: a training step's analysis notes what is saved
-        autograd._saved_tensors_hooks_enable()
-    try:
+    try:  # (what is set aside is put back whatever fails on the way)
+        for _ in range(depth - keep):
+            aside.append(torch._C._pop_torch_function_stack())
+        enabled: bool = autograd._saved_tensors_hooks_is_enabled()  # type: ignore[attr-defined]
+        refusal = None if enabled else autograd._saved_tensors_hooks_get_disabled_error_message()
+        if refusal is not None:
+            autograd._saved_tensors_hooks_enable()
         with disable_current_modes():
             yield
     finally:
-        while torch._C._len_torch_function_stack() > keep:  # (a mode the body pushed and left)
+        while torch._C._len_torch_function_stack() > depth - len(aside):  # (a mode the body pushed and left)
             torch._C._pop_torch_function_stack()
         for mode in reversed(aside):
             torch._C._push_on_torch_function_stack(mode)

@@ -46,13 +46,36 @@ def _autocast(device: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return get, put
 
 
+def _fp32_precision(owner: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """Getter and setter of ``owner.fp32_precision``, torch's newer TF32 switch (2.9), per backend and operator."""
+    def get() -> str:
+        return str(owner.fp32_precision)
+
+    def put(value: str) -> None:
+        owner.fp32_precision = value
+
+    return get, put
+
+
+def _fp32_precisions() -> list[tuple[Callable[[], Any], Callable[[Any], None]]]:
+    """The ``fp32_precision`` switches this torch has, each backend's before its operators' (an operator's switch
+    left at "none" reads its backend's: put back first, it makes them equal again and they are not written)."""
+    backends = torch.backends
+    owners = [backends, backends.cuda.matmul]
+    for backend in (backends.cudnn, backends.mkldnn):
+        owners += [backend, *(getattr(backend, op, None) for op in ("matmul", "conv", "rnn"))]
+    return [_fp32_precision(owner) for owner in owners if owner is not None and hasattr(owner, "fp32_precision")]
+
+
 #: (getter, setter) of each setting kept; the grad and inference modes are the run's own contexts (engine/tracer.py)
 SETTINGS: tuple[tuple[Callable[[], Any], Callable[[Any], None]], ...] = (
     (torch.get_default_dtype, torch.set_default_dtype),
     (default_device_set, torch.set_default_device),
     (_deterministic, _set_deterministic),
     (torch.get_num_threads, torch.set_num_threads),
+    # the older switch first: a caller who only used it still can read it (one new switch written and it raises)
     (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    *_fp32_precisions(),
     (_anomaly, _set_anomaly),
     _autocast("cpu"),
     _autocast("cuda"),
@@ -63,21 +86,39 @@ SETTINGS: tuple[tuple[Callable[[], Any], Callable[[Any], None]], ...] = (
 class KeptSettings:
     """Torch's settings of :data:`SETTINGS` as found on entry, put back on exit where the run changed them (also
     when it raises); the mode stacks and the global module hooks too (a mode or hook the forward left behind:
-    :func:`~modelmeter._torch_compat.torch_stacks_kept`)."""
+    :func:`~modelmeter._torch_compat.torch_stacks_kept`). A setting torch refuses to read or write is left alone,
+    never a failure of the run: ``torch.get_float32_matmul_precision`` raises once the newer ``fp32_precision``
+    switches were written (by the caller or the forward), and those switches are kept in its place."""
 
     def __init__(self) -> None:
-        self.found: list[Any] = []
+        self.found: list[tuple[Callable[[], Any], Callable[[Any], None], Any]] = []
         self.stacks = torch_stacks_kept()
 
     def __enter__(self) -> KeptSettings:
-        self.found = [get() for get, _ in SETTINGS]
+        self.found = []
+        for get, put in SETTINGS:
+            try:
+                self.found.append((get, put, get()))
+            except Exception:  # (torch refuses to read it: not kept)
+                continue
         self.stacks.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         # the settings first: a default device is a mode at the bottom of the function-mode stack, which
-        # set_default_device takes off as it puts the caller's back; the stacks are cut to their depth after
-        for (get, put), value in zip(SETTINGS, self.found, strict=True):
-            if get() != value:
-                put(value)
-        self.stacks.__exit__(*exc)
+        # set_default_device takes off as it puts the caller's back; the stacks are cut to their depth after,
+        # whatever a setting does (a recorder left on the dispatch stack would record the rest of the process)
+        try:
+            for get, put, value in self.found:
+                _put_back(get, put, value)
+        finally:
+            self.stacks.__exit__(*exc)
+
+
+def _put_back(get: Callable[[], Any], put: Callable[[Any], None], value: Any) -> None:
+    """``put(value)`` where ``get()`` differs; a refusal of either is skipped (the run's own outcome stands)."""
+    try:
+        if get() != value:
+            put(value)
+    except Exception:  # (torch refuses to read or write it)
+        return

@@ -41,6 +41,7 @@ from .._torch_compat import (
     parametrizations_set_aside,
     pytree,
     saved_tensors_hooks_set_aside,
+    torch_stacks_kept,
     unseen_global_shape_runs,
     unset_fake_temporarily,
 )
@@ -208,14 +209,18 @@ def _run_real_only(run: _Run, execution: Execution, no_values: bool, subject: st
 
 
 def _unusual_state(parts: _Parts) -> tuple[str | None, str | None]:
-    """The names of the model's first quantized and first sparse parameter, buffer or tensor attribute (None where
-    there is none): one pass, with no Python call for a plain tensor (it runs once per parameter)."""
+    """The names of the model's first quantized and first sparse parameter, buffer or tensor attribute, or else
+    tensor held by an object the model is given (None where there is none): one pass, with no Python call for a
+    plain tensor (it runs once per parameter)."""
+    held = [("{!r}, held by the model", name, t) for _, name, t in (*parts.held_parameters, *parts.held_others)]
+    held += [("a tensor held by an object passed to the model ({})", type(given).__name__, t)
+             for given, t in parts.held_by_objects]
     quantized = sparse = None
-    for _, name, tensor in (*parts.held_parameters, *parts.held_others):
+    for where, name, tensor in held:
         if quantized is None and tensor.is_quantized:
-            quantized = f"{name!r}, held by the model"
+            quantized = where.format(name)
         if sparse is None and tensor.layout is not torch.strided and is_sparse(tensor):
-            sparse = f"{name!r}, held by the model"
+            sparse = where.format(name)
     return quantized, sparse
 
 
@@ -387,10 +392,11 @@ class _Run:
                 stack.enter_context(FunctionRecorder(recorder))
                 stack.enter_context(DispatchRecorder(recorder))
                 try:
-                    output = model(*args, **kwargs)
-                    _refuse_unrun_output(model, output)
-                    if self.backward:
-                        self._backward(output, args, kwargs, recorder)
+                    with torch_stacks_kept():  # a mode the model leaves pushed goes before the recorder's own exit
+                        output = model(*args, **kwargs)
+                        _refuse_unrun_output(model, output)
+                        if self.backward:
+                            self._backward(output, args, kwargs, recorder)
                     recorder.finish_storages(parts.running(parts.parameters))
                 except (_LossFnError, _OutputRefused):
                     raise
