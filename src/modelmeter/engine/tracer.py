@@ -105,13 +105,14 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], nam
             execution: Execution, backward: bool, loss_fn: LossFn | None, random_states: RandomStates) -> Trace:
     if loss_fn is not None and not callable(loss_fn):
         raise InvalidTypeError(f"loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
-    parts = _Parts(names, _objects_in((args, kwargs)), tensors_in((args, kwargs)))
+    given = tensors_in((args, kwargs))
+    parts = _Parts(names, _objects_in((args, kwargs)), given)
     if backward:
         _refuse_graphs_in_objects(parts)
     model_on_meta = any(t.is_meta for t in parts.state())
-    no_values = model_on_meta or any(t.is_meta for t in tensors_in((args, kwargs)))
+    no_values = model_on_meta or any(t.is_meta for t in given)
     run = _Run(model, parts, args, kwargs, names, backward, loss_fn, random_states)
-    if any(isinstance(t, JaggedTensor) for t in tensors_in((args, kwargs))):
+    if any(isinstance(t, JaggedTensor) for t in given):
         return _run_real_only(run, execution, no_values, "jagged nested tensor inputs",
                               "the lengths of their sequences are values")
     quantized_state, sparse_state = _unusual_state(parts)
